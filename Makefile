@@ -1,0 +1,142 @@
+# dfm — build targets for Deep Fusion Memory.
+#
+#   make deps        install / check everything (Debian packages, FAISS C API, model, corpus)
+#   make             build build/dfm, build/dfm-train and build/libdfm.a
+#   make CUDA=1      also compile and link the CUDA paths with nvcc (no GPU needed to build)
+#   make test        deps + build + the whole test suite (unit, sanitizer, MPI, integration)
+#   make demo        deps + build + the end-to-end demo on the embedded corpus
+#   make SAN=1       an ASan+UBSan build into build-san/
+#
+# Every source folder is globbed: a new .c file in a part's folder is built without editing this file.
+# Files named *_main.c are programs, not library members. Unit tests are tests/unit/test_*.c.
+
+SHELL := /bin/bash
+ROOT := $(abspath .)
+
+ifeq ($(shell id -u),0)
+DFM_CACHE ?= /var/cache/dfm
+else
+DFM_CACHE ?= $(HOME)/.cache/dfm
+endif
+export DFM_CACHE
+-include $(DFM_CACHE)/paths.mk
+
+SAN ?= 0
+CUDA ?= 0
+ifeq ($(SAN),1)
+BUILD ?= build-san
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1
+else
+BUILD ?= build
+SANFLAGS :=
+OPT := -O2
+endif
+
+CC := mpicc
+NVCC ?= nvcc
+CUDA_ARCH ?= 90
+PKGS := jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+FAISS_C_LIB ?= $(DFM_CACHE)/faiss_c-1.7.3/lib/libfaiss_c.a
+FAISS_LIB ?= /usr/lib/x86_64-linux-gnu/libfaiss.a
+FAISS_C_INCLUDE ?= /usr/include
+
+INCS := -I$(ROOT) -I$(ROOT)/pipeline -I$(FAISS_C_INCLUDE)
+CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -D_GNU_SOURCE -fPIC -MMD -MP \
+          -pthread -fopenmp $(INCS) $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
+LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) $(PKG_LIBS) -lgomp -lstdc++ -lm -pthread
+LDFLAGS := $(SANFLAGS) -fopenmp
+
+ifeq ($(CUDA),1)
+CUDA_HOME ?= $(dir $(patsubst %/,%,$(dir $(shell command -v $(NVCC)))))
+CFLAGS += -DDFM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC \
+             -DDFM_HAVE_CUDA=1 $(INCS) -I$(ROOT)/pipeline
+LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
+endif
+
+LIB_DIRS := pipeline/common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/stages \
+            schemas encoder retriever shard
+LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))
+ifeq ($(CUDA),1)
+LIB_CU := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
+TRAIN_CU := $(wildcard trainer/*.cu)
+endif
+LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(LIB_CU))
+TRAIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TRAIN_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(TRAIN_CU))
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
+
+PROGRAMS := $(BUILD)/dfm
+ifneq ($(wildcard trainer/train_main.c),)
+PROGRAMS += $(BUILD)/dfm-train
+endif
+
+.PHONY: all deps test demo clean check-tools unit-tests bench
+all: check-tools $(PROGRAMS) $(BUILD)/libdfm.so
+
+check-tools:
+	@ok() { printf '  \033[32m✓\033[0m %s\n' "$$1"; }; no() { printf '  \033[31m✗\033[0m %s\n' "$$1"; }; \
+	echo "dfm build ($(BUILD), CUDA=$(CUDA), SAN=$(SAN)):"; \
+	command -v mpicc >/dev/null && ok "MPI: $$(mpicc --showme:version 2>&1 | head -1)" || no "MPI (mpicc): run 'make deps'"; \
+	[ -f "$(FAISS_C_LIB)" ] && ok "FAISS C API: $(FAISS_C_LIB)" || no "FAISS C API ($(FAISS_C_LIB)): run 'make deps' or set FAISS_C_LIB"; \
+	[ -f "$(FAISS_LIB)" ] && ok "FAISS: $(FAISS_LIB)" || no "FAISS ($(FAISS_LIB)): apt-get install libfaiss-dev or set FAISS_LIB"; \
+	pkg-config --exists $(PKGS) && ok "libraries: $(PKGS)" || no "libraries (pkg-config $(PKGS)): run 'make deps'"; \
+	if command -v $(NVCC) >/dev/null; then \
+	  if [ "$(CUDA)" = 1 ]; then ok "nvcc: $$($(NVCC) --version | tail -1) (CUDA paths built, sm_$(CUDA_ARCH))"; \
+	  else ok "nvcc found; CUDA paths not built (make CUDA=1 to build them)"; fi; \
+	else [ "$(CUDA)" = 1 ] && { no "nvcc required by CUDA=1 but not on PATH"; exit 1; } || no "nvcc (CUDA paths off)"; fi; \
+	command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && ok "GPU: $$(nvidia-smi -L | head -1)" || no "GPU (none here; CPU paths run)"
+
+deps:
+	@bash scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libdfm.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+
+# shared library for ctypes consumers (the Python target reader)
+$(BUILD)/libdfm.so: $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/dfm: $(BUILD)/obj/pipeline/dfm_main.o $(BUILD)/libdfm.a
+	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libdfm.a $(LDLIBS)
+
+$(BUILD)/dfm-train: $(BUILD)/obj/trainer/train_main.o $(TRAIN_OBJ) $(BUILD)/libdfm.a
+	$(CC) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS) -lcmocka
+
+unit-tests: $(UNIT_BIN)
+
+test: deps
+	@$(MAKE) --no-print-directory all unit-tests
+	@$(MAKE) --no-print-directory SAN=1 unit-tests
+	@bash tests/run.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@bash scripts/demo.sh
+
+bench: all
+	@bash bench/run_all.sh
+
+clean:
+	rm -rf build build-san
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

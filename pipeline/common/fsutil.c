@@ -1,0 +1,187 @@
+#include "fsutil.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+char *dfm_strdupf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0) s = NULL;
+    va_end(ap);
+    return s;
+}
+
+char *dfm_path_join(const char *dir, const char *name) {
+    size_t n = strlen(dir);
+    return dfm_strdupf("%s%s%s", dir, (n && dir[n - 1] == '/') ? "" : "/", name);
+}
+
+int dfm_atomic_open(dfm_atomic_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    f->tmp_path = dfm_strdupf("%s.tmp.%ld", path, (long)getpid());
+    if (!f->path || !f->tmp_path) {
+        dfm_atomic_abort(f);
+        return DFM_FAIL(DFM_ENOMEM, "no memory for path %s", path);
+    }
+    f->fp = fopen(f->tmp_path, "wb");
+    if (!f->fp) {
+        int e = errno;
+        int rc = DFM_FAIL(dfm_errno_code(e), "cannot create %s: %s. HINT: check that the folder exists and is writable",
+                          f->tmp_path, strerror(e));
+        dfm_atomic_abort(f);
+        return rc;
+    }
+    return DFM_OK;
+}
+
+int dfm_atomic_write(dfm_atomic_file *f, const void *buf, size_t n) {
+    if (n && fwrite(buf, 1, n, f->fp) != n) {
+        int e = errno ? errno : EIO;
+        return DFM_FAIL(dfm_errno_code(e), "writing %s (at byte %llu): %s%s", f->tmp_path,
+                        (unsigned long long)f->bytes, strerror(e),
+                        dfm_errno_code(e) == DFM_ENOSPACE ? ". HINT: free space or raise the file-size limit, then re-run; finished work is kept" : "");
+    }
+    f->bytes += n;
+    return DFM_OK;
+}
+
+int dfm_atomic_commit(dfm_atomic_file *f) {
+    int rc = DFM_OK;
+    errno = 0;
+    if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0) {
+        int e = errno ? errno : EIO;
+        rc = DFM_FAIL(dfm_errno_code(e), "flushing %s: %s", f->tmp_path, strerror(e));
+    }
+    if (fclose(f->fp) != 0 && !rc) {
+        int e = errno ? errno : EIO;
+        rc = DFM_FAIL(dfm_errno_code(e), "closing %s: %s", f->tmp_path, strerror(e));
+    }
+    f->fp = NULL;
+    if (!rc && rename(f->tmp_path, f->path) != 0) {
+        int e = errno;
+        rc = DFM_FAIL(DFM_EIO, "renaming %s to %s: %s", f->tmp_path, f->path, strerror(e));
+    }
+    if (rc) unlink(f->tmp_path);
+    free(f->path);
+    free(f->tmp_path);
+    memset(f, 0, sizeof *f);
+    return rc;
+}
+
+void dfm_atomic_abort(dfm_atomic_file *f) {
+    if (f->fp) fclose(f->fp);
+    if (f->tmp_path) unlink(f->tmp_path);
+    free(f->path);
+    free(f->tmp_path);
+    memset(f, 0, sizeof *f);
+}
+
+int dfm_write_file_atomic(const char *path, const void *buf, size_t n) {
+    dfm_atomic_file f;
+    DFM_TRY(dfm_atomic_open(&f, path));
+    int rc = dfm_atomic_write(&f, buf, n);
+    if (rc) {
+        dfm_atomic_abort(&f);
+        return rc;
+    }
+    return dfm_atomic_commit(&f);
+}
+
+int dfm_read_file(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    if (len) *len = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(fp), &st) != 0) {
+        fclose(fp);
+        return DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(fp);
+        return DFM_FAIL(DFM_ENOMEM, "no memory to read %s (%zu bytes)", path, n);
+    }
+    size_t got = fread(buf, 1, n, fp);
+    int err = ferror(fp);
+    fclose(fp);
+    if (got != n || err) {
+        free(buf);
+        return DFM_FAIL(DFM_EIO, "short read on %s (%zu of %zu bytes)", path, got, n);
+    }
+    buf[n] = 0;
+    *out = buf;
+    if (len) *len = n;
+    return DFM_OK;
+}
+
+int dfm_mkdir_p(const char *path) {
+    char *p = strdup(path);
+    if (!p) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            int e = errno;
+            int rc = DFM_FAIL(DFM_EIO, "cannot create folder %s: %s", p, strerror(e));
+            free(p);
+            return rc;
+        }
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+        int e = errno;
+        int rc = DFM_FAIL(DFM_EIO, "cannot create folder %s: %s", p, strerror(e));
+        free(p);
+        return rc;
+    }
+    free(p);
+    return DFM_OK;
+}
+
+int dfm_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int dfm_file_size(const char *path, uint64_t *size) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
+    *size = (uint64_t)st.st_size;
+    return DFM_OK;
+}
+
+int dfm_file_hash(const char *path, char out[33]) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s", path, strerror(errno));
+    XXH3_state_t *st = XXH3_createState();
+    if (!st) {
+        fclose(fp);
+        return DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    XXH3_128bits_reset(st);
+    static _Thread_local char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, fp)) > 0) XXH3_128bits_update(st, buf, n);
+    int err = ferror(fp);
+    fclose(fp);
+    XXH128_hash_t h = XXH3_128bits_digest(st);
+    XXH3_freeState(st);
+    if (err) return DFM_FAIL(DFM_EIO, "read error on %s", path);
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    return DFM_OK;
+}
+
+uint64_t dfm_checksum64(const void *buf, size_t n) { return XXH3_64bits(buf, n); }

@@ -1,0 +1,221 @@
+#include "opts.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int opt_count(const dfm_opt *o) {
+    int n = 0;
+    while (o[n].name) n++;
+    return n;
+}
+
+static int set_from_text(dfm_opt *o, const char *val, const char *origin) {
+    char *end = NULL;
+    switch (o->type) {
+    case DFM_OPT_STR: {
+        char **d = o->dest;
+        free(*d);
+        *d = strdup(val);
+        if (!*d) return DFM_FAIL(DFM_ENOMEM, "no memory");
+        return DFM_OK;
+    }
+    case DFM_OPT_INT: {
+        errno = 0;
+        long long v = strtoll(val, &end, 0);
+        /* accept k/M/G suffixes: --block 64k */
+        if (end && *end && !errno) {
+            long long mul = (*end == 'k' || *end == 'K') ? 1000LL : (*end == 'M') ? 1000000LL : (*end == 'G') ? 1000000000LL : 0;
+            if (mul && end[1] == 0) { v *= mul; end++; }
+        }
+        if (errno || !end || *end || end == val)
+            return DFM_FAIL(DFM_EARG, "--%s expects an integer, got '%s' (%s)", o->name, val, origin);
+        *(int64_t *)o->dest = v;
+        return DFM_OK;
+    }
+    case DFM_OPT_DOUBLE: {
+        errno = 0;
+        double v = strtod(val, &end);
+        if (errno || !end || *end || end == val)
+            return DFM_FAIL(DFM_EARG, "--%s expects a number, got '%s' (%s)", o->name, val, origin);
+        *(double *)o->dest = v;
+        return DFM_OK;
+    }
+    case DFM_OPT_FLAG:
+        if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)o->dest = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "false")) *(int *)o->dest = 0;
+        else return DFM_FAIL(DFM_EARG, "--%s is a flag; '%s' must be true or false (%s)", o->name, val, origin);
+        return DFM_OK;
+    }
+    return DFM_FAIL(DFM_EINTERNAL, "bad option type");
+}
+
+static int set_from_json(dfm_opt *o, json_t *v, const char *file) {
+    char buf[64];
+    if (json_is_string(v)) return set_from_text(o, json_string_value(v), file);
+    if (json_is_integer(v)) {
+        snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v));
+        return set_from_text(o, buf, file);
+    }
+    if (json_is_real(v)) {
+        snprintf(buf, sizeof buf, "%.17g", json_real_value(v));
+        return set_from_text(o, buf, file);
+    }
+    if (json_is_boolean(v)) return set_from_text(o, json_is_true(v) ? "true" : "false", file);
+    return DFM_FAIL(DFM_EARG, "config file %s: value of \"%s\" must be a string, number or boolean", file, o->name);
+}
+
+static dfm_opt *find_opt(dfm_opt *opts, const char *name) {
+    for (dfm_opt *o = opts; o->name; o++)
+        if (!strcmp(o->name, name)) return o;
+    return NULL;
+}
+
+static int load_config(const char *prog, dfm_opt *opts, const char *file) {
+    json_error_t jerr;
+    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return DFM_FAIL(DFM_EARG, "config file %s, line %d: %s", file, jerr.line, jerr.text);
+    int rc = DFM_OK;
+    if (!json_is_object(root)) {
+        rc = DFM_FAIL(DFM_EARG, "config file %s must hold a JSON object", file);
+        goto out;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(root, key, val) {
+        dfm_opt *o = find_opt(opts, key);
+        if (o && !json_is_object(val) && (rc = set_from_json(o, val, file))) goto out;
+    }
+    json_t *sec = json_object_get(root, prog);
+    if (sec) {
+        if (!json_is_object(sec)) {
+            rc = DFM_FAIL(DFM_EARG, "config file %s: \"%s\" must be an object of flags", file, prog);
+            goto out;
+        }
+        json_object_foreach(sec, key, val) {
+            dfm_opt *o = find_opt(opts, key);
+            if (!o) {
+                rc = DFM_FAIL(DFM_EARG, "config file %s: \"%s\" has no option \"%s\". HINT: see 'dfm %s --help'",
+                              file, prog, key, prog);
+                goto out;
+            }
+            if ((rc = set_from_json(o, val, file))) goto out;
+        }
+    }
+out:
+    json_decref(root);
+    return rc;
+}
+
+static void print_help(const char *prog, const char *usage, const char *summary, const dfm_opt *opts) {
+    printf("usage: dfm %s %s\n\n%s\n\noptions:\n", prog, usage ? usage : "[options]", summary ? summary : "");
+    for (const dfm_opt *o = opts; o->name; o++) {
+        char left[96];
+        snprintf(left, sizeof left, "--%s%s%s", o->name, o->type == DFM_OPT_FLAG ? "" : " ",
+                 o->type == DFM_OPT_FLAG ? "" : (o->metavar ? o->metavar : "X"));
+        printf("  %-28s %s", left, o->help ? o->help : "");
+        if (o->def && o->type != DFM_OPT_FLAG) printf(" (default: %s)", o->def);
+        printf("\n");
+    }
+    printf("  %-28s %s\n  %-28s %s\n", "--config FILE", "JSON file of options (flags on the command line win)",
+           "--help", "this text");
+}
+
+static json_t *effective_config(const dfm_opt *opts) {
+    json_t *o = json_object();
+    for (const dfm_opt *p = opts; p->name; p++) {
+        if (p->no_manifest) continue;
+        switch (p->type) {
+        case DFM_OPT_STR:
+            if (*(char **)p->dest) json_object_set_new(o, p->name, json_string(*(char **)p->dest));
+            break;
+        case DFM_OPT_INT: json_object_set_new(o, p->name, json_integer(*(int64_t *)p->dest)); break;
+        case DFM_OPT_DOUBLE: json_object_set_new(o, p->name, json_real(*(double *)p->dest)); break;
+        case DFM_OPT_FLAG: json_object_set_new(o, p->name, json_boolean(*(int *)p->dest)); break;
+        }
+    }
+    return o;
+}
+
+int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
+                   char **argv, char ***pos, int *npos, json_t **effective) {
+    int n = opt_count(opts), rc = DFM_OK;
+    if (pos) *pos = NULL;
+    if (npos) *npos = 0;
+    if (effective) *effective = NULL;
+    /* defaults */
+    for (int i = 0; i < n; i++) {
+        dfm_opt *o = &opts[i];
+        if (o->type == DFM_OPT_STR) *(char **)o->dest = NULL;
+        else if (o->type == DFM_OPT_INT) *(int64_t *)o->dest = 0;
+        else if (o->type == DFM_OPT_DOUBLE) *(double *)o->dest = 0;
+        else *(int *)o->dest = 0;
+        if (o->def && (rc = set_from_text(o, o->def, "default"))) return rc;
+    }
+    /* first pass: --help and --config */
+    const char *config = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            print_help(prog, usage, summary, opts);
+            return DFM_OPTS_HELP;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) return DFM_FAIL(DFM_EARG, "--config needs a FILE");
+            config = argv[++i];
+        } else if (!strncmp(argv[i], "--config=", 9)) {
+            config = argv[i] + 9;
+        }
+    }
+    if (config && (rc = load_config(prog, opts, config))) return rc;
+
+    struct option *lo = calloc((size_t)n + 2, sizeof *lo);
+    if (!lo) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (int i = 0; i < n; i++) {
+        lo[i].name = opts[i].name;
+        lo[i].has_arg = opts[i].type == DFM_OPT_FLAG ? no_argument : required_argument;
+        lo[i].val = 1000 + i;
+    }
+    lo[n].name = "config";
+    lo[n].has_arg = required_argument;
+    lo[n].val = 999;
+    optind = 1;
+    opterr = 0;
+    int c, li = 0;
+    while ((c = getopt_long(argc, argv, "+", lo, &li)) != -1) {
+        if (c == 999) continue;
+        if (c == '?' || c == ':') {
+            const char *bad = argv[optind - 1];
+            rc = DFM_FAIL(DFM_EARG, "dfm %s: unknown option or missing value: '%s'. HINT: see 'dfm %s --help'", prog,
+                          bad ? bad : "?", prog);
+            break;
+        }
+        dfm_opt *o = &opts[c - 1000];
+        if (o->type == DFM_OPT_FLAG) *(int *)o->dest = 1;
+        else if ((rc = set_from_text(o, optarg, "command line"))) break;
+    }
+    free(lo);
+    if (rc) return rc;
+    if (pos && npos) {
+        int k = argc - optind;
+        *pos = calloc((size_t)k + 1, sizeof(char *));
+        if (!*pos) return DFM_FAIL(DFM_ENOMEM, "no memory");
+        for (int i = 0; i < k; i++) (*pos)[i] = argv[optind + i];
+        *npos = k;
+    }
+    if (effective) *effective = effective_config(opts);
+    return DFM_OK;
+}
+
+void dfm_opts_free(dfm_opt *opts) {
+    for (dfm_opt *o = opts; o->name; o++)
+        if (o->type == DFM_OPT_STR) {
+            free(*(char **)o->dest);
+            *(char **)o->dest = NULL;
+        }
+}

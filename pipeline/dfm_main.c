@@ -1,0 +1,55 @@
+/* dfm — one binary, one subcommand per pipeline step. See README.md for the reference. */
+#include "common/error.h"
+#include "common/log.h"
+#include "version.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define DFM_COMMAND(name, fn, summary) int fn(int argc, char **argv);
+#include "commands.def"
+#undef DFM_COMMAND
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+#define DFM_COMMAND(name, fn, summary) {#name, fn, summary},
+#include "commands.def"
+#undef DFM_COMMAND
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "dfm %s — training targets for Deep Fusion Memory\n\nusage: dfm COMMAND [options]\n\ncommands:\n",
+            DFM_VERSION);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'dfm COMMAND --help' describes each one. Stages run under MPI: mpirun -np 4 dfm chunk ...\n");
+}
+
+int main(int argc, char **argv) {
+    dfm_log_init(-1);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("dfm %s\n", DFM_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name)) continue;
+        int rc = commands[i].fn(argc - 1, argv + 1);
+        if (rc < 0) {
+            fprintf(stderr, "dfm %s: error: %s\n", argv[1], dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
+            return 1;
+        }
+        return rc;
+    }
+    fprintf(stderr, "dfm: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,62 @@
+/* tokenizer.h — the language model's tokenizer, read from a Hugging Face tokenizer.json.
+ *
+ * Supported (anything else is DFM_EUNSUPPORTED naming the model / pre-tokenizer / normalizer type):
+ *   - byte-level BPE as in GPT-2, Llama-3 and Qwen2/Qwen3: normalizer none or NFC, pre-tokenizer
+ *     Split(regex, Isolated) and/or ByteLevel, merges applied by rank, added/special tokens matched
+ *     in the raw text before pre-tokenization (as Hugging Face does);
+ *   - SentencePiece-style BPE with byte fallback as in Mistral / Llama-2 (normalizer Prepend("▁") +
+ *     Replace(" ", "▁"), <0xNN> byte tokens for unknown characters).
+ * Encoding gives the same ids as Hugging Face `tokenizers` with add_special_tokens=False.
+ * Input text must be valid UTF-8; dfm_tokenizer_encode replaces each invalid sequence by U+FFFD
+ * exactly as Python's bytes.decode("utf-8", "replace") does and counts the replacements.
+ *
+ * A loaded tokenizer is immutable and may be used by many threads at once.
+ */
+#ifndef DFM_TOKENIZER_H
+#define DFM_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dfm_tokenizer dfm_tokenizer;
+
+/* Growable id buffer; zero-initialise, free with dfm_ids_free. */
+typedef struct {
+    uint32_t *ids;
+    size_t n, cap;
+} dfm_ids;
+
+void dfm_ids_free(dfm_ids *v);
+int dfm_ids_push(dfm_ids *v, uint32_t id);
+
+/* Load tokenizer.json (path to the file, or to a folder holding it). Errors name the file and the
+ * JSON path of the problem. */
+int dfm_tokenizer_load(const char *path, dfm_tokenizer **out);
+/* Free; NULL is a no-op. */
+void dfm_tokenizer_free(dfm_tokenizer *tok);
+
+/* Append the ids of text[0..len) to *out. *n_replaced (may be NULL) receives the number of invalid
+ * UTF-8 sequences replaced by U+FFFD. Thread-safe. */
+int dfm_tokenizer_encode(const dfm_tokenizer *tok, const char *text, size_t len, dfm_ids *out,
+                         size_t *n_replaced);
+
+/* Decode ids to UTF-8 text (skip_special: drop special added tokens, as HF skip_special_tokens).
+ * *text is malloc'd and NUL-terminated; *len excludes the NUL. Byte sequences that are not valid
+ * UTF-8 on their own (a chunk cut inside a character) decode to U+FFFD, as Hugging Face does.
+ * An id >= vocab size is DFM_ERANGE. */
+int dfm_tokenizer_decode(const dfm_tokenizer *tok, const uint32_t *ids, size_t n, int skip_special,
+                         char **text, size_t *len);
+
+/* Number of ids (model vocabulary plus added tokens): every valid id is < this. */
+uint32_t dfm_tokenizer_vocab_size(const dfm_tokenizer *tok);
+/* Id of a token string (vocabulary or added token), or -1. */
+int64_t dfm_tokenizer_token_id(const dfm_tokenizer *tok, const char *token);
+/* End-of-sequence id used between documents: the first of <|endoftext|>, <|end_of_text|>, </s>,
+ * <eos>, [SEP] present; -1 if none (then the caller must be told to pass one explicitly). */
+int64_t dfm_tokenizer_eos_id(const dfm_tokenizer *tok);
+/* A short description ("byte-level BPE, 151643 merges, pre-tokenizer Split+ByteLevel"). */
+const char *dfm_tokenizer_describe(const dfm_tokenizer *tok);
+/* XXH3-64 of the tokenizer.json bytes: identifies the tokenizer in artefact headers. */
+uint64_t dfm_tokenizer_hash(const dfm_tokenizer *tok);
+
+#endif

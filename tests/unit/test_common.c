@@ -1,0 +1,165 @@
+/* Unit tests of the shared conventions: errors, options/config, atomic files, hashing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/opts.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <signal.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dfm-test-common-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+static int teardown(void **state) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd);
+}
+
+static void test_error_message_has_place(void **state) {
+    int rc = DFM_FAIL(DFM_EFORMAT, "bad line %d in %s", 7, "x.jsonl");
+    assert_int_equal(rc, DFM_EFORMAT);
+    assert_int_equal(dfm_last_error_code(), DFM_EFORMAT);
+    assert_non_null(strstr(dfm_last_error(), "bad line 7 in x.jsonl"));
+    assert_non_null(strstr(dfm_last_error(), "test_common.c:"));
+    dfm_error_prefix("while chunking");
+    assert_memory_equal(dfm_last_error(), "while chunking: ", 16);
+    assert_string_equal(dfm_strerror(DFM_ECHECKSUM), "checksum mismatch");
+    assert_string_equal(dfm_strerror(12345), "unknown error code");
+    dfm_error_clear();
+    assert_string_equal(dfm_last_error(), "");
+}
+
+static void test_opts_defaults_config_cmdline(void **state) {
+    char *name = NULL, *path = NULL;
+    int64_t n = 0;
+    double x = 0;
+    int flag = 0;
+    dfm_opt opts[] = {
+        {"name", DFM_OPT_STR, &name, "abc", "S", "a name", 0},
+        {"count", DFM_OPT_INT, &n, "32", "N", "a count", 0},
+        {"ratio", DFM_OPT_DOUBLE, &x, "0.5", "R", "a ratio", 0},
+        {"fast", DFM_OPT_FLAG, &flag, NULL, NULL, "go fast", 0},
+        {"out", DFM_OPT_STR, &path, NULL, "DIR", "where", 1},
+        {0},
+    };
+    char *cfg = dfm_path_join(tmpdir, "c.json");
+    FILE *f = fopen(cfg, "w");
+    fprintf(f, "{\"count\": 64, \"other-stage-key\": 1, \"chunk\": {\"ratio\": 0.25, \"fast\": true}}");
+    fclose(f);
+    char *argv[] = {"chunk", "--config", cfg, "--count", "2k", "in1", "in2", NULL};
+    char **pos = NULL;
+    int npos = 0;
+    json_t *eff = NULL;
+    assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 7, argv, &pos, &npos, &eff), 0);
+    assert_string_equal(name, "abc");
+    assert_int_equal(n, 2000); /* command line wins over config */
+    assert_true(x == 0.25);
+    assert_int_equal(flag, 1);
+    assert_int_equal(npos, 2);
+    assert_string_equal(pos[1], "in2");
+    assert_int_equal(json_integer_value(json_object_get(eff, "count")), 2000);
+    assert_null(json_object_get(eff, "out")); /* no_manifest */
+    json_decref(eff);
+    free(pos);
+    dfm_opts_free(opts);
+
+    /* bad values and typos are errors that name the flag */
+    char *bad[] = {"chunk", "--count", "12x", NULL};
+    assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 3, bad, NULL, NULL, NULL), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "--count"));
+    f = fopen(cfg, "w");
+    fprintf(f, "{\"chunk\": {\"cuont\": 3}}");
+    fclose(f);
+    char *typo[] = {"chunk", "--config", cfg, NULL};
+    assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 3, typo, NULL, NULL, NULL), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "cuont"));
+    char *unknown[] = {"chunk", "--nope", NULL};
+    assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 2, unknown, NULL, NULL, NULL), DFM_EARG);
+    dfm_opts_free(opts);
+    free(cfg);
+}
+
+static void test_atomic_file_commit_and_abort(void **state) {
+    char *p = dfm_path_join(tmpdir, "a.bin");
+    dfm_atomic_file f;
+    assert_int_equal(dfm_atomic_open(&f, p), 0);
+    assert_int_equal(dfm_atomic_write(&f, "hello", 5), 0);
+    assert_false(dfm_path_exists(p)); /* not visible before commit */
+    assert_int_equal(dfm_atomic_commit(&f), 0);
+    char *buf;
+    size_t n;
+    assert_int_equal(dfm_read_file(p, &buf, &n), 0);
+    assert_int_equal(n, 5);
+    assert_memory_equal(buf, "hello", 5);
+    free(buf);
+    char *q = dfm_path_join(tmpdir, "b.bin");
+    assert_int_equal(dfm_atomic_open(&f, q), 0);
+    assert_int_equal(dfm_atomic_write(&f, "x", 1), 0);
+    dfm_atomic_abort(&f);
+    assert_false(dfm_path_exists(q));
+    assert_int_equal(dfm_read_file(q, &buf, &n), DFM_ENOTFOUND);
+    free(p);
+    free(q);
+}
+
+static void test_file_size_limit_is_nospace(void **state) {
+    /* a file-size limit makes writes fail with EFBIG: must surface as DFM_ENOSPACE naming the file */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = 4096;
+    setrlimit(RLIMIT_FSIZE, &lim);
+    char *p = dfm_path_join(tmpdir, "big.bin");
+    char block[1024] = {0};
+    dfm_atomic_file f;
+    assert_int_equal(dfm_atomic_open(&f, p), 0);
+    int rc = 0;
+    for (int i = 0; i < 64 && !rc; i++) rc = dfm_atomic_write(&f, block, sizeof block);
+    if (!rc) rc = dfm_atomic_commit(&f);
+    else dfm_atomic_abort(&f);
+    setrlimit(RLIMIT_FSIZE, &old);
+    assert_int_equal(rc, DFM_ENOSPACE);
+    assert_non_null(strstr(dfm_last_error(), "big.bin"));
+    assert_false(dfm_path_exists(p));
+    free(p);
+}
+
+static void test_hashes(void **state) {
+    char *p = dfm_path_join(tmpdir, "h.txt");
+    assert_int_equal(dfm_write_file_atomic(p, "abc", 3), 0);
+    char h1[33], h2[33];
+    assert_int_equal(dfm_file_hash(p, h1), 0);
+    assert_int_equal(strlen(h1), 32);
+    assert_int_equal(dfm_write_file_atomic(p, "abd", 3), 0);
+    assert_int_equal(dfm_file_hash(p, h2), 0);
+    assert_string_not_equal(h1, h2);
+    assert_true(dfm_checksum64("abc", 3) != dfm_checksum64("abd", 3));
+    assert_int_equal(dfm_mkdir_p("/proc/definitely/not"), DFM_EIO);
+    free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_message_has_place),
+        cmocka_unit_test(test_opts_defaults_config_cmdline),
+        cmocka_unit_test(test_atomic_file_commit_and_abort),
+        cmocka_unit_test(test_file_size_limit_is_nospace),
+        cmocka_unit_test(test_hashes),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
