@@ -1,0 +1,458 @@
+#include "corpus.h"
+
+#include "common/error.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <zstd.h>
+
+#define TOKBIN_HEADER_BYTES 1024u
+
+/* ------------------------------------------------------------------------------------------------
+ * input list
+ * ---------------------------------------------------------------------------------------------- */
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && !strcmp(s + n - m, suf);
+}
+
+static int add_file(dfm_input_list *l, const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "input %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return DFM_FAIL(DFM_EARG, "input %s is not a regular file", path);
+    FILE *probe = fopen(path, "rb");
+    if (!probe) return DFM_FAIL(DFM_EIO, "input %s cannot be read: %s", path, strerror(errno));
+    fclose(probe);
+    dfm_input *f = realloc(l->files, (size_t)(l->n + 1) * sizeof *f);
+    if (!f) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    l->files = f;
+    dfm_input *in = &l->files[l->n];
+    memset(in, 0, sizeof *in);
+    if (!(in->path = strdup(path))) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    in->zst = ends_with(path, ".zst");
+    char *base = strdup(path);
+    if (!base) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (in->zst) base[strlen(base) - 4] = 0;
+    in->kind = (ends_with(base, ".jsonl") || ends_with(base, ".json")) ? DFM_IN_JSONL
+               : ends_with(base, ".bin")                               ? DFM_IN_TOKENS
+                                                                       : DFM_IN_TEXT;
+    free(base);
+    in->bytes = (uint64_t)st.st_size;
+    in->start = l->total_bytes;
+    l->total_bytes += in->bytes;
+    l->n++;
+    return DFM_OK;
+}
+
+int dfm_inputs_expand(char *const *patterns, int n, dfm_input_list *out) {
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < n; i++) {
+        int rc;
+        if (!strpbrk(patterns[i], "*?[")) {
+            rc = add_file(out, patterns[i]);
+        } else {
+            glob_t g;
+            int grc = glob(patterns[i], 0, NULL, &g);
+            if (grc == GLOB_NOMATCH) {
+                rc = DFM_FAIL(DFM_ENOTFOUND, "input pattern '%s' matches no file", patterns[i]);
+            } else if (grc != 0) {
+                rc = DFM_FAIL(DFM_EIO, "input pattern '%s' could not be expanded", patterns[i]);
+            } else {
+                rc = DFM_OK;
+                for (size_t k = 0; k < g.gl_pathc && !rc; k++) rc = add_file(out, g.gl_pathv[k]);
+            }
+            if (grc == 0) globfree(&g);
+        }
+        if (rc) {
+            dfm_inputs_free(out);
+            return rc;
+        }
+    }
+    if (out->n == 0) return DFM_FAIL(DFM_EARG, "no input files. HINT: pass files or globs after the run directory");
+    return DFM_OK;
+}
+
+void dfm_inputs_free(dfm_input_list *l) {
+    for (int i = 0; i < l->n; i++) free(l->files[i].path);
+    free(l->files);
+    memset(l, 0, sizeof *l);
+}
+
+uint64_t dfm_line_of_offset(const char *path, uint64_t offset) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return 0;
+    uint64_t line = 1, pos = 0;
+    char buf[1 << 16];
+    size_t n;
+    while (pos < offset && (n = fread(buf, 1, sizeof buf, fp)) > 0) {
+        size_t m = (uint64_t)n < offset - pos ? n : (size_t)(offset - pos);
+        for (const char *p = buf; (p = memchr(p, '\n', (size_t)(buf + m - p))) != NULL; p++) line++;
+        pos += n;
+    }
+    fclose(fp);
+    return line;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * byte source: a plain file from an offset, or a zstd stream
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *path;
+    FILE *fp;
+    ZSTD_DCtx *dctx;
+    uint8_t *in;
+    size_t in_cap;
+    ZSTD_inBuffer ib;
+    size_t last_ret; /* last ZSTD_decompressStream result: 0 = frame complete */
+    int eof;
+    uint64_t compressed_read;
+} source;
+
+static int source_open(source *s, const dfm_input *f, uint64_t offset) {
+    memset(s, 0, sizeof *s);
+    s->path = f->path;
+    s->fp = fopen(f->path, "rb");
+    if (!s->fp) return DFM_FAIL(DFM_EIO, "cannot open input %s: %s", f->path, strerror(errno));
+    if (f->zst) {
+        s->dctx = ZSTD_createDCtx();
+        s->in_cap = ZSTD_DStreamInSize();
+        s->in = malloc(s->in_cap);
+        if (!s->dctx || !s->in) return DFM_FAIL(DFM_ENOMEM, "no memory for zstd stream");
+    } else if (offset && fseeko(s->fp, (off_t)offset, SEEK_SET) != 0) {
+        return DFM_FAIL(DFM_EIO, "cannot seek to byte %llu of %s", (unsigned long long)offset, f->path);
+    }
+    return DFM_OK;
+}
+
+static void source_close(source *s) {
+    if (s->fp) fclose(s->fp);
+    ZSTD_freeDCtx(s->dctx);
+    free(s->in);
+    memset(s, 0, sizeof *s);
+}
+
+/* Read up to cap bytes; *got = 0 only at the end. */
+static int source_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
+    *got = 0;
+    if (!s->dctx) {
+        size_t n = fread(buf, 1, cap, s->fp);
+        if (n == 0 && ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
+        *got = n;
+        return DFM_OK;
+    }
+    ZSTD_outBuffer ob = {buf, cap, 0};
+    while (ob.pos == 0) {
+        if (s->ib.pos == s->ib.size) {
+            if (s->eof) break;
+            size_t n = fread(s->in, 1, s->in_cap, s->fp);
+            if (n == 0) {
+                if (ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
+                s->eof = 1;
+                if (s->last_ret != 0)
+                    return DFM_FAIL(DFM_ETRUNCATED, "%s is a truncated zstd stream (ends inside a frame after %llu compressed bytes). HINT: re-create or re-download the file",
+                                    s->path, (unsigned long long)s->compressed_read);
+                break;
+            }
+            s->compressed_read += n;
+            s->ib = (ZSTD_inBuffer){s->in, n, 0};
+        }
+        size_t r = ZSTD_decompressStream(s->dctx, &ob, &s->ib);
+        if (ZSTD_isError(r))
+            return DFM_FAIL(DFM_EFORMAT, "%s: zstd error near compressed byte %llu: %s", s->path,
+                            (unsigned long long)s->compressed_read, ZSTD_getErrorName(r));
+        s->last_ret = r;
+    }
+    *got = ob.pos;
+    return DFM_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * readers
+ * ---------------------------------------------------------------------------------------------- */
+
+static int bad_input(dfm_read_opts *o, int code, const dfm_input *f, uint64_t off, int is_line, const char *what) {
+    if (o->skip_bad) {
+        o->bad_lines++;
+        return DFM_OK;
+    }
+    uint64_t line = f->zst ? 0 : dfm_line_of_offset(f->path, off);
+    if (line)
+        return DFM_FAIL(code, "%s:%llu (byte %llu): %s. HINT: fix the input or pass --skip-bad-lines to count and skip it",
+                        f->path, (unsigned long long)line, (unsigned long long)off, what);
+    return DFM_FAIL(code, "%s (uncompressed byte %llu%s): %s. HINT: fix the input or pass --skip-bad-lines to count and skip it",
+                    f->path, (unsigned long long)off, is_line ? ", a line" : "", what);
+}
+
+static int valid_utf8(const uint8_t *s, size_t n, size_t *bad_at) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        size_t k;
+        uint32_t cp;
+        if (c < 0x80) { i++; continue; }
+        else if ((c & 0xE0) == 0xC0) { k = 1; cp = c & 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { k = 2; cp = c & 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { k = 3; cp = c & 0x07; }
+        else { *bad_at = i; return 0; }
+        for (size_t j = 1; j <= k; j++) {
+            if (i + j >= n || (s[i + j] & 0xC0) != 0x80) { *bad_at = i; return 0; }
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+            (cp >= 0xD800 && cp <= 0xDFFF)) { *bad_at = i; return 0; }
+        i += k + 1;
+    }
+    return 1;
+}
+
+static int handle_json_line(const dfm_input *f, int fi, const char *line, size_t len, uint64_t off, dfm_read_opts *o,
+                            dfm_doc_fn fn, void *user) {
+    size_t a = 0;
+    while (a < len && (line[a] == ' ' || line[a] == '\t' || line[a] == '\r')) a++;
+    if (a == len) return DFM_OK; /* blank line: no document */
+    json_error_t e;
+    json_t *j = json_loadb(line, len, 0, &e);
+    char what[400];
+    if (!j) {
+        snprintf(what, sizeof what, "malformed JSON line: %s (column %d)", e.text, e.column);
+        return bad_input(o, DFM_EFORMAT, f, off, 1, what);
+    }
+    json_t *t = json_is_object(j) ? json_object_get(j, o->text_field) : NULL;
+    int rc = DFM_OK;
+    if (!t) {
+        snprintf(what, sizeof what, "line has no \"%s\" field. HINT: choose the field with --text-field", o->text_field);
+        rc = bad_input(o, DFM_EFORMAT, f, off, 1, what);
+    } else if (!json_is_string(t)) {
+        snprintf(what, sizeof what, "field \"%s\" is not a string", o->text_field);
+        rc = bad_input(o, DFM_EFORMAT, f, off, 1, what);
+    } else if (json_string_length(t) == 0) {
+        o->empty_docs++;
+    } else {
+        dfm_doc d = {.text = json_string_value(t), .text_len = json_string_length(t), .file = fi, .offset = off};
+        rc = fn(&d, user);
+    }
+    json_decref(j);
+    return rc;
+}
+
+static int read_jsonl(const dfm_input *f, int fi, uint64_t begin, uint64_t end, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
+    source s;
+    uint64_t pos = begin; /* file offset of buf[0] */
+    int rc = source_open(&s, f, f->zst ? 0 : begin);
+    size_t cap = 1 << 20, len = 0;
+    uint8_t *buf = malloc(cap);
+    if (!rc && !buf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    int skipping = 0;
+    if (!rc && !f->zst && begin > 0) { /* does a line start at begin? only if byte begin-1 is '\n' */
+        uint8_t prev = 0;
+        FILE *fp = fopen(f->path, "rb");
+        if (!fp || fseeko(fp, (off_t)begin - 1, SEEK_SET) != 0 || fread(&prev, 1, 1, fp) != 1)
+            rc = DFM_FAIL(DFM_EIO, "cannot read byte %llu of %s", (unsigned long long)begin - 1, f->path);
+        if (fp) fclose(fp);
+        skipping = prev != '\n';
+    }
+    int done = 0;
+    while (!rc && !done) {
+        if (len == cap) {
+            uint8_t *nb = realloc(buf, cap * 2);
+            if (!nb) { rc = DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-byte line in %s", cap, f->path); break; }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = 0;
+        rc = source_read(&s, buf + len, cap - len, &got);
+        if (rc) break;
+        int at_end = got == 0;
+        len += got;
+        size_t a = 0;
+        for (;;) {
+            uint8_t *nl = memchr(buf + a, '\n', len - a);
+            if (!nl && !(at_end && a < len)) break;
+            size_t e = nl ? (size_t)(nl - buf) : len;
+            uint64_t line_off = pos + a;
+            if (line_off >= end) { done = 1; break; }
+            if (skipping) skipping = 0; /* the tail of a line owned by the previous rank */
+            else if ((rc = handle_json_line(f, fi, (const char *)buf + a, e - a, line_off, o, fn, user))) break;
+            a = nl ? e + 1 : len;
+        }
+        if (rc) break;
+        memmove(buf, buf + a, len - a);
+        len -= a;
+        pos += a;
+        o->bytes_read += a;
+        if (at_end) break;
+    }
+    free(buf);
+    source_close(&s);
+    return rc;
+}
+
+static int read_text(const dfm_input *f, int fi, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
+    source s;
+    int rc = source_open(&s, f, 0);
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *buf = malloc(cap);
+    if (!rc && !buf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    while (!rc) {
+        if (len == cap) {
+            uint8_t *nb = realloc(buf, cap * 2);
+            if (!nb) { rc = DFM_FAIL(DFM_ENOMEM, "no memory for document %s", f->path); break; }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got;
+        rc = source_read(&s, buf + len, cap - len, &got);
+        if (rc || got == 0) break;
+        len += got;
+    }
+    if (!rc) {
+        o->bytes_read += len;
+        size_t bad = 0;
+        if (len == 0) {
+            o->empty_docs++;
+        } else if (!valid_utf8(buf, len, &bad)) {
+            char what[200];
+            snprintf(what, sizeof what, "invalid UTF-8 at byte %zu of the document", bad);
+            rc = bad_input(o, DFM_EFORMAT, f, bad, 0, what);
+        } else {
+            dfm_doc d = {.text = (const char *)buf, .text_len = len, .file = fi, .offset = 0};
+            rc = fn(&d, user);
+        }
+    }
+    free(buf);
+    source_close(&s);
+    return rc;
+}
+
+/* Pretokenized shard: tokens [t0, t1) of the file (t1 = UINT64_MAX: to the end). */
+static int read_tokens(const dfm_input *f, int fi, uint64_t t0, uint64_t t1, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
+    source s;
+    int32_t hdr[256];
+    int rc = source_open(&s, f, 0);
+    size_t got = 0, have = 0;
+    while (!rc && have < sizeof hdr) {
+        rc = source_read(&s, (uint8_t *)hdr + have, sizeof hdr - have, &got);
+        if (!rc && got == 0) break;
+        have += got;
+    }
+    if (rc) { source_close(&s); return rc; }
+    if (have < sizeof hdr) {
+        source_close(&s);
+        return DFM_FAIL(DFM_ETRUNCATED, "token shard %s: %zu bytes, shorter than its 1024-byte header", f->path, have);
+    }
+    unsigned width;
+    if (hdr[0] == 20240520 && hdr[1] == 1) width = 2;
+    else if (hdr[0] == 20240801 && hdr[1] == 7) width = 4;
+    else {
+        source_close(&s);
+        return DFM_FAIL(DFM_EFORMAT, "token shard %s: magic %d version %d unknown (expected 20240520/1 for uint16 or 20240801/7 for uint32)",
+                        f->path, hdr[0], hdr[1]);
+    }
+    uint64_t count = (uint32_t)hdr[2];
+    if (!f->zst && f->bytes != TOKBIN_HEADER_BYTES + count * width) {
+        source_close(&s);
+        return DFM_FAIL(f->bytes < TOKBIN_HEADER_BYTES + count * width ? DFM_ETRUNCATED : DFM_EFORMAT,
+                        "token shard %s: header says %llu tokens (%llu bytes) but the file has %llu bytes", f->path,
+                        (unsigned long long)count, (unsigned long long)(TOKBIN_HEADER_BYTES + count * width),
+                        (unsigned long long)f->bytes);
+    }
+    if (t1 > count) t1 = count;
+    int prev_eos = 1; /* token t0-1 was EOS (or t0 is the file start) */
+    uint64_t idx = 0;
+    if (!f->zst && t0 > 0) {
+        uint32_t prev = 0;
+        if (fseeko(s.fp, (off_t)(TOKBIN_HEADER_BYTES + (t0 - 1) * width), SEEK_SET) != 0 || fread(&prev, width, 1, s.fp) != 1)
+            rc = DFM_FAIL(DFM_EIO, "cannot read token %llu of %s", (unsigned long long)t0 - 1, f->path);
+        prev_eos = prev == o->eos_id;
+        idx = t0;
+    }
+    size_t batch = 1 << 16;
+    uint8_t *raw = malloc(batch * width);
+    uint32_t *tok = malloc(batch * sizeof *tok);
+    if (!rc && (!raw || !tok)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    while (!rc && idx < t1) {
+        size_t want = (size_t)((t1 - idx) < batch ? (t1 - idx) : batch), n = 0;
+        while (!rc && n < want * width) {
+            rc = source_read(&s, raw + n, want * width - n, &got);
+            if (!rc && got == 0) break;
+            n += got;
+        }
+        if (rc) break;
+        if (n < want * width) {
+            rc = DFM_FAIL(DFM_ETRUNCATED, "token shard %s ends after %llu of %llu tokens", f->path,
+                          (unsigned long long)(idx + n / width), (unsigned long long)count);
+            break;
+        }
+        if (idx < t0) { /* zstd: skip to t0 */
+            idx += want;
+            continue;
+        }
+        for (size_t i = 0; i < want; i++) tok[i] = width == 2 ? ((uint16_t *)raw)[i] : ((uint32_t *)raw)[i];
+        size_t a = 0;
+        for (size_t i = 0; i < want && !rc; i++) {
+            if (tok[i] >= o->vocab_size) {
+                rc = DFM_FAIL(DFM_EFORMAT, "token shard %s, token %llu: id %u is outside the vocabulary (size %u). HINT: was it made with another tokenizer?",
+                              f->path, (unsigned long long)(idx + i), tok[i], o->vocab_size);
+                break;
+            }
+            if (tok[i] == o->eos_id || i + 1 == want) {
+                dfm_doc d = {.tokens = tok + a, .n_tokens = i + 1 - a, .file = fi,
+                             .offset = TOKBIN_HEADER_BYTES + (idx + a) * width, .new_document = prev_eos};
+                rc = fn(&d, user);
+                prev_eos = tok[i] == o->eos_id;
+                a = i + 1;
+            }
+        }
+        idx += want;
+        o->bytes_read += want * width;
+    }
+    free(raw);
+    free(tok);
+    source_close(&s);
+    return rc;
+}
+
+int dfm_corpus_read_share(const dfm_input_list *l, int rank, int size, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
+    uint64_t lo = (uint64_t)((unsigned __int128)l->total_bytes * (unsigned)rank / (unsigned)size);
+    uint64_t hi = (uint64_t)((unsigned __int128)l->total_bytes * (unsigned)(rank + 1) / (unsigned)size);
+    for (int i = 0; i < l->n; i++) {
+        const dfm_input *f = &l->files[i];
+        uint64_t fs = f->start, fe = f->start + f->bytes;
+        int rc = DFM_OK;
+        int whole = f->zst || f->whole || f->kind == DFM_IN_TEXT;
+        if (whole || f->bytes == 0) {
+            /* a whole file (or an empty one) belongs to the rank whose range holds its first byte;
+             * the last rank also takes files starting at the very end (empty files) */
+            if ((fs >= lo && fs < hi) || (rank == size - 1 && fs == l->total_bytes)) {
+                if (f->kind == DFM_IN_JSONL) rc = read_jsonl(f, i, 0, UINT64_MAX, o, fn, user);
+                else if (f->kind == DFM_IN_TOKENS) rc = read_tokens(f, i, 0, UINT64_MAX, o, fn, user);
+                else rc = read_text(f, i, o, fn, user);
+            }
+        } else if (fe > lo && fs < hi) {
+            uint64_t a = (lo > fs ? lo : fs) - fs, b = (hi < fe ? hi : fe) - fs;
+            if (f->kind == DFM_IN_JSONL) {
+                rc = read_jsonl(f, i, a, b, o, fn, user);
+            } else { /* tokens: token t lives at byte 1024 + t*w; owned by the range holding that byte */
+                int32_t h[3] = {0};
+                FILE *fp = fopen(f->path, "rb");
+                size_t okh = fp ? fread(h, sizeof h, 1, fp) : 0;
+                if (fp) fclose(fp);
+                uint64_t w = (h[0] == 20240801) ? 4 : 2;
+                uint64_t t0 = a <= TOKBIN_HEADER_BYTES ? 0 : (a - TOKBIN_HEADER_BYTES + w - 1) / w;
+                uint64_t t1 = b <= TOKBIN_HEADER_BYTES ? 0 : (b - TOKBIN_HEADER_BYTES + w - 1) / w;
+                if (!okh || a == 0) t0 = 0; /* the rank holding the header validates it */
+                if (t1 > t0 || a == 0) rc = read_tokens(f, i, t0, b == f->bytes ? UINT64_MAX : t1, o, fn, user);
+            }
+        }
+        if (rc) return rc;
+    }
+    return DFM_OK;
+}

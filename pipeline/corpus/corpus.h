@@ -1,0 +1,78 @@
+/* corpus.h — input files, how ranks split them, and reading documents out of them.
+ *
+ * Input kinds (by file name):
+ *   *.jsonl, *.json          one JSON object per line; the text is in --text-field (default "text")
+ *   *.txt, anything else     plain UTF-8 text, the whole file is one document
+ *   *.bin                    pretokenized llm.c token shard: 256 int32 header (magic 20240520 with
+ *                            version 1 = uint16 tokens, or magic 20240801 with version 7 = uint32
+ *                            tokens; header[2] = token count), then the tokens. Tokens pass into
+ *                            the stream verbatim; a document starts at the file start and after
+ *                            every EOS token.
+ *   any of the above + .zst  zstd-compressed, decompressed as a stream (never whole in memory)
+ *
+ * Splitting: the inputs, in the order given, form one virtual byte space of total size T; rank r
+ * takes [r*T/P, (r+1)*T/P). Uncompressed JSONL and .bin files are split inside (a JSONL line belongs
+ * to the rank whose range holds its first byte; a token to the rank holding its first byte);
+ * other files go whole to the rank holding their first byte. Ranges are contiguous, so rank order
+ * is stream order, and the documents seen in order over all ranks do not depend on P.
+ */
+#ifndef DFM_CORPUS_H
+#define DFM_CORPUS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { DFM_IN_JSONL, DFM_IN_TEXT, DFM_IN_TOKENS } dfm_input_kind;
+
+typedef struct {
+    char *path;
+    dfm_input_kind kind;
+    int zst;        /* compressed with zstd */
+    int whole;      /* never split between ranks (set by the caller) */
+    uint64_t bytes; /* size on disk */
+    uint64_t start; /* offset in the virtual byte space */
+} dfm_input;
+
+typedef struct {
+    dfm_input *files;
+    int n;
+    uint64_t total_bytes;
+} dfm_input_list;
+
+/* Expand patterns (files or globs; a glob's matches are sorted) into an input list. A pattern that
+ * matches nothing, or a file that cannot be read, is DFM_ENOTFOUND / DFM_EIO naming it. */
+int dfm_inputs_expand(char *const *patterns, int n, dfm_input_list *out);
+void dfm_inputs_free(dfm_input_list *l);
+
+/* One document handed to the callback. Exactly one of text/tokens is set. */
+typedef struct {
+    const char *text; /* UTF-8, not NUL-terminated */
+    size_t text_len;
+    const uint32_t *tokens; /* pretokenized input: a run of tokens (may end in EOS) */
+    size_t n_tokens;
+    int file;          /* index in the input list */
+    uint64_t offset;   /* byte offset of the document (line) in the uncompressed file */
+    int new_document;  /* tokens input: 1 if this run starts a document */
+} dfm_doc;
+
+/* Return DFM_OK to go on; any other code stops reading and is returned. */
+typedef int (*dfm_doc_fn)(const dfm_doc *doc, void *user);
+
+typedef struct {
+    const char *text_field; /* JSONL field holding the text */
+    int skip_bad;           /* count and skip malformed lines / documents instead of failing */
+    uint32_t vocab_size;    /* for checking pretokenized ids */
+    uint32_t eos_id;        /* document separator in pretokenized input */
+    uint64_t bad_lines;     /* out: lines or documents skipped */
+    uint64_t empty_docs;    /* out: documents with empty text (skipped, counted) */
+    uint64_t bytes_read;    /* out */
+} dfm_read_opts;
+
+/* Read every document of this rank's share of the inputs, in order, calling fn for each.
+ * Errors name the file, the line (computed on demand) and the byte offset. */
+int dfm_corpus_read_share(const dfm_input_list *l, int rank, int size, dfm_read_opts *o, dfm_doc_fn fn, void *user);
+
+/* The 1-based line number holding byte `offset` of an uncompressed file (for error messages). */
+uint64_t dfm_line_of_offset(const char *path, uint64_t offset);
+
+#endif
