@@ -337,7 +337,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
     }
 
     /* ---- 1. read and tokenize this rank's share ---- */
-    dfm_read_opts ro = {.text_field = o.text_field, .skip_bad = o.skip_bad, .vocab_size = dfm_tokenizer_vocab_size(tok),
+    dfm_read_opts ro = {.text_field = o.text_field, .skip_bad = o.skip_bad, .vocab_size = tok ? dfm_tokenizer_vocab_size(tok) : 0,
                         .eos_id = c.eos};
     if (!rc) {
         c.o = &o;
@@ -413,7 +413,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         if (!rc) rc = DFM_MPI_CHECK(MPI_Alltoallv(c.stream, scnt, sdsp, MPI_UINT32_T, owned, rcnt, rdsp, MPI_UINT32_T, m.comm));
         if (!rc) {
             uint64_t filled = have + recv_total;
-            if (E > N) { /* this rank owns the last sequence: pad it to S */
+            if (E > N && E > A) { /* this rank owns the last sequence: pad it to S */
                 if (A + filled != N) rc = DFM_FAIL(DFM_EINTERNAL, "last sequence has %llu of %llu tokens", (unsigned long long)(A + filled), (unsigned long long)N);
                 for (uint64_t i = filled; i < owned_len; i++) owned[i] = c.pad | DFM_TOK_PAD;
                 pads_local += owned_len - filled;

@@ -187,7 +187,7 @@ int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm
     optind = 1;
     opterr = 0;
     int c, li = 0;
-    while ((c = getopt_long(argc, argv, "+", lo, &li)) != -1) {
+    while ((c = getopt_long(argc, argv, "", lo, &li)) != -1) {
         if (c == 999) continue;
         if (c == '?' || c == ':') {
             const char *bad = argv[optind - 1];
