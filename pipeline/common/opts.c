@@ -142,8 +142,8 @@ static json_t *effective_config(const dfm_opt *opts) {
     return o;
 }
 
-int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
-                   char **argv, char ***pos, int *npos, json_t **effective) {
+static int parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc, char **argv,
+                 char ***pos, int *npos, json_t **effective) {
     int n = opt_count(opts), rc = DFM_OK;
     if (pos) *pos = NULL;
     if (npos) *npos = 0;
@@ -218,4 +218,17 @@ void dfm_opts_free(dfm_opt *opts) {
             free(*(char **)o->dest);
             *(char **)o->dest = NULL;
         }
+}
+
+int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
+                   char **argv, char ***pos, int *npos, json_t **effective) {
+    int rc = parse(prog, usage, summary, opts, argc, argv, pos, npos, effective);
+    if (rc != DFM_OK) { /* nothing to free for the caller on failure or --help */
+        dfm_opts_free(opts);
+        if (pos && *pos) {
+            free(*pos);
+            *pos = NULL;
+        }
+    }
+    return rc;
 }

@@ -39,7 +39,8 @@ typedef struct {
 /* Parse. prog is the subcommand name ("chunk"), usage the text after "dfm chunk" in the usage line,
  * summary one paragraph. Positional arguments are returned in *pos (pointers into argv; *npos of
  * them; free *pos with free()). *effective (may be NULL) receives a new JSON object of every option
- * that is set. Returns DFM_OK, DFM_OPTS_HELP or DFM_EARG (message names the flag and the fix). */
+ * that is set. Returns DFM_OK, DFM_OPTS_HELP or DFM_EARG (message names the flag and the fix); on any
+ * return but DFM_OK nothing is left allocated. */
 int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
                    char **argv, char ***pos, int *npos, json_t **effective);
 
