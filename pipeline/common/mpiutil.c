@@ -26,7 +26,12 @@ int dfm_mpi_init(int *argc, char ***argv, dfm_mpi *m) {
     return DFM_OK;
 }
 
+static int g_hold;
+
+void dfm_mpi_hold(int hold) { g_hold = hold; }
+
 void dfm_mpi_finalize(void) {
+    if (g_hold) return; /* a driver (dfm build) runs several stages in one MPI session */
     int inited = 0, fin = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);

@@ -19,7 +19,10 @@ typedef struct {
 
 /* MPI_Init (if not yet initialised), errors returned rather than aborting, log rank prefix set. */
 int dfm_mpi_init(int *argc, char ***argv, dfm_mpi *m);
+/* MPI_Finalize, unless a driver holds MPI open (see dfm_mpi_hold). Stages call it when done. */
 void dfm_mpi_finalize(void);
+/* hold = 1: dfm_mpi_finalize() does nothing until hold = 0 (dfm build chains stages in one process). */
+void dfm_mpi_hold(int hold);
 
 /* Collective: combine every rank's rc (see above). */
 int dfm_mpi_agree(const dfm_mpi *m, int rc);

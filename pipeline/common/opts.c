@@ -184,7 +184,7 @@ static int parse(const char *prog, const char *usage, const char *summary, dfm_o
     lo[n].name = "config";
     lo[n].has_arg = required_argument;
     lo[n].val = 999;
-    optind = 1;
+    optind = 0; /* glibc: 0 re-initialises getopt fully, so several stages can parse in one process */
     opterr = 0;
     int c, li = 0;
     while ((c = getopt_long(argc, argv, "", lo, &li)) != -1) {

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# slurm_up.sh — a one-node Slurm cluster on localhost for the tests (Debian 12, root, no systemd).
+# Based on the verified recipe in shared/recipes/slurm-localhost. Idempotent: stops daemons it
+# started before, wipes Slurm state, rewrites /etc/slurm/slurm.conf, starts munged, slurmctld, slurmd.
+#   SLURM_CI_DIR  state, spool, logs, pid files (default /tmp/dfm-slurm)
+#   SLURM_CI_CPUS CPUs to advertise (default 4: the tests oversubscribe a 2-core machine)
+set -euo pipefail
+DIR=${SLURM_CI_DIR:-/tmp/dfm-slurm}
+HERE=$(cd "$(dirname "$0")" && pwd)
+die() { echo "[slurm_up] ERROR: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "must run as root (a localhost cluster needs to start daemons)"
+for p in munge slurmctld slurmd slurm-client; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || die "package $p missing: run 'make deps'"
+done
+
+# munge: key and folders owned by the munge user; /run/munge does not exist without systemd
+install -d -o munge -g munge -m 0700 /etc/munge /var/log/munge
+install -d -o munge -g munge -m 0755 /run/munge
+install -d -o munge -g munge -m 0711 /var/lib/munge
+[ -s /etc/munge/munge.key ] || dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
+chown munge:munge /etc/munge/munge.key; chmod 0600 /etc/munge/munge.key
+mkdir -p "$DIR"
+if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+  runuser -u munge -- /usr/sbin/munged
+  for _ in $(seq 100); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
+  munge -n </dev/null | unmunge >/dev/null || die "munged does not start; see /var/log/munge/munged.log"
+  cp /run/munge/munged.pid "$DIR/munged.pid.ours"
+fi
+
+# leftovers of an earlier start
+for pf in "$DIR/slurmctld.pid" "$DIR/slurmd.pid"; do
+  if [ -s "$pf" ] && kill -0 "$(cat "$pf")" 2>/dev/null; then KEEP_MUNGE=1 "$HERE/slurm_down.sh" >/dev/null; break; fi
+done
+rm -rf "$DIR/state" "$DIR/spool"; mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log" /etc/slurm
+
+HW=$(slurmd -C | head -n 1)
+NODE=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$HW")
+MEM=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$HW")
+CPUS=${SLURM_CI_CPUS:-4}
+[ -f /etc/slurm/slurm.conf ] && ! grep -q 'dfm tests' /etc/slurm/slurm.conf && cp -p /etc/slurm/slurm.conf "/etc/slurm/slurm.conf.orig.$(date +%s)"
+cat > /etc/slurm/slurm.conf <<CONF
+# written by dfm tests/slurm/slurm_up.sh (dfm tests): one node on localhost
+ClusterName=dfm-ci
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/backfill
+SchedulerParameters=batch_sched_delay=0
+DependencyParameters=kill_invalid_depend
+EnforcePartLimits=ALL
+MpiDefault=pmix
+MailProg=/bin/true
+ReturnToService=2
+MinJobAge=600
+KillWait=5
+SlurmdParameters=config_overrides
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+CONF
+/usr/sbin/slurmctld || die "slurmctld failed: $(tail -n 20 "$DIR/log/slurmctld.log")"
+/usr/sbin/slurmd || die "slurmd failed: $(tail -n 20 "$DIR/log/slurmd.log")"
+for _ in $(seq 600); do [ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] && break; sleep 0.1; done
+[ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] || die "node $NODE not idle; see $DIR/log/"
+echo "[slurm_up] node $NODE idle with $CPUS CPUs"
