@@ -3,6 +3,7 @@
 #include "common/log.h"
 #include "version.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,8 @@ static void usage(FILE *out) {
 
 int main(int argc, char **argv) {
     dfm_log_init(-1);
+    /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;

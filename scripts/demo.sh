@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# demo.sh — the README's main job: the pipeline end to end on the embedded corpus, 2 MPI ranks.
-#   RUN=DIR scripts/demo.sh    (default: runs/demo)
+# demo.sh — the README's main job: the whole pipeline on the embedded corpus with the real encoder,
+# on 2 MPI ranks, then verification, one record shown, the audit, and a short DFM training run.
+#   RUN=DIR NP=N scripts/demo.sh     (defaults: runs/demo, 2)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
@@ -10,31 +11,34 @@ DFM=$ROOT/build/dfm
 RUN=${RUN:-$ROOT/runs/demo}
 NP=${NP:-2}
 T0=$(date +%s)
-echo "== dfm demo: corpus $DFM_CORPUS, $NP ranks, run directory $RUN"
 has() { "$DFM" --help | grep -q "^  $1 "; }
-
-echo "== chunk (LM tokenizer: $DFM_TOKENIZER)"
-mpirun -np "$NP" "$DFM" chunk "$RUN" "$DFM_CORPUS" --tokenizer "$DFM_TOKENIZER"
-"$DFM" chunk-dump "$RUN" --text --first 1 --count 1
-
-if has encode; then
-  echo "== encode (model: $DFM_MODEL)"
-  mpirun -np "$NP" "$DFM" encode "$RUN" --model "$DFM_MODEL" --device cpu
+mkdir -p "$(dirname "$RUN")"
+CONFIG=$RUN.json
+cat > "$CONFIG" <<JSON
+{
+  "run": "$RUN",
+  "inputs": ["$DFM_CORPUS"],
+  "tokenizer": "$DFM_TOKENIZER",
+  "chunk": {"chunk-len": 32, "seq-len": 1024},
+  "encode": {"model": "$DFM_MODEL", "device": "cpu"},
+  "retrieve": {"k": 16, "exclude": "sequence", "measure-recall": 200},
+  "write-targets": {"target-shards": 4, "dtype": "fp16"}
+}
+JSON
+echo "== dfm demo: $NP ranks; corpus $DFM_CORPUS; config $CONFIG"
+mpirun -np "$NP" "$DFM" build "$CONFIG"
+echo; echo "== verify"
+"$DFM" verify "$RUN"
+if has inspect; then
+  echo; echo "== one target record (chunk 5): its neighbours and their texts"
+  "$DFM" inspect "$RUN" --chunk 5 | head -n 40
 fi
-if has index; then
-  echo "== index"
-  mpirun -np "$NP" "$DFM" index "$RUN"
+if has audit; then
+  echo; echo "== retrieval-cost audit"
+  "$DFM" audit "$RUN" --token-level-sample 2
 fi
-if has retrieve; then
-  echo "== retrieve"
-  mpirun -np "$NP" "$DFM" retrieve "$RUN" --measure-recall 200
+if [ -x "$ROOT/build/dfm-train" ] && [ -x "$ROOT/scripts/demo_train.sh" ]; then
+  echo; echo "== DFM training on the targets"
+  RUN=$RUN "$ROOT/scripts/demo_train.sh"
 fi
-if has write-targets; then
-  echo "== write targets"
-  mpirun -np "$NP" "$DFM" write-targets "$RUN"
-fi
-if has verify; then
-  echo "== verify"
-  "$DFM" verify "$RUN"
-fi
-echo "== done in $(( $(date +%s) - T0 ))s; outputs under $RUN (manifest: $RUN/manifest.json)"
+echo; echo "== demo done in $(( $(date +%s) - T0 ))s; outputs under $RUN (manifest: $RUN/manifest.json)"

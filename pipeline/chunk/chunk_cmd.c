@@ -7,6 +7,7 @@
  */
 #include "chunk/pack.h"
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -357,6 +358,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         dfm_progress_end(c.prog);
     }
     t_tok = dfm_now() - t_start;
+    dfm_fault_point("chunk:tokenized", m.rank);
     rc = dfm_mpi_agree(&m, rc);
 
     /* ---- 2. global offsets and the head exchange ---- */
@@ -441,6 +443,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
                         : DFM_FAIL(DFM_ENOMEM, "no memory");
     }
     t_write = dfm_now() - t2;
+    dfm_fault_point("chunk:shard-written", m.rank);
     rc = dfm_mpi_agree(&m, rc);
 
     /* ---- 4. counts and the manifest ---- */

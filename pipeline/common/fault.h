@@ -1,0 +1,14 @@
+/* fault.h — named fault-injection points for the crash-and-resume tests.
+ *
+ * A stage calls dfm_fault_point("encode:block-written") at places where a crash must be survivable.
+ * When the environment has DFM_FAULT=<that name> (and DFM_FAULT_RANK unset or equal to this rank),
+ * the process kills itself with SIGKILL right there — the same as a node dying — so tests can check
+ * that a re-run resumes without duplicating or dropping records. Costs one getenv when unset.
+ */
+#ifndef DFM_FAULT_H
+#define DFM_FAULT_H
+
+/* rank: this process's MPI rank (for DFM_FAULT_RANK). */
+void dfm_fault_point(const char *name, int rank);
+
+#endif
