@@ -58,7 +58,7 @@ NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_AR
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
 endif
 
-LIB_DIRS := pipeline/common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/build \
+LIB_DIRS := pipeline/common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/build pipeline/audit \
             schemas encoder retriever shard
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))

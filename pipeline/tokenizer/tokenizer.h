@@ -5,7 +5,8 @@
  *     Split(regex, Isolated) and/or ByteLevel, merges applied by rank, added/special tokens matched
  *     in the raw text before pre-tokenization (as Hugging Face does);
  *   - SentencePiece-style BPE with byte fallback as in Mistral / Llama-2 (normalizer Prepend("▁") +
- *     Replace(" ", "▁"), <0xNN> byte tokens for unknown characters).
+ *     Replace(" ", "▁"), or pre-tokenizer Metaspace; <0xNN> byte tokens for unknown characters).
+ *     (Checked against HF on small tokenizer.json files built with HF itself: no real one is installed.)
  * Encoding gives the same ids as Hugging Face `tokenizers` with add_special_tokens=False.
  * Input text must be valid UTF-8; dfm_tokenizer_encode replaces each invalid sequence by U+FFFD
  * exactly as Python's bytes.decode("utf-8", "replace") does and counts the replacements.

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# bench/bench_encoder_cpu.sh — the CPU encoder (all-MiniLM-L6-v2) against sentence-transformers on
+# PyTorch CPU, same real chunk texts, same thread count, side by side in one run; plus achieved GFLOP/s
+# against a measured SGEMM peak, and peak memory (RSS) of `dfm encode` at two sizes.
+#
+#   bash bench/bench_encoder_cpu.sh            N=2000 texts, THREADS=2
+#   N=500 THREADS=1 ST_PYTHON=/path/python bash bench/bench_encoder_cpu.sh
+#
+# ST_PYTHON: a Python that can import sentence_transformers (default: $DFM_PYTHON, then
+# /tmp/stvenv/bin/python). Without one, the comparison falls back to the NumPy reference
+# (scripts/encoder_reference.py) and says so.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}
+eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
+N=${N:-2000}
+THREADS=${THREADS:-2}
+DFM=${DFM:-$ROOT/build/dfm}
+MODEL=${DFM_MODEL:-$DFM_CACHE/models/all-MiniLM-L6-v2}
+W=$(mktemp -d /tmp/dfm-bench-enc-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS DFM_PROGRESS=0
+
+echo "== encoder CPU benchmark: $N real chunk texts, $THREADS threads, $(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible"
+echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$DFM_PYTHON" scripts/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
+
+# ---- SGEMM peak: OpenBLAS at THREADS threads, a large square GEMM and the encoder's FFN shape ----
+cat > "$W/peak.c" <<'EOF'
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static double run(int M, int N, int K, int reps) {
+    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
+    for (long i = 0; i < (long)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
+    for (long i = 0; i < (long)N * K; i++) b[i] = (float)(i % 5) * 0.1f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
+        double g = 2.0 * M * N * K / (now() - t) * 1e-9;
+        if (g > best) best = g;
+    }
+    free(a), free(b), free(c);
+    return best;
+}
+int main(int argc, char **argv) {
+    int th = atoi(argv[1]);
+    openblas_set_num_threads(th);
+    printf("%.1f %.1f\n", run(2048, 2048, 2048, 5), run(4096, 1536, 384, 5));
+    return 0;
+}
+EOF
+gcc -O2 -o "$W/peak" "$W/peak.c" $(pkg-config --cflags --libs openblas)
+read -r PEAK PEAK_FFN < <("$W/peak" "$THREADS")
+echo "SGEMM peak (OpenBLAS, $THREADS threads, best of 5): 2048^3 $PEAK GFLOP/s; encoder FFN shape 4096x1536x384 $PEAK_FFN GFLOP/s"
+
+# ---- dfm ----
+/usr/bin/time -f "%M" -o "$W/dfm.rss" "$DFM" encode --texts "$W/texts.jsonl" --out "$W/dfm.bin" --device cpu --model "$MODEL" \
+  > "$W/dfm.out" 2> "$W/dfm.err" || { cat "$W/dfm.err"; exit 1; }
+cat "$W/dfm.out"
+DFM_RATE=$(sed -n 's/.* \([0-9.]*\) texts\/s.*/\1/p' "$W/dfm.out")
+DFM_GF=$(sed -n 's/.* \([0-9.]*\) GFLOP\/s.*/\1/p' "$W/dfm.out")
+
+# ---- the baseline ----
+ST_PYTHON=${ST_PYTHON:-}
+if [ -z "$ST_PYTHON" ]; then
+  for p in "$DFM_PYTHON" /tmp/stvenv/bin/python; do
+    [ -x "$p" ] && "$p" -c "import sentence_transformers" 2>/dev/null && { ST_PYTHON=$p; break; }
+  done
+fi
+cat > "$W/st.py" <<'EOF'
+import json, sys, time
+import torch
+n_threads, model, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.set_num_threads(n_threads)
+from sentence_transformers import SentenceTransformer
+texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
+m = SentenceTransformer(model, device="cpu")
+m.encode(texts[:128], batch_size=64)
+with torch.inference_mode():
+    t = time.time()
+    e = m.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_tensor=True)
+    dt = time.time() - t
+open(path + ".st.f32", "wb").write(e.float().contiguous().numpy().tobytes())
+import sentence_transformers, transformers
+print(f"{len(texts) / dt:.1f} {dt:.3f} torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}, "
+      f"transformers {transformers.__version__}, max_seq_length {m.max_seq_length}")
+EOF
+if [ -n "$ST_PYTHON" ]; then
+  BASE="sentence-transformers (PyTorch CPU, batch 64)"
+  read -r BASE_RATE BASE_S BASE_VER < <("$ST_PYTHON" "$W/st.py" "$THREADS" "$MODEL" "$W/texts.jsonl" 2>/dev/null | tail -1)
+  echo "$BASE: $BASE_RATE texts/s in ${BASE_S}s ($BASE_VER)"
+  "$DFM_PYTHON" - "$W/dfm.bin" "$W/texts.jsonl.st.f32" <<'EOF'
+import sys, numpy as np
+a = np.frombuffer(open(sys.argv[1], "rb").read()[128:], dtype="<f4").reshape(-1, 384).astype(np.float64)
+b = np.frombuffer(open(sys.argv[2], "rb").read(), dtype="<f4").reshape(-1, 384).astype(np.float64)
+cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+print(f"dfm vs sentence-transformers on the same {len(a)} texts: max abs error {np.abs(a - b).max():.3g}, min cosine {cos.min():.9f}")
+EOF
+else
+  BASE="NumPy reference (float64; sentence-transformers not importable)"
+  T0=$(date +%s.%N)
+  "$DFM_PYTHON" scripts/encoder_reference.py embed --texts "$W/texts.jsonl" --out "$W/ref.npy"
+  BASE_S=$(echo "$(date +%s.%N) - $T0" | bc)
+  BASE_RATE=$(echo "scale=1; $N / $BASE_S" | bc)
+  echo "$BASE: $BASE_RATE texts/s in ${BASE_S}s"
+fi
+echo
+printf '%-58s %12s\n' "encoder ($N texts, $THREADS threads)" "texts/s"
+printf '%-58s %12s\n' "dfm encode --device cpu (OpenBLAS + OpenMP, fp32)" "$DFM_RATE"
+printf '%-58s %12s\n' "$BASE" "$BASE_RATE"
+echo "ratio dfm / baseline: $(echo "scale=2; $DFM_RATE / $BASE_RATE" | bc)x"
+echo "dfm achieved $DFM_GF GFLOP/s = $(echo "scale=0; 100 * $DFM_GF / $PEAK" | bc)% of the measured SGEMM peak ($PEAK GFLOP/s)"
+
+# ---- peak memory: --texts mode at N/4 and N, and run mode (bounded by --window, not by N) ----
+head -n $((N / 4)) "$W/texts.jsonl" > "$W/quarter.jsonl"
+/usr/bin/time -f "%M" -o "$W/q.rss" "$DFM" encode --texts "$W/quarter.jsonl" --out "$W/q.bin" --device cpu --model "$MODEL" >/dev/null 2>&1
+R1=$(cat "$W/q.rss"); R2=$(cat "$W/dfm.rss")
+echo "peak RSS, dfm encode --texts: $((N / 4)) texts ${R1} KB, $N texts ${R2} KB; slope $(echo "scale=2; ($R2 - $R1) / ($N - $N / 4)" | bc) KB/text (texts and vectors held whole in this mode)"
+for docs in 4 16; do
+  head -$docs "$DFM_CORPUS" > "$W/c$docs.jsonl"
+  "$DFM" chunk "$W/run$docs" "$W/c$docs.jsonl" --tokenizer "$DFM_TOKENIZER" --seq-len 256 >/dev/null 2>&1
+  /usr/bin/time -f "%M" -o "$W/run$docs.rss" "$DFM" encode "$W/run$docs" --device cpu --model "$MODEL" >/dev/null 2>&1
+  n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['stages']['encode']['counts']['chunks'])" "$W/run$docs/manifest.json")
+  echo "peak RSS, dfm encode RUN (one rank, --window 4096): $n chunks $(cat "$W/run$docs.rss") KB"
+done
+echo "   load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

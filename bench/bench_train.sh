@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# bench/bench_train.sh — CPU training step time and peak memory of dfm-train against the same model in
+# PyTorch (the independent implementation of tests/py/test_train_torch_parity.py, run in float32 with
+# autograd and torch.optim.AdamW), same shapes, same thread count, side by side.
+#
+#   bash bench/bench_train.sh                 # defaults below
+#   THREADS=2 STEPS=10 HIDDEN=256 bash bench/bench_train.sh
+#
+# Modes: pretraining (whole backbone trainable) and DFM (frozen backbone, predictor + projector +
+# fusion trainable). Step time = median over the steps after the first two. Prints a Markdown table.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DFM_TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
+PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
+THREADS=${THREADS:-2} STEPS=${STEPS:-8} B=${B:-4} T=${T:-256} L=${L:-32}
+HIDDEN=${HIDDEN:-256} LAYERS=${LAYERS:-4} HEADS=${HEADS:-8} KV=${KV:-4} VOCAB=${VOCAB:-4096} K=${K:-16} D=${D:-64}
+W=$(mktemp -d /tmp/dfm-bench-train-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+[ -x "$DFM_TRAIN" ] || { echo "build dfm-train first (make build/dfm-train)"; exit 1; }
+
+"$DFM_TRAIN" synth --out "$W/data" --vocab "$VOCAB" --seq-len "$T" --chunk-len "$L" --seqs $((B * (STEPS + 4))) \
+  --slots "$K" --d-mem "$D" 2>/dev/null
+COMMON=(--data "$W/data/tokens.bin" --seq-len "$T" --batch "$B" --steps "$STEPS" --val-seqs "$B" --eval-batches 1
+        --threads "$THREADS")
+/usr/bin/time -f %M -o "$W/pre.rss" "$DFM_TRAIN" pretrain --out "$W/pre" "${COMMON[@]}" --layers "$LAYERS" \
+  --hidden "$HIDDEN" --heads "$HEADS" --kv-heads "$KV" --vocab "$VOCAB" 2>/dev/null
+/usr/bin/time -f %M -o "$W/dfm.rss" "$DFM_TRAIN" train --out "$W/dfm" "${COMMON[@]}" --backbone "$W/pre/model" \
+  --targets "$W/data/targets.bin" --chunk-len "$L" --fusion-layers 1,3 --pred-hidden "$HIDDEN" 2>/dev/null
+
+OMP_NUM_THREADS=$THREADS "$PY" - "$W" "$ROOT" "$THREADS" "$STEPS" "$B" "$T" <<'EOF' 2>/dev/null
+import json, os, resource, statistics, sys, time
+w, root, threads, steps, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+sys.path.insert(0, os.path.join(root, "tests", "py"))
+import torch
+import test_train_torch_parity as ref
+ref.DT = torch.float32
+torch.set_num_threads(threads)
+
+def c_median(run):
+    ms = [r["ms"] for r in map(json.loads, open(os.path.join(w, run, "log.jsonl"))) if "ms" in r]
+    return statistics.median(ms[2:] if len(ms) > 4 else ms)
+
+def torch_median(mode):
+    bb, _ = ref.read_safetensors(os.path.join(w, "pre", "model", "model.safetensors"))
+    bc = json.load(open(os.path.join(w, "pre", "model", "config.json")))
+    P = {k: v.float().clone() for k, v in bb.items()}
+    if mode == "dfm":
+        mods, meta = ref.read_safetensors(os.path.join(w, "dfm", "dfm_modules.safetensors"))
+        dc = json.loads(meta["dfm_config"])
+        P.update({k: v.float().clone() for k, v in mods.items()})
+        train = [k for k in P if k.startswith("dfm.")]
+    else:
+        dc = {"enabled": False}
+        train = list(P)
+    for k in P:
+        P[k].requires_grad_(k in train)
+    opt = torch.optim.AdamW([P[k] for k in train], lr=1e-4)
+    V = bc["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    tok = torch.randint(0, V, (B, T), generator=g)
+    tgt = torch.randint(0, V, (B, T), generator=g)
+    tm = tmask = None
+    if mode == "dfm":
+        S = B * (T // dc["chunk_len"]) * dc["n_slots"]
+        tm = torch.randn(S, dc["d_mem"], generator=g)
+        tmask = torch.ones(S, dtype=torch.uint8)
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = ref.model_loss(P, (tok, tgt), bc, dc, tm, tmask)[0]
+        loss.backward()
+        opt.step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[2:] if len(times) > 4 else times)
+
+rows = []
+for mode, run in (("pretrain", "pre"), ("dfm", "dfm")):
+    c = c_median(run)
+    t = torch_median(mode)
+    rss = int(open(os.path.join(w, run + ".rss")).read().split()[-1]) / 1024
+    rows.append((mode, c, t, B * T / c * 1e3, B * T / t * 1e3, rss))
+peak_py = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print("| mode | dfm-train ms/step | PyTorch %s ms/step | dfm-train tok/s | PyTorch tok/s | speed-up | dfm-train peak RSS MiB |" % torch.__version__)
+print("|---|---|---|---|---|---|---|")
+for mode, c, t, ct, tt, rss in rows:
+    print("| %s | %.1f | %.1f | %.0f | %.0f | %.2fx | %.0f |" % (mode, c, t, ct, tt, t / c, rss))
+print("\nPyTorch process peak RSS (both modes): %.0f MiB; threads %d, B=%d, T=%d" % (peak_py, threads, B, T))
+EOF

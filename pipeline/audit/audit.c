@@ -1,0 +1,325 @@
+/* audit.c — the counted figures, the measured datastore/search of one side, and the SVG chart. */
+#include "audit/audit.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "retriever/index.h"
+#include "schemas/neighbor_shard.h"
+
+#include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/index_factory_c.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- counted ---------------------------------------------------------------------------------- */
+
+int dfm_audit_count(const dfm_audit_counts_in *in, dfm_audit_counted *out) {
+    memset(out, 0, sizeof *out);
+    if (!in->L) return DFM_FAIL(DFM_EARG, "audit: chunk length L is 0. HINT: the manifest's chunk.config.chunk-len is missing");
+    if (!in->K) return DFM_FAIL(DFM_EARG, "audit: K is 0. HINT: the manifest's retrieve.config.k is missing");
+    if (!in->k_token) return DFM_FAIL(DFM_EARG, "audit: --token-k must be positive");
+    if (!in->chunks) return DFM_FAIL(DFM_EARG, "audit: the run has no chunks");
+    if (in->tokens > in->chunks * (uint64_t)in->L)
+        return DFM_FAIL(DFM_EARG, "audit: %llu tokens do not fit in %llu chunks of %u", (unsigned long long)in->tokens,
+                        (unsigned long long)in->chunks, in->L);
+    if (in->queries > in->chunks)
+        return DFM_FAIL(DFM_EARG, "audit: %llu queries for %llu chunks (at most one per chunk)", (unsigned long long)in->queries,
+                        (unsigned long long)in->chunks);
+    const double L = in->L, K = in->K, k = in->k_token;
+    out->query_saving_formula = 1.0 - 1.0 / L;
+    out->item_saving_formula = 1.0 - K / (L * k);
+    out->chunk_queries = in->chunks;
+    out->token_slot_queries = in->chunks * in->L;
+    out->chunk_items = in->chunks * in->K;
+    out->token_slot_items = in->chunks * in->L * (uint64_t)in->k_token;
+    /* chunks / (chunks·L) is the exact quotient 1/L rounded once, so this equals the formula bit for bit */
+    out->query_saving_per_chunk = 1.0 - (double)out->chunk_queries / (double)out->token_slot_queries;
+    out->item_saving_per_chunk = 1.0 - (double)out->chunk_items / (double)out->token_slot_items;
+    out->token_queries = in->tokens;
+    out->token_items = in->tokens * (uint64_t)in->k_token;
+    if (in->tokens) {
+        out->query_saving_run = 1.0 - (double)in->queries / (double)in->tokens;
+        out->item_saving_run = 1.0 - (double)in->items_kept / (double)out->token_items;
+        out->candidate_saving_run = 1.0 - (double)in->candidates / (double)out->token_items;
+    }
+    return DFM_OK;
+}
+
+/* ---- measured --------------------------------------------------------------------------------- */
+
+static inline uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void dfm_audit_key(uint64_t seed, uint32_t dim, float *out) {
+    uint64_t s = seed;
+    double norm = 0;
+    for (uint32_t j = 0; j < dim; j++) {
+        float v = (float)((double)(splitmix64(&s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        out[j] = v;
+        norm += (double)v * v;
+    }
+    float inv = norm > 0 ? (float)(1.0 / sqrt(norm)) : 0.f;
+    for (uint32_t j = 0; j < dim; j++) out[j] *= inv;
+}
+
+int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, uint64_t n_keys, const uint64_t *qidx,
+                           uint64_t n_queries, dfm_audit_side *side) {
+    memset(side, 0, sizeof *side);
+    if (!n_keys) return DFM_FAIL(DFM_EARG, "audit: the sample holds no keys. HINT: raise --token-level-sample");
+    if (!o->dim) return DFM_FAIL(DFM_EARG, "audit: key width 0. HINT: --token-key-dim must be positive");
+    if (!o->k) return DFM_FAIL(DFM_EARG, "audit: k 0");
+    side->dim = o->dim;
+    side->k = o->k;
+    side->keys = n_keys;
+    side->queries = n_queries;
+
+    /* the run's family when the sample can train it; otherwise what `dfm index` would choose for this size */
+    dfm_index_plan plan;
+    const char *want = o->index && o->index[0] ? o->index : "auto";
+    int rc = dfm_index_plan_make(want, n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+    if (rc && strcmp(want, "auto")) {
+        char first[400];
+        snprintf(first, sizeof first, "%s", dfm_last_error());
+        dfm_error_clear();
+        /* same family, fewer lists: IVF<n> becomes IVF<sqrt(keys)> so the sample can train it */
+        char scaled[256] = "";
+        const char *ivf = strstr(want, "IVF");
+        if (ivf && ivf[3] >= '0' && ivf[3] <= '9' && strlen(want) < 200) {
+            const char *end = ivf + 3;
+            while (*end >= '0' && *end <= '9') end++;
+            uint64_t nl = (uint64_t)floor(sqrt((double)n_keys));
+            snprintf(scaled, sizeof scaled, "%.*s%llu%s", (int)(ivf + 3 - want), want, (unsigned long long)(nl ? nl : 1), end);
+            rc = dfm_index_plan_make(scaled, n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+            if (rc) dfm_error_clear();
+        }
+        if (!rc) {
+            snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with sqrt(keys) lists: %s",
+                     want, (unsigned long long)n_keys, first, plan.factory);
+        } else {
+            rc = dfm_index_plan_make("auto", n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+            if (!rc)
+                snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); used %s: %.200s",
+                         want, (unsigned long long)n_keys, first, plan.factory, plan.why);
+        }
+    } else if (!rc) {
+        if (strcmp(want, "auto")) snprintf(side->why, sizeof side->why, "the run's factory %s", plan.factory);
+        else snprintf(side->why, sizeof side->why, "chosen for %llu keys as dfm index would: %.450s", (unsigned long long)n_keys, plan.why);
+    }
+    if (rc) return rc;
+    snprintf(side->factory, sizeof side->factory, "%s", plan.factory);
+
+    float *keys = NULL, *dist = NULL, *qbuf = NULL;
+    int64_t *lab = NULL, *ids = NULL;
+    FaissIndex *idx = NULL;
+    uint8_t *ser = NULL;
+    size_t ser_n = 0;
+    uint64_t block = o->query_block ? o->query_block : 1024;
+    double t0 = dfm_now();
+    keys = malloc(sizeof(float) * n_keys * o->dim);
+    ids = malloc(sizeof(int64_t) * n_keys);
+    qbuf = malloc(sizeof(float) * block * o->dim);
+    dist = malloc(sizeof(float) * block * o->k);
+    lab = malloc(sizeof(int64_t) * block * o->k);
+    if (!keys || !ids || !qbuf || !dist || !lab) {
+        rc = DFM_FAIL(DFM_ENOMEM, "audit: no memory for %llu keys of width %u (%.1f MiB)", (unsigned long long)n_keys, o->dim,
+                      (double)n_keys * o->dim * 4 / 1048576.0);
+        goto done;
+    }
+    for (uint64_t i = 0; i < n_keys; i++) {
+        dfm_audit_key(seeds[i], o->dim, keys + i * o->dim);
+        ids[i] = (int64_t)i;
+    }
+    rc = dfm_index_create(&plan, o->dim, &idx);
+    if (rc) goto done;
+    if (!faiss_Index_is_trained(idx)) {
+        rc = DFM_FAISS_CHECK(faiss_Index_train(idx, (int64_t)n_keys, keys), "training the audit index");
+        if (rc) goto done;
+    }
+    rc = DFM_FAISS_CHECK(faiss_Index_add_with_ids(idx, (int64_t)n_keys, keys, ids), "adding keys to the audit index");
+    if (rc) goto done;
+    if (o->nprobe > 0 && plan.nlist) {
+        rc = dfm_index_set_param(idx, "nprobe", (double)o->nprobe);
+        if (rc) goto done;
+    }
+    side->build_s = dfm_now() - t0;
+
+    /* one untimed search first (thread pool start-up, first touch), then repeat the whole query set
+     * while it is short (< 0.3 s in all, at most 5 times) and keep the fastest: a tiny sample must
+     * not be measured as FAISS's start-up cost */
+    if (n_queries) {
+        uint64_t nw = n_queries < 8 ? n_queries : 8;
+        for (uint64_t j = 0; j < nw; j++) memcpy(qbuf + j * o->dim, keys + qidx[j] * o->dim, sizeof(float) * o->dim);
+        rc = DFM_FAISS_CHECK(faiss_Index_search(idx, (int64_t)nw, qbuf, (int64_t)o->k, dist, lab), "searching the audit index");
+        if (rc) goto done;
+    }
+    double best = -1, spent = 0;
+    for (int rep = 0; rep < 5 && (rep == 0 || spent < 0.3); rep++) {
+        double t1 = dfm_now();
+        for (uint64_t q0 = 0; q0 < n_queries; q0 += block) {
+            uint64_t nb = n_queries - q0 < block ? n_queries - q0 : block;
+            for (uint64_t j = 0; j < nb; j++) memcpy(qbuf + j * o->dim, keys + qidx[q0 + j] * o->dim, sizeof(float) * o->dim);
+            rc = DFM_FAISS_CHECK(faiss_Index_search(idx, (int64_t)nb, qbuf, (int64_t)o->k, dist, lab), "searching the audit index");
+            if (rc) goto done;
+            if (rep == 0)
+                for (uint64_t j = 0; j < nb * o->k; j++) side->results += lab[j] >= 0;
+        }
+        double dt = dfm_now() - t1;
+        spent += dt;
+        if (best < 0 || dt < best) best = dt;
+        side->repeats = rep + 1;
+    }
+    side->search_s = best < 0 ? 0 : best;
+    side->s_per_query = n_queries ? side->search_s / (double)n_queries : 0;
+
+    rc = dfm_index_to_buffer(idx, &ser, &ser_n);
+    if (rc) goto done;
+    side->index_bytes = ser_n;
+    side->bytes_per_key = (double)ser_n / (double)n_keys;
+done:
+    free(ser);
+    if (idx) faiss_Index_free(idx);
+    free(keys);
+    free(ids);
+    free(qbuf);
+    free(dist);
+    free(lab);
+    return rc;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+const char *dfm_audit_human(double v, char *buf, size_t n) {
+    static const char *pre[] = {"", " k", " M", " G", " T", " P", " E"};
+    int i = 0;
+    double a = fabs(v);
+    while (a >= 1000 && i < 6) {
+        a /= 1000;
+        v /= 1000;
+        i++;
+    }
+    if (i == 0 && v == floor(v)) snprintf(buf, n, "%.0f", v);
+    else snprintf(buf, n, "%.3g%s", v, pre[i]);
+    return buf;
+}
+
+/* ---- chart ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int w = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        va_end(ap);
+        if (w < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->n + (size_t)w < b->cap) {
+            b->n += (size_t)w;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->n + (size_t)w + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void xml_text(sbuf *b, const char *s) {
+    for (; *s; s++) {
+        if (*s == '<') sb_printf(b, "&lt;");
+        else if (*s == '>') sb_printf(b, "&gt;");
+        else if (*s == '&') sb_printf(b, "&amp;");
+        else sb_printf(b, "%c", *s);
+    }
+}
+
+int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars) {
+    /* horizontal bars on a shared log10 axis from 10^0 to the decade above the largest value */
+    double vmax = 1;
+    for (int i = 0; i < n_bars; i++) {
+        if (bars[i].chunk > vmax) vmax = bars[i].chunk;
+        if (bars[i].token > vmax) vmax = bars[i].token;
+    }
+    int dec_lo = 0;
+    for (int i = 0; i < n_bars; i++) {
+        double lo = bars[i].chunk > 0 && bars[i].chunk < bars[i].token ? bars[i].chunk : bars[i].token;
+        if (lo > 0 && floor(log10(lo)) < dec_lo) dec_lo = (int)floor(log10(lo));
+    }
+    int dec_hi = (int)ceil(log10(vmax));
+    if (dec_hi <= dec_lo) dec_hi = dec_lo + 1;
+    const double left = 170, width = 560, top = 60, group_h = 70, bar_h = 22;
+    const double H = top + n_bars * group_h + 70;
+    const double W = left + width + 160;
+    sbuf b = {0};
+    sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+                  "font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
+    sb_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\" font-weight=\"bold\">", 10.0);
+    xml_text(&b, title);
+    sb_printf(&b, "</text>\n");
+    sb_printf(&b, "<rect x=\"%.0f\" y=\"34\" width=\"12\" height=\"12\" fill=\"#2b6cb0\"/><text x=\"%.0f\" y=\"45\">chunk level (DFM)</text>\n",
+              left, left + 16);
+    sb_printf(&b, "<rect x=\"%.0f\" y=\"34\" width=\"12\" height=\"12\" fill=\"#c05621\"/><text x=\"%.0f\" y=\"45\">token level (one query per token, k per query)</text>\n",
+              left + 150, left + 166);
+    double span = dec_hi - dec_lo;
+    double y_axis = top + n_bars * group_h + 10;
+    for (int d = dec_lo; d <= dec_hi; d++) {
+        double x = left + width * (d - dec_lo) / span;
+        sb_printf(&b, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", x, top - 6, x, y_axis);
+        sb_printf(&b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#555\">1e%d</text>\n", x, y_axis + 16, d);
+    }
+    sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#555\">log10 scale</text>\n", left + width / 2, y_axis + 36);
+    for (int i = 0; i < n_bars; i++) {
+        double y = top + i * group_h;
+        char h1[32], h2[32];
+        sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\" font-weight=\"bold\">", left - 10, y + bar_h + 4);
+        xml_text(&b, bars[i].label);
+        sb_printf(&b, "</text>\n<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\" fill=\"#555\">", left - 10, y + bar_h + 18);
+        xml_text(&b, bars[i].unit);
+        sb_printf(&b, "</text>\n");
+        const double vals[2] = {bars[i].chunk, bars[i].token};
+        const char *col[2] = {"#2b6cb0", "#c05621"};
+        for (int s = 0; s < 2; s++) {
+            double v = vals[s];
+            double by = y + s * (bar_h + 4);
+            double w = v > 0 ? width * (log10(v) - dec_lo) / span : 0;
+            if (w < 1 && v > 0) w = 1;
+            sb_printf(&b, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>%.6g</title></rect>\n", left, by,
+                      w, bar_h, col[s], v);
+            sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", left + w + 5, by + 15, v > 0 ? dfm_audit_human(v, s ? h2 : h1, 32) : "n/a");
+        }
+        if (vals[0] > 0 && vals[1] > 0)
+            sb_printf(&b, "<text x=\"%.0f\" y=\"%.1f\" fill=\"#2f855a\">%.3f %% fewer</text>\n", left + width + 70, y + bar_h + 4,
+                      100.0 * (1.0 - vals[0] / vals[1]));
+    }
+    sb_printf(&b, "</svg>\n");
+    if (b.oom) {
+        free(b.p);
+        return DFM_FAIL(DFM_ENOMEM, "audit: no memory for the chart %s", path);
+    }
+    int rc = dfm_write_file_atomic(path, b.p, b.n);
+    free(b.p);
+    return rc;
+}

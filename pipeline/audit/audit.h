@@ -1,0 +1,114 @@
+/* audit.h — `dfm audit`: the retrieval cost of a run, counted and measured, beside token-level retrieval.
+ *
+ * DFM's claim (design.md §1): one query per L-token chunk instead of one per token is 1 − 1/L fewer
+ * queries (96.875 % at L = 32), and K items per chunk instead of k = 1024 per token is 1 − K/(L·k)
+ * fewer retrieved items (99.951 % at L = 32, K = 16). The audit has three parts:
+ *
+ *   counted   pure arithmetic over the run's manifest counts (dfm_audit_count);
+ *   measured  a real token-level baseline and the chunk-level side built the same way on the same
+ *             N sequences of the run's corpus, same FAISS index family and metric, same machine
+ *             (dfm_audit_measure_side), then extrapolated to the whole corpus and a large one;
+ *   report    audit.json, audit.md and audit.svg in RUN/audit/ (dfm_audit_write_svg and audit_cmd.c).
+ *
+ * Spec of audit.json: schemas/audit.md.
+ */
+#ifndef DFM_AUDIT_H
+#define DFM_AUDIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- counted ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    uint32_t L;              /* tokens per chunk */
+    uint32_t K;              /* items kept per chunk-level query */
+    uint32_t k_token;        /* items per token-level query (1024 for kNN-LM, Memory Decoder, MLP Memory) */
+    uint64_t chunks;         /* chunks in the run (chunk slots; each holds L token slots) */
+    uint64_t tokens;         /* real (non-padding) tokens of the corpus: one token-level query each */
+    uint64_t queries;        /* chunk-level queries the run issued (first chunks of sequences have none) */
+    uint64_t items_kept;     /* neighbours kept by the run (K per query, minus padded slots) */
+    uint64_t candidates;     /* neighbours fetched by the run before exclusions (K + margin per query) */
+} dfm_audit_counts_in;
+
+typedef struct {
+    /* the formulas */
+    double query_saving_formula; /* 1 − 1/L */
+    double item_saving_formula;  /* 1 − K/(L·k) */
+    /* per chunk slot: one query per chunk vs one per token slot (chunks·L), K vs L·k items per chunk.
+     * Equal to the formulas for any number of chunks (the same quotient, rounded once). */
+    uint64_t chunk_queries, token_slot_queries;
+    uint64_t chunk_items, token_slot_items;
+    double query_saving_per_chunk;
+    double item_saving_per_chunk;
+    /* as issued by the run: queries / tokens, items kept / (tokens·k), candidates / (tokens·k) */
+    uint64_t token_queries, token_items;
+    double query_saving_run;
+    double item_saving_run;
+    double candidate_saving_run;
+} dfm_audit_counted;
+
+/* Fill out from in. Pure; no allocation. DFM_EARG (message names the field) when L, K, k_token or
+ * chunks is 0, when tokens > chunks·L, or when queries > chunks. */
+int dfm_audit_count(const dfm_audit_counts_in *in, dfm_audit_counted *out);
+
+/* ---- measured --------------------------------------------------------------------------------- */
+
+/* One side of the measured comparison: a datastore of n_keys keys of width dim, n_queries queries
+ * (each query is one of the keys, as a token-level method queries with the hidden state of a
+ * position that is itself in its training datastore), top-k each. */
+typedef struct {
+    const char *index;       /* the run's --index value: "auto" or a FAISS factory string */
+    uint32_t metric;         /* DFM_METRIC_IP / DFM_METRIC_L2 */
+    uint32_t dim;            /* key width */
+    uint32_t k;              /* neighbours per query */
+    int64_t nprobe;          /* IVF lists visited (0: FAISS default) */
+    uint64_t query_block;    /* queries per search call (0: 1024) */
+} dfm_audit_side_opts;
+
+typedef struct {
+    char factory[256];       /* factory string actually used */
+    char why[600];           /* how it was chosen (and why it differs from the run's, if it does) */
+    uint32_t dim, k;
+    uint64_t keys, queries;
+    uint64_t index_bytes;    /* serialised FAISS index (faiss_write_index) */
+    uint64_t results;        /* valid (label >= 0) neighbours returned over all queries */
+    double build_s;          /* generate keys, train, add */
+    double search_s;         /* all queries (fastest of `repeats` passes, after one untimed warm-up search) */
+    int repeats;             /* passes over the query set (more when one pass is short) */
+    double s_per_query;
+    double bytes_per_key;
+} dfm_audit_side;
+
+/* Deterministic key generator: key i is the unit vector drawn from seeds[i] (splitmix64 stream,
+ * uniform in [-1, 1) per component, L2-normalised). Equal seeds give equal keys. */
+void dfm_audit_key(uint64_t seed, uint32_t dim, float *out);
+
+/* Build the datastore from n_keys seeded keys, then run one query for each index in qidx (n_queries
+ * of them, indexes into the keys) with top-k, timing both. The index follows o->index: "auto" is
+ * chosen for n_keys like `dfm index` does; a factory string is used as given when the sample can
+ * train it, else the automatic choice, with the reason in side->why. Errors: DFM_EARG (n_keys 0,
+ * dim 0), DFM_ENOMEM, DFM_EFAISS. */
+int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, uint64_t n_keys, const uint64_t *qidx,
+                           uint64_t n_queries, dfm_audit_side *side);
+
+/* ---- chart ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *label;       /* "queries", "items", ... */
+    const char *unit;        /* shown after the numbers */
+    double chunk, token;     /* values (> 0 to be drawn) */
+} dfm_audit_bar;
+
+/* Write an SVG bar chart (log10 scale, chunk- vs token-level bars per group) atomically to path. */
+int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars);
+
+/* ---- helpers shared with the command ----------------------------------------------------------- */
+
+/* "1.23 k", "4.56 M", "7.89 G" ... into buf (engineering prefixes, 3 significant digits). */
+const char *dfm_audit_human(double v, char *buf, size_t n);
+
+/* The `dfm audit` subcommand. */
+int dfm_cmd_audit(int argc, char **argv);
+
+#endif

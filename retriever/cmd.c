@@ -1,0 +1,295 @@
+/* cmd.c — `dfm index`, `dfm retrieve`, `dfm estimate`: flags, manifest, and the run's real readers. */
+#include "retriever/retrieve.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/manifest.h"
+#include "common/opts.h"
+#include "schemas/chunk_shard.h"
+#include "schemas/embedding_shard.h"
+#include "schemas/neighbor_shard.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the run's embeddings and chunks as sources ---- */
+
+static int emb_rows(void *ctx, uint64_t first, uint64_t n, float *out) { return dfm_emb_set_rows_f32(ctx, first, n, out); }
+
+static const float *emb_row(void *ctx, uint64_t id) {
+    const dfm_emb_set *e = ctx;
+    return e->dtype == DFM_EMB_F32 ? (const float *)dfm_emb_set_row(e, id) : NULL;
+}
+
+static const dfm_chunk_meta *chunk_meta(void *ctx, uint64_t id) {
+    const dfm_chunk_meta *m = NULL;
+    if (dfm_chunk_set_get(ctx, id, &m, NULL)) {
+        static const dfm_chunk_meta none = {0}; /* callers check ids first; never reached */
+        return &none;
+    }
+    return m;
+}
+
+typedef struct {
+    dfm_chunk_set *chunks;
+    dfm_emb_set *emb;
+    dfm_vec_source vs;
+    dfm_chunk_source cs;
+} run_sources;
+
+static int sources_open(const char *run, run_sources *s) {
+    memset(s, 0, sizeof *s);
+    DFM_TRY(dfm_chunk_set_open(run, &s->chunks));
+    int rc = dfm_emb_set_open(run, &s->emb);
+    if (rc) return rc;
+    if (s->emb->n_rows != s->chunks->n_chunks)
+        return DFM_FAIL(DFM_EMISMATCH, "run %s has %llu embeddings for %llu chunks. HINT: re-run 'dfm encode'", run,
+                        (unsigned long long)s->emb->n_rows, (unsigned long long)s->chunks->n_chunks);
+    s->vs = (dfm_vec_source){s->emb->dim, s->emb->n_rows, emb_rows, s->emb, emb_row};
+    s->cs = (dfm_chunk_source){s->chunks->n_chunks, s->chunks->chunk_len ? s->chunks->seq_len / s->chunks->chunk_len : 0, chunk_meta,
+                               s->chunks};
+    return DFM_OK;
+}
+
+static void sources_close(run_sources *s) {
+    dfm_emb_set_close(s->emb);
+    dfm_chunk_set_close(s->chunks);
+    memset(s, 0, sizeof *s);
+}
+
+static int parse_metric(const char *s, int allow_unset) {
+    if (!s || !*s) return allow_unset ? -1 : -2;
+    if (!strcmp(s, "ip")) return DFM_METRIC_IP;
+    if (!strcmp(s, "l2")) return DFM_METRIC_L2;
+    return -2;
+}
+
+/* drop stages that depend on `stage` (they are stale once it is redone) */
+static void drop_later(json_t *man, const char *const *later) {
+    json_t *stages = json_object_get(man, "stages");
+    for (int i = 0; later[i]; i++) json_object_del(stages, later[i]);
+}
+
+/* rank 0: mark the stage running (or finish it with st) in the manifest */
+static int manifest_stage(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, json_t *st, const char *const *later) {
+    if (m->rank != 0) return DFM_OK;
+    json_t *man = NULL;
+    DFM_TRY(dfm_manifest_load(run, 0, &man));
+    if (!st) {
+        st = json_pack("{s:s, s:i}", "state", "running", "ranks", m->size);
+        if (later) drop_later(man, later);
+    } else {
+        json_incref(st);
+    }
+    if (cfg) json_object_set(st, "config", cfg);
+    int rc = dfm_manifest_set_stage(man, name, st);
+    if (!rc) rc = dfm_manifest_save(run, man);
+    json_decref(man);
+    return rc;
+}
+
+/* ---- dfm index ---- */
+
+int dfm_cmd_index(int argc, char **argv) {
+    dfm_mpi m;
+    DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
+    char *factory = NULL, *metric_s = NULL;
+    int64_t mem = 0, train = 0, seed = 0;
+    dfm_opt table[] = {
+        {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"); auto: choose from N and --index-memory", 0},
+        {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0},
+        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0},
+        {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0},
+        {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the training sample", 0},
+        {0},
+    };
+    char **pos = NULL;
+    int npos = 0;
+    json_t *cfg = NULL, *stage = NULL;
+    run_sources src = {0};
+    int rc = dfm_opts_parse("index", "RUN",
+                            "Build one FAISS index shard per rank from RUN's embeddings: train once on a seeded sample gathered "
+                            "from all ranks (rank 0), broadcast the trained empty index, add each rank's vectors with their "
+                            "global chunk ids, write RUN/index/index-RRRRR.faiss + .json atomically.",
+                            table, argc, argv, &pos, &npos, &cfg);
+    if (rc == DFM_OPTS_HELP) {
+        dfm_mpi_finalize();
+        return 0;
+    }
+    int metric = parse_metric(metric_s, 0);
+    if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm index RUN [options] (see --help)");
+    if (!rc && metric < 0) rc = DFM_FAIL(DFM_EARG, "--metric %s: use ip or l2", metric_s);
+    if (!rc && (mem < 0 || train < 0)) rc = DFM_FAIL(DFM_EARG, "--index-memory and --train-sample must not be negative");
+    const char *run = npos ? pos[0] : NULL;
+    if (!rc) rc = sources_open(run, &src);
+    rc = dfm_mpi_agree(&m, rc);
+    static const char *const later[] = {"retrieve", "targets", NULL};
+    if (!rc) rc = manifest_stage(&m, run, "index", cfg, NULL, later);
+    rc = dfm_mpi_agree(&m, rc);
+    if (!rc) {
+        dfm_index_opts o = {run, factory, (uint32_t)metric, (uint64_t)mem, (uint64_t)train, (uint64_t)seed};
+        rc = dfm_index_build(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, &stage);
+    }
+    if (!rc) rc = manifest_stage(&m, run, "index", cfg, stage, NULL);
+    rc = dfm_mpi_agree(&m, rc);
+    json_decref(stage);
+    json_decref(cfg);
+    sources_close(&src);
+    free(pos);
+    dfm_opts_free(table);
+    if (!rc) dfm_mpi_finalize();
+    return rc;
+}
+
+/* ---- dfm retrieve ---- */
+
+int dfm_cmd_retrieve(int argc, char **argv) {
+    dfm_mpi m;
+    DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
+    char *exclude_s = NULL, *metric_s = NULL;
+    int64_t k = 0, margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
+    double target = 0;
+    dfm_opt table[] = {
+        {"k", DFM_OPT_INT, &k, "16", "K", "neighbours per chunk (1..64)", 0},
+        {"margin", DFM_OPT_INT, &margin, "16", "M", "extra candidates fetched per shard before exclusions (k' = K + M)", 0},
+        {"exclude", DFM_OPT_STR, &exclude_s, "sequence", "POLICY", "none | self | sequence | document (see retriever/topk.h)", 0},
+        {"query-window", DFM_OPT_INT, &window, "1", "W", "the query is the mean of the W preceding chunks of the sequence (renormalised)", 0},
+        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "queries per rank per round (bounds memory)", 0},
+        {"metric", DFM_OPT_STR, &metric_s, NULL, "ip|l2", "check the index's metric (default: use it)", 0},
+        {"nprobe", DFM_OPT_INT, &nprobe, "0", "N", "IVF lists visited per query (0: FAISS default, or tuned)", 0},
+        {"ef-search", DFM_OPT_INT, &ef, "0", "N", "HNSW search depth (0: FAISS default, or tuned)", 0},
+        {"target-recall", DFM_OPT_DOUBLE, &target, "0", "R", "tune nprobe / efSearch to reach recall@K >= R on held-out queries", 0},
+        {"measure-recall", DFM_OPT_INT, &measure, "0", "N", "measure recall@K against brute force on N sampled queries", 0},
+        {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the sampled queries", 0},
+        {0},
+    };
+    char **pos = NULL;
+    int npos = 0;
+    json_t *cfg = NULL, *stage = NULL, *man = NULL;
+    run_sources src = {0};
+    int rc = dfm_opts_parse("retrieve", "RUN",
+                            "Find the top-K neighbours of every chunk's query (the chunk before it) in all index shards: query "
+                            "blocks visit every rank, candidates merge exactly (score, then id), exclusions by id, re-search "
+                            "deeper when too few survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin.",
+                            table, argc, argv, &pos, &npos, &cfg);
+    if (rc == DFM_OPTS_HELP) {
+        dfm_mpi_finalize();
+        return 0;
+    }
+    int excl = dfm_exclude_parse(exclude_s), metric = parse_metric(metric_s, 1);
+    if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm retrieve RUN [options] (see --help)");
+    if (!rc && (k < 1 || k > DFM_NBR_MAX_K)) rc = DFM_FAIL(DFM_EARG, "--k %lld: K must be 1..64 (the neighbour mask is 64 bits)", (long long)k);
+    if (!rc && excl < 0) rc = DFM_FAIL(DFM_EARG, "--exclude %s: use none, self, sequence or document", exclude_s);
+    if (!rc && metric == -2) rc = DFM_FAIL(DFM_EARG, "--metric %s: use ip or l2", metric_s);
+    if (!rc && (margin < 0 || margin > 4096)) rc = DFM_FAIL(DFM_EARG, "--margin %lld out of range", (long long)margin);
+    if (!rc && (window < 1 || window > 1024)) rc = DFM_FAIL(DFM_EARG, "--query-window %lld must be 1..1024", (long long)window);
+    if (!rc && (qblock < 1 || qblock > (1 << 20))) rc = DFM_FAIL(DFM_EARG, "--query-block %lld must be 1..1048576", (long long)qblock);
+    if (!rc && (nprobe < 0 || ef < 0 || measure < 0)) rc = DFM_FAIL(DFM_EARG, "--nprobe, --ef-search, --measure-recall must not be negative");
+    if (!rc && (target < 0 || target > 1)) rc = DFM_FAIL(DFM_EARG, "--target-recall %g must be in (0, 1]", target);
+    const char *run = npos ? pos[0] : NULL;
+    if (!rc) rc = sources_open(run, &src);
+    if (!rc) rc = dfm_manifest_load(run, 0, &man);
+    if (!rc) rc = dfm_manifest_require_complete(man, "index", run);
+    rc = dfm_mpi_agree(&m, rc);
+    static const char *const later[] = {"targets", NULL};
+    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, NULL, later);
+    rc = dfm_mpi_agree(&m, rc);
+    if (!rc) {
+        dfm_retrieve_opts o = {run,    (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
+                               metric, nprobe,      ef,               target,            (uint64_t)measure, (uint64_t)seed};
+        rc = dfm_retrieve_run(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, dfm_manifest_stage(man, "index"), &stage);
+    }
+    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, stage, NULL);
+    rc = dfm_mpi_agree(&m, rc);
+    json_decref(stage);
+    json_decref(man);
+    json_decref(cfg);
+    sources_close(&src);
+    free(pos);
+    dfm_opts_free(table);
+    if (!rc) dfm_mpi_finalize();
+    return rc;
+}
+
+/* ---- dfm estimate ---- */
+
+static void human(char *out, size_t n, double bytes) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int i = 0;
+    while (bytes >= 1024 && i < 5) {
+        bytes /= 1024;
+        i++;
+    }
+    snprintf(out, n, "%.1f %s", bytes, u[i]);
+}
+
+int dfm_cmd_estimate(int argc, char **argv) {
+    char *factory = NULL, *tdtype = NULL;
+    int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0;
+    dfm_opt table[] = {
+        {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0},
+        {"index", DFM_OPT_STR, &factory, "auto", "STR", "as for dfm index", 0},
+        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "as for dfm index", 0},
+        {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0},
+        {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0},
+        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0},
+        {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension when the encode stage has not run (0: from the manifest)", 0},
+        {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings (fp32, fp16, bf16)", 0},
+        {0},
+    };
+    char **pos = NULL;
+    int npos = 0;
+    json_t *man = NULL;
+    int rc = dfm_opts_parse("estimate", "RUN",
+                            "Print the memory per rank and the disk that index, retrieve and targets will need, from RUN's "
+                            "manifest (chunk count, embedding dimension) and the options, before submitting the jobs.",
+                            table, argc, argv, &pos, &npos, NULL);
+    if (rc == DFM_OPTS_HELP) return 0;
+    if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN [options]");
+    if (!rc && (ranks < 1 || k < 1 || k > 64 || qblock < 1)) rc = DFM_FAIL(DFM_EARG, "--ranks, --k (1..64), --query-block must be positive");
+    if (!rc) rc = dfm_manifest_load(pos[0], 0, &man);
+    long long n = rc ? -1 : dfm_manifest_count(man, "chunk", "chunks");
+    if (!rc && n < 0) rc = DFM_FAIL(DFM_ESTATE, "run %s has no chunk count. HINT: run 'dfm chunk' first", pos[0]);
+    json_t *enc = rc ? NULL : dfm_manifest_stage(man, "encode");
+    long long dim = dim_opt ? dim_opt : enc ? (long long)json_integer_value(json_object_get(enc, "dim")) : 0;
+    const char *edt = enc ? json_string_value(json_object_get(enc, "dtype")) : NULL;
+    if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: run 'dfm encode' first or pass --dim");
+    int tdt = dfm_emb_dtype_parse(tdtype);
+    if (!rc && tdt < 0) rc = DFM_FAIL(DFM_EARG, "--target-dtype %s: use fp32, fp16 or bf16", tdtype);
+    dfm_index_plan plan;
+    if (!rc) rc = dfm_index_plan_make(factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)mem, DFM_METRIC_IP, (uint64_t)train, &plan);
+    if (!rc) {
+        char a[32], b[32], c[32], d[32], e[32];
+        double N = (double)n, P = (double)ranks, D = (double)dim;
+        double emb_bytes = N * D * (edt ? (double)dfm_emb_dtype_size((uint32_t)dfm_emb_dtype_parse(edt)) : 4.0);
+        double idx_disk = plan.exact_scores ? N * (4 * D + 8) : (double)plan.bytes_per_rank * P;
+        if (plan.nlist) idx_disk += P * (double)plan.nlist * 4 * D;
+        double idx_mem = idx_disk / P;
+        double train_mem = (double)plan.train_n * 4 * D;
+        double round_q = P * (double)qblock;
+        double ret_mem = idx_mem + round_q * (4 * D + 32 + 2.0 * 16 * (double)k) + (double)qblock * (4 * D + 16 * (double)k) +
+                         (double)DFM_EMB_DEFAULT_BLOCK_CHUNKS * (double)dfm_nbr_row_bytes((uint32_t)k);
+        double ret_disk = N * (double)dfm_nbr_row_bytes((uint32_t)k);
+        double tgt = N * ((double)k * D * (double)dfm_emb_dtype_size((uint32_t)tdt) + 12.0 * (double)k + 64);
+        printf("run %s: %lld chunks, dim %lld, %lld rank(s)\n", pos[0], n, dim, (long long)ranks);
+        human(a, sizeof a, emb_bytes);
+        printf("  embeddings on disk:           %s\n", a);
+        human(a, sizeof a, idx_mem);
+        human(b, sizeof b, idx_disk);
+        human(c, sizeof c, train_mem);
+        printf("  index  %-22s memory/rank %s, disk %s, training sample %s on rank 0\n", plan.factory, a, b, c);
+        printf("         why: %s\n", plan.why);
+        human(a, sizeof a, ret_mem);
+        human(b, sizeof b, ret_disk);
+        printf("  retrieve (K=%lld, block %lld): memory/rank %s (index + query rounds), disk %s\n", (long long)k, (long long)qblock, a, b);
+        human(d, sizeof d, tgt);
+        human(e, sizeof e, tgt / P);
+        printf("  targets (%s, before zstd):   disk up to %s (%s per rank)\n", dfm_emb_dtype_name((uint32_t)tdt), d, e);
+    }
+    json_decref(man);
+    free(pos);
+    dfm_opts_free(table);
+    return rc;
+}

@@ -1,0 +1,84 @@
+/* index.h — FAISS index shards: choosing a factory string, training sample, files, search adapter.
+ *
+ * One index shard per rank of `dfm index`: RUN/index/index-RRRRR.faiss (FAISS's own serialisation,
+ * written atomically) plus RUN/index/index-RRRRR.json (the sidecar: format "dfm-index", version,
+ * dim, metric, factory, ntotal, id range, bytes, xxh128 of the .faiss file, trained_xxh128 of the
+ * trained empty index every shard started from). Loading checks the sidecar against the file (size
+ * and hash: a damaged file is DFM_ECHECKSUM naming it) and against what the caller expects (dim,
+ * metric: DFM_EMISMATCH naming the file and both values).
+ *
+ * Ids in an index are global chunk ids (add_with_ids); indexes without their own id storage (Flat,
+ * HNSW, PCA...,Flat) are wrapped with "IDMap,".
+ */
+#ifndef DFM_RETRIEVER_INDEX_H
+#define DFM_RETRIEVER_INDEX_H
+
+#include <faiss/c_api/Index_c.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define DFM_INDEX_FORMAT "dfm-index"
+#define DFM_INDEX_VERSION 1
+#define DFM_INDEX_FLAT_MAX 100000ull /* auto choice: exact Flat up to this many vectors */
+
+typedef struct {
+    char factory[256];   /* the FAISS factory string actually used (with "IDMap," where needed) */
+    uint32_t metric;     /* DFM_METRIC_IP / DFM_METRIC_L2 */
+    uint64_t nlist;      /* inverted lists (0: not an IVF index) */
+    uint64_t min_train;  /* fewest training points FAISS can use (lists; 2^nbits for PQ codebooks) */
+    uint64_t train_n;    /* training points that will be used (0: the index needs no training) */
+    int exact_scores;    /* the index ranks by exact distances (no PQ/SQ/LSH compression) */
+    uint64_t bytes_per_rank; /* estimated index memory per rank */
+    char why[512];       /* the reason for the choice, for the log and the manifest */
+} dfm_index_plan;
+
+/* Decide the index for n vectors of dim values on nranks ranks. factory NULL or "" or "auto": choose
+ * (Flat up to DFM_INDEX_FLAT_MAX vectors when it fits mem_budget per rank; IVF with ~4*sqrt(n) lists
+ * and Flat storage when that fits; IVF-PQ with the largest code that fits otherwise). train_sample 0
+ * means the default (100 per list, at least 39*256 for PQ codebooks, at most n). Errors, before any
+ * work: DFM_EARG for an unusable string, fewer training points than lists (or than a PQ codebook
+ * needs), or no index that fits the budget — each with a HINT. */
+int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nranks, uint64_t mem_budget, uint32_t metric,
+                        uint64_t train_sample, dfm_index_plan *plan);
+
+/* Deterministic stratified sample of m ids out of [0, n), sorted ascending (m <= n): id j is drawn
+ * uniformly from the j-th of m equal strata with a seeded generator. */
+void dfm_sample_ids(uint64_t n, uint64_t m, uint64_t seed, uint64_t *out);
+
+/* FAISS error to DFM_EFAISS with FAISS's message; returns DFM_OK when frc == 0. */
+int dfm_faiss_check_at(int frc, const char *what, const char *file, int line);
+#define DFM_FAISS_CHECK(call, what) dfm_faiss_check_at((call), (what), __FILE__, __LINE__)
+
+/* Create an untrained index from a plan. */
+int dfm_index_create(const dfm_index_plan *plan, uint32_t dim, FaissIndex **out);
+/* Serialise an index to a malloc'd buffer / read one back. */
+int dfm_index_to_buffer(const FaissIndex *idx, uint8_t **buf, size_t *n);
+int dfm_index_from_buffer(const uint8_t *buf, size_t n, FaissIndex **out);
+
+typedef struct {
+    uint32_t dim, metric;
+    char factory[256];
+    uint64_t ntotal;            /* vectors in this shard */
+    uint64_t first_id, end_id;  /* the shard holds ids in [first_id, end_id) */
+    int shard, n_shards;
+    uint64_t bytes;             /* size of the .faiss file */
+    char xxh128[33];            /* hash of the .faiss file */
+    char trained_xxh128[33];    /* hash of the trained empty index */
+    int exact_scores;
+} dfm_index_info;
+
+/* RUN/index/index-RRRRR.faiss and .json (malloc'd). */
+char *dfm_index_path(const char *run_dir, int shard, const char *ext);
+/* Write idx to faiss_path atomically and its sidecar next to it; fills info->bytes and ->xxh128. */
+int dfm_index_write(const char *faiss_path, const FaissIndex *idx, dfm_index_info *info);
+/* Load and validate a shard (see above). expect_dim 0 / expect_metric < 0: not checked. */
+int dfm_index_load(const char *faiss_path, uint32_t expect_dim, int expect_metric, FaissIndex **out, dfm_index_info *info);
+
+/* Set a search parameter ("nprobe", "efSearch") on an index (through IDMap / PreTransform wrappers).
+ * DFM_EARG if the index has no such parameter. */
+int dfm_index_set_param(FaissIndex *idx, const char *name, double value);
+
+/* dfm_search_fn over a FaissIndex (ctx = the index). */
+int dfm_faiss_search(void *ctx, size_t nq, const float *q, size_t kp, float *dist, int64_t *labels);
+
+#endif

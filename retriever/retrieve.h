@@ -1,0 +1,66 @@
+/* retrieve.h — the index and retrieve stages over abstract sources (MPI collectives).
+ *
+ * Both stages take the corpus as a dfm_vec_source (stored embeddings by chunk id) and a
+ * dfm_chunk_source (chunk metadata), plus the block geometry of the embedding files, so they run on a
+ * real run directory (retriever/cmd_*.c wrap the embedding and chunk sets) and on synthetic data in
+ * tests alike. Rank r of P owns the contiguous blocks [r*nb/P, (r+1)*nb/P) of block_chunks ids each:
+ * it adds those vectors to its index shard, and it asks the queries of those chunks.
+ *
+ * Distributed top-K (dfm_dsearch): every rank contributes a block of queries; the blocks are
+ * allgathered, every rank searches all of them in each of its index shards (dfm_shard_topk: exact
+ * scores, exclusions, deeper re-search), and the per-shard lists go back to the query's owner, which
+ * merges them into the global top-K (score, then id). The result does not depend on P.
+ */
+#ifndef DFM_RETRIEVER_RETRIEVE_H
+#define DFM_RETRIEVER_RETRIEVE_H
+
+#include "common/mpiutil.h"
+#include "retriever/index.h"
+#include "retriever/topk.h"
+
+#include <jansson.h>
+
+typedef struct {
+    const char *run_dir;
+    const char *factory;   /* NULL / "auto": dfm_index_plan_make decides */
+    uint32_t metric;       /* DFM_METRIC_IP / L2 */
+    uint64_t mem_budget;   /* bytes per rank (0: 4 GiB) */
+    uint64_t train_sample; /* 0: default */
+    uint64_t seed;
+} dfm_index_opts;
+
+/* Build the index shards RUN/index/index-RRRRR.{faiss,json} for rank r's blocks. Rank 0 trains on a
+ * seeded sample gathered from all ranks and broadcasts the trained empty index. All-padding chunks
+ * (n_valid == 0) are not added. Collective; on success rank 0 gets a new "index" stage object for
+ * the manifest in *stage (others NULL). */
+int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
+                    uint64_t block_chunks, json_t **stage);
+
+typedef struct {
+    const char *run_dir;
+    uint32_t k, margin, exclude, window;
+    uint64_t query_block;   /* queries per rank per round */
+    int metric;             /* -1: the index's; else checked against it */
+    int64_t nprobe;         /* 0: FAISS default / tuned */
+    int64_t ef_search;      /* 0: FAISS default / tuned */
+    double target_recall;   /* 0: no tuning */
+    uint64_t measure_recall; /* sampled queries for recall@K against brute force (0: none) */
+    uint64_t seed;
+} dfm_retrieve_opts;
+
+/* Retrieve the top-K neighbours of every chunk into RUN/retrieve/nbr-BBBBBB.bin (one file per block).
+ * index_stage is the manifest's "index" stage (borrowed). Collective; rank 0 gets the "retrieve"
+ * stage object in *stage. */
+int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
+                     uint64_t block_chunks, json_t *index_stage, json_t **stage);
+
+/* The collective search of one round: this rank's nq queries in, their merged top-K out (out[q*k],
+ * n_out[q]). searchers: this rank's shards. */
+int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_search_params *p,
+                const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv, size_t nq, dfm_hit *out,
+                uint32_t *n_out, dfm_search_counts *c);
+
+/* recall of approx against exact lists: sum |approx ∩ exact| over sum |exact| (1 if both empty). */
+double dfm_recall(const dfm_hit *approx, const uint32_t *na, const dfm_hit *exact, const uint32_t *ne, size_t nq, uint32_t k);
+
+#endif

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# test_retrieve_mpi.sh — `dfm index` + `dfm retrieve` under mpirun on 1..4 ranks against an independent
+# NumPy brute force (scripts/retrieval_reference.py), on a synthetic run made in the real file formats
+# (tests/integration/test_retrieve_mkrun.c: 3000 chunks, dim 32, duplicates for ties, documents that
+# span chunks, all-padding chunks, an uneven last block).
+#   1. Flat, every exclusion policy, np = 1, 2, 3, 4: rows equal the reference exactly (ids, mask;
+#      scores within 1e-5) and the neighbour files are byte-identical across rank counts.
+#   2. L2 metric, --query-window 2, a tiny --margin (forces re-searches): exact on np = 2.
+#   3. IVF-Flat and IVF-PQ on np = 1, 2, 3: recall@16 above a threshold, files identical across np,
+#      --measure-recall recorded in the manifest.
+#   4. Errors: too few training points, a corrupted index, a metric mismatch — clear messages.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DFM=${DFM:-$ROOT/build/dfm}
+PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
+CACHE=${DFM_CACHE:-/var/cache/dfm}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
+T=$(mktemp -d /tmp/dfm-test-retrieve-XXXXXX)
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+mpi() { local np=$1; shift; mpirun -np "$np" --oversubscribe "$@"; }
+
+# the generator links against the library the test is about
+PK="jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas"
+mpicc -std=c11 -O2 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/pipeline" $(pkg-config --cflags $PK) \
+  "$ROOT/tests/integration/test_retrieve_mkrun.c" -o "$T/mkrun" "$ROOT/build/libdfm.a" \
+  "$CACHE/faiss_c-1.7.3/lib/libfaiss_c.a" /usr/lib/x86_64-linux-gnu/libfaiss.a $(pkg-config --libs $PK) -lgomp -lstdc++ -lm
+"$T/mkrun" "$T/base" 3000 32 16 700 7
+
+fresh() { rm -rf "$1"; mkdir -p "$1"; cp -r "$T/base/chunk" "$T/base/encode" "$T/base/manifest.json" "$1/"; }
+
+echo "== 1. Flat, every exclusion policy, np 1..4: exact against NumPy, identical across np"
+for np in 1 2 3 4; do
+  R=$T/flat$np; fresh "$R"
+  mpi $np "$DFM" index "$R" --index Flat 2>"$T/log" || { cat "$T/log"; fail "index np=$np"; }
+  for ex in none self sequence document; do
+    mpi $np "$DFM" retrieve "$R" --exclude $ex --margin 4 --query-block 300 2>"$T/log" || { cat "$T/log"; fail "retrieve np=$np $ex"; }
+    "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "np=$np exclude=$ex differs from the reference"
+    mkdir -p "$T/out/$np/$ex"; cp "$R"/retrieve/nbr-*.bin "$T/out/$np/$ex/"
+    if [ $np -gt 1 ]; then
+      for f in "$T/out/1/$ex"/nbr-*.bin; do cmp -s "$f" "$T/out/$np/$ex/$(basename "$f")" || fail "$(basename "$f") differs between np=1 and np=$np ($ex)"; done
+    fi
+  done
+done
+grep -q '"items_kept"' "$T/flat4/manifest.json" || fail "no retrieve counts in the manifest"
+
+echo "== 2. L2, --query-window 2, tiny margin, np 2"
+R=$T/l2; fresh "$R"
+mpi 2 "$DFM" index "$R" --index Flat --metric l2 2>"$T/log" || { cat "$T/log"; fail "index l2"; }
+mpi 2 "$DFM" retrieve "$R" --exclude document --query-window 2 --margin 0 --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve l2"; }
+grep -q "re-searches" "$T/log" || fail "no re-search count logged"
+"$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "L2 / window 2 differs from the reference"
+
+echo "== 3. IVF-Flat and IVF-PQ: recall above threshold, identical across np"
+for spec in "IVF16,Flat:--nprobe 4:0.95" "IVF8,PQ8np:--nprobe 8:0.75"; do
+  IFS=: read -r fac opt thr <<<"$spec"
+  for np in 1 2 3; do
+    R=$T/ivf$np; fresh "$R"
+    mpi $np "$DFM" index "$R" --index "$fac" --train-sample 3000 2>"$T/log" || { cat "$T/log"; fail "index $fac np=$np"; }
+    mpi $np "$DFM" retrieve "$R" $opt --measure-recall 200 >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "retrieve $fac np=$np"; }
+    grep -q "recall@16" "$T/out.txt" || fail "--measure-recall printed nothing"
+    grep -q '"recall@k"' "$R/manifest.json" || fail "--measure-recall not in the manifest"
+    "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --min-recall "$thr" || fail "$fac recall np=$np"
+    mkdir -p "$T/ivf/$np"; cp "$R"/retrieve/nbr-*.bin "$T/ivf/$np/"
+    if [ $np -gt 1 ]; then
+      for f in "$T/ivf/1"/nbr-*.bin; do cmp -s "$f" "$T/ivf/$np/$(basename "$f")" || fail "$fac: $(basename "$f") differs between np=1 and np=$np"; done
+    fi
+  done
+  cat "$T/out.txt"
+done
+R=$T/tune; fresh "$R"
+mpi 2 "$DFM" index "$R" --index IVF32,Flat --train-sample 3000 2>/dev/null
+mpi 2 "$DFM" retrieve "$R" --target-recall 0.95 --measure-recall 100 >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "target-recall"; }
+grep -q '"tuning"' "$R/manifest.json" || fail "--target-recall not recorded"
+"$PY" -c "import json,sys; t=json.load(open('$R/manifest.json'))['stages']['retrieve']['tuning']; print('tuned', t); sys.exit(t['recall'] < 0.95 and t['value'] < 32)" || fail "tuning stopped below the target"
+
+echo "== 4. errors"
+R=$T/err; fresh "$R"
+if "$DFM" index "$R" --index IVF4096,Flat 2>"$T/log"; then fail "IVF4096 on 3000 vectors must fail"; fi
+grep -q "training points" "$T/log" || { cat "$T/log"; fail "no training-points message"; }
+"$DFM" index "$R" --index Flat 2>/dev/null
+printf '\x01' | dd of="$R/index/index-00000.faiss" bs=1 seek=100 conv=notrunc 2>/dev/null
+if "$DFM" retrieve "$R" 2>"$T/log"; then fail "a corrupted index must fail"; fi
+grep -q "index-00000.faiss" "$T/log" && grep -q "checksum" "$T/log" || { cat "$T/log"; fail "corruption message"; }
+"$DFM" index "$R" --index Flat 2>/dev/null
+if "$DFM" retrieve "$R" --metric l2 2>"$T/log"; then fail "a metric mismatch must fail"; fi
+grep -q "metric" "$T/log" || { cat "$T/log"; fail "metric message"; }
+echo "all retrieval checks passed"

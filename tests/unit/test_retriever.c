@@ -1,0 +1,626 @@
+/* Unit tests of the retriever core: ordering and merging, exclusions, queries, per-shard top-K with
+ * padding and ties, index choice, training-point errors, index files (round trip, corrupted,
+ * mismatched), and the neighbour block format. No MPI run, no run directory: in-memory corpora. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "retriever/index.h"
+#include "retriever/retrieve.h"
+#include "retriever/topk.h"
+#include "schemas/neighbor_shard.h"
+
+#include <faiss/c_api/Index_c.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dfm-test-retriever-XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    return 0;
+}
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd);
+}
+
+/* ---- a tiny corpus ---- */
+
+typedef struct {
+    uint32_t n, dim, cps;
+    float *x;
+    dfm_chunk_meta *meta;
+    dfm_matrix mat;
+    dfm_vec_source vs;
+    dfm_chunk_source cs;
+} corpus;
+
+static uint64_t rng_state = 42;
+static double urand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+/* n chunks, sequences of cps chunks, documents of 3 chunks (doc d = chunks [3d, 3d+2]) */
+static void corpus_make(corpus *c, uint32_t n, uint32_t dim, uint32_t cps, int normalise) {
+    c->n = n;
+    c->dim = dim;
+    c->cps = cps;
+    c->x = malloc(sizeof(float) * n * dim);
+    c->meta = calloc(n, sizeof *c->meta);
+    for (uint32_t i = 0; i < n; i++) {
+        double s = 0;
+        for (uint32_t t = 0; t < dim; t++) {
+            c->x[i * dim + t] = (float)(urand() * 2 - 1);
+            s += c->x[i * dim + t] * c->x[i * dim + t];
+        }
+        if (normalise)
+            for (uint32_t t = 0; t < dim; t++) c->x[i * dim + t] = (float)(c->x[i * dim + t] / sqrt(s));
+        c->meta[i].doc_first = c->meta[i].doc_last = i / 3;
+        c->meta[i].n_valid = 32;
+        c->meta[i].flags = (i % cps == 0) ? DFM_CHUNK_SEQ_START : 0;
+    }
+    c->mat = (dfm_matrix){c->x, dim, n};
+    c->vs = (dfm_vec_source){dim, n, dfm_vec_source_matrix_rows, &c->mat, NULL};
+    c->cs = (dfm_chunk_source){n, cps, dfm_chunk_source_array_meta, c->meta};
+}
+static void corpus_free(corpus *c) {
+    free(c->x);
+    free(c->meta);
+}
+
+/* ---- ordering ---- */
+
+static void test_order_and_merge(void **state) {
+    (void)state;
+    dfm_hit h[] = {{5, 0.5f, 0}, {3, 0.9f, 0}, {7, 0.5f, 0}, {1, 0.1f, 0}, {2, 0.5f, 0}};
+    dfm_hits_sort(h, 5, DFM_METRIC_IP);
+    int64_t want_ip[] = {3, 2, 5, 7, 1}; /* ties by id ascending */
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i].id, want_ip[i]);
+    dfm_hits_sort(h, 5, DFM_METRIC_L2);
+    int64_t want_l2[] = {1, 2, 5, 7, 3};
+    for (int i = 0; i < 5; i++) assert_int_equal(h[i].id, want_l2[i]);
+
+    /* merge of three sorted lists, IP and L2 */
+    dfm_hit a[] = {{10, 0.9f, 0}, {4, 0.5f, 0}}, b[] = {{2, 0.9f, 0}, {8, 0.7f, 0}, {9, 0.1f, 0}}, c[] = {{6, 0.5f, 0}};
+    const dfm_hit *lists[] = {a, b, c};
+    size_t lens[] = {2, 3, 1};
+    dfm_hit out[4];
+    assert_int_equal(dfm_hits_merge(lists, lens, 3, 4, DFM_METRIC_IP, out), 4);
+    int64_t want_m[] = {2, 10, 8, 4};
+    for (int i = 0; i < 4; i++) assert_int_equal(out[i].id, want_m[i]);
+    dfm_hit la[] = {{3, 0.1f, 0}, {1, 2.0f, 0}}, lb[] = {{2, 0.1f, 0}, {5, 0.2f, 0}};
+    const dfm_hit *l2lists[] = {la, lb};
+    size_t l2lens[] = {2, 2};
+    assert_int_equal(dfm_hits_merge(l2lists, l2lens, 2, 8, DFM_METRIC_L2, out), 4);
+    int64_t want_l[] = {2, 3, 5, 1};
+    for (int i = 0; i < 4; i++) assert_int_equal(out[i].id, want_l[i]);
+
+    /* rows: padding with -1 and cleared mask bits, never a real entry */
+    int64_t ids[4];
+    float sc[4];
+    uint64_t mask;
+    assert_int_equal(dfm_hits_to_row(out, 2, 4, ids, sc, &mask), 2);
+    assert_int_equal(mask, 0x3);
+    assert_int_equal(ids[2], -1);
+    assert_int_equal(ids[3], -1);
+    assert_true(sc[3] == 0.0f);
+}
+
+static void test_exact_score(void **state) {
+    (void)state;
+    float x[] = {1, 2, 3}, y[] = {4, -5, 6};
+    assert_true(dfm_exact_score(x, y, 3, DFM_METRIC_IP) == 12.0f);
+    assert_true(dfm_exact_score(x, y, 3, DFM_METRIC_L2) == 9.0f + 49.0f + 9.0f);
+}
+
+/* ---- exclusions and queries ---- */
+
+static void test_exclusions(void **state) {
+    (void)state;
+    corpus c;
+    corpus_make(&c, 24, 4, 8, 1);
+    /* chunk 11: sequence 1 (chunks 8..15), document 3 (9..11); window 2 -> sources 9, 10 */
+    dfm_query q;
+    float v[4];
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 11, 2, &q, v), 1);
+    assert_int_equal(q.chunk_id, 11);
+    assert_int_equal(q.src_first, 9);
+    assert_int_equal(q.doc_lo, 3);
+    assert_int_equal(q.doc_hi, 3);
+    struct {
+        uint32_t policy;
+        uint64_t cand;
+        int excluded;
+    } cases[] = {
+        {DFM_EXCLUDE_NONE, 11, 0},     {DFM_EXCLUDE_NONE, 10, 0},     {DFM_EXCLUDE_SELF, 11, 1},     {DFM_EXCLUDE_SELF, 10, 1},
+        {DFM_EXCLUDE_SELF, 9, 1},      {DFM_EXCLUDE_SELF, 8, 0},      {DFM_EXCLUDE_SELF, 12, 0},     {DFM_EXCLUDE_SEQUENCE, 8, 1},
+        {DFM_EXCLUDE_SEQUENCE, 15, 1}, {DFM_EXCLUDE_SEQUENCE, 16, 0}, {DFM_EXCLUDE_SEQUENCE, 7, 0},  {DFM_EXCLUDE_DOCUMENT, 10, 1},
+        {DFM_EXCLUDE_DOCUMENT, 8, 0},  {DFM_EXCLUDE_DOCUMENT, 12, 0}, {DFM_EXCLUDE_DOCUMENT, 11, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(dfm_excluded(cases[i].policy, &q, cases[i].cand, &c.meta[cases[i].cand], 8), cases[i].excluded);
+    /* a chunk spanning documents 4..5 overlaps a query touching document 5 */
+    c.meta[12].doc_last = 5;
+    dfm_query q2 = {17, 16, 5, 5};
+    assert_int_equal(dfm_excluded(DFM_EXCLUDE_DOCUMENT, &q2, 12, &c.meta[12], 8), 1);
+    assert_int_equal(dfm_excluded(DFM_EXCLUDE_SEQUENCE, &q2, 12, &c.meta[12], 8), 0);
+    /* all-padding chunks are never neighbours, whatever the policy */
+    c.meta[20].n_valid = 0;
+    assert_int_equal(dfm_excluded(DFM_EXCLUDE_NONE, &q, 20, &c.meta[20], 8), 1);
+    assert_int_equal(dfm_exclude_parse("document"), DFM_EXCLUDE_DOCUMENT);
+    assert_int_equal(dfm_exclude_parse("doc"), -1);
+    corpus_free(&c);
+}
+
+static void test_queries(void **state) {
+    (void)state;
+    corpus c;
+    corpus_make(&c, 16, 4, 8, 1);
+    dfm_query q;
+    float v[4];
+    /* first chunk of each sequence: no query */
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 0, 1, &q, v), 0);
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 8, 1, &q, v), 0);
+    /* window 1: the previous chunk's embedding as stored */
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 9, 1, &q, v), 1);
+    assert_memory_equal(v, c.x + 8 * 4, sizeof v);
+    /* window 3 at chunk 10 stops at the sequence start: mean of 8, 9 renormalised */
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 10, 3, &q, v), 1);
+    assert_int_equal(q.src_first, 8);
+    double m[4], nrm = 0;
+    for (int t = 0; t < 4; t++) {
+        m[t] = (double)c.x[8 * 4 + t] + c.x[9 * 4 + t];
+        nrm += m[t] * m[t];
+    }
+    for (int t = 0; t < 4; t++) assert_float_equal(v[t], m[t] / sqrt(nrm), 1e-6);
+    /* an all-padding chunk has no query; a padding source is left out */
+    c.meta[12].n_valid = 0;
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 12, 1, &q, v), 0);
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 13, 1, &q, v), 0);
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 14, 2, &q, v), 1);
+    assert_memory_equal(v, c.x + 13 * 4, sizeof v); /* mean of one vector, unit norm already */
+    corpus_free(&c);
+}
+
+/* ---- per-shard top-K ---- */
+
+/* brute-force reference: best k eligible by exact score, then id */
+static uint32_t reference_topk(const corpus *c, const dfm_query *q, const float *qv, uint32_t k, uint32_t metric, uint32_t policy,
+                               uint64_t lo, uint64_t hi, dfm_hit *out) {
+    dfm_hit *all = malloc(sizeof *all * c->n);
+    size_t na = 0;
+    for (uint64_t i = lo; i < hi; i++) {
+        if (dfm_excluded(policy, q, i, &c->meta[i], c->cps)) continue;
+        all[na].id = (int64_t)i;
+        all[na].score = dfm_exact_score(qv, c->x + i * c->dim, c->dim, metric);
+        na++;
+    }
+    dfm_hits_sort(all, na, metric);
+    uint32_t n = na < k ? (uint32_t)na : k;
+    memcpy(out, all, n * sizeof *out);
+    free(all);
+    return n;
+}
+
+static void check_shard_topk(uint32_t metric, int use_faiss, int duplicates) {
+    corpus c;
+    corpus_make(&c, 600, 16, 8, metric == DFM_METRIC_IP);
+    if (duplicates) /* exact ties: 40 copies of one vector, more than k + margin */
+        for (uint32_t i = 100; i < 140; i++) memcpy(c.x + i * 16, c.x + 50 * 16, sizeof(float) * 16);
+    const uint32_t k = 8;
+    dfm_bf_ctx bf = {&c.vs, 0, c.n, metric};
+    dfm_shard_searcher s = {dfm_bf_search, &bf, c.n, 1};
+    FaissIndex *idx = NULL;
+    if (use_faiss) {
+        dfm_index_plan plan;
+        assert_int_equal(dfm_index_plan_make("Flat", c.n, 16, 1, 0, metric, 0, &plan), 0);
+        assert_string_equal(plan.factory, "IDMap,Flat");
+        assert_int_equal(dfm_index_create(&plan, 16, &idx), 0);
+        int64_t *ids = malloc(sizeof *ids * c.n);
+        for (uint32_t i = 0; i < c.n; i++) ids[i] = i;
+        assert_int_equal(faiss_Index_add_with_ids(idx, c.n, c.x, ids), 0);
+        free(ids);
+        s = (dfm_shard_searcher){dfm_faiss_search, idx, c.n, 1};
+    }
+    dfm_query qs[60];
+    float qv[60 * 16];
+    size_t nq = 0;
+    for (uint64_t i = 1; i < c.n && nq < 60; i += 10)
+        if (dfm_query_build(&c.vs, &c.cs, i, 1, &qs[nq], qv + nq * 16) == 1) nq++;
+    if (duplicates) { /* queries equal to the duplicated vector */
+        memcpy(qv, c.x + 50 * 16, sizeof(float) * 16);
+        memcpy(qv + 16, c.x + 50 * 16, sizeof(float) * 16);
+    }
+    for (uint32_t policy = 0; policy <= DFM_EXCLUDE_DOCUMENT; policy++) {
+        dfm_search_params p = {k, 2, metric, policy, 0};
+        dfm_hit out[60 * 8], ref[8];
+        uint32_t n_out[60];
+        dfm_search_counts cnt = {0};
+        assert_int_equal(dfm_shard_topk(&s, &p, qs, qv, nq, &c.vs, &c.cs, out, n_out, &cnt), 0);
+        for (size_t q = 0; q < nq; q++) {
+            uint32_t nr = reference_topk(&c, &qs[q], qv + q * 16, k, metric, policy, 0, c.n, ref);
+            assert_int_equal(n_out[q], nr);
+            for (uint32_t j = 0; j < nr; j++) {
+                assert_int_equal(out[q * k + j].id, ref[j].id);
+                assert_true(out[q * k + j].score == ref[j].score);
+            }
+        }
+        if (duplicates) assert_true(cnt.researches > 0); /* ties forced a deeper search */
+    }
+    if (idx) faiss_Index_free(idx);
+    corpus_free(&c);
+}
+
+static void test_shard_topk_bruteforce_ip(void **state) { (void)state; check_shard_topk(DFM_METRIC_IP, 0, 0); }
+static void test_shard_topk_faiss_ip(void **state) { (void)state; check_shard_topk(DFM_METRIC_IP, 1, 0); }
+static void test_shard_topk_faiss_l2(void **state) { (void)state; check_shard_topk(DFM_METRIC_L2, 1, 0); }
+static void test_shard_topk_ties(void **state) { (void)state; check_shard_topk(DFM_METRIC_IP, 1, 1); }
+
+static void test_padding_tiny_corpus(void **state) {
+    (void)state;
+    /* 10 chunks in one sequence: with --exclude sequence nothing survives; with self, 10 - 2 = 8 < k */
+    corpus c;
+    corpus_make(&c, 10, 4, 10, 1);
+    dfm_bf_ctx bf = {&c.vs, 0, c.n, DFM_METRIC_IP};
+    dfm_shard_searcher s = {dfm_bf_search, &bf, c.n, 1};
+    dfm_query q;
+    float v[4];
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 5, 1, &q, v), 1);
+    c.meta[7].n_valid = 0; /* an all-padding chunk is never a neighbour */
+    dfm_hit out[16];
+    uint32_t n_out;
+    dfm_search_counts cnt = {0};
+    dfm_search_params p = {16, 0, DFM_METRIC_IP, DFM_EXCLUDE_SEQUENCE, 0};
+    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(n_out, 0);
+    p.exclude = DFM_EXCLUDE_SELF;
+    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(n_out, 7); /* 10 minus self (5), source (4), padding (7) */
+    for (uint32_t j = 0; j < n_out; j++) assert_true(out[j].id != 4 && out[j].id != 5 && out[j].id != 7);
+    int64_t ids[16];
+    float sc[16];
+    uint64_t mask;
+    assert_int_equal(dfm_hits_to_row(out, n_out, 16, ids, sc, &mask), 9);
+    assert_int_equal(mask, 0x7f);
+    dfm_nbr_row row = {5, 16, ids, sc, mask};
+    assert_int_equal(dfm_nbr_row_check(&row, DFM_METRIC_IP, 10), 0);
+    /* with margin 0 and k 2 the first search is too shallow after exclusions: it searches again */
+    p.k = 2;
+    p.exclude = DFM_EXCLUDE_SELF;
+    cnt = (dfm_search_counts){0};
+    dfm_query q9;
+    assert_int_equal(dfm_query_build(&c.vs, &c.cs, 9, 1, &q9, v), 1);
+    memcpy(v, c.x + 8 * 4, sizeof v); /* the query is chunk 8, which is excluded, as is 9 */
+    assert_int_equal(dfm_shard_topk(&s, &p, &q9, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(n_out, 2);
+    assert_true(cnt.researches >= 1);
+    corpus_free(&c);
+}
+
+/* ---- index choice and training errors ---- */
+
+static void test_index_plan(void **state) {
+    (void)state;
+    dfm_index_plan p;
+    assert_int_equal(dfm_index_plan_make(NULL, 5000, 384, 1, 0, DFM_METRIC_IP, 0, &p), 0);
+    assert_string_equal(p.factory, "IDMap,Flat");
+    assert_int_equal(p.train_n, 0);
+    assert_true(p.exact_scores);
+    assert_int_equal(dfm_index_plan_make("auto", 1000000, 384, 2, 4ull << 30, DFM_METRIC_IP, 0, &p), 0);
+    assert_string_equal(p.factory, "IVF4000,Flat"); /* 4 * sqrt(1e6) */
+    assert_int_equal(p.nlist, 4000);
+    assert_int_equal(p.train_n, 400000); /* 100 per list */
+    assert_non_null(strstr(p.why, "IVF4000"));
+    /* a budget too small for full vectors: PQ */
+    assert_int_equal(dfm_index_plan_make(NULL, 1000000, 384, 1, 100ull << 20, DFM_METRIC_IP, 0, &p), 0);
+    assert_non_null(strstr(p.factory, ",PQ"));
+    assert_false(p.exact_scores);
+    assert_true(p.bytes_per_rank > 0);
+    /* nothing fits */
+    assert_int_equal(dfm_index_plan_make(NULL, 1000000000, 384, 1, 1 << 20, DFM_METRIC_IP, 0, &p), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "--index-memory"));
+    /* too few training points for the lists: a clear error before any work */
+    assert_int_equal(dfm_index_plan_make("IVF1024,Flat", 500, 64, 1, 0, DFM_METRIC_IP, 0, &p), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "needs at least 1024 training points"));
+    assert_non_null(strstr(dfm_last_error(), "HINT"));
+    assert_int_equal(dfm_index_plan_make("IVF64,Flat", 50000, 64, 1, 0, DFM_METRIC_IP, 10, &p), DFM_EARG);
+    assert_int_equal(dfm_index_plan_make("IVF64,Flat", 50000, 64, 1, 0, DFM_METRIC_IP, 0, &p), 0);
+    assert_int_equal(p.train_n, 6400);
+    assert_int_equal(dfm_index_plan_make("IVF16,PQ8", 200, 64, 1, 0, DFM_METRIC_IP, 0, &p), DFM_EARG); /* 256 PQ centroids */
+    assert_int_equal(dfm_index_plan_make("IVF16,PQ7", 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), DFM_EARG); /* 7 does not divide 64 */
+    assert_int_equal(dfm_index_plan_make("HNSW16", 100, 8, 1, 0, DFM_METRIC_L2, 0, &p), 0);
+    assert_string_equal(p.factory, "IDMap,HNSW16");
+    assert_int_equal(dfm_index_plan_make("IVF8,Flat", 100, 8, 1, 0, DFM_METRIC_IP, 500, &p), DFM_EARG); /* sample > n */
+    /* an unusable factory string is a FAISS error naming the string */
+    assert_int_equal(dfm_index_plan_make("Bogus99", 1000, 8, 1, 0, DFM_METRIC_IP, 0, &p), 0);
+    FaissIndex *idx = NULL;
+    assert_int_equal(dfm_index_create(&p, 8, &idx), DFM_EFAISS);
+    assert_non_null(strstr(dfm_last_error(), "Bogus99"));
+    assert_null(idx);
+}
+
+static void test_sample_ids(void **state) {
+    (void)state;
+    uint64_t a[100], b[100];
+    dfm_sample_ids(1000, 100, 7, a);
+    dfm_sample_ids(1000, 100, 7, b);
+    assert_memory_equal(a, b, sizeof a);
+    for (int i = 0; i < 100; i++) {
+        assert_true(a[i] >= (uint64_t)i * 10 && a[i] < (uint64_t)(i + 1) * 10);
+        if (i) assert_true(a[i] > a[i - 1]);
+    }
+    dfm_sample_ids(1000, 100, 8, b);
+    assert_true(memcmp(a, b, sizeof a) != 0);
+    dfm_sample_ids(5, 5, 1, a);
+    for (int i = 0; i < 5; i++) assert_int_equal(a[i], i);
+}
+
+/* ---- index files ---- */
+
+static void write_small_index(const char *path, uint32_t metric, dfm_index_info *info) {
+    corpus c;
+    corpus_make(&c, 300, 8, 10, 1);
+    dfm_index_plan plan;
+    assert_int_equal(dfm_index_plan_make("IVF4,Flat", c.n, 8, 1, 0, metric, 0, &plan), 0);
+    FaissIndex *idx = NULL;
+    assert_int_equal(dfm_index_create(&plan, 8, &idx), 0);
+    assert_int_equal(faiss_Index_train(idx, c.n, c.x), 0);
+    /* the trained empty index survives a round trip through a buffer */
+    uint8_t *buf;
+    size_t n;
+    assert_int_equal(dfm_index_to_buffer(idx, &buf, &n), 0);
+    FaissIndex *copy = NULL;
+    assert_int_equal(dfm_index_from_buffer(buf, n, &copy), 0);
+    free(buf);
+    faiss_Index_free(idx);
+    int64_t ids[300];
+    for (int i = 0; i < 300; i++) ids[i] = 1000 + i;
+    assert_int_equal(faiss_Index_add_with_ids(copy, c.n, c.x, ids), 0);
+    memset(info, 0, sizeof *info);
+    info->dim = 8;
+    info->metric = metric;
+    snprintf(info->factory, sizeof info->factory, "%s", plan.factory);
+    info->ntotal = 300;
+    info->first_id = 1000;
+    info->end_id = 1300;
+    info->n_shards = 1;
+    info->exact_scores = 1;
+    assert_int_equal(dfm_index_write(path, copy, info), 0);
+    faiss_Index_free(copy);
+    corpus_free(&c);
+}
+
+static void test_index_files(void **state) {
+    (void)state;
+    char *path = dfm_strdupf("%s/index-00000.faiss", tmpdir);
+    dfm_index_info info, got;
+    write_small_index(path, DFM_METRIC_IP, &info);
+    FaissIndex *idx = NULL;
+    assert_int_equal(dfm_index_load(path, 8, DFM_METRIC_IP, &idx, &got), 0);
+    assert_int_equal(got.ntotal, 300);
+    assert_int_equal(got.first_id, 1000);
+    assert_string_equal(got.xxh128, info.xxh128);
+    assert_int_equal(faiss_Index_ntotal(idx), 300);
+    faiss_Index_free(idx);
+    /* wrong dimension, wrong metric: clear errors naming the file */
+    assert_int_equal(dfm_index_load(path, 16, DFM_METRIC_IP, &idx, &got), DFM_EMISMATCH);
+    assert_non_null(strstr(dfm_last_error(), "index-00000.faiss"));
+    assert_non_null(strstr(dfm_last_error(), "dimension 8"));
+    assert_null(idx);
+    assert_int_equal(dfm_index_load(path, 8, DFM_METRIC_L2, &idx, &got), DFM_EMISMATCH);
+    assert_non_null(strstr(dfm_last_error(), "metric ip"));
+    /* one flipped byte: checksum error naming the file */
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 200, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(ch ^ 0x5a, f);
+    fclose(f);
+    assert_int_equal(dfm_index_load(path, 8, DFM_METRIC_IP, &idx, &got), DFM_ECHECKSUM);
+    assert_non_null(strstr(dfm_last_error(), "index-00000.faiss"));
+    /* truncated */
+    write_small_index(path, DFM_METRIC_IP, &info);
+    assert_int_equal(truncate(path, 100), 0);
+    assert_int_equal(dfm_index_load(path, 8, DFM_METRIC_IP, &idx, &got), DFM_ETRUNCATED);
+    /* an index whose sidecar lies about the metric (a file swapped in from another run) */
+    write_small_index(path, DFM_METRIC_L2, &info);
+    char *side = dfm_strdupf("%s/index-00000.json", tmpdir);
+    char *text;
+    size_t n;
+    assert_int_equal(dfm_read_file(side, &text, &n), 0);
+    char *m = strstr(text, "\"l2\"");
+    assert_non_null(m);
+    memcpy(m, "\"ip\"", 4);
+    assert_int_equal(dfm_write_file_atomic(side, text, n), 0);
+    free(text);
+    assert_int_equal(dfm_index_load(path, 8, DFM_METRIC_IP, &idx, &got), DFM_EMISMATCH);
+    assert_non_null(strstr(dfm_last_error(), "its sidecar says"));
+    /* missing sidecar */
+    unlink(side);
+    assert_int_equal(dfm_index_load(path, 8, -1, &idx, &got), DFM_ENOTFOUND);
+    free(side);
+    free(path);
+}
+
+static void test_set_param(void **state) {
+    (void)state;
+    dfm_index_plan plan;
+    assert_int_equal(dfm_index_plan_make("IVF4,Flat", 1000, 8, 1, 0, DFM_METRIC_IP, 0, &plan), 0);
+    FaissIndex *idx = NULL;
+    assert_int_equal(dfm_index_create(&plan, 8, &idx), 0);
+    assert_int_equal(dfm_index_set_param(idx, "nprobe", 2), 0);
+    assert_int_equal(dfm_index_set_param(idx, "efSearch", 2), DFM_EARG);
+    faiss_Index_free(idx);
+}
+
+/* ---- neighbour blocks ---- */
+
+static void test_neighbor_block(void **state) {
+    (void)state;
+    char *path = dfm_strdupf("%s/nbr-000001.bin", tmpdir);
+    for (uint32_t k = 3; k <= 4; k++) { /* odd K has a pad float: rows stay 8-byte aligned */
+        dfm_nbr_header h = {0};
+        h.k = k;
+        h.metric = DFM_METRIC_IP;
+        h.first_chunk = 10;
+        h.n_rows = 3;
+        h.n_chunks_total = 100;
+        h.exclude = DFM_EXCLUDE_SEQUENCE;
+        h.query_window = 1;
+        dfm_nbr_writer *w;
+        assert_int_equal(dfm_nbr_writer_open(path, &h, &w), 0);
+        int64_t ids[4] = {5, 7, -1, -1}, none[4] = {-1, -1, -1, -1};
+        float sc[4] = {0.9f, 0.9f, 0, 0}, zero[4] = {0};
+        assert_int_equal(dfm_nbr_writer_add(w, none, zero, 0), 0);
+        assert_int_equal(dfm_nbr_writer_add(w, ids, sc, 0x3), 0);
+        int64_t bad[4] = {7, 5, -1, -1}; /* tie out of id order */
+        assert_int_equal(dfm_nbr_writer_add(w, bad, sc, 0x3), DFM_EINTERNAL);
+        int64_t hole[4] = {5, -1, 7, -1}; /* a real slot after an empty one */
+        assert_int_equal(dfm_nbr_writer_add(w, hole, sc, 0x5), DFM_EINTERNAL);
+        assert_int_equal(dfm_nbr_writer_add(w, ids, sc, 0x3), 0);
+        assert_int_equal(dfm_nbr_writer_close(w), 0);
+        dfm_nbr_block *b;
+        assert_int_equal(dfm_nbr_block_open(path, &b), 0);
+        assert_int_equal(b->hdr.row_bytes, dfm_nbr_row_bytes(k));
+        assert_int_equal(b->hdr.row_bytes % 8, 0);
+        dfm_nbr_row r = dfm_nbr_block_row(b, 1);
+        assert_int_equal(r.chunk_id, 11);
+        assert_int_equal(r.ids[1], 7);
+        assert_true(r.scores[0] == 0.9f);
+        assert_int_equal(r.mask, 0x3);
+        assert_int_equal(dfm_nbr_block_row(b, 0).mask, 0);
+        dfm_nbr_block_close(b);
+    }
+    /* damage: payload byte, header byte, truncation */
+    uint64_t size;
+    assert_int_equal(dfm_file_size(path, &size), 0);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 140, SEEK_SET);
+    fputc(0x7f, f);
+    fclose(f);
+    dfm_nbr_block *b = NULL;
+    assert_int_equal(dfm_nbr_block_open(path, &b), DFM_ECHECKSUM);
+    assert_non_null(strstr(dfm_last_error(), "nbr-000001.bin"));
+    f = fopen(path, "r+b");
+    fseek(f, 16, SEEK_SET);
+    fputc(0x7f, f);
+    fclose(f);
+    assert_int_equal(dfm_nbr_block_open(path, &b), DFM_ECHECKSUM);
+    assert_int_equal(truncate(path, (off_t)size - 8), 0);
+    assert_int_equal(dfm_nbr_block_open(path, &b), DFM_ECHECKSUM); /* header checked first, then sizes */
+    dfm_nbr_header h = {0};
+    h.k = 65;
+    dfm_nbr_writer *w;
+    assert_int_equal(dfm_nbr_writer_open(path, &h, &w), DFM_EARG);
+    free(path);
+}
+
+/* ---- shard split independence (the distributed merge, on one rank) ---- */
+
+static dfm_mpi g_mpi;
+
+/* The same vectors as one shard or as three: dfm_dsearch must give identical rows, for an exact index
+ * (Flat) and an approximate one (IVF-PQ: merge by the index's scores to k + margin, then exact re-rank). */
+static void check_split(const char *factory, int approx, uint32_t policy) {
+    corpus c;
+    corpus_make(&c, 2000, 16, 20, 1);
+    for (uint32_t i = 300; i < 330; i++) memcpy(c.x + i * 16, c.x + 7 * 16, sizeof(float) * 16); /* ties */
+    dfm_index_plan plan;
+    assert_int_equal(dfm_index_plan_make(factory, c.n, 16, 1, 0, DFM_METRIC_IP, 2000, &plan), 0);
+    assert_int_equal(plan.exact_scores, !approx);
+    FaissIndex *tr = NULL;
+    assert_int_equal(dfm_index_create(&plan, 16, &tr), 0);
+    if (plan.train_n) assert_int_equal(faiss_Index_train(tr, c.n, c.x), 0);
+    uint8_t *buf;
+    size_t nbuf;
+    assert_int_equal(dfm_index_to_buffer(tr, &buf, &nbuf), 0);
+    faiss_Index_free(tr);
+    const uint64_t bounds[2][4] = {{0, 2000}, {0, 700, 1400, 2000}}; /* one shard, then three */
+    const int nsh[] = {1, 3};
+    dfm_hit *res[2];
+    uint32_t *nres[2];
+    dfm_query qs[80];
+    float qv[80 * 16];
+    size_t nq = 0;
+    for (uint64_t i = 1; i < c.n && nq < 80; i += 25)
+        if (dfm_query_build(&c.vs, &c.cs, i, 1, &qs[nq], qv + nq * 16) == 1) nq++;
+    memcpy(qv, c.x + 7 * 16, sizeof(float) * 16);
+    for (int v = 0; v < 2; v++) {
+        FaissIndex *idx[3] = {0};
+        dfm_shard_searcher ss[3];
+        for (int s = 0; s < nsh[v]; s++) {
+            uint64_t lo = bounds[v][s], hi = bounds[v][s + 1];
+            assert_int_equal(dfm_index_from_buffer(buf, nbuf, &idx[s]), 0);
+            int64_t *ids = malloc(sizeof *ids * (hi - lo));
+            for (uint64_t i = lo; i < hi; i++) ids[i - lo] = (int64_t)i;
+            assert_int_equal(faiss_Index_add_with_ids(idx[s], (idx_t)(hi - lo), c.x + lo * 16, ids), 0);
+            free(ids);
+            if (plan.nlist) assert_int_equal(dfm_index_set_param(idx[s], "nprobe", 2), 0);
+            ss[s] = (dfm_shard_searcher){dfm_faiss_search, idx[s], hi - lo, plan.exact_scores};
+        }
+        dfm_search_params p = {8, 4, DFM_METRIC_IP, policy, approx};
+        res[v] = malloc(sizeof(dfm_hit) * nq * 8);
+        nres[v] = malloc(sizeof(uint32_t) * nq);
+        dfm_search_counts cnt = {0};
+        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt), 0);
+        for (int s = 0; s < nsh[v]; s++) faiss_Index_free(idx[s]);
+    }
+    for (size_t q = 0; q < nq; q++) {
+        assert_int_equal(nres[0][q], nres[1][q]);
+        assert_true(nres[0][q] > 0);
+        for (uint32_t j = 0; j < nres[0][q]; j++) {
+            assert_int_equal(res[0][q * 8 + j].id, res[1][q * 8 + j].id);
+            assert_true(res[0][q * 8 + j].score == res[1][q * 8 + j].score);
+            if (j) assert_true(res[0][q * 8 + j].score <= res[0][q * 8 + j - 1].score); /* exact order */
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        free(res[v]);
+        free(nres[v]);
+    }
+    free(buf);
+    corpus_free(&c);
+}
+
+static void test_split_flat(void **state) { (void)state; check_split("Flat", 0, DFM_EXCLUDE_SEQUENCE); }
+static void test_split_ivfpq(void **state) { (void)state; check_split("IVF4,PQ4np", 1, DFM_EXCLUDE_DOCUMENT); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_order_and_merge),
+        cmocka_unit_test(test_exact_score),
+        cmocka_unit_test(test_exclusions),
+        cmocka_unit_test(test_queries),
+        cmocka_unit_test(test_shard_topk_bruteforce_ip),
+        cmocka_unit_test(test_shard_topk_faiss_ip),
+        cmocka_unit_test(test_shard_topk_faiss_l2),
+        cmocka_unit_test(test_shard_topk_ties),
+        cmocka_unit_test(test_padding_tiny_corpus),
+        cmocka_unit_test(test_index_plan),
+        cmocka_unit_test(test_sample_ids),
+        cmocka_unit_test(test_index_files),
+        cmocka_unit_test(test_set_param),
+        cmocka_unit_test(test_neighbor_block),
+        cmocka_unit_test(test_split_flat),
+        cmocka_unit_test(test_split_ivfpq),
+    };
+    int argc = 1;
+    char *args[] = {"test_retriever", NULL}, **argv = args;
+    if (dfm_mpi_init(&argc, &argv, &g_mpi)) return 1;
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    dfm_mpi_finalize();
+    return rc;
+}

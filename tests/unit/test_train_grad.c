@@ -1,0 +1,452 @@
+/* Gradient checks of the trainer: every hand-written backward against central finite differences
+ * on tiny shapes, per op and for the whole model (DFM mode and pretraining mode).
+ *
+ * For each op, loss = sum(out * R) with a fixed random R (accumulated in double), so the analytic
+ * gradient is backward(dout = R). The error of a tensor is the norm-wise relative error
+ * ||g_analytic - g_fd|| / max(||g_analytic||, ||g_fd||) over the checked entries (all of them for
+ * small tensors, a fixed random sample for large ones). Every check prints its error; the worst one
+ * is printed at the end. fp32 forward, eps = 1e-2 (inputs are O(1)): truncation and rounding both
+ * stay near 1e-4, the tolerance is 1e-2. The denominator has an absolute floor of 1e-4 per checked
+ * entry so that tensors with tiny gradients (|g| ~ 1e-3) are not judged by fp32 rounding noise.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/model.h"
+#include "trainer/ops.h"
+#include "trainer/rng.h"
+
+static double g_worst = 0.0;
+static char g_worst_name[128] = "";
+#define TOL 1e-2
+#define ABS_FLOOR 1e-4
+
+typedef double (*loss_fn)(void *ctx);
+
+static double check_grad(const char *name, float *x, size_t n, const float *g, loss_fn f, void *ctx, float eps,
+                         int max_samples) {
+    dfm_rng r;
+    rng_seed(&r, 1234 + n);
+    double diff2 = 0, num2 = 0, ana2 = 0, worst_el = 0;
+    int cnt = (int)(n < (size_t)max_samples ? n : (size_t)max_samples);
+    for (int s = 0; s < cnt; s++) {
+        size_t i = n <= (size_t)max_samples ? (size_t)s : rng_u32(&r) % n;
+        float orig = x[i];
+        x[i] = orig + eps;
+        double lp = f(ctx);
+        x[i] = orig - eps;
+        double lm = f(ctx);
+        x[i] = orig;
+        double num = (lp - lm) / (2.0 * eps), a = g[i];
+        diff2 += (a - num) * (a - num);
+        num2 += num * num;
+        ana2 += a * a;
+        double el = fabs(a - num);
+        if (el > worst_el) worst_el = el;
+    }
+    /* absolute floor: fp32 forward noise / (2 eps) is ~1e-5 per entry on these shapes */
+    double den = fmax(sqrt(num2), sqrt(ana2)) + ABS_FLOOR * sqrt((double)cnt);
+    double rel = sqrt(diff2) / den;
+    printf("  %-44s n=%-7zu checked=%-4d |g|=%.3e rel_err=%.2e max_abs_err=%.2e\n", name, n, cnt, sqrt(ana2), rel,
+           worst_el);
+    if (rel > g_worst) {
+        g_worst = rel;
+        snprintf(g_worst_name, sizeof g_worst_name, "%s", name);
+    }
+    return rel;
+}
+
+static float *randv(dfm_rng *r, size_t n, float std) {
+    float *v = malloc(n * sizeof(float));
+    rng_normal(r, v, n, std);
+    return v;
+}
+static float *zerov(size_t n) { return calloc(n, sizeof(float)); }
+static double dotR(const float *a, const float *R, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * R[i];
+    return s;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------------- */
+typedef struct {
+    float *out, *inp, *w, *b, *R;
+    int N, C, OC;
+} MatmulCtx;
+static double matmul_loss(void *p) {
+    MatmulCtx *c = p;
+    matmul_forward(c->out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+    return dotR(c->out, c->R, (size_t)c->N * c->OC);
+}
+static void test_matmul(void **state) {
+    dfm_rng r;
+    rng_seed(&r, 1);
+    MatmulCtx c = {.N = 5, .C = 7, .OC = 6};
+    c.inp = randv(&r, 35, 1);
+    c.w = randv(&r, 42, 1);
+    c.b = randv(&r, 6, 1);
+    c.R = randv(&r, 30, 1);
+    c.out = zerov(30);
+    float *di = zerov(35), *dw = zerov(42), *db = zerov(6);
+    matmul_backward(di, dw, db, c.R, c.inp, c.w, c.N, c.C, c.OC);
+    assert_true(check_grad("matmul dinp", c.inp, 35, di, matmul_loss, &c, 1e-2f, 64) < TOL);
+    assert_true(check_grad("matmul dweight", c.w, 42, dw, matmul_loss, &c, 1e-2f, 64) < TOL);
+    assert_true(check_grad("matmul dbias", c.b, 6, db, matmul_loss, &c, 1e-2f, 64) < TOL);
+    free(c.inp), free(c.w), free(c.b), free(c.R), free(c.out), free(di), free(dw), free(db);
+}
+
+/* ---- norms --------------------------------------------------------------------------------------- */
+typedef struct {
+    float *out, *inp, *w, *b, *m, *rs, *R;
+    int N, C, layer;
+} NormCtx;
+static double norm_loss(void *p) {
+    NormCtx *c = p;
+    if (c->layer) layernorm_forward(c->out, c->m, c->rs, c->inp, c->w, c->b, c->N, c->C, 1e-5f);
+    else rmsnorm_forward(c->out, c->rs, c->inp, c->w, c->N, c->C, 1e-6f);
+    return dotR(c->out, c->R, (size_t)c->N * c->C);
+}
+static void test_norms(void **state) {
+    for (int layer = 0; layer < 2; layer++) {
+        dfm_rng r;
+        rng_seed(&r, 2 + layer);
+        NormCtx c = {.N = 4, .C = 9, .layer = layer};
+        size_t n = 36;
+        c.inp = randv(&r, n, 1);
+        c.w = randv(&r, 9, 1);
+        c.b = randv(&r, 9, 1);
+        c.R = randv(&r, n, 1);
+        c.out = zerov(n);
+        c.m = zerov(4);
+        c.rs = zerov(4);
+        float *di = zerov(n), *dw = zerov(9), *db = zerov(9);
+        norm_loss(&c);
+        if (layer) layernorm_backward(di, dw, db, c.R, c.inp, c.w, c.m, c.rs, c.N, c.C);
+        else rmsnorm_backward(di, dw, c.R, c.inp, c.w, c.rs, c.N, c.C);
+        const char *nm = layer ? "layernorm" : "rmsnorm";
+        char buf[64];
+        snprintf(buf, sizeof buf, "%s dinp", nm);
+        assert_true(check_grad(buf, c.inp, n, di, norm_loss, &c, 1e-2f, 64) < TOL);
+        snprintf(buf, sizeof buf, "%s dweight", nm);
+        assert_true(check_grad(buf, c.w, 9, dw, norm_loss, &c, 1e-2f, 64) < TOL);
+        if (layer) assert_true(check_grad("layernorm dbias", c.b, 9, db, norm_loss, &c, 1e-2f, 64) < TOL);
+        free(c.inp), free(c.w), free(c.b), free(c.R), free(c.out), free(c.m), free(c.rs);
+        free(di), free(dw), free(db);
+    }
+}
+
+/* ---- rope, swiglu, gelu -------------------------------------------------------------------------- */
+typedef struct {
+    float *out, *a, *b, *cs, *sn, *R;
+    int B, T, nh, hd, which;
+    size_t n;
+} EwCtx;
+static double ew_loss(void *p) {
+    EwCtx *c = p;
+    if (c->which == 0) rope_forward(c->out, c->a, c->cs, c->sn, c->B, c->T, c->nh, c->hd);
+    else if (c->which == 1) swiglu_forward(c->out, c->a, c->b, c->n);
+    else gelu_forward(c->out, c->a, c->n);
+    return dotR(c->out, c->R, c->n);
+}
+static void test_elementwise(void **state) {
+    dfm_rng r;
+    rng_seed(&r, 3);
+    EwCtx c = {.B = 2, .T = 5, .nh = 3, .hd = 8};
+    c.n = (size_t)2 * 5 * 3 * 8;
+    c.a = randv(&r, c.n, 1.5f);
+    c.b = randv(&r, c.n, 1);
+    c.R = randv(&r, c.n, 1);
+    c.out = zerov(c.n);
+    c.cs = zerov(5 * 4);
+    c.sn = zerov(5 * 4);
+    rope_tables(c.cs, c.sn, 5, 8, 10000.0f);
+    float *da = zerov(c.n), *db = zerov(c.n);
+    c.which = 0;
+    rope_backward(da, c.R, c.cs, c.sn, c.B, c.T, c.nh, c.hd);
+    assert_true(check_grad("rope dinp", c.a, c.n, da, ew_loss, &c, 1e-2f, 240) < TOL);
+    c.which = 1;
+    vec_zero(da, c.n);
+    swiglu_backward(da, db, c.R, c.a, c.b, c.n);
+    assert_true(check_grad("swiglu dgate", c.a, c.n, da, ew_loss, &c, 1e-2f, 240) < TOL);
+    assert_true(check_grad("swiglu dup", c.b, c.n, db, ew_loss, &c, 1e-2f, 240) < TOL);
+    c.which = 2;
+    vec_zero(da, c.n);
+    gelu_backward(da, c.R, c.a, c.n);
+    assert_true(check_grad("gelu dinp", c.a, c.n, da, ew_loss, &c, 1e-2f, 240) < TOL);
+    free(c.a), free(c.b), free(c.R), free(c.out), free(c.cs), free(c.sn), free(da), free(db);
+}
+
+/* ---- attention ------------------------------------------------------------------------------------ */
+typedef struct {
+    float *out, *att, *q, *k, *v, *R;
+    int B, T, nh, nkv, hd;
+} AttCtx;
+static double att_loss(void *p) {
+    AttCtx *c = p;
+    attention_forward(c->out, c->att, c->q, c->k, c->v, c->B, c->T, c->nh, c->nkv, c->hd);
+    return dotR(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
+}
+static void test_attention(void **state) {
+    dfm_rng r;
+    rng_seed(&r, 4);
+    AttCtx c = {.B = 2, .T = 6, .nh = 4, .nkv = 2, .hd = 4};
+    size_t nq = (size_t)2 * 6 * 4 * 4, nk = (size_t)2 * 6 * 2 * 4, na = (size_t)2 * 4 * 6 * 6;
+    c.q = randv(&r, nq, 1);
+    c.k = randv(&r, nk, 1);
+    c.v = randv(&r, nk, 1);
+    c.R = randv(&r, nq, 1);
+    c.out = zerov(nq);
+    c.att = zerov(na);
+    float *dq = zerov(nq), *dk = zerov(nk), *dv = zerov(nk), *datt = zerov(na);
+    att_loss(&c);
+    attention_backward(dq, dk, dv, datt, c.R, c.att, c.q, c.k, c.v, c.B, c.T, c.nh, c.nkv, c.hd);
+    assert_true(check_grad("attention dq", c.q, nq, dq, att_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad("attention dk (GQA)", c.k, nk, dk, att_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad("attention dv (GQA)", c.v, nk, dv, att_loss, &c, 1e-2f, 200) < TOL);
+    free(c.q), free(c.k), free(c.v), free(c.R), free(c.out), free(c.att), free(dq), free(dk), free(dv), free(datt);
+}
+
+/* ---- cross-attention and gate ------------------------------------------------------------------- */
+typedef struct {
+    float *out, *p, *q, *km, *vm, *R;
+    uint8_t *mask;
+    int B, T, L, K, nh, hd;
+} XCtx;
+static double x_loss(void *p) {
+    XCtx *c = p;
+    crossattn_forward(c->out, c->p, c->q, c->km, c->vm, c->mask, c->B, c->T, c->L, c->K, c->nh, c->hd);
+    return dotR(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
+}
+static void test_crossattn(void **state) {
+    dfm_rng r;
+    rng_seed(&r, 5);
+    XCtx c = {.B = 2, .T = 8, .L = 4, .K = 3, .nh = 2, .hd = 4};
+    int NC = 2, S = 2 * NC * 3, C = 8;
+    size_t nq = (size_t)2 * 8 * C, nm = (size_t)S * C;
+    c.q = randv(&r, nq, 1);
+    c.km = randv(&r, nm, 1);
+    c.vm = randv(&r, nm, 1);
+    c.R = randv(&r, nq, 1);
+    c.out = zerov(nq);
+    c.p = zerov((size_t)2 * 8 * 2 * 3);
+    c.mask = malloc(S);
+    for (int i = 0; i < S; i++) c.mask[i] = 1;
+    for (int j = 0; j < 3; j++) c.mask[j] = 0; /* sequence 0 chunk 0: no memory */
+    c.mask[2 * 3 + 1] = 0;                     /* sequence 1 chunk 0: one padded slot */
+    float *dq = zerov(nq), *dk = zerov(nm), *dv = zerov(nm);
+    x_loss(&c);
+    crossattn_backward(dq, dk, dv, c.R, c.p, c.q, c.km, c.vm, c.B, c.T, c.L, c.K, c.nh, c.hd);
+    for (int i = 0; i < 4 * C; i++) assert_true(c.out[i] == 0.0f); /* masked chunk: no update */
+    assert_true(check_grad("crossattn dq", c.q, nq, dq, x_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad("crossattn dkm (masked slots)", c.km, nm, dk, x_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad("crossattn dvm (masked slots)", c.vm, nm, dv, x_loss, &c, 1e-2f, 200) < TOL);
+    free(c.q), free(c.km), free(c.vm), free(c.R), free(c.out), free(c.p), free(c.mask), free(dq), free(dk), free(dv);
+}
+
+typedef struct {
+    float *out, *g, *gl, *h, *o, *R;
+    int N, C, G;
+} GCtx;
+static double g_loss(void *p) {
+    GCtx *c = p;
+    gate_forward(c->out, c->g, c->gl, c->h, c->o, c->N, c->C, c->G);
+    return dotR(c->out, c->R, (size_t)c->N * c->C);
+}
+static void test_gate(void **state) {
+    for (int per_channel = 0; per_channel < 2; per_channel++) {
+        dfm_rng r;
+        rng_seed(&r, 6);
+        GCtx c = {.N = 5, .C = 8, .G = per_channel ? 8 : 2};
+        size_t n = 40, ng = (size_t)5 * c.G;
+        c.h = randv(&r, n, 1);
+        c.o = randv(&r, n, 1);
+        c.gl = randv(&r, ng, 1);
+        c.R = randv(&r, n, 1);
+        c.out = zerov(n);
+        c.g = zerov(ng);
+        float *dh = zerov(n), *dgl = zerov(ng), *d_o = zerov(n);
+        g_loss(&c);
+        gate_backward(dh, dgl, d_o, c.R, c.g, c.o, c.N, c.C, c.G);
+        assert_true(check_grad(per_channel ? "gate/channel dh" : "gate/head dh", c.h, n, dh, g_loss, &c, 1e-2f, 64) <
+                    TOL);
+        assert_true(check_grad(per_channel ? "gate/channel dgl" : "gate/head dgl", c.gl, ng, dgl, g_loss, &c, 1e-2f,
+                               64) < TOL);
+        assert_true(check_grad(per_channel ? "gate/channel do" : "gate/head do", c.o, n, d_o, g_loss, &c, 1e-2f, 64) <
+                    TOL);
+        free(c.h), free(c.o), free(c.gl), free(c.R), free(c.out), free(c.g), free(dh), free(dgl), free(d_o);
+    }
+}
+
+/* ---- LM head + CE, MSE ----------------------------------------------------------------------------- */
+typedef struct {
+    float *x, *w, *scratch, *pred, *tgt;
+    int *targets;
+    uint8_t *mask;
+    int N, C, V, S, D;
+} CeCtx;
+static double ce_loss(void *p) {
+    CeCtx *c = p;
+    return lmhead_ce_forward_backward(NULL, NULL, NULL, c->x, c->w, c->targets, c->N, c->C, c->V, 0, c->scratch) /
+           c->N;
+}
+static double mse_loss(void *p) {
+    CeCtx *c = p;
+    return mse_forward_backward(NULL, c->pred, c->tgt, c->mask, c->S, c->D, 0);
+}
+static void test_ce_mse(void **state) {
+    dfm_rng r;
+    rng_seed(&r, 7);
+    CeCtx c = {.N = 70, .C = 6, .V = 11, .S = 5, .D = 4}; /* N > CE_ROWS_BLOCK: two blocks */
+    c.x = randv(&r, (size_t)c.N * c.C, 1);
+    c.w = randv(&r, (size_t)c.V * c.C, 1);
+    c.scratch = zerov((size_t)CE_ROWS_BLOCK * c.V);
+    c.targets = malloc(c.N * sizeof(int));
+    for (int i = 0; i < c.N; i++) c.targets[i] = rng_u32(&r) % c.V;
+    float *dx = zerov((size_t)c.N * c.C), *dw = zerov((size_t)c.V * c.C);
+    lmhead_ce_forward_backward(NULL, dx, dw, c.x, c.w, c.targets, c.N, c.C, c.V, 1.0f / c.N, c.scratch);
+    assert_true(check_grad("lmhead+ce dx", c.x, (size_t)c.N * c.C, dx, ce_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad("lmhead+ce dweight", c.w, (size_t)c.V * c.C, dw, ce_loss, &c, 1e-2f, 200) < TOL);
+    c.pred = randv(&r, 20, 1);
+    c.tgt = randv(&r, 20, 1);
+    c.mask = malloc(5);
+    uint8_t mk[5] = {0, 1, 1, 0, 1};
+    memcpy(c.mask, mk, 5);
+    float *dp = zerov(20);
+    mse_forward_backward(dp, c.pred, c.tgt, c.mask, c.S, c.D, 1.0f);
+    assert_true(check_grad("mse dpred (masked)", c.pred, 20, dp, mse_loss, &c, 1e-2f, 64) < TOL);
+    free(c.x), free(c.w), free(c.scratch), free(c.targets), free(dx), free(dw), free(c.pred), free(c.tgt), free(c.mask),
+        free(dp);
+}
+
+/* ---- whole model ------------------------------------------------------------------------------------ */
+static BackboneConfig tiny_backbone(int qk_norm, int tie) {
+    BackboneConfig bc;
+    memset(&bc, 0, sizeof bc);
+    snprintf(bc.arch, sizeof bc.arch, "Qwen3ForCausalLM");
+    bc.vocab_size = 23;
+    bc.max_seq = 12;
+    bc.tie_embeddings = tie;
+    bc.dec = (StackConfig){.n_layers = 3, .hidden = 8, .n_heads = 2, .n_kv_heads = 1, .head_dim = 4, .ffn = 12,
+                           .qk_norm = qk_norm, .eps = 1e-6f, .rope_theta = 10000.0f};
+    return bc;
+}
+
+typedef struct {
+    DfmModel *m;
+    int *inp, *tgt;
+    float *tmem;
+    uint8_t *tmask;
+    int B, T;
+} ModelCtx;
+static double model_loss(void *p) {
+    ModelCtx *c = p;
+    int rc = model_forward(c->m, c->inp, c->tgt, c->tmem, c->tmask, c->B, c->T, MEM_PREDICTED, 0, 1.0f);
+    assert_int_equal(rc, 0);
+    return c->m->loss;
+}
+
+/* make the tiny model far from flat so finite differences see real gradients */
+static void scale_all(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie) {
+    BackboneConfig bc = tiny_backbone(qk_norm, tie);
+    DfmConfig dc;
+    dfm_config_defaults(&dc, &bc);
+    dc.enabled = !pretrain;
+    dc.chunk_len = 4;
+    dc.n_slots = 3;
+    dc.d_mem = 5;
+    dc.pred = (StackConfig){.n_layers = 2, .hidden = 8, .n_heads = 2, .n_kv_heads = 2, .head_dim = 4, .ffn = 10,
+                            .qk_norm = 0, .eps = 1e-6f, .rope_theta = 10000.0f};
+    dc.proj_hidden = 7;
+    dc.n_fusion = 2;
+    dc.fusion_layers[0] = 1;
+    dc.fusion_layers[1] = 2;
+    dc.xattn_heads = 2;
+    dc.gate_per_channel = per_channel;
+    dc.mse_weight = 0.5f;
+    dc.init_std = 0.3f;
+    dc.pred_input_layer = per_channel ? 1 : 0; /* predictor reads layer 0's output */
+    DfmModel *m = NULL;
+    assert_int_equal(model_create(&bc, &dc, 2, 12, &m), 0);
+    model_init_backbone_random(m, 11);
+    /* backbone: weights of std 0.3 instead of 0.02, non-trivial norms */
+    TensorView *views = calloc(256, sizeof *views);
+    int nv = model_backbone_tensors(m, views, 0);
+    dfm_rng r;
+    rng_seed(&r, 99);
+    for (int i = 0; i < nv; i++) {
+        if (views[i].ndim == 2) scale_all(views[i].data, views[i].numel, 15.0f);
+        else
+            for (size_t j = 0; j < views[i].numel; j++) views[i].data[j] = 1.0f + 0.3f * (rng_f32(&r) - 0.5f);
+    }
+    model_init_dfm_random(m, 12);
+    if (!pretrain) { /* non-zero gates so every fusion weight gets a gradient */
+        size_t G = per_channel ? 8 : 2;
+        rng_normal(&r, m->dp.fu_wg, 2 * G * 8, 0.3f);
+        rng_normal(&r, m->dp.fu_bg, 2 * G, 0.3f);
+        rng_normal(&r, m->dp.pred_bin, 8, 0.3f);
+        rng_normal(&r, m->dp.proj_b1, 7, 0.3f);
+    }
+    ModelCtx c = {.m = m, .B = 2, .T = 12};
+    int N = 24, S = 2 * 3 * 3;
+    c.inp = malloc(N * sizeof(int));
+    c.tgt = malloc(N * sizeof(int));
+    for (int i = 0; i < N; i++) c.inp[i] = rng_u32(&r) % 23, c.tgt[i] = rng_u32(&r) % 23;
+    c.tmem = randv(&r, (size_t)S * 5, 1);
+    c.tmask = malloc(S);
+    for (int i = 0; i < S; i++) c.tmask[i] = (i % 9) >= 3; /* chunk 0 of each sequence: absent */
+    c.tmask[4 * 3 + 2] = 0;                                 /* one padded slot */
+
+    model_zero_grad(m);
+    assert_int_equal(model_forward(m, c.inp, c.tgt, c.tmem, c.tmask, 2, 12, MEM_PREDICTED, 1, 1.0f), 0);
+    assert_int_equal(model_backward(m), 0);
+    printf("  [model %s, gate per %s, qk_norm %d, tied %d] loss %.6f (ce %.6f mse %.6f)\n",
+           pretrain ? "pretrain" : "dfm", per_channel ? "channel" : "head", qk_norm, tie, m->loss, m->ce, m->mse);
+    TensorView *gv = calloc(256, sizeof *gv);
+    int n = pretrain ? model_backbone_tensors(m, views, 0) : model_dfm_tensors(m, views, 0);
+    int ng = pretrain ? model_backbone_tensors(m, gv, 1) : model_dfm_tensors(m, gv, 1);
+    assert_int_equal(n, ng);
+    /* the tied embedding's gradient holds both uses; copy grads first (the FD calls do not touch them) */
+    for (int i = 0; i < n; i++) {
+        char nm[140];
+        snprintf(nm, sizeof nm, "%s %s", pretrain ? "bb" : "dfm", views[i].name);
+        assert_true(check_grad(nm, views[i].data, views[i].numel, gv[i].data, model_loss, &c, pretrain ? 2e-3f : 1e-2f, 16) < TOL);
+    }
+    free(gv);
+    free(views);
+    free(c.inp), free(c.tgt), free(c.tmem), free(c.tmask);
+    model_free(m);
+}
+
+static void test_model_dfm_head_gate(void **state) { run_model_check(0, 0, 1, 1); }
+static void test_model_dfm_channel_gate(void **state) { run_model_check(0, 1, 0, 0); }
+static void test_model_pretrain(void **state) { run_model_check(1, 0, 1, 0); }
+static void test_model_pretrain_tied(void **state) { run_model_check(1, 0, 0, 1); }
+
+static void test_print_worst(void **state) {
+    printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
+    assert_true(g_worst < TOL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),         cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_elementwise),    cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_crossattn),      cmocka_unit_test(test_gate),
+        cmocka_unit_test(test_ce_mse),         cmocka_unit_test(test_model_dfm_head_gate),
+        cmocka_unit_test(test_model_dfm_channel_gate), cmocka_unit_test(test_model_pretrain),
+        cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_print_worst),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

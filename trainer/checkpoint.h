@@ -1,0 +1,34 @@
+/* checkpoint.h — training checkpoints: everything a run needs to continue bit-identically.
+ *
+ * File (little-endian): 64-byte header
+ *   char magic[8] "DFMCKPT1"; u32 version (1); u32 mode (0 pretrain, 1 dfm); u64 n_params;
+ *   u64 step; u64 epoch; u64 pos (loader position); u32 json_bytes; u32 reserved; u64 checksum
+ *   (XXH3-64 of everything after the header)
+ * then json_bytes of JSON ({"backbone": config.json, "dfm": DFM config, "train": options}), then
+ * params[n], adam m[n], adam v[n] as float32. The trainable block is the DFM modules in DFM mode
+ * (the frozen backbone is reloaded from its folder) or the whole backbone when pretraining.
+ */
+#ifndef DFM_TRAINER_CHECKPOINT_H
+#define DFM_TRAINER_CHECKPOINT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    uint32_t mode;
+    uint64_t step, epoch, pos;
+    size_t n_params;
+} CkptInfo;
+
+/* Write atomically. */
+int ckpt_save(const char *path, const CkptInfo *info, json_t *config, const float *params, const float *m,
+              const float *v);
+/* Read and validate (magic, version, size, checksum). n_params must equal info->n_params of the file
+ * (DFM_EMISMATCH otherwise). *config (may be NULL) receives the JSON (json_decref it). */
+int ckpt_load(const char *path, CkptInfo *info, json_t **config, float *params, float *m, float *v,
+              size_t n_params);
+/* Only the header and config (to build the model before loading). */
+int ckpt_peek(const char *path, CkptInfo *info, json_t **config);
+
+#endif

@@ -1,0 +1,342 @@
+/* data.c — token sequences, target memory and the shuffling loader (see data.h). */
+#include "trainer/data.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "schemas/chunk_shard.h"
+#include "shard/target_reader.h"
+#include "trainer/rng.h"
+
+#define TGT_MAGIC "DFMTGTS1"
+#define TGT_HEADER 64
+#define BIN_MAGIC 20240520
+
+struct TargetSource {
+    /* simple file */
+    uint8_t *file;          /* whole file */
+    size_t file_bytes;
+    const uint8_t *mask;    /* [n_chunks*k] */
+    const float *emb;       /* [n_chunks*k*d] (memcpy'd out: the file may be unaligned) */
+    uint64_t n_chunks;
+    /* run folder */
+    dfm_target_reader *reader;
+    int64_t *ids;
+    float *scores;
+};
+
+static int load_bin(const char *path, DataSet *ds) {
+    char *buf;
+    size_t len;
+    DFM_TRY(dfm_read_file(path, &buf, &len));
+    int rc = DFM_OK;
+    int32_t h[256];
+    if (len < sizeof h) {
+        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, shorter than the 1024-byte token-shard header", path, len);
+        goto out;
+    }
+    memcpy(h, buf, sizeof h);
+    if (h[0] != BIN_MAGIC) {
+        rc = DFM_FAIL(DFM_EFORMAT, "%s: magic %d is not %d. HINT: --data takes an llm.c token shard or a chunk run",
+                      path, h[0], BIN_MAGIC);
+        goto out;
+    }
+    if (h[1] != 1 && h[1] != 2) {
+        rc = DFM_FAIL(DFM_EVERSION, "%s: token shard version %d (1 = uint16, 2 = uint32 known)", path, h[1]);
+        goto out;
+    }
+    size_t w = h[1] == 1 ? 2 : 4, n = (uint32_t)h[2];
+    if (len != sizeof h + n * w) {
+        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: header says %zu tokens of %zu bytes but the file has %zu bytes", path, n,
+                      w, len);
+        goto out;
+    }
+    ds->tokens = malloc(n * sizeof(int));
+    if (!ds->tokens) {
+        rc = DFM_FAIL(DFM_ENOMEM, "%zu tokens", n);
+        goto out;
+    }
+    const uint8_t *p = (const uint8_t *)buf + sizeof h;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v;
+        if (w == 2) {
+            uint16_t s;
+            memcpy(&s, p + 2 * i, 2);
+            v = s;
+        } else {
+            memcpy(&v, p + 4 * i, 4);
+        }
+        if (v > 0x7fffffffu) {
+            rc = DFM_FAIL(DFM_EFORMAT, "%s: token %zu = %u is out of range", path, i, v);
+            goto out;
+        }
+        ds->tokens[i] = (int)v;
+        if (v > ds->max_token) ds->max_token = v;
+    }
+    ds->n_tokens = n;
+out:
+    free(buf);
+    return rc;
+}
+
+static int load_run(const char *dir, DataSet *ds) {
+    dfm_chunk_set *set;
+    DFM_TRY(dfm_chunk_set_open(dir, &set));
+    size_t L = set->chunk_len, n = (size_t)set->n_chunks * L;
+    ds->tokens = malloc((n ? n : 1) * sizeof(int));
+    if (!ds->tokens) {
+        dfm_chunk_set_close(set);
+        return DFM_FAIL(DFM_ENOMEM, "%zu tokens", n);
+    }
+    for (uint64_t c = 0; c < set->n_chunks; c++) {
+        const dfm_chunk_meta *meta;
+        const uint32_t *tok;
+        int rc = dfm_chunk_set_get(set, c, &meta, &tok);
+        if (rc) {
+            dfm_chunk_set_close(set);
+            return rc;
+        }
+        for (size_t j = 0; j < L; j++) {
+            ds->tokens[c * L + j] = (int)tok[j];
+            if (tok[j] > ds->max_token) ds->max_token = tok[j];
+        }
+    }
+    ds->n_tokens = n;
+    ds->chunk_len = (int)L;
+    ds->tokenizer_hash = set->n_shards ? set->shards[0]->hdr.tokenizer_hash : 0;
+    dfm_chunk_set_close(set);
+    return DFM_OK;
+}
+
+int data_open(const char *path, int T, DataSet *ds) {
+    memset(ds, 0, sizeof *ds);
+    if (T <= 0) return DFM_FAIL(DFM_EARG, "sequence length %d must be positive", T);
+    char *man = dfm_path_join(path, "manifest.json");
+    int is_run = man && dfm_path_exists(man);
+    free(man);
+    int rc = is_run ? load_run(path, ds) : load_bin(path, ds);
+    if (rc) {
+        dfm_error_prefix("while loading tokens from %s", path);
+        data_close(ds);
+        return rc;
+    }
+    ds->T = T;
+    ds->n_seq = ds->n_tokens > 1 ? (ds->n_tokens - 1) / T : 0;
+    if (ds->n_seq < 2) {
+        size_t have = ds->n_tokens;
+        data_close(ds);
+        return DFM_FAIL(DFM_EARG, "%s: %zu tokens make fewer than 2 sequences of %d. HINT: more data or --seq-len",
+                        path, have, T);
+    }
+    DFM_LOG_I("data: %zu tokens from %s, %zu sequences of %d, max token id %u", ds->n_tokens, path, ds->n_seq, T,
+              ds->max_token);
+    return DFM_OK;
+}
+
+static int open_targets_file(const char *path, TargetSource *ts, int L, int *K, int *d) {
+    char *buf;
+    size_t len;
+    DFM_TRY(dfm_read_file(path, &buf, &len));
+    ts->file = (uint8_t *)buf;
+    ts->file_bytes = len;
+    if (len < TGT_HEADER || memcmp(buf, TGT_MAGIC, 8))
+        return DFM_FAIL(DFM_EFORMAT, "%s is not a targets file (magic %s). HINT: --targets takes a targets file "
+                        "or a run folder with a targets stage", path, TGT_MAGIC);
+    uint32_t ver, k, dd, cl;
+    uint64_t n, ck;
+    memcpy(&ver, buf + 8, 4);
+    memcpy(&k, buf + 12, 4);
+    memcpy(&dd, buf + 16, 4);
+    memcpy(&cl, buf + 20, 4);
+    memcpy(&n, buf + 24, 8);
+    memcpy(&ck, buf + 32, 8);
+    if (ver != 1) return DFM_FAIL(DFM_EVERSION, "%s: targets file version %u (1 known)", path, ver);
+    if (!k || !dd || k > 4096 || dd > 65536) return DFM_FAIL(DFM_EFORMAT, "%s: k %u, d %u out of range", path, k, dd);
+    size_t payload = (size_t)n * k + (size_t)n * k * dd * 4;
+    if (len != TGT_HEADER + payload)
+        return DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, header says %zu", path, len, TGT_HEADER + payload);
+    if (dfm_checksum64(buf + TGT_HEADER, payload) != ck)
+        return DFM_FAIL(DFM_ECHECKSUM, "%s: payload checksum mismatch (file corrupt)", path);
+    if ((int)cl != L)
+        return DFM_FAIL(DFM_EMISMATCH, "%s: targets were built for chunks of %u tokens, the model uses %d. "
+                        "HINT: --chunk-len %u", path, cl, L, cl);
+    ts->mask = (const uint8_t *)buf + TGT_HEADER;
+    ts->emb = (const float *)(void *)(buf + TGT_HEADER + (size_t)n * k);
+    ts->n_chunks = n;
+    *K = (int)k;
+    *d = (int)dd;
+    return DFM_OK;
+}
+
+int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int L, int want_k, int want_d) {
+    if (ds->chunk_len && ds->chunk_len != L)
+        return DFM_FAIL(DFM_EMISMATCH, "tokens are cut in chunks of %d, the model uses %d. HINT: --chunk-len %d",
+                        ds->chunk_len, L, ds->chunk_len);
+    if (ds->T % L) return DFM_FAIL(DFM_EARG, "sequence length %d is not a multiple of the chunk length %d", ds->T, L);
+    TargetSource *ts = calloc(1, sizeof *ts);
+    if (!ts) return DFM_FAIL(DFM_ENOMEM, "targets");
+    ds->tgt = ts;
+    char *man = dfm_path_join(path, "manifest.json");
+    int is_run = man && dfm_path_exists(man);
+    free(man);
+    int rc;
+    if (is_run) {
+        dfm_target_open_opts o = {.tokens_run = tokens_run, .k = (uint32_t)(want_k > 0 ? want_k : 0),
+                                  .d = (uint32_t)(want_d > 0 ? want_d : 0), .prefetch = -1};
+        rc = dfm_target_reader_open(path, &o, &ts->reader);
+        if (!rc) {
+            const dfm_target_info *inf = dfm_target_reader_info(ts->reader);
+            ds->K = (int)inf->k;
+            ds->d = (int)inf->d;
+            ts->n_chunks = inf->n_chunks;
+            ts->ids = calloc(inf->k, sizeof(int64_t));
+            ts->scores = calloc(inf->k, sizeof(float));
+        }
+    } else {
+        rc = open_targets_file(path, ts, L, &ds->K, &ds->d);
+    }
+    if (!rc && want_k > 0 && ds->K != want_k)
+        rc = DFM_FAIL(DFM_EMISMATCH, "%s has K = %d slots, the model %d. HINT: --slots %d", path, ds->K, want_k, ds->K);
+    if (!rc && want_d > 0 && ds->d != want_d)
+        rc = DFM_FAIL(DFM_EMISMATCH, "%s has d = %d, the model %d. HINT: --d-mem %d", path, ds->d, want_d, ds->d);
+    if (!rc && ts->n_chunks * (uint64_t)L < (uint64_t)ds->n_seq * ds->T)
+        rc = DFM_FAIL(DFM_EMISMATCH, "%s has targets for %llu chunks, the tokens need %zu", path,
+                      (unsigned long long)ts->n_chunks, ds->n_seq * ds->T / L);
+    if (rc) dfm_error_prefix("while opening targets %s", path);
+    return rc;
+}
+
+void data_close(DataSet *ds) {
+    if (!ds) return;
+    free(ds->tokens);
+    if (ds->tgt) {
+        free(ds->tgt->file);
+        dfm_target_reader_close(ds->tgt->reader);
+        free(ds->tgt->ids);
+        free(ds->tgt->scores);
+        free(ds->tgt);
+    }
+    memset(ds, 0, sizeof *ds);
+}
+
+int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *targets, float *tmem,
+               uint8_t *tmask) {
+    int T = ds->T;
+    for (int b = 0; b < B; b++) {
+        if (idx[b] >= ds->n_seq) return DFM_FAIL(DFM_ERANGE, "sequence %zu of %zu", idx[b], ds->n_seq);
+        const int *src = ds->tokens + idx[b] * T;
+        memcpy(inputs + (size_t)b * T, src, T * sizeof(int));
+        memcpy(targets + (size_t)b * T, src + 1, T * sizeof(int));
+    }
+    if (!tmem || !tmask || !ds->tgt) return DFM_OK;
+    TargetSource *ts = ds->tgt;
+    int NC = T / L, K = ds->K, d = ds->d;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < NC; c++) {
+            uint64_t chunk = (uint64_t)idx[b] * NC + c;
+            size_t row = ((size_t)b * NC + c) * K;
+            if (ts->reader) {
+                dfm_trec rec = {.ids = ts->ids, .scores = ts->scores, .emb = tmem + row * d};
+                DFM_TRY(dfm_target_reader_get(ts->reader, chunk, &rec));
+                for (int j = 0; j < K; j++) tmask[row + j] = (rec.mask >> j) & 1;
+            } else {
+                memcpy(tmask + row, ts->mask + chunk * K, K);
+                memcpy(tmem + row * d, (const uint8_t *)ts->emb + chunk * K * d * sizeof(float),
+                       (size_t)K * d * sizeof(float));
+            }
+            if (c == 0) memset(tmask + row, 0, K); /* the first chunk of a sequence has no target */
+        }
+    return DFM_OK;
+}
+
+int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_len, uint64_t n_chunks,
+                       const uint8_t *mask, const float *emb) {
+    uint8_t h[TGT_HEADER] = {0};
+    size_t nm = (size_t)n_chunks * k, ne = (size_t)n_chunks * k * d * 4;
+    uint8_t *payload = malloc(nm + ne);
+    if (!payload) return DFM_FAIL(DFM_ENOMEM, "targets payload");
+    memcpy(payload, mask, nm);
+    memcpy(payload + nm, emb, ne);
+    uint32_t ver = 1;
+    uint64_t ck = dfm_checksum64(payload, nm + ne);
+    memcpy(h, TGT_MAGIC, 8);
+    memcpy(h + 8, &ver, 4);
+    memcpy(h + 12, &k, 4);
+    memcpy(h + 16, &d, 4);
+    memcpy(h + 20, &chunk_len, 4);
+    memcpy(h + 24, &n_chunks, 8);
+    memcpy(h + 32, &ck, 8);
+    dfm_atomic_file f = {0};
+    int rc = dfm_atomic_open(&f, path);
+    if (!rc) rc = dfm_atomic_write(&f, h, sizeof h);
+    if (!rc) rc = dfm_atomic_write(&f, payload, nm + ne);
+    if (!rc) rc = dfm_atomic_commit(&f);
+    else dfm_atomic_abort(&f);
+    free(payload);
+    return rc;
+}
+
+int tokens_bin_write(const char *path, const uint32_t *tokens, size_t n) {
+    if (n > 0x7fffffff) return DFM_FAIL(DFM_ERANGE, "%zu tokens do not fit one shard", n);
+    int32_t h[256] = {BIN_MAGIC, 2, (int32_t)n};
+    dfm_atomic_file f = {0};
+    int rc = dfm_atomic_open(&f, path);
+    if (!rc) rc = dfm_atomic_write(&f, h, sizeof h);
+    if (!rc) rc = dfm_atomic_write(&f, tokens, n * 4);
+    if (!rc) rc = dfm_atomic_commit(&f);
+    else dfm_atomic_abort(&f);
+    return rc;
+}
+
+/* ---- loader ---------------------------------------------------------------------------------------- */
+static void make_order(Loader *l) {
+    for (size_t i = 0; i < l->count; i++) l->order[i] = l->first + i;
+    if (!l->shuffle) return;
+    dfm_rng r;
+    rng_seed(&r, l->seed * 1000003ull + l->epoch);
+    for (size_t i = l->count; i > 1; i--) {
+        size_t j = rng_u32(&r) % i;
+        size_t t = l->order[i - 1];
+        l->order[i - 1] = l->order[j];
+        l->order[j] = t;
+    }
+}
+
+int loader_init(Loader *l, size_t first, size_t count, uint64_t seed, int shuffle) {
+    memset(l, 0, sizeof *l);
+    if (!count) return DFM_FAIL(DFM_EARG, "empty data split");
+    l->order = malloc(count * sizeof(size_t));
+    if (!l->order) return DFM_FAIL(DFM_ENOMEM, "loader");
+    l->first = first;
+    l->count = count;
+    l->seed = seed;
+    l->shuffle = shuffle;
+    make_order(l);
+    return DFM_OK;
+}
+
+void loader_seek(Loader *l, uint64_t epoch, size_t pos) {
+    l->epoch = epoch;
+    l->pos = pos % l->count;
+    make_order(l);
+}
+
+void loader_next(Loader *l, int B, size_t *idx) {
+    for (int b = 0; b < B; b++) {
+        if (l->pos >= l->count) {
+            l->epoch++;
+            l->pos = 0;
+            make_order(l);
+        }
+        idx[b] = l->order[l->pos++];
+    }
+}
+
+void loader_free(Loader *l) {
+    free(l->order);
+    l->order = NULL;
+}

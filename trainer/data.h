@@ -1,0 +1,77 @@
+/* data.h — the trainer's data: a token stream cut into sequences, their chunks' target memory, and a
+ * deterministic shuffling loader with a held-out split.
+ *
+ * Tokens (--data PATH), one of:
+ *   - a run folder of `dfm chunk` (PATH/manifest.json): the chunk shards in chunk-id order
+ *     (schemas/chunk_shard.h); token position p belongs to chunk p / L;
+ *   - an llm.c-style token shard: 256 int32 header {20240520, version, n_tokens, 0...}, then n_tokens
+ *     ids as uint16 (version 1) or uint32 (version 2), little-endian.
+ * Sequence i is tokens [i*T, i*T+T) with next-token targets [i*T+1, i*T+T+1) (the stream continues
+ * into the next sequence), so there are (n_tokens - 1) / T sequences; T must be a multiple of L.
+ *
+ * Target memory (--targets PATH), one of:
+ *   - a run folder with a complete "targets" stage, read through shard/target_reader.h (random access
+ *     by chunk id, checked against the token run's manifest);
+ *   - a simple targets file (tests, synthetic demos), documented here:
+ *       64-byte header: char magic[8] "DFMTGTS1"; u32 version (1); u32 k; u32 d; u32 chunk_len;
+ *       u64 n_chunks; u64 payload_checksum (XXH3-64 of the payload); u8 reserved[24] (zero)
+ *       payload: n_chunks*k mask bytes (1 = valid slot), then n_chunks*k*d float32 little-endian.
+ * Chunk 0 of every sequence has no target (its mask is forced to 0, design §1).
+ */
+#ifndef DFM_TRAINER_DATA_H
+#define DFM_TRAINER_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct TargetSource TargetSource;
+
+typedef struct {
+    int *tokens;          /* [n_tokens] */
+    size_t n_tokens;
+    int T;                /* sequence length */
+    size_t n_seq;
+    uint32_t max_token;   /* largest id seen */
+    int chunk_len;        /* from a chunk run (0 for a .bin shard) */
+    uint64_t tokenizer_hash;
+    TargetSource *tgt;    /* NULL without targets */
+    int K, d;             /* of the targets */
+} DataSet;
+
+/* Load tokens from PATH (see above) for sequences of T tokens. */
+int data_open(const char *path, int T, DataSet *ds);
+/* Attach targets (file or run folder). chunk_len L of the model; K, d are taken from the targets
+ * (and checked against want_k / want_d when > 0). tokens_run: the token run folder (for the target
+ * reader's manifest check) or NULL. */
+int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int L, int want_k, int want_d);
+void data_close(DataSet *ds);
+
+/* Fill a batch of sequences idx[0..B): inputs/targets [B*T]; with targets attached, tmem
+ * [B*NC*K*d] and tmask [B*NC*K] (NC = T / L) too (may be NULL to skip). */
+int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *targets, float *tmem,
+               uint8_t *tmask);
+
+/* Write the simple targets file (atomically). mask [n_chunks*k], emb [n_chunks*k*d]. */
+int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_len, uint64_t n_chunks,
+                       const uint8_t *mask, const float *emb);
+/* Write an llm.c-style token shard (version 2, uint32). */
+int tokens_bin_write(const char *path, const uint32_t *tokens, size_t n);
+
+/* Deterministic loader over sequences [first, first + count): a fresh permutation per epoch drawn
+ * from (seed, epoch); position (epoch, pos) is all the state a checkpoint needs. */
+typedef struct {
+    size_t first, count;
+    size_t *order;
+    uint64_t seed, epoch;
+    size_t pos;
+    int shuffle;
+} Loader;
+
+int loader_init(Loader *l, size_t first, size_t count, uint64_t seed, int shuffle);
+/* Jump to (epoch, pos), rebuilding that epoch's permutation. */
+void loader_seek(Loader *l, uint64_t epoch, size_t pos);
+/* Next B sequence indices (wraps into the next epoch). */
+void loader_next(Loader *l, int B, size_t *idx);
+void loader_free(Loader *l);
+
+#endif

@@ -1,0 +1,505 @@
+/* ops.c — CPU fp32 kernels of the trainer (see ops.h for the conventions). */
+#include "trainer/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void vec_add(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+void vec_zero(float *x, size_t n) { memset(x, 0, n * sizeof(float)); }
+
+/* ---- matmul ------------------------------------------------------------------------------------- */
+void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                    int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+    if (bias) {
+#pragma omp parallel for if ((size_t)N * OC > 65536)
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                     const float *weight, int N, int C, int OC) {
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp,
+                    C);
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    if (dbias) {
+#pragma omp parallel for if ((size_t)N * OC > 65536)
+        for (int o = 0; o < OC; o++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+            dbias[o] += s;
+        }
+    }
+}
+
+/* ---- embedding ---------------------------------------------------------------------------------- */
+void embedding_forward(float *out, const int *tokens, const float *wte, int N, int C) {
+#pragma omp parallel for if (N > 256)
+    for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, C * sizeof(float));
+}
+
+void embedding_backward(float *dwte, const float *dout, const int *tokens, int N, int C) {
+    /* serial over rows (repeated tokens would race), parallel over channels */
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++) dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------------ */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        for (int c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
+                      const float *rstd, int N, int C) {
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float r = rstd[n];
+        double dot = 0.0; /* mean(dnorm * xhat) */
+        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * x[c] * r;
+        float m = (float)(dot / C);
+        for (int c = 0; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * r * m);
+    }
+    if (dweight) {
+#pragma omp parallel for if ((size_t)N * C > 65536)
+        for (int c = 0; c < C; c++) {
+            float s = 0.0f;
+            for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+            dweight[c] += s;
+        }
+    }
+}
+
+/* ---- LayerNorm ---------------------------------------------------------------------------------- */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                       const float *bias, int N, int C, float eps) {
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C;
+        float *y = out + (size_t)n * C;
+        double m = 0.0, v = 0.0;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        for (int c = 0; c < C; c++) v += ((double)x[c] - m) * ((double)x[c] - m);
+        v /= C;
+        float r = (float)(1.0 / sqrt(v + eps)), mf = (float)m;
+        for (int c = 0; c < C; c++) y[c] = (x[c] - mf) * r * weight[c] + bias[c];
+        mean[n] = mf;
+        rstd[n] = r;
+    }
+}
+
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+        float *dx = dinp + (size_t)n * C;
+        float m = mean[n], r = rstd[n];
+        double dn_mean = 0.0, dnx_mean = 0.0;
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * r, dn = dy[c] * weight[c];
+            dn_mean += dn;
+            dnx_mean += (double)dn * xh;
+        }
+        float a = (float)(dn_mean / C), b = (float)(dnx_mean / C);
+        for (int c = 0; c < C; c++) {
+            float xh = (x[c] - m) * r;
+            dx[c] += r * (dy[c] * weight[c] - a - xh * b);
+        }
+    }
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int c = 0; c < C; c++) {
+        float sw = 0.0f, sb = 0.0f;
+        for (int n = 0; n < N; n++) {
+            float dy = dout[(size_t)n * C + c];
+            sw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            sb += dy;
+        }
+        if (dweight) dweight[c] += sw;
+        if (dbias) dbias[c] += sb;
+    }
+}
+
+/* ---- RoPE --------------------------------------------------------------------------------------- */
+void rope_tables(float *cos_t, float *sin_t, int T, int hd, float theta) {
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        /* as HF: inv_freq computed in fp32, angle = pos * inv_freq in fp32 */
+        float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+        for (int t = 0; t < T; t++) {
+            float a = (float)t * inv;
+            cos_t[(size_t)t * half + i] = cosf(a);
+            sin_t[(size_t)t * half + i] = sinf(a);
+        }
+    }
+}
+
+void rope_forward(float *out, const float *inp, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                  int hd) {
+    int half = hd / 2;
+#pragma omp parallel for if ((size_t)B * T * nh * hd > 65536)
+    for (int r = 0; r < B * T; r++) {
+        int t = r % T;
+        const float *cs = cos_t + (size_t)t * half, *sn = sin_t + (size_t)t * half;
+        for (int h = 0; h < nh; h++) {
+            const float *x = inp + ((size_t)r * nh + h) * hd;
+            float *y = out + ((size_t)r * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float x1 = x[i], x2 = x[i + half];
+                y[i] = x1 * cs[i] - x2 * sn[i];
+                y[i + half] = x2 * cs[i] + x1 * sn[i];
+            }
+        }
+    }
+}
+
+void rope_backward(float *dinp, const float *dout, const float *cos_t, const float *sin_t, int B, int T,
+                   int nh, int hd) {
+    int half = hd / 2;
+#pragma omp parallel for if ((size_t)B * T * nh * hd > 65536)
+    for (int r = 0; r < B * T; r++) {
+        int t = r % T;
+        const float *cs = cos_t + (size_t)t * half, *sn = sin_t + (size_t)t * half;
+        for (int h = 0; h < nh; h++) {
+            const float *dy = dout + ((size_t)r * nh + h) * hd;
+            float *dx = dinp + ((size_t)r * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                float d1 = dy[i], d2 = dy[i + half];
+                dx[i] += d1 * cs[i] + d2 * sn[i];
+                dx[i + half] += d2 * cs[i] - d1 * sn[i];
+            }
+        }
+    }
+}
+
+/* ---- causal GQA self-attention -------------------------------------------------------------------
+ * Per (sequence, head): scores and products are sgemm calls on strided views of q/k/v (a head's rows
+ * are hd floats every nh*hd), the causal softmax runs row-parallel. The full T x T product is computed
+ * and the upper triangle zeroed: BLAS on the square beats a scalar triangle by far. */
+void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                       int nh, int nkv, int hd) {
+    int grp = nh / nkv;
+    size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / grp;
+            const float *qh = q + (size_t)b * T * qs + (size_t)h * hd;
+            const float *khp = k + (size_t)b * T * ks + (size_t)kh * hd;
+            const float *vh = v + (size_t)b * T * ks + (size_t)kh * hd;
+            float *p = att + ((size_t)b * nh + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qh, (int)qs, khp, (int)ks, 0.0f,
+                        p, T);
+#pragma omp parallel for if ((size_t)T * T > 16384)
+            for (int t = 0; t < T; t++) {
+                float *pr = p + (size_t)t * T;
+                float mx = -INFINITY;
+                for (int u = 0; u <= t; u++)
+                    if (pr[u] > mx) mx = pr[u];
+                float sum = 0.0f;
+                for (int u = 0; u <= t; u++) {
+                    pr[u] = expf(pr[u] - mx);
+                    sum += pr[u];
+                }
+                float inv = 1.0f / sum;
+                for (int u = 0; u <= t; u++) pr[u] *= inv;
+                for (int u = t + 1; u < T; u++) pr[u] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vh, (int)ks, 0.0f,
+                        out + (size_t)b * T * qs + (size_t)h * hd, (int)qs);
+        }
+}
+
+void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
+                        const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd) {
+    int grp = nh / nkv;
+    size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / grp;
+            const float *qh = q + (size_t)b * T * qs + (size_t)h * hd;
+            const float *khp = k + (size_t)b * T * ks + (size_t)kh * hd;
+            const float *vh = v + (size_t)b * T * ks + (size_t)kh * hd;
+            const float *doh = dout + (size_t)b * T * qs + (size_t)h * hd;
+            float *dqh = dq + (size_t)b * T * qs + (size_t)h * hd;
+            float *dkh = dk + (size_t)b * T * ks + (size_t)kh * hd;
+            float *dvh = dv + (size_t)b * T * ks + (size_t)kh * hd;
+            const float *p = att + ((size_t)b * nh + h) * T * T;
+            float *dp = datt + ((size_t)b * nh + h) * T * T;
+            /* dV += P^T dO;  dP = dO V^T */
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, doh, (int)qs, 1.0f, dvh,
+                        (int)ks);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, doh, (int)qs, vh, (int)ks, 0.0f,
+                        dp, T);
+            /* softmax backward in place: dS = P * (dP - sum(P * dP)) * scale (zero above the diagonal) */
+#pragma omp parallel for if ((size_t)T * T > 16384)
+            for (int t = 0; t < T; t++) {
+                const float *pr = p + (size_t)t * T;
+                float *dr = dp + (size_t)t * T;
+                float pdp = 0.0f;
+                for (int u = 0; u <= t; u++) pdp += pr[u] * dr[u];
+                for (int u = 0; u <= t; u++) dr[u] = pr[u] * (dr[u] - pdp) * scale;
+                for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
+            }
+            /* dQ += dS K;  dK += dS^T Q */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dp, T, khp, (int)ks, 1.0f, dqh,
+                        (int)qs);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dp, T, qh, (int)qs, 1.0f, dkh,
+                        (int)ks);
+        }
+}
+
+/* ---- SwiGLU / GELU ------------------------------------------------------------------------------ */
+void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+        float silu = g * s;
+        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] += dout[i] * silu;
+    }
+}
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + erff(x * (float)M_SQRT1_2));
+    }
+}
+
+void gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+    const float inv_sqrt_2pi = 0.3989422804014327f;
+#pragma omp parallel for if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float cdf = 0.5f * (1.0f + erff(x * (float)M_SQRT1_2));
+        float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+        dinp[i] += dout[i] * (cdf + x * pdf);
+    }
+}
+
+/* ---- chunk cross-attention + gate ---------------------------------------------------------------- */
+void crossattn_forward(float *out, float *p, const float *q, const float *km, const float *vm,
+                       const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd) {
+    int NC = T / L;
+    size_t C = (size_t)nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel for if ((size_t)B * T * C * K > 262144)
+    for (int r = 0; r < B * T; r++) {
+        int b = r / T, c = (r % T) / L;
+        size_t m0 = ((size_t)b * NC + c) * K;
+        for (int h = 0; h < nh; h++) {
+            const float *qr = q + (size_t)r * C + (size_t)h * hd;
+            float *pr = p + ((size_t)r * nh + h) * K;
+            float *o = out + (size_t)r * C + (size_t)h * hd;
+            float mx = -INFINITY;
+            for (int j = 0; j < K; j++) {
+                if (!slot_mask[m0 + j]) continue;
+                const float *kj = km + (m0 + j) * C + (size_t)h * hd;
+                float s = 0.0f;
+                for (int i = 0; i < hd; i++) s += qr[i] * kj[i];
+                s *= scale;
+                pr[j] = s;
+                if (s > mx) mx = s;
+            }
+            for (int i = 0; i < hd; i++) o[i] = 0.0f;
+            if (mx == -INFINITY) { /* no memory for this chunk */
+                for (int j = 0; j < K; j++) pr[j] = 0.0f;
+                continue;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j < K; j++) {
+                pr[j] = slot_mask[m0 + j] ? expf(pr[j] - mx) : 0.0f;
+                sum += pr[j];
+            }
+            float inv = 1.0f / sum;
+            for (int j = 0; j < K; j++) {
+                pr[j] *= inv;
+                if (pr[j] == 0.0f) continue;
+                const float *vj = vm + (m0 + j) * C + (size_t)h * hd;
+                for (int i = 0; i < hd; i++) o[i] += pr[j] * vj[i];
+            }
+        }
+    }
+}
+
+void crossattn_backward(float *dq, float *dkm, float *dvm, const float *dout, const float *p, const float *q,
+                        const float *km, const float *vm, int B, int T, int L, int K, int nh, int hd) {
+    int NC = T / L;
+    size_t C = (size_t)nh * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    /* parallel over (b, chunk): the L tokens of a chunk write the same memory rows */
+#pragma omp parallel for collapse(2) if ((size_t)B * T * C * K > 262144)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < NC; c++) {
+            size_t m0 = ((size_t)b * NC + c) * K;
+            for (int s = c * L; s < (c + 1) * L; s++) {
+                size_t r = (size_t)b * T + s;
+                for (int h = 0; h < nh; h++) {
+                    const float *pr = p + (r * nh + h) * K;
+                    const float *dor = dout + r * C + (size_t)h * hd;
+                    const float *qr = q + r * C + (size_t)h * hd;
+                    float *dqr = dq + r * C + (size_t)h * hd;
+                    float dp[K > 0 ? K : 1];
+                    float pdp = 0.0f;
+                    for (int j = 0; j < K; j++) {
+                        dp[j] = 0.0f;
+                        if (pr[j] == 0.0f) continue;
+                        const float *vj = vm + (m0 + j) * C + (size_t)h * hd;
+                        float *dvj = dvm + (m0 + j) * C + (size_t)h * hd;
+                        float acc = 0.0f;
+                        for (int i = 0; i < hd; i++) {
+                            acc += dor[i] * vj[i];
+                            dvj[i] += pr[j] * dor[i];
+                        }
+                        dp[j] = acc;
+                        pdp += pr[j] * acc;
+                    }
+                    for (int j = 0; j < K; j++) {
+                        if (pr[j] == 0.0f) continue;
+                        float ds = pr[j] * (dp[j] - pdp) * scale;
+                        const float *kj = km + (m0 + j) * C + (size_t)h * hd;
+                        float *dkj = dkm + (m0 + j) * C + (size_t)h * hd;
+                        for (int i = 0; i < hd; i++) {
+                            dqr[i] += ds * kj[i];
+                            dkj[i] += ds * qr[i];
+                        }
+                    }
+                }
+            }
+        }
+}
+
+void gate_forward(float *out, float *g, const float *gl, const float *h, const float *o, int N, int C, int G) {
+    int per = C / G;
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++) {
+        for (int j = 0; j < G; j++) g[(size_t)n * G + j] = 1.0f / (1.0f + expf(-gl[(size_t)n * G + j]));
+        for (int c = 0; c < C; c++)
+            out[(size_t)n * C + c] = h[(size_t)n * C + c] + g[(size_t)n * G + c / per] * o[(size_t)n * C + c];
+    }
+}
+
+void gate_backward(float *dh, float *dgl, float *d_o, const float *dout, const float *g, const float *o, int N,
+                   int C, int G) {
+    int per = C / G;
+#pragma omp parallel for if ((size_t)N * C > 65536)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < G; j++) {
+            float gj = g[(size_t)n * G + j], acc = 0.0f;
+            for (int c = j * per; c < (j + 1) * per; c++) {
+                float d = dout[(size_t)n * C + c];
+                if (dh) dh[(size_t)n * C + c] += d;
+                d_o[(size_t)n * C + c] += d * gj;
+                acc += d * o[(size_t)n * C + c];
+            }
+            dgl[(size_t)n * G + j] += acc * gj * (1.0f - gj);
+        }
+}
+
+/* ---- chunk pooling -------------------------------------------------------------------------------- */
+void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C) {
+    int NC = T / L;
+    float inv = 1.0f / (float)L;
+#pragma omp parallel for collapse(2) if ((size_t)B * T * C > 65536)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < NC; c++) {
+            float *o = out + ((size_t)b * NC + c) * C;
+            for (int i = 0; i < C; i++) o[i] = 0.0f;
+            if (c == 0) continue;
+            for (int s = (c - 1) * L; s < c * L; s++) {
+                const float *e = h + ((size_t)b * T + s) * C;
+                for (int i = 0; i < C; i++) o[i] += e[i];
+            }
+            for (int i = 0; i < C; i++) o[i] *= inv;
+        }
+}
+
+/* ---- fused LM head + cross-entropy ----------------------------------------------------------------- */
+double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, const float *x, const float *weight,
+                                  const int *targets, int N, int C, int V, float dloss, float *scratch) {
+    double total = 0.0;
+    int need_grad = dx || dweight;
+    for (int r0 = 0; r0 < N; r0 += CE_ROWS_BLOCK) {
+        int R = N - r0 < CE_ROWS_BLOCK ? N - r0 : CE_ROWS_BLOCK;
+        const float *xb = x + (size_t)r0 * C;
+        matmul_forward(scratch, xb, weight, NULL, R, C, V);
+        double row_loss[CE_ROWS_BLOCK]; /* summed serially below: a fixed order, bit-reproducible */
+#pragma omp parallel for
+        for (int r = 0; r < R; r++) {
+            float *lg = scratch + (size_t)r * V;
+            float mx = -INFINITY;
+            for (int v = 0; v < V; v++)
+                if (lg[v] > mx) mx = lg[v];
+            int tgt = targets[r0 + r];
+            float lt = lg[tgt];
+            double sum = 0.0; /* one expf per logit, kept in place for the gradient */
+            for (int v = 0; v < V; v++) {
+                float e = expf(lg[v] - mx);
+                lg[v] = e;
+                sum += e;
+            }
+            double loss = log(sum) + mx - lt;
+            if (losses) losses[r0 + r] = (float)loss;
+            row_loss[r] = loss;
+            if (need_grad) {
+                float sc = (float)(1.0 / sum) * dloss;
+                for (int v = 0; v < V; v++) lg[v] *= sc;
+                lg[tgt] -= dloss;
+            }
+        }
+        double block_sum = 0.0;
+        for (int r = 0; r < R; r++) block_sum += row_loss[r];
+        total += block_sum;
+        if (need_grad) matmul_backward(dx ? dx + (size_t)r0 * C : NULL, dweight, NULL, scratch, xb, weight, R, C, V);
+    }
+    return total;
+}
+
+/* ---- MSE ------------------------------------------------------------------------------------------ */
+double mse_forward_backward(float *dpred, const float *pred, const float *target, const uint8_t *mask, int S,
+                            int D, float dloss) {
+    size_t nvalid = 0;
+    for (int s = 0; s < S; s++) nvalid += mask[s] != 0;
+    if (nvalid == 0) return 0.0;
+    double denom = (double)nvalid * D, sum = 0.0;
+    float g = (float)(2.0 / denom) * dloss;
+    for (int s = 0; s < S; s++) {
+        if (!mask[s]) continue;
+        const float *p = pred + (size_t)s * D, *t = target + (size_t)s * D;
+        for (int i = 0; i < D; i++) {
+            float d = p[i] - t[i];
+            sum += (double)d * d;
+            if (dpred) dpred[(size_t)s * D + i] += g * d;
+        }
+    }
+    return sum / denom;
+}

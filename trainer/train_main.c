@@ -1,0 +1,53 @@
+/* dfm-train — the DFM trainer (CPU fp32 reference path): pretrain a small backbone, train the DFM
+ * memory modules on top of a frozen one, evaluate, generate. 'dfm-train COMMAND --help' for each. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/mpiutil.h"
+#include "trainer/commands.h"
+
+typedef struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"pretrain", cmd_pretrain, "train a small Llama/Qwen3 decoder on token data, save a Hugging Face folder"},
+    {"train", cmd_train, "train predictor + projector + fusion on a frozen backbone with target memory"},
+    {"eval", cmd_eval, "held-out CE with predicted / no / target memory, MSE and cosine of the slots"},
+    {"generate", cmd_generate, "greedy decoding with memory predicted from the prompt and held fixed"},
+    {"synth", cmd_synth, "write a synthetic token shard + targets file with informative memory (tests, demos)"},
+    {"debug-state", cmd_debug_state, "write a tiny model's forward/backward state for the PyTorch parity test"},
+};
+
+static void usage(FILE *out) {
+    fprintf(out, "dfm-train — Deep Fusion Memory trainer (CPU fp32 reference)\n\nusage: dfm-train COMMAND [options]\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    dfm_log_init(-1);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(argv[1], commands[i].name)) continue;
+        int rc = commands[i].fn(argc - 1, argv + 1);
+        dfm_mpi_finalize();
+        if (rc < 0) {
+            fprintf(stderr, "dfm-train %s: error: %s\n", argv[1],
+                    dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
+            return 1;
+        }
+        return rc;
+    }
+    fprintf(stderr, "dfm-train: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
