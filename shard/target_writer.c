@@ -6,6 +6,8 @@
 #include "common/log.h"
 
 #include <errno.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <fcntl.h>
 #include <lmdb.h>
 #include <signal.h>
@@ -45,8 +47,18 @@ uint64_t dfm_target_map_estimate(const dfm_trec_params *p, uint64_t n) {
     return n * per + n * 64 + (4u << 20);
 }
 
+/* LMDB turns a short write (disk full, file-size limit) into EIO: look at the disk and the limit */
+static int out_of_space(const char *path) {
+    struct statvfs v;
+    struct rlimit lim;
+    if (statvfs(path, &v) == 0 && (uint64_t)v.f_bavail * v.f_frsize < (64u << 20)) return 1;
+    return getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY;
+}
+
 static int lmdb_fail(int rc, const char *what, const char *path) {
-    if (rc == ENOSPC) return DFM_FAIL(DFM_ENOSPACE, "%s %s: %s. HINT: free disk space and re-run; complete shards are kept", what, path, mdb_strerror(rc));
+    if (rc == ENOSPC || rc == EFBIG || rc == EDQUOT || (rc == EIO && out_of_space(path)))
+        return DFM_FAIL(DFM_ENOSPACE, "%s %s: %s: no space left on the disk or a file-size limit reached. HINT: free disk space (or raise the limit) and re-run; complete shards are kept",
+                        what, path, mdb_strerror(rc));
     return DFM_FAIL(DFM_ELMDB, "%s %s: %s", what, path, mdb_strerror(rc));
 }
 

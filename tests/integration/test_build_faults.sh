@@ -41,11 +41,11 @@ for point in $POINTS; do
   same_as_ref kill$i "$point: resumed run differs"; ok "killed at $point, re-run identical"
 done
 
-# a full disk (here: a 2 MB file-size limit) names the stage and the file; with space the run completes
+# a full disk (here: a 1 MB file-size limit) names the stage and the file; with space the run completes
 mkcfg disk
 # the limit applies to the dfm processes only (MPI's own shared-memory files need room)
-if mpirun -np 2 bash -c "ulimit -f 2048; exec '$DFM' build '$WORK/disk.json'" > "$WORK/disk.log" 2>&1; then
-  fail "build under a 2 MB file-size limit succeeded"
+if mpirun -np 2 bash -c "ulimit -f 1024; exec '$DFM' build '$WORK/disk.json'" > "$WORK/disk.log" 2>&1; then
+  fail "build under a 1 MB file-size limit succeeded"
 fi
 grep -qiE "no space|file-size|too large" "$WORK/disk.log" || { cat "$WORK/disk.log"; fail "full-disk error does not say so"; }
 grep -q "stage" "$WORK/disk.log" || fail "full-disk error does not name the stage"
