@@ -21,9 +21,11 @@ mkdir -p build/bench
 mpicc -std=c11 -O2 -g -D_GNU_SOURCE -pthread -I. -Ipipeline bench/bench_tokenizer.c build/libdfm.a \
   $(pkg-config --libs jansson libpcre2-8 libutf8proc libxxhash) -o build/bench/bench_tokenizer
 
-echo "tokenizer throughput: $(date -u +%F) $(uname -m), $(nproc) cores, ${MB} MB of $(basename "$CORPUS"), best of $REPS"
-echo "HF tokenizers $("$PY" -c 'import tokenizers; print(tokenizers.__version__)')"
-printf '%-10s %7s %12s %14s %12s %14s %8s\n' tokenizer threads "dfm MB/s" "dfm tokens/s" "HF MB/s" "HF tokens/s" "dfm/HF"
+echo "tokenizer throughput: $(date -u '+%F %T') UTC, $(uname -m), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "texts: first ${MB} MB of $(basename "$CORPUS"); best of $REPS passes after a warm-up; HF tokenizers $("$PY" -c 'import tokenizers; print(tokenizers.__version__)')"
+echo "MB/s = wall clock; MB/cpu-s = per second of process CPU time (all threads), which a busy shared machine disturbs less"
+printf '%-10s %3s %9s %12s %10s | %9s %12s %10s | %7s %9s\n' tokenizer thr "dfm MB/s" "dfm tok/s" "dfm MB/cpu" \
+  "HF MB/s" "HF tok/s" "HF MB/cpu" "wall x" "cpu x"
 for name in $TOKENIZERS; do
   tj=$DFM_CACHE/tokenizers/$name/tokenizer.json
   for t in $THREADS; do
@@ -33,7 +35,10 @@ for name in $TOKENIZERS; do
     if [ -z "$(get "$d" tokens)" ] || [ "$(get "$d" tokens)" != "$(get "$h" tokens)" ]; then
       echo "ERROR: $name: dfm made $(get "$d" tokens) tokens, HF $(get "$h" tokens)" >&2; exit 1
     fi
-    printf '%-10s %7s %12s %14s %12s %14s %7.2fx\n' "$name" "$t" "$(get "$d" MB/s)" "$(get "$d" tokens/s)" \
-      "$(get "$h" MB/s)" "$(get "$h" tokens/s)" "$(awk -v a="$(get "$d" MB/s)" -v b="$(get "$h" MB/s)" 'BEGIN{print a/b}')"
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1fx", a/b}'; }
+    printf '%-10s %3s %9s %12s %10s | %9s %12s %10s | %7s %9s\n' "$name" "$t" "$(get "$d" MB/s)" "$(get "$d" tokens/s)" \
+      "$(get "$d" MB/cpu-s)" "$(get "$h" MB/s)" "$(get "$h" tokens/s)" "$(get "$h" MB/cpu-s)" \
+      "$(ratio "$(get "$d" MB/s)" "$(get "$h" MB/s)")" "$(ratio "$(get "$d" MB/cpu-s)" "$(get "$h" MB/cpu-s)")"
   done
 done
+echo "same token count from dfm and HF in every row (checked)"

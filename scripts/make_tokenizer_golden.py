@@ -117,6 +117,8 @@ def hard_cases():
     add("thai", "สวัสดีครับ ภาษาไทยไม่มีช่องว่าง")
     add("greek_cyrillic", "Καλημέρα κόσμε — Привет, мир! ΣΊΣΥΦΟΣ")
     add("hebrew", "שלום עולם")
+    # letters and digits new in Unicode 15 (Kawi, Nag Mundari, CJK Ext. H): \p{L} / \p{N} tables must agree
+    add("unicode15", "a\U00031350b \U00011F04\U00011F05 \U0001E4D0\U0001E4D1 1\U0001E4F0\U0001E4F1 2 k\u0CF3 x\U00010EFD y")
     # combining accents: NFC vs NFD (NFC normalizer makes them differ for Qwen)
     add("accents/nfc", unicodedata.normalize("NFC", "café naïve résumé Ångström Ελληνικά ệ ǖ"))
     add("accents/nfd", unicodedata.normalize("NFD", "café naïve résumé Ångström Ελληνικά ệ ǖ"))
@@ -144,6 +146,7 @@ def hard_cases():
     add("special/eot_spaces", "a <|endoftext|> b  <|endoftext|>\n<|endoftext|>")
     add("special/llama", "<|begin_of_text|>Hi<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nyo<|end_of_text|>")
     add("special/qwen", "<|im_start|>user\nhi<|im_end|>\n<think>\nok\n</think> done <tool_call>x</tool_call>")
+    add("special/spm", "<s>Hello</s> world<unk>x </s>")  # SentencePiece specials; Metaspace "first" after <s>
     add("special/partial", "<|endoftext| <|endoftext <|endoftext|>|> <<|endoftext|>>")
     # empty, single chars
     add("empty", "")

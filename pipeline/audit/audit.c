@@ -89,19 +89,21 @@ int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, 
         char first[400];
         snprintf(first, sizeof first, "%s", dfm_last_error());
         dfm_error_clear();
-        /* same family, fewer lists: IVF<n> becomes IVF<sqrt(keys)> so the sample can train it */
+        /* same family, fewer lists: IVF<n> becomes IVF<keys/39> so the sample can train it */
         char scaled[256] = "";
         const char *ivf = strstr(want, "IVF");
         if (ivf && ivf[3] >= '0' && ivf[3] <= '9' && strlen(want) < 200) {
             const char *end = ivf + 3;
             while (*end >= '0' && *end <= '9') end++;
-            uint64_t nl = (uint64_t)floor(sqrt((double)n_keys));
+            /* ~39 training points per list (FAISS's minimum), at most 4*sqrt(N) as dfm index chooses */
+            uint64_t nl = n_keys / 39, cap = (uint64_t)llround(4.0 * sqrt((double)n_keys));
+            if (nl > cap) nl = cap;
             snprintf(scaled, sizeof scaled, "%.*s%llu%s", (int)(ivf + 3 - want), want, (unsigned long long)(nl ? nl : 1), end);
             rc = dfm_index_plan_make(scaled, n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
             if (rc) dfm_error_clear();
         }
         if (!rc) {
-            snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with sqrt(keys) lists: %s",
+            snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with keys/39 lists: %s",
                      want, (unsigned long long)n_keys, first, plan.factory);
         } else {
             rc = dfm_index_plan_make("auto", n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
@@ -152,7 +154,7 @@ int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, 
     side->build_s = dfm_now() - t0;
 
     /* one untimed search first (thread pool start-up, first touch), then repeat the whole query set
-     * while it is short (< 0.3 s in all, at most 5 times) and keep the fastest: a tiny sample must
+     * while it is short (< 0.5 s in all, at most 20 times) and keep the fastest: a tiny sample must
      * not be measured as FAISS's start-up cost */
     if (n_queries) {
         uint64_t nw = n_queries < 8 ? n_queries : 8;
@@ -161,7 +163,7 @@ int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, 
         if (rc) goto done;
     }
     double best = -1, spent = 0;
-    for (int rep = 0; rep < 5 && (rep == 0 || spent < 0.3); rep++) {
+    for (int rep = 0; rep < 20 && (rep == 0 || spent < 0.5); rep++) {
         double t1 = dfm_now();
         for (uint64_t q0 = 0; q0 < n_queries; q0 += block) {
             uint64_t nb = n_queries - q0 < block ? n_queries - q0 : block;

@@ -80,6 +80,10 @@ int dfm_cmd_tokenize(int argc, char **argv) {
         rc = DFM_FAIL(DFM_EARG, "--tokenizer is required. HINT: --tokenizer /var/cache/dfm/tokenizers/qwen2.5/tokenizer.json");
         goto done;
     }
+    if (jsonl && decode) {
+        rc = DFM_FAIL(DFM_EARG, "--jsonl and --decode cannot be combined. HINT: --decode reads ids separated by spaces");
+        goto done;
+    }
     if (npos > 1) {
         rc = DFM_FAIL(DFM_EARG, "expected at most one TEXT argument, got %d. HINT: quote the text", npos);
         goto done;
@@ -95,7 +99,7 @@ int dfm_cmd_tokenize(int argc, char **argv) {
         in_len = strlen(pos[0]);
         if (!input) { rc = DFM_FAIL(DFM_ENOMEM, "no memory"); goto done; }
     }
-    if (jsonl && !decode) {
+    if (jsonl) {
         size_t lineno = 0, rep = 0;
         for (char *line = input, *next; line && !rc; line = next) {
             next = strchr(line, '\n');

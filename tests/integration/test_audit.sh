@@ -81,7 +81,7 @@ expect_fail "retrieve.counts.items_kept" "$DFM" audit --compare "$WORK/a" "$WORK
 
 cp -r "$WORK/a" "$WORK/d"
 sed -e "s#$WORK/a#$WORK/d#" -e 's#"write-targets"#"retrieve": {"k": 8}, "write-targets"#' "$WORK/a.json" > "$WORK/d.json"
-mpirun -np 2 "$DFM" build "$WORK/d.json" --stages retrieve,write-targets --force > "$WORK/d.log" 2>&1 || { cat "$WORK/d.log"; fail "K=8 rebuild"; }
+mpirun -np 2 "$DFM" build "$WORK/d.json" --stages retrieve,write-targets > "$WORK/d.log" 2>&1 || { cat "$WORK/d.log"; fail "K=8 rebuild"; }
 expect_fail "items_kept" "$DFM" audit --compare "$WORK/a" "$WORK/d"
 "$DFM" audit "$WORK/d" --token-level-sample 1 --token-key-dim 512 > /dev/null 2>&1 || fail "audit of the K=8 run"
 check_json "$WORK/d/audit/audit.json" "$WORK/d/manifest.json" 8 512 || fail "audit.json (K=8)"

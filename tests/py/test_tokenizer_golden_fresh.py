@@ -9,10 +9,25 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 ROOT = os.environ.get("DFM_ROOT") or os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 CACHE = os.environ.get("DFM_CACHE", "/var/cache/dfm")
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
+
+
+
+def run_dfm(args, **kw):
+    """subprocess.run for build/dfm, retried a few times if the binary is being relinked right now
+    (parallel builds in the same tree: EACCES / ETXTBSY / ENOEXEC while the linker writes it)."""
+    for attempt in range(10):
+        try:
+            return subprocess.run([DFM] + args, capture_output=True, **kw)
+        except OSError:
+            if attempt == 9:
+                raise
+            time.sleep(1)
+
 
 fails = 0
 r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tokenizer_golden.py"), "--check",
@@ -39,14 +54,14 @@ else:
         for t in texts:
             want = hf.encode(t, add_special_tokens=False).ids
             all_ids += want
-            out = subprocess.run([DFM, "tokenize", "--tokenizer", path, "-"], input=t.encode(), capture_output=True)
+            out = run_dfm(["tokenize", "--tokenizer", path, "-"], input=t.encode())
             got = [int(x) for x in out.stdout.split()]
             if out.returncode != 0 or got != want:
                 print(f"FAIL {name} encode {t!r}: dfm {got} (rc {out.returncode}, {out.stderr.decode()[-200:]}), HF {want}")
                 fails += 1
         for skip in (False, True):  # one decode of all the ids, with and without special tokens
-            out = subprocess.run([DFM, "tokenize", "--tokenizer", path, "--decode"] + (["--skip-special"] if skip else [])
-                                 + [" ".join(map(str, all_ids))], capture_output=True)
+            out = run_dfm(["tokenize", "--tokenizer", path, "--decode"] + (["--skip-special"] if skip else [])
+                          + [" ".join(map(str, all_ids))])
             dec = out.stdout.decode()[:-1]  # the command adds one newline
             if out.returncode != 0 or dec != hf.decode(all_ids, skip_special_tokens=skip):
                 print(f"FAIL {name} decode (skip_special={skip}): dfm {dec!r}, HF "
@@ -67,7 +82,7 @@ if os.access(DFM, os.X_OK):
         path = os.path.join(CACHE, "tokenizers", name, "tokenizer.json")
         hf = Tokenizer.from_file(path)
         inp = "".join(json.dumps(t) + "\n" for t in rand_texts).encode()
-        out = subprocess.run([DFM, "tokenize", "--tokenizer", path, "--jsonl", "-"], input=inp, capture_output=True)
+        out = run_dfm(["tokenize", "--tokenizer", path, "--jsonl", "-"], input=inp)
         lines = out.stdout.decode().split("\n")
         bad = 0
         for i, t in enumerate(rand_texts):
