@@ -104,6 +104,13 @@ static int load_run(const char *dir, DataSet *ds) {
             ds->tokens[c * L + j] = (int)tok[j];
             if (tok[j] > ds->max_token) ds->max_token = tok[j];
         }
+        if (meta->n_valid < L) { /* filler after a document's end (doc-aligned runs) */
+            if (!ds->pad && !(ds->pad = calloc(n ? n : 1, 1))) {
+                dfm_chunk_set_close(set);
+                return DFM_FAIL(DFM_ENOMEM, "padding map of %zu tokens", n);
+            }
+            memset(ds->pad + c * L + meta->n_valid, 1, L - meta->n_valid);
+        }
     }
     ds->n_tokens = n;
     ds->chunk_len = (int)L;
@@ -213,6 +220,7 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
 void data_close(DataSet *ds) {
     if (!ds) return;
     free(ds->tokens);
+    free(ds->pad);
     if (ds->tgt) {
         free(ds->tgt->file);
         dfm_target_reader_close(ds->tgt->reader);
@@ -231,6 +239,11 @@ int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *t
         const int *src = ds->tokens + idx[b] * T;
         memcpy(inputs + (size_t)b * T, src, T * sizeof(int));
         memcpy(targets + (size_t)b * T, src + 1, T * sizeof(int));
+        if (ds->pad) { /* no target where the input or the next token is padding */
+            const uint8_t *pd = ds->pad + idx[b] * T;
+            for (int t = 0; t < T; t++)
+                if (pd[t] || pd[t + 1]) targets[(size_t)b * T + t] = -1;
+        }
     }
     if (!tmem || !tmask || !ds->tgt) return DFM_OK;
     TargetSource *ts = ds->tgt;

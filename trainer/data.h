@@ -8,6 +8,8 @@
  *     ids as uint16 (version 1) or uint32 (version 2), little-endian.
  * Sequence i is tokens [i*T, i*T+T) with next-token targets [i*T+1, i*T+T+1) (the stream continues
  * into the next sequence), so there are (n_tokens - 1) / T sequences; T must be a multiple of L.
+ * In doc-aligned chunk runs the filler after a chunk's n_valid tokens gets no target (-1), nor does the
+ * position before a filler token.
  *
  * Target memory (--targets PATH), one of:
  *   - a run folder with a complete "targets" stage, read through shard/target_reader.h (random access
@@ -28,6 +30,7 @@ typedef struct TargetSource TargetSource;
 
 typedef struct {
     int *tokens;          /* [n_tokens] */
+    uint8_t *pad;         /* [n_tokens] 1 = padding filler (doc-aligned chunk runs), or NULL */
     size_t n_tokens;
     int T;                /* sequence length */
     size_t n_seq;

@@ -84,6 +84,7 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     float *tmem = malloc((size_t)S * dc.d_mem * sizeof(float));
     uint8_t *tmask = malloc(S);
     for (int i = 0; i < N; i++) tok[i] = rng_u32(&r) % bc.vocab_size, tgt[i] = rng_u32(&r) % bc.vocab_size;
+    tgt[3] = tgt[N - 5] = -1; /* padding positions: no target */
     rng_normal(&r, tmem, (size_t)S * dc.d_mem, 1.0f);
     for (int i = 0; i < S; i++) tmask[i] = (i / dc.n_slots) % NC != 0 && (rng_u32(&r) % 5 != 0);
     model_zero_grad(m);

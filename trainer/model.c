@@ -576,10 +576,15 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
     if (train && dc->enabled && mem_mode != MEM_PREDICTED)
         return DFM_FAIL(DFM_EARG, "training forward must use predicted memory");
     int V = bc->vocab_size, C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
-    for (int i = 0; i < N; i++)
-        if (inputs[i] < 0 || inputs[i] >= V || targets[i] < 0 || targets[i] >= V)
+    int n_valid = 0;
+    for (int i = 0; i < N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V || targets[i] < -1 || targets[i] >= V)
             return DFM_FAIL(DFM_ERANGE, "token id %d / %d at %d outside the vocabulary of %d",
                             inputs[i], targets[i], i, V);
+        n_valid += targets[i] >= 0;
+    }
+    m->n_valid = n_valid;
+    int denom = n_valid ? n_valid : 1;
     m->B = B;
     m->T = T;
     m->mem_mode = mem_mode;
@@ -618,12 +623,12 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
         vec_zero(m->d_x2, NCs);
         float *dhead = dc->enabled ? NULL : m->bb_grad.lm_head;
         ce_sum = lmhead_ce_forward_backward(m->row_losses, m->d_x2, dhead, m->lnf_out, m->bb.lm_head, targets, N, C,
-                                            V, grad_scale / N, m->ce_scratch);
+                                            V, grad_scale / denom, m->ce_scratch);
     } else {
         ce_sum = lmhead_ce_forward_backward(m->row_losses, NULL, NULL, m->lnf_out, m->bb.lm_head, targets, N, C, V,
                                             0.0f, m->ce_scratch);
     }
-    m->ce = ce_sum / N;
+    m->ce = ce_sum / denom;
     m->loss = m->ce + (dc->enabled && m->have_targets ? dc->mse_weight * m->mse : 0.0);
     return DFM_OK;
 }

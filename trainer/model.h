@@ -15,7 +15,7 @@
  *   g = sigmoid(Wg h + bg) with G = xattn_heads (per head: channel c uses gate c / (C/G)) or G = C
  *   (per channel); h ← h + g ⊙ o. Wg starts at 0, bg at gate_bias. A chunk whose slots are all
  *   masked (chunk 0 unless fuse_first_chunk; padded target slots) gets no update.
- * - Loss = mean CE over B·T next tokens + mse_weight · MSE(pred, target) over valid target slots
+ * - Loss = mean CE over the B·T next tokens that have a target (-1 = padding) + mse_weight · MSE(pred, target) over valid target slots
  *   (chunk 0's target is absent: its mask is 0).
  *
  * Pretraining mode (dfm.enabled = 0): no DFM modules, the backbone is trainable.
@@ -148,6 +148,7 @@ struct DfmModel {
     /* results of the last forward */
     int mem_mode;
     double ce, mse, cos, loss;
+    int n_valid;                            /* positions with a target in the last forward */
     int have_targets;
     double grad_scale;                      /* set by forward(train=1) */
 };
@@ -169,7 +170,8 @@ void model_free(DfmModel *m);
 void model_init_backbone_random(DfmModel *m, uint64_t seed);
 void model_init_dfm_random(DfmModel *m, uint64_t seed);
 
-/* Forward over B x T tokens (T a multiple of L when DFM is on). targets[B*T] are next tokens.
+/* Forward over B x T tokens (T a multiple of L when DFM is on). targets[B*T] are next tokens; -1
+ * marks a position without a target (padding), left out of the CE and its mean.
  * mem_mode: MEM_PREDICTED, MEM_TARGET (tgt_mem required) or MEM_NONE (fusion off).
  * tgt_mem [B*NC*K*d] / tgt_mask [B*NC*K] may be NULL (then MSE is not computed).
  * train = 1 (MEM_PREDICTED or pretraining) also computes the LM-head part of the backward, scaled

@@ -453,9 +453,16 @@ double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, cons
         const float *xb = x + (size_t)r0 * C;
         matmul_forward(scratch, xb, weight, NULL, R, C, V);
         double row_loss[CE_ROWS_BLOCK]; /* summed serially below: a fixed order, bit-reproducible */
-#pragma omp parallel for
+#pragma omp parallel for if ((size_t)R * V > 65536)
         for (int r = 0; r < R; r++) {
             float *lg = scratch + (size_t)r * V;
+            if (targets[r0 + r] < 0) { /* ignored position: no loss, no gradient */
+                if (losses) losses[r0 + r] = 0.0f;
+                row_loss[r] = 0.0;
+                if (need_grad)
+                    for (int v = 0; v < V; v++) lg[v] = 0.0f;
+                continue;
+            }
             float mx = -INFINITY;
             for (int v = 0; v < V; v++)
                 if (lg[v] > mx) mx = lg[v];

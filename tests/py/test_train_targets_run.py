@@ -32,7 +32,7 @@ def make_run(w, name, first, n):
     src = os.path.join(w, name + ".jsonl")
     open(src, "w").write("\n".join(lines) + "\n")
     r = os.path.join(w, name)
-    run(DFM, "chunk", r, src, "--tokenizer", TOKENIZER, "--seq-len", 64)
+    run(DFM, "chunk", r, src, "--tokenizer", TOKENIZER, "--seq-len", 64, "--doc-aligned")  # padding: no targets
     return r
 
 

@@ -174,9 +174,10 @@ def model_loss(P, inp, bc, dc, tgt_mem=None, tgt_mask=None):
     acts["act.lnf_out"] = x.reshape(B * T, C)
     head = P["model.embed_tokens.weight"] if bc["tie_word_embeddings"] else P["lm_head.weight"]
     logits = x @ head.T
-    rows = F.cross_entropy(logits.view(B * T, -1), targets.view(-1).long(), reduction="none")
+    tg = targets.view(-1).long()
+    rows = F.cross_entropy(logits.view(B * T, -1), tg, reduction="none", ignore_index=-1)  # -1: padding
     acts["act.row_losses"] = rows
-    ce = rows.mean()
+    ce = rows.sum() / (tg >= 0).sum()
     loss = ce + (dc["mse_weight"] * mse if enabled else 0.0)
     return loss, ce, mse, acts
 

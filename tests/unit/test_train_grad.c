@@ -310,6 +310,7 @@ static void test_ce_mse(void **state) {
     c.scratch = zerov((size_t)CE_ROWS_BLOCK * c.V);
     c.targets = malloc(c.N * sizeof(int));
     for (int i = 0; i < c.N; i++) c.targets[i] = rng_u32(&r) % c.V;
+    c.targets[3] = c.targets[66] = -1; /* ignored rows */
     float *dx = zerov((size_t)c.N * c.C), *dw = zerov((size_t)c.V * c.C);
     lmhead_ce_forward_backward(NULL, dx, dw, c.x, c.w, c.targets, c.N, c.C, c.V, 1.0f / c.N, c.scratch);
     assert_true(check_grad("lmhead+ce dx", c.x, (size_t)c.N * c.C, dx, ce_loss, &c, 1e-2f, 200) < TOL);
@@ -403,6 +404,7 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     c.inp = malloc(N * sizeof(int));
     c.tgt = malloc(N * sizeof(int));
     for (int i = 0; i < N; i++) c.inp[i] = rng_u32(&r) % 23, c.tgt[i] = rng_u32(&r) % 23;
+    c.tgt[5] = c.tgt[17] = -1; /* padding: no target */
     c.tmem = randv(&r, (size_t)S * 5, 1);
     c.tmask = malloc(S);
     for (int i = 0; i < S; i++) c.tmask[i] = (i % 9) >= 3; /* chunk 0 of each sequence: absent */
