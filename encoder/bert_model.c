@@ -323,7 +323,7 @@ int dfm_encoder_load(const char *model_dir, int device, int compute, dfm_encoder
     if (!enc) return DFM_FAIL(DFM_ENOMEM, "no memory");
     enc->device = device;
     enc->compute = compute;
-    enc->batch = device == DFM_DEVICE_CUDA ? 256 : 64;
+    enc->batch = device == DFM_DEVICE_CUDA ? 1024 : 64;
     enc->batch_tokens = device == DFM_DEVICE_CUDA ? 65536 : 8192;
     enc->model_dir = strdup(model_dir);
     int rc = enc->model_dir ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -405,6 +405,7 @@ int dfm_encoder_encode(dfm_encoder *enc, const char *const *texts, const size_t 
     }
     double t0 = dfm_now();
     int rc = DFM_OK;
+    char emsg[1024] = "";
     uint64_t n_trunc = 0, n_empty = 0;
 #pragma omp parallel for schedule(dynamic, 16) reduction(+ : n_trunc, n_empty)
     for (int i = 0; i < n; i++) {
@@ -413,7 +414,10 @@ int dfm_encoder_encode(dfm_encoder *enc, const char *const *texts, const size_t 
         int k = dfm_wordpiece_encode(enc->wp, texts[i], len, T, ids + (size_t)i * T, T, &tr);
         if (k < 0) {
 #pragma omp critical(dfm_encode_rc)
-            if (!rc) rc = k;
+            if (!rc) {
+                rc = k; /* the message lives in this worker thread: carry it over */
+                snprintf(emsg, sizeof emsg, "%s", dfm_last_error());
+            }
             li[i].len = 2;
             li[i].idx = i;
             continue;
@@ -425,6 +429,7 @@ int dfm_encoder_encode(dfm_encoder *enc, const char *const *texts, const size_t 
     }
     double t1 = dfm_now();
     enc->stats.tokenize_s += t1 - t0;
+    if (rc) rc = DFM_FAIL(rc, "tokenizing: %s", emsg);
     if (!rc) {
         /* length bucketing: sorted by token count, batches of similar length */
         qsort(li, n, sizeof *li, cmp_len);

@@ -52,7 +52,7 @@ static int open_encoder(const encode_opts *o, int device, dfm_encoder **enc) {
         compute = device == DFM_DEVICE_CUDA ? DFM_COMPUTE_F16 : DFM_COMPUTE_F32;
     }
     DFM_TRY(dfm_encoder_load(o->model, device, compute, enc));
-    int rc = dfm_encoder_set_batch(*enc, (int)o->batch);
+    int rc = o->batch > 0 ? dfm_encoder_set_batch(*enc, (int)o->batch) : DFM_OK;
     if (!rc && o->max_len > 0) rc = dfm_encoder_set_max_len(*enc, (int)o->max_len);
     if (rc) {
         dfm_encoder_free(*enc);
@@ -186,6 +186,7 @@ static int encode_block(const encode_opts *o, dfm_encoder *enc, const dfm_tokeni
         int nw = (int)(n_rows - s < (uint64_t)W ? n_rows - s : (uint64_t)W);
         double t0 = dfm_now();
         int drc = DFM_OK;
+        char emsg[1024] = "";
         uint64_t n_empty = 0;
 #pragma omp parallel for schedule(dynamic, 32) reduction(+ : n_empty)
         for (int i = 0; i < nw; i++) {
@@ -195,12 +196,15 @@ static int encode_block(const encode_opts *o, dfm_encoder *enc, const dfm_tokeni
             if (!r) r = dfm_tokenizer_decode(lm, toks, meta->n_valid, 1, &texts[i], &lens[i]);
             if (r) {
 #pragma omp critical(dfm_encode_decode_rc)
-                if (!drc) drc = r;
+                if (!drc) {
+                    drc = r; /* the message lives in this worker thread: carry it over */
+                    snprintf(emsg, sizeof emsg, "%s", dfm_last_error());
+                }
             } else if (lens[i] == 0) {
                 n_empty++;
             }
         }
-        rc = drc;
+        rc = drc ? DFM_FAIL(drc, "decoding chunk: %s", emsg) : DFM_OK;
         double t1 = dfm_now();
         cnt->decode_s += t1 - t0;
         cnt->decode_empty += n_empty;
@@ -382,7 +386,7 @@ int dfm_cmd_encode(int argc, char **argv) {
         {"device", DFM_OPT_STR, &o.device, "auto", "DEV", "cpu, cuda, or auto (cuda when a GPU is visible)", 1},
         {"dtype", DFM_OPT_STR, &o.dtype, "fp32", "T", "stored embedding dtype: fp32, fp16 or bf16", 0},
         {"compute", DFM_OPT_STR, &o.compute, NULL, "T", "compute precision: fp32 (CPU), fp16/bf16/fp32 (CUDA; default fp16)", 1},
-        {"batch", DFM_OPT_INT, &o.batch, "64", "N", "texts per forward batch (length-bucketed)", 1},
+        {"batch", DFM_OPT_INT, &o.batch, "0", "N", "texts per forward batch, length-bucketed (0: 64 on the CPU, 1024 on CUDA)", 1},
         {"block-chunks", DFM_OPT_INT, &o.block_chunks, "65536", "B", "chunks per embedding block file", 0},
         {"window", DFM_OPT_INT, &o.window, "4096", "N", "chunks decoded, sorted by length and encoded together", 0},
         {"max-len", DFM_OPT_INT, &o.max_len, "0", "N", "token limit per text (default: the model's max_seq_length)", 0},
@@ -412,7 +416,7 @@ int dfm_cmd_encode(int argc, char **argv) {
     int device = 0, dtype = 0;
     if (!rc) rc = parse_device(o.device, &device);
     if (!rc && (dtype = dfm_emb_dtype_parse(o.dtype)) < 0) rc = DFM_FAIL(DFM_EARG, "--dtype %s: use fp32, fp16 or bf16", o.dtype);
-    if (!rc && (o.batch < 1 || o.batch > 65536)) rc = DFM_FAIL(DFM_EARG, "--batch %lld must be in 1..65536", (long long)o.batch);
+    if (!rc && (o.batch < 0 || o.batch > 65536)) rc = DFM_FAIL(DFM_EARG, "--batch %lld must be in 0..65536", (long long)o.batch);
     if (!rc && (o.block_chunks < 1 || o.block_chunks > (1ll << 32)))
         rc = DFM_FAIL(DFM_EARG, "--block-chunks %lld must be in 1..2^32", (long long)o.block_chunks);
     if (!rc && (o.window < 1 || o.window > (1 << 20))) rc = DFM_FAIL(DFM_EARG, "--window %lld must be in 1..2^20", (long long)o.window);

@@ -22,9 +22,12 @@
  *   dfm_encoder_free(enc);
  *
  * Inside one dfm_encoder_encode call, texts are tokenised (in parallel), sorted by token count and run
- * in batches of similar length; tokens are packed without padding (the attention of each sequence sees
- * only its own tokens, the exact equivalent of a padding mask), so memory is bounded by the batch size,
- * not by n. An encoder handle is not thread-safe (it owns its work buffers); use one per thread.
+ * in batches of similar length (up to `batch` texts and about 8192 tokens on the CPU, 65536 on CUDA);
+ * tokens are packed without padding (the attention of each sequence sees only its own tokens, the
+ * exact equivalent of a padding mask). Memory per call: n * max_len * 4 bytes of token ids plus one
+ * batch of activations, so callers pass windows of texts (dfm encode: --window 4096). Results do not
+ * depend on the number of OpenMP threads. An encoder handle is not thread-safe (it owns its work
+ * buffers); use one per thread.
  */
 #ifndef DFM_ENCODER_H
 #define DFM_ENCODER_H
@@ -67,7 +70,7 @@ int dfm_encoder_dim(const dfm_encoder *enc);
 int dfm_encoder_max_len(const dfm_encoder *enc);
 /* Override the token limit (1 < max_len <= max_position_embeddings), for tests and experiments. */
 int dfm_encoder_set_max_len(dfm_encoder *enc, int max_len);
-/* Sequences per forward batch (default 64 on the CPU, 256 on CUDA). */
+/* Sequences per forward batch (default 64 on the CPU, 1024 on CUDA). */
 int dfm_encoder_set_batch(dfm_encoder *enc, int batch);
 /* XXH3-64 of the weights file: identifies the model in embedding headers. */
 uint64_t dfm_encoder_model_hash(const dfm_encoder *enc);

@@ -154,9 +154,13 @@ static int load_tokenizer_json(dfm_wordpiece *wp, const char *file) {
         }
         json_t *mc = json_object_get(model, "max_input_chars_per_word");
         wp->max_chars = json_is_integer(mc) ? (int)json_integer_value(mc) : 100;
+        if (wp->max_chars < 1 || wp->max_chars > 100000)
+            rc = DFM_FAIL(DFM_EFORMAT, "%s: model.max_input_chars_per_word %d is outside 1..100000", file, wp->max_chars);
         const char *pfx = json_string_value(json_object_get(model, "continuing_subword_prefix"));
         wp->prefix = strdup(pfx ? pfx : "##");
-        wp->prefix_len = strlen(wp->prefix);
+        wp->prefix_len = wp->prefix ? strlen(wp->prefix) : 0;
+        if (!rc && (!wp->prefix || wp->prefix_len > 16))
+            rc = DFM_FAIL(DFM_EUNSUPPORTED, "%s: model.continuing_subword_prefix longer than 16 bytes", file);
         json_t *vocab = json_object_get(model, "vocab");
         if (!json_is_object(vocab) || json_object_size(vocab) == 0)
             rc = DFM_FAIL(DFM_EFORMAT, "%s: model.vocab is missing or empty", file);
@@ -408,8 +412,9 @@ static int normalize(const dfm_wordpiece *wp, const int32_t *in, int n, i32buf *
 /* WordPiece one word (code points w[0..n)); appends pieces. */
 static int wordpiece_word(const dfm_wordpiece *wp, const int32_t *w, int n, i32buf *ids, char *scratch) {
     if (n > wp->max_chars) return push(ids, wp->unk);
-    /* UTF-8 of the word with char boundaries */
-    int off[101 + 1];
+    /* UTF-8 of the word with char boundaries; scratch holds (max_chars + 2) ints, then the bytes */
+    int *off = (int *)scratch;
+    scratch += sizeof(int) * ((size_t)wp->max_chars + 2);
     char *u = scratch + wp->prefix_len; /* leave room for the prefix before it */
     int pos = 0;
     for (int i = 0; i < n; i++) {
@@ -475,8 +480,9 @@ int dfm_wordpiece_encode(const dfm_wordpiece *wp, const char *text, size_t len, 
                          int *truncated) {
     if (truncated) *truncated = 0;
     i32buf cp = {0}, norm = {0}, ids = {0};
-    /* scratch for one word's UTF-8: <= 100 chars * 4 bytes + prefix */
-    char scratch[4 * 101 + 32];
+    /* scratch for one word: char offsets, then its UTF-8 (<= 4 bytes a char) after room for the prefix */
+    char *scratch = malloc(sizeof(int) * ((size_t)wp->max_chars + 2) + 4 * ((size_t)wp->max_chars + 1) + 32);
+    if (!scratch) return DFM_FAIL(DFM_ENOMEM, "no memory while tokenizing");
     int limit = max_len > 0 ? (max_len > 2 ? max_len - 2 : 0) : 0x3fffffff;
     int stop = limit + 2; /* ids.n (with [CLS]) at which one piece more than the limit is known */
     int rc = decode_utf8(text, len, &cp);
@@ -521,5 +527,6 @@ int dfm_wordpiece_encode(const dfm_wordpiece *wp, const char *text, size_t len, 
     free(cp.v);
     free(norm.v);
     free(ids.v);
+    free(scratch);
     return rc ? rc : n;
 }

@@ -238,7 +238,7 @@ def cmd_golden(a):
     text = "\n".join(lines) + "\n"
     if a.check:
         old = open(out, encoding="utf-8").read()
-        o, n = old.splitlines()[1:], text.splitlines()[1:]
+        o, n = old.split("\n")[1:-1], text.split("\n")[1:-1]
         bad = [i for i, (x, y) in enumerate(zip(o, n)) if x != y]
         if len(o) != len(n) or bad:
             print(f"golden drift: {len(o)} vs {len(n)} cases, differing: {bad[:10]}")

@@ -88,4 +88,6 @@ expect_fail "built without CUDA" "$DFM" encode "$WORK/np1" --device cuda --model
 mkdir -p "$WORK/empty"
 expect_fail "manifest.json" E "$WORK/empty"
 expect_fail "config.json" "$DFM" encode "$WORK/np1" --device cpu --model "$WORK/nomodel" --force
+OTHER=$(dirname "$(dirname "$DFM_TOKENIZER")")/llama-3.2/tokenizer.json
+[ -f "$OTHER" ] && expect_fail "is not the one that made the chunks" E "$WORK/np1" --force --tokenizer "$OTHER"
 echo "PASS"
