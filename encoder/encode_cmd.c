@@ -13,6 +13,7 @@
  * WordPiece ids of each line as JSONL.
  */
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/manifest.h"
@@ -223,6 +224,7 @@ static int encode_block(const encode_opts *o, dfm_encoder *enc, const dfm_tokeni
         if (rc) dfm_emb_writer_abort(w);
         else rc = dfm_emb_writer_close(w);
         cnt->write_s += dfm_now() - t3;
+        if (!rc) dfm_fault_point("encode:block-written", -1);
     }
     free(texts);
     free(lens);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/opts.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
 #include "trainer/commands.h"
@@ -41,6 +42,7 @@ int main(int argc, char **argv) {
         execv("/proc/self/exe", argv); /* returns only on failure: then run with the default policy */
     }
     dfm_log_init(-1);
+    dfm_opts_set_program("dfm-train");
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
         return argc < 2 ? 2 : 0;

@@ -2,6 +2,8 @@
 
 #include "log.h"
 
+#include <mpi.h>
+
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,12 @@
 void dfm_fault_point(const char *name, int rank) {
     const char *want = getenv("DFM_FAULT");
     if (!want || strcmp(want, name) != 0) return;
+    if (rank < 0) { /* caller does not know: ask MPI */
+        int inited = 0;
+        MPI_Initialized(&inited);
+        rank = 0;
+        if (inited) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    }
     const char *r = getenv("DFM_FAULT_RANK");
     if (r && atoi(r) != rank) return;
     DFM_LOG_W("fault injection: killing rank %d at '%s' (DFM_FAULT)", rank, name);

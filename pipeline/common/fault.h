@@ -8,7 +8,7 @@
 #ifndef DFM_FAULT_H
 #define DFM_FAULT_H
 
-/* rank: this process's MPI rank (for DFM_FAULT_RANK). */
+/* rank: this process's MPI rank (for DFM_FAULT_RANK), or -1 to ask MPI. */
 void dfm_fault_point(const char *name, int rank);
 
 #endif

@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+static const char *g_program = "dfm";
+
+void dfm_opts_set_program(const char *name) { g_program = name; }
+
 static int opt_count(const dfm_opt *o) {
     int n = 0;
     while (o[n].name) n++;
@@ -100,8 +104,8 @@ static int load_config(const char *prog, dfm_opt *opts, const char *file) {
         json_object_foreach(sec, key, val) {
             dfm_opt *o = find_opt(opts, key);
             if (!o) {
-                rc = DFM_FAIL(DFM_EARG, "config file %s: \"%s\" has no option \"%s\". HINT: see 'dfm %s --help'",
-                              file, prog, key, prog);
+                rc = DFM_FAIL(DFM_EARG, "config file %s: \"%s\" has no option \"%s\". HINT: see '%s %s --help'",
+                              file, prog, key, g_program, prog);
                 goto out;
             }
             if ((rc = set_from_json(o, val, file))) goto out;
@@ -113,7 +117,7 @@ out:
 }
 
 static void print_help(const char *prog, const char *usage, const char *summary, const dfm_opt *opts) {
-    printf("usage: dfm %s %s\n\n%s\n\noptions:\n", prog, usage ? usage : "[options]", summary ? summary : "");
+    printf("usage: %s %s %s\n\n%s\n\noptions:\n", g_program, prog, usage ? usage : "[options]", summary ? summary : "");
     for (const dfm_opt *o = opts; o->name; o++) {
         char left[96];
         snprintf(left, sizeof left, "--%s%s%s", o->name, o->type == DFM_OPT_FLAG ? "" : " ",
@@ -191,8 +195,8 @@ static int parse(const char *prog, const char *usage, const char *summary, dfm_o
         if (c == 999) continue;
         if (c == '?' || c == ':') {
             const char *bad = argv[optind - 1];
-            rc = DFM_FAIL(DFM_EARG, "dfm %s: unknown option or missing value: '%s'. HINT: see 'dfm %s --help'", prog,
-                          bad ? bad : "?", prog);
+            rc = DFM_FAIL(DFM_EARG, "%s %s: unknown option or missing value: '%s'. HINT: see '%s %s --help'", g_program,
+                          prog, bad ? bad : "?", g_program, prog);
             break;
         }
         dfm_opt *o = &opts[c - 1000];

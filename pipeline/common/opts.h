@@ -44,6 +44,9 @@ typedef struct {
 int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
                    char **argv, char ***pos, int *npos, json_t **effective);
 
+/* The program name used in usage lines and hints (default "dfm"; dfm-train sets its own). */
+void dfm_opts_set_program(const char *name);
+
 /* Free the strings that parsing allocated (safe to call twice). */
 void dfm_opts_free(dfm_opt *opts);
 
