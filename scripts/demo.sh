@@ -20,7 +20,7 @@ cat > "$CONFIG" <<JSON
   "inputs": ["$DFM_CORPUS"],
   "tokenizer": "$DFM_TOKENIZER",
   "chunk": {"chunk-len": 32, "seq-len": 256},
-  "encode": {"model": "$DFM_MODEL", "device": "cpu"},
+  "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
   "retrieve": {"k": 16, "exclude": "sequence", "measure-recall": 200},
   "write-targets": {"target-shards": 4, "dtype": "fp16"}
 }
