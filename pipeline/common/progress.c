@@ -30,6 +30,7 @@ static void human(double v, char *out, size_t n) {
 static void print_line(dfm_progress *p, int final) {
     uint64_t done = 0;
     for (int r = 0; r < p->m.size; r++) done += p->done_by_rank[r];
+    if (p->total && done > p->total) done = p->total; /* a rank may read a little past its share (the line it finishes) */
     double dt = dfm_now() - p->t0, rate = dt > 0 ? (double)done / dt : 0;
     char d[16], t[16], rt[16], eta[32] = "";
     human((double)done, d, sizeof d);
