@@ -14,19 +14,19 @@ N=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['stages']['c
 ok "chunked: $N chunks"
 
 E() { "$DFM" encode "$@" --device cpu --model "$M" --block-chunks 64 --window 48; }
-for np in 1 2 3; do
+for np in 1 2 3 4; do
   cp -r "$WORK/base" "$WORK/np$np"
   mpirun -np $np "$DFM" encode "$WORK/np$np" --device cpu --model "$M" --block-chunks 64 --window 48 \
     > "$WORK/np$np.log" 2>&1 || { cat "$WORK/np$np.log"; fail "encode at np $np"; }
 done
 nb=$(( (N + 63) / 64 ))
 [ "$(ls "$WORK/np1/encode" | grep -c '^emb-.*\.bin$')" = $nb ] || fail "expected $nb block files"
-for np in 2 3; do
+for np in 2 3 4; do
   for f in "$WORK"/np1/encode/emb-*.bin; do
     cmp "$f" "$WORK/np$np/encode/$(basename "$f")" || fail "block $(basename "$f") differs between np 1 and np $np"
   done
 done
-ok "$nb blocks identical at np 1, 2, 3"
+ok "$nb blocks identical at np 1, 2, 3, 4"
 
 python3 - "$WORK/np3/manifest.json" "$N" <<'EOF' || fail "manifest encode stage"
 import json, sys
