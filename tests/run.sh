@@ -38,9 +38,12 @@ run_one() {  # name, command...
 }
 
 for t in build/tests/test_*; do [ -x "$t" ] && run_one "unit/$(basename "$t")" "$t"; done
-# MPI's own allocations are not ours to fix: leak checking off under the sanitizer build
+# Leak checking is on, except for tests that start MPI: Open MPI keeps allocations (some in plugins
+# it unloads, which no suppression can name) until exit, and those are not ours to fix.
 for t in build-san/tests/test_*; do
-  [ -x "$t" ] && run_one "asan/$(basename "$t")" env ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+  [ -x "$t" ] || continue
+  leaks=1; grep -qE 'MPI_Init|dfm_mpi_init' "tests/unit/$(basename "$t").c" 2>/dev/null && leaks=0
+  run_one "asan/$(basename "$t")" env ASAN_OPTIONS=detect_leaks=$leaks:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$t"
 done
 for t in tests/integration/test_*.sh; do [ -f "$t" ] && run_one "integration/$(basename "$t" .sh)" bash "$t"; done
