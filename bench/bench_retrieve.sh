@@ -2,8 +2,9 @@
 # bench_retrieve.sh — dfm retrieve against raw FAISS (the faiss-cpu Python package) on the same index and
 # the same queries; np=1 vs np=2 scaling; recall vs time for a few index choices.
 #
-#   bash bench/bench_retrieve.sh             N=200000 vectors of dim 384 (synthetic, 256 clusters)
+#   bash bench/bench_retrieve.sh             N=200000 vectors of dim 384 (synthetic, N/20 clusters)
 #   N=1000000 NLIST=1024 TABLE=0 bash bench/bench_retrieve.sh   the issue's size, overhead + scaling only
+#   N=50000 NLIST=256 MAIN=0 bash bench/bench_retrieve.sh       the recall/time table only
 #
 # Env: N, DIM (384), K (16), MARGIN (16), NLIST (512), PQ (32), NPROBE (16), TABLE=0 skips the recall/time
 #      table, KEEP=1 keeps the scratch folder. One thread per process: the 2-core machine is shared, and
@@ -27,13 +28,14 @@ PK="jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas"
 mpicc -std=c11 -O2 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/pipeline" $(pkg-config --cflags $PK) \
   "$ROOT/tests/integration/test_retrieve_mkrun.c" -o "$B/mkrun" "$ROOT/build/libdfm.a" \
   "$CACHE/faiss_c-1.7.3/lib/libfaiss_c.a" /usr/lib/x86_64-linux-gnu/libfaiss.a $(pkg-config --libs $PK) -lgomp -lstdc++ -lm
-t=$(now); "$B/mkrun" "$B/base" "$N" "$DIM" 32 65536 1 fp32 256 1; echo "generated in $(calc "$(now) - $t") s"
+t=$(now); "$B/mkrun" "$B/base" "$N" "$DIM" 32 65536 1 fp32 $((N / 20)) 1; echo "generated in $(calc "$(now) - $t") s"
 copy() { rm -rf "$1"; mkdir -p "$1"; cp -r "$B/base/chunk" "$B/base/manifest.json" "$1/"; ln -s "$B/base/encode" "$1/encode"; }
 
 FAC="IVF${NLIST},PQ${PQ}np"
 echo "== index $FAC (np=1 and np=2)"
 copy "$B/r1"; copy "$B/r2"
 t=$(now); "$DFM" index "$B/r1" --index "$FAC" --train-sample $((NLIST * 80)) 2>&1 | grep -E "index:"; TI1=$(calc "$(now) - $t")
+if [ "${MAIN:-1}" = 1 ]; then  # overhead and scaling (MAIN=0: only the recall/time table)
 t=$(now); mpirun -np 2 "$DFM" index "$B/r2" --index "$FAC" --train-sample $((NLIST * 80)) 2>/dev/null; TI2=$(calc "$(now) - $t")
 
 cat >"$B/peer.py" <<'PYEOF'
@@ -96,6 +98,7 @@ printf "| dfm retrieve np=2 (2 shards, 2 processes) | %.2f | %.2f (slowest rank)
 echo
 printf "index build %s: np=1 %.1fs, np=2 %.1fs\n" "$FAC" "$TI1" "$TI2"
 } | tee "$B/table1.md"
+fi
 [ "${TABLE:-1}" = 1 ] || exit 0
 
 echo "== recall vs time (np=1, --measure-recall 500)"
@@ -108,6 +111,7 @@ for spec in "$FAC:8" "$FAC:32" "IVF${NLIST},Flat:8"; do
   rows="$rows| $fac | $np_ | $(field "$R" retrieve "['recall']['recall@k']" | xargs printf '%.4f') | $(field "$R" retrieve "['timings']['search_s']" | xargs printf '%.2f') |\n"
 done
 echo
+NQ=$(field "$B/r1" retrieve "['counts']['queries']")
 echo "| index | nprobe | recall@$K (500 queries vs brute force) | dfm search s ($NQ queries, np=1, 1 thread) |"
 echo "|---|---|---|---|"
 printf "$rows"

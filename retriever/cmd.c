@@ -139,7 +139,7 @@ int dfm_cmd_index(int argc, char **argv) {
     sources_close(&src);
     free(pos);
     dfm_opts_free(table);
-    if (!rc) dfm_mpi_finalize();
+    dfm_mpi_finalize();
     return rc;
 }
 
@@ -209,7 +209,7 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     sources_close(&src);
     free(pos);
     dfm_opts_free(table);
-    if (!rc) dfm_mpi_finalize();
+    dfm_mpi_finalize();
     return rc;
 }
 

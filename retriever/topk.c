@@ -197,20 +197,28 @@ static int filter_one(const dfm_shard_searcher *s, const dfm_search_params *p, c
             nexcl++;
             continue;
         }
-        const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)id) : NULL;
-        if (!row) {
-            DFM_TRY(vs->rows(vs->ctx, (uint64_t)id, 1, vbuf));
-            row = vbuf;
-        }
         surv[ns].id = id;
-        surv[ns].aux = dfm_exact_score(qv, row, dim, p->metric);
-        surv[ns].score = p->approx ? D[t] : surv[ns].aux;
+        surv[ns].score = D[t];
+        surv[ns].aux = 0;
         ns++;
     }
     *m_out = m;
     *ns_out = ns;
     *nexcl_out = nexcl;
-    dfm_hits_sort(surv, ns, p->metric);
+    /* exact scores: for every survivor of an exact index (they decide the order), and only for the
+     * best k + margin by the index's order of an approximate one (only those can be kept) */
+    if (p->approx) dfm_hits_sort(surv, ns, p->metric);
+    size_t nscore = p->approx && ns > k ? k : ns;
+    for (size_t j = 0; j < nscore; j++) {
+        const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)surv[j].id) : NULL;
+        if (!row) {
+            DFM_TRY(vs->rows(vs->ctx, (uint64_t)surv[j].id, 1, vbuf));
+            row = vbuf;
+        }
+        surv[j].aux = dfm_exact_score(qv, row, dim, p->metric);
+        if (!p->approx) surv[j].score = surv[j].aux;
+    }
+    if (!p->approx) dfm_hits_sort(surv, ns, p->metric);
     int done = m < kp || kp >= s->ntotal; /* exhausted: nothing more to fetch */
     if (!done && ns >= k) {
         if (p->approx) {
@@ -250,7 +258,6 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
     size_t *pend = malloc(nq * sizeof *pend);
     float *qsub = NULL, *dist = NULL, *vbuf = malloc(sizeof(float) * dim);
     int64_t *lab = NULL;
-    dfm_hit *surv = NULL;
     int8_t *again = malloc(nq);
     int rc = (pend && vbuf && again) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     size_t npend = nq;
@@ -262,9 +269,7 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
         if (nd) dist = nd;
         int64_t *nl = realloc(lab, npend * kp * sizeof *lab);
         if (nl) lab = nl;
-        dfm_hit *ns_ = realloc(surv, kp * sizeof *surv);
-        if (ns_) surv = ns_;
-        if (!nq_sub || !nd || !nl || !ns_) {
+        if (!nq_sub || !nd || !nl) {
             rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries x k' %zu", npend, kp);
             break;
         }
@@ -273,7 +278,7 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
          * re-search of a few queries is padded (repeating the last query) so that every query is
          * scored the same way whatever the batch, hence whatever the number of ranks */
         size_t nsearch = npend;
-        if (npend < DFM_MIN_SEARCH_BATCH && nq >= 1) {
+        if (npend < DFM_MIN_SEARCH_BATCH) {
             nsearch = DFM_MIN_SEARCH_BATCH;
             float *pq = realloc(qsub, nsearch * dim * sizeof *qsub);
             float *pd = realloc(dist, nsearch * kp * sizeof *dist);
@@ -345,7 +350,6 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
     free(qsub);
     free(dist);
     free(lab);
-    free(surv);
     free(vbuf);
     free(again);
     return rc;

@@ -140,7 +140,7 @@ typedef struct {
 #define DFM_MIN_SEARCH_BATCH 32
 
 /* Best cap = dfm_search_cap(p) non-excluded hits of each query in one shard, in rank order:
- * out[q*cap ...], n_out[q] of them. Searches k' = k + margin first; a query whose survivors are too
+ * out[q*cap ...], n_out[q] of them. Searches k' = cap + margin first; a query whose survivors are too
  * few, or whose cap-th survivor is not clearly ahead of the deepest candidate fetched (a tie or float
  * noise at the boundary), is searched again with k' doubled up to the shard size. The result is then
  * exactly the shard's best cap eligible vectors in the index's order. */

@@ -44,6 +44,16 @@ for np in 1 2 3 4; do
   done
 done
 grep -q '"items_kept"' "$T/flat4/manifest.json" || fail "no retrieve counts in the manifest"
+# the reference must be able to fail: swap the first two neighbours of one row (bytes 128.. = row 0 ids;
+# row 2 is the second chunk of sequence 0, so it has neighbours)
+R=$T/flat1; off=$((128 + 2 * (8 * 16 + 4 * 16 + 8)))
+"$PY" - "$R/retrieve/nbr-000000.bin" $off <<'EOF'
+import sys
+p, off = sys.argv[1], int(sys.argv[2]); b = bytearray(open(p, "rb").read())
+b[off:off + 8], b[off + 8:off + 16] = b[off + 8:off + 16], b[off:off + 8]
+open(p, "wb").write(b)
+EOF
+if "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check >/dev/null; then fail "the reference accepted a swapped row"; fi
 
 echo "== 2. L2, --query-window 2, tiny margin, np 2"
 R=$T/l2; fresh "$R"
@@ -51,6 +61,9 @@ mpi 2 "$DFM" index "$R" --index Flat --metric l2 2>"$T/log" || { cat "$T/log"; f
 mpi 2 "$DFM" retrieve "$R" --exclude document --query-window 2 --margin 0 --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve l2"; }
 grep -q "re-searches" "$T/log" || fail "no re-search count logged"
 "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "L2 / window 2 differs from the reference"
+# retrieve on another rank count than the index was built with (2 shards on 3 ranks: one rank has none)
+mpi 3 "$DFM" retrieve "$R" --exclude self --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve on 3 ranks of a 2-shard index"; }
+"$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "3 ranks over 2 shards differs from the reference"
 
 echo "== 3. IVF-Flat and IVF-PQ: recall above threshold, identical across np"
 for spec in "IVF16,Flat:--nprobe 4:0.95" "IVF8,PQ8np:--nprobe 8:0.75"; do
