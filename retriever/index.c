@@ -1,6 +1,7 @@
 #include "index.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "schemas/neighbor_shard.h"
@@ -254,6 +255,7 @@ int dfm_index_write(const char *faiss_path, const FaissIndex *idx, dfm_index_inf
     free(text);
     free(sp);
     json_decref(j);
+    if (!rc) dfm_fault_point("index:shard-written", -1);
     return rc;
 }
 

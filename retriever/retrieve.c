@@ -1,6 +1,7 @@
 #include "retrieve.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "schemas/neighbor_shard.h"
@@ -596,6 +597,7 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
             }
             if (!rc && w && hi == bend) {
                 rc = dfm_nbr_writer_close(w);
+                if (!rc) dfm_fault_point("retrieve:block-written", m->rank);
                 w = NULL;
                 b++;
                 pos = 0;
