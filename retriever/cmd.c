@@ -225,37 +225,100 @@ static void human(char *out, size_t n, double bytes) {
     snprintf(out, n, "%.1f %s", bytes, u[i]);
 }
 
+/* Throughput per rank used when the run has not measured a stage yet: what the 2-core CI machine
+ * does (BENCHMARKS.md, 2026-11-29); a run's own manifest timings replace them stage by stage. */
+static const struct {
+    const char *stage, *count;
+    double per_rank_s; /* items per second per rank */
+    const char *unit;
+} default_rates[] = {
+    {"chunk", "tokens", 90000, "tokens"},       {"encode", "chunks", 35, "chunks (CPU)"},
+    {"index", "vectors", 60000, "vectors"},      {"retrieve", "queries", 3500, "queries"},
+    {"targets", "records", 7500, "records"},
+};
+
+/* estimate's sizes: from a run's manifest when there is one, else from a config and a token count */
+static int estimate_sizes(const char *arg, int64_t tokens_opt, int64_t chunk_len, json_t **man, char **run_out,
+                          long long *n_chunks, long long *n_tokens) {
+    *man = NULL;
+    *run_out = NULL;
+    *n_chunks = *n_tokens = -1;
+    size_t la = strlen(arg);
+    json_t *cfg = NULL;
+    uint64_t input_bytes = 0;
+    if (la > 5 && !strcmp(arg + la - 5, ".json") && dfm_path_exists(arg)) { /* a dfm build config */
+        json_error_t e;
+        cfg = json_load_file(arg, 0, &e);
+        if (!cfg) return DFM_FAIL(DFM_EARG, "config %s, line %d: %s", arg, e.line, e.text);
+        const char *r = json_string_value(json_object_get(cfg, "run"));
+        if (r) *run_out = strdup(r);
+        json_t *in = json_object_get(cfg, "inputs"), *v;
+        size_t i;
+        if (json_is_array(in)) json_array_foreach(in, i, v) {
+                uint64_t sz = 0;
+                if (json_is_string(v) && !dfm_file_size(json_string_value(v), &sz)) input_bytes += sz;
+            }
+        dfm_error_clear();
+    } else {
+        *run_out = strdup(arg);
+    }
+    json_decref(cfg);
+    if (*run_out) {
+        char *mp = dfm_path_join(*run_out, "manifest.json");
+        if (mp && dfm_path_exists(mp)) DFM_TRY(dfm_manifest_load(*run_out, 0, man));
+        free(mp);
+    }
+    if (*man) {
+        *n_chunks = dfm_manifest_count(*man, "chunk", "chunks");
+        *n_tokens = dfm_manifest_count(*man, "chunk", "stream_tokens");
+    }
+    if (*n_chunks < 0 || tokens_opt > 0) { /* --tokens: size a bigger corpus with this run's rates */
+        double t = tokens_opt > 0 ? (double)tokens_opt : input_bytes ? (double)input_bytes / 4.0 : -1;
+        if (t < 0)
+            return DFM_FAIL(DFM_ESTATE, "%s: no chunk stage yet. HINT: pass --tokens N (corpus size in LM tokens), or a config whose inputs exist", arg);
+        *n_tokens = (long long)t;
+        *n_chunks = (long long)(t / (double)chunk_len + 0.999);
+        if (!tokens_opt)
+            printf("(corpus size guessed from %.1f MB of inputs at about 4 bytes per token; --tokens N sets it)\n", (double)input_bytes / 1e6);
+    }
+    return DFM_OK;
+}
+
 int dfm_cmd_estimate(int argc, char **argv) {
     char *factory = NULL, *tdtype = NULL;
-    int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0;
+    int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0, tokens = 0, chunk_len = 0;
     dfm_opt table[] = {
         {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0},
+        {"tokens", DFM_OPT_INT, &tokens, "0", "N", "corpus size in LM tokens, when no chunk stage has run (0: from the manifest or the inputs)", 0},
+        {"chunk-len", DFM_OPT_INT, &chunk_len, "32", "L", "as for dfm chunk (used with --tokens)", 0},
         {"index", DFM_OPT_STR, &factory, "auto", "STR", "as for dfm index", 0},
         {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "as for dfm index", 0},
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0},
         {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0},
         {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0},
-        {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension when the encode stage has not run (0: from the manifest)", 0},
+        {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension (0: from the manifest, else 384)", 0},
         {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings (fp32, fp16, bf16)", 0},
         {0},
     };
-    char **pos = NULL;
+    char **pos = NULL, *run = NULL;
     int npos = 0;
     json_t *man = NULL;
-    int rc = dfm_opts_parse("estimate", "RUN",
-                            "Print the memory per rank and the disk that index, retrieve and targets will need, from RUN's "
-                            "manifest (chunk count, embedding dimension) and the options, before submitting the jobs.",
+    int rc = dfm_opts_parse("estimate", "RUN | CONFIG",
+                            "Before submitting the jobs: memory per rank, disk and a rough time per stage for a corpus "
+                            "and a rank count. Sizes come from RUN's manifest, or, before any stage has run, from a "
+                            "dfm build CONFIG's inputs or --tokens; times from the run's own measured rates where a "
+                            "stage has run, else from this machine class's (BENCHMARKS.md).",
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
-    if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN [options]");
-    if (!rc && (ranks < 1 || k < 1 || k > 64 || qblock < 1)) rc = DFM_FAIL(DFM_EARG, "--ranks, --k (1..64), --query-block must be positive");
-    if (!rc) rc = dfm_manifest_load(pos[0], 0, &man);
-    long long n = rc ? -1 : dfm_manifest_count(man, "chunk", "chunks");
-    if (!rc && n < 0) rc = DFM_FAIL(DFM_ESTATE, "run %s has no chunk count. HINT: run 'dfm chunk' first", pos[0]);
+    if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN|CONFIG [options]");
+    if (!rc && (ranks < 1 || k < 1 || k > 64 || qblock < 1 || chunk_len < 1))
+        rc = DFM_FAIL(DFM_EARG, "--ranks, --k (1..64), --query-block, --chunk-len must be positive");
+    long long n = -1, n_tokens = -1;
+    if (!rc) rc = estimate_sizes(pos[0], tokens, chunk_len, &man, &run, &n, &n_tokens);
     json_t *enc = rc ? NULL : dfm_manifest_stage(man, "encode");
-    long long dim = dim_opt ? dim_opt : enc ? (long long)json_integer_value(json_object_get(enc, "dim")) : 0;
+    long long dim = dim_opt ? dim_opt : enc ? (long long)json_integer_value(json_object_get(enc, "dim")) : 384;
     const char *edt = enc ? json_string_value(json_object_get(enc, "dtype")) : NULL;
-    if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: run 'dfm encode' first or pass --dim");
+    if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: pass --dim");
     int tdt = dfm_emb_dtype_parse(tdtype);
     if (!rc && tdt < 0) rc = DFM_FAIL(DFM_EARG, "--target-dtype %s: use fp32, fp16 or bf16", tdtype);
     dfm_index_plan plan;
@@ -273,7 +336,9 @@ int dfm_cmd_estimate(int argc, char **argv) {
                          (double)DFM_EMB_DEFAULT_BLOCK_CHUNKS * (double)dfm_nbr_row_bytes((uint32_t)k);
         double ret_disk = N * (double)dfm_nbr_row_bytes((uint32_t)k);
         double tgt = N * ((double)k * D * (double)dfm_emb_dtype_size((uint32_t)tdt) + 12.0 * (double)k + 64);
-        printf("run %s: %lld chunks, dim %lld, %lld rank(s)\n", pos[0], n, dim, (long long)ranks);
+        printf("run %s: %lld tokens, %lld chunks, dim %lld, %lld rank(s)\n", run ? run : pos[0], n_tokens, n, dim, (long long)ranks);
+        human(a, sizeof a, 4.0 * (double)n_tokens / P + 150e6);
+        printf("  chunk: memory/rank about %s (4 bytes per token of the rank's share + the tokenizer)\n", a);
         human(a, sizeof a, emb_bytes);
         printf("  embeddings on disk:           %s\n", a);
         human(a, sizeof a, idx_mem);
@@ -287,8 +352,28 @@ int dfm_cmd_estimate(int argc, char **argv) {
         human(d, sizeof d, tgt);
         human(e, sizeof e, tgt / P);
         printf("  targets (%s, before zstd):   disk up to %s (%s per rank)\n", dfm_emb_dtype_name((uint32_t)tdt), d, e);
+        /* rough time per stage: items / (rate per rank * ranks); the run's own rates where it has them */
+        double items[5] = {(double)n_tokens, N, N, N, N}, total = 0;
+        printf("  rough time per stage on %lld rank(s):\n", (long long)ranks);
+        for (int st = 0; st < 5; st++) {
+            double rate = default_rates[st].per_rank_s;
+            const char *src = "default";
+            json_t *ms = man ? dfm_manifest_stage(man, default_rates[st].stage) : NULL;
+            double t = json_number_value(json_object_get(json_object_get(ms, "timings"), "total_s"));
+            json_t *cnt = json_object_get(json_object_get(ms, "counts"), default_rates[st].count);
+            int pr = (int)json_integer_value(json_object_get(ms, "ranks"));
+            if (t > 0 && json_is_integer(cnt) && json_integer_value(cnt) > 0) {
+                rate = (double)json_integer_value(cnt) / t / (pr > 0 ? pr : 1);
+                src = "this run";
+            }
+            double sec = items[st] / (rate * P);
+            total += sec;
+            printf("    %-9s %10.0f s  (%.0f %s/s per rank, %s)\n", default_rates[st].stage, sec, rate, default_rates[st].unit, src);
+        }
+        printf("    %-9s %10.0f s  (%.1f h)\n", "total", total, total / 3600);
     }
     json_decref(man);
+    free(run);
     free(pos);
     dfm_opts_free(table);
     return rc;
