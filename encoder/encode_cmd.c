@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
+#include "common/progress.h"
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/mpiutil.h"
@@ -156,6 +157,7 @@ static int encode_texts(const encode_opts *o, int device, int dtype) {
 typedef struct {
     uint64_t chunks, empty, truncated, tokens, blocks_done, blocks_kept, decode_empty;
     double decode_s, tokenize_s, forward_s, write_s;
+    dfm_progress *prog; /* rank 0 prints done/total, rate, ETA over all ranks */
 } enc_counts;
 
 /* Is the block at path finished and made by the same model/tokenizer/options? */
@@ -218,6 +220,7 @@ static int encode_block(const encode_opts *o, dfm_encoder *enc, const dfm_tokeni
             texts[i] = NULL;
         }
         cnt->chunks += nw;
+        dfm_progress_update(cnt->prog, cnt->chunks);
     }
     if (w) {
         double t3 = dfm_now();
@@ -305,6 +308,9 @@ static int run_mode(const encode_opts *o, json_t *cfg, const char *run, int devi
     if (m->rank == 0)
         DFM_LOG_I("encoding %llu chunks in %llu blocks of %llu on %d rank%s: %s", (unsigned long long)N,
                   (unsigned long long)n_blocks, (unsigned long long)B, m->size, m->size > 1 ? "s" : "", dfm_encoder_describe(enc));
+    uint64_t mine = 0;
+    for (uint64_t b = (uint64_t)m->rank; b < n_blocks; b += (uint64_t)m->size) mine += N - b * B < B ? N - b * B : B;
+    dfm_progress_begin(m, "encode", "chunks", mine, &cnt.prog);
     for (uint64_t b = (uint64_t)m->rank; b < n_blocks && !rc; b += (uint64_t)m->size) {
         uint64_t first = b * B, n_rows = N - first < B ? N - first : B;
         char *name = dfm_emb_block_name(b), *path = name ? dfm_path_join(run, name) : NULL;
@@ -321,6 +327,8 @@ static int run_mode(const encode_opts *o, json_t *cfg, const char *run, int devi
         free(name);
         free(path);
     }
+    dfm_progress_end(cnt.prog); /* collective: every rank reaches it, failed or not */
+    cnt.prog = NULL;
     rc = dfm_mpi_agree(m, rc);
     if (rc) goto done;
     dfm_encoder_stats es;
