@@ -2,6 +2,7 @@
 
 #include "common/error.h"
 #include "common/fault.h"
+#include "common/progress.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "schemas/neighbor_shard.h"
@@ -551,6 +552,9 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
         dfm_nbr_writer *w = NULL;
         int64_t ids[DFM_NBR_MAX_K];
         float scores[DFM_NBR_MAX_K];
+        uint64_t c0 = b0 * block_chunks, c1 = b1 * block_chunks < n ? b1 * block_chunks : n, done_chunks = 0;
+        dfm_progress *prog = NULL;
+        dfm_progress_begin(m, "retrieve", "chunks", c1 > c0 ? c1 - c0 : 0, &prog);
         for (uint64_t round = 0; round < rounds && !rc; round++) {
             size_t nq = 0;
             uint64_t lo = 0, hi = 0, bend = 0;
@@ -605,7 +609,10 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
                 pos = hi - b * block_chunks;
             }
             rc = dfm_mpi_agree(m, rc);
+            if (hi > lo) done_chunks += hi - lo;
+            dfm_progress_update(prog, done_chunks);
         }
+        dfm_progress_end(prog);
         dfm_nbr_writer_abort(w);
     }
     if (rc) goto out;
