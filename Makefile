@@ -124,13 +124,14 @@ $(BUILD)/tests/%: tests/unit/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
 
 unit-tests: $(UNIT_BIN)
 
+JOBS ?= $(shell nproc)
 test: deps
-	@$(MAKE) --no-print-directory all unit-tests
-	@$(MAKE) --no-print-directory SAN=1 unit-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests
 	@bash tests/run.sh
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@bash scripts/demo.sh
 
 bench: all
