@@ -1,6 +1,6 @@
 /* ops.h — the trainer's kernels: pure functions over fp32 arrays with explicit sizes (llm.c style).
  *
- * Layout conventions (shared with the CUDA path, trainer/ops.cu, which keeps these names):
+ * Layout conventions (shared with the CUDA path, trainer/ops_cuda.cu, which keeps these names):
  *   - activations are row-major [N, C] with N = B*T rows;
  *   - a Linear weight is [OC, C] (Hugging Face / PyTorch order), out = inp @ W^T + bias;
  *   - every *_backward ACCUMULATES (+=) into its gradient outputs, so residual branches and shared

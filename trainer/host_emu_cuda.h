@@ -1,0 +1,188 @@
+/* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/ops_cuda.cu uses, so the
+ * kernels' indexing and reductions can be checked where there is no GPU (tests/py/test_train_cuda_emu.py).
+ *
+ * Not a CUDA implementation: kernels run block after block on one OS thread; each GPU thread is a
+ * cooperative fiber (ucontext) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync, so the
+ * emulation is deterministic and races the GPU could have are not exercised. cublasGemmEx is a naive
+ * column-major loop (double accumulation; bf16 operands rounded to nearest even). Streams, async copies and
+ * allocation are plain host calls. Passing here says the arithmetic and indexing match trainer/ops.c;
+ * only a GPU run (scripts/gpu_check_trainer.sh) says the kernels are right on hardware.
+ *
+ * Use: force-include this file (-include trainer/host_emu_cuda.h), give the compiler empty cublas_v2.h,
+ * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite `k<<<cfg>>>(args);` as
+ * `emu_launch(emu_cfg(cfg), [&]() { k(args); });` (the test does this with a regular expression).
+ */
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <ucontext.h>
+#include <vector>
+#include <math.h>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+struct emu_dim { unsigned x = 0, y = 0, z = 0; };
+inline emu_dim threadIdx, blockIdx, blockDim, gridDim;
+typedef int cudaError_t;
+enum { cudaSuccess = 0 };
+typedef void *cudaStream_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+#define cudaStreamNonBlocking 1
+struct cudaDeviceProp { char name[256]; int major, minor; };
+inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
+inline cudaError_t cudaGetLastError() { return 0; }
+inline cudaError_t cudaMalloc(void **p, size_t b) { *p = calloc(1, b ? b : 1); return 0; }
+template <class T> inline cudaError_t cudaMalloc(T **p, size_t b) { return cudaMalloc((void **)p, b); }
+inline cudaError_t cudaMallocAsync(void **p, size_t b, cudaStream_t) { return cudaMalloc(p, b); }
+inline cudaError_t cudaFree(void *p) { free(p); return 0; }
+inline cudaError_t cudaFreeAsync(void *p, cudaStream_t) { free(p); return 0; }
+inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) { memcpy(d, s, b); return 0; }
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t) {
+    memcpy(d, s, b);
+    return 0;
+}
+inline cudaError_t cudaMemset(void *d, int v, size_t b) { memset(d, v, b); return 0; }
+inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t) { memset(d, v, b); return 0; }
+inline cudaError_t cudaDeviceSynchronize() { return 0; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int) { *s = (void *)1; return 0; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return 0; }
+inline cudaError_t cudaSetDevice(int) { return 0; }
+inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    strcpy(p->name, "host-emu");
+    p->major = 9;
+    p->minor = 0;
+    return 0;
+}
+// bf16
+struct __nv_bfloat16 { uint16_t x; };
+inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no NaN handling needed here)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    __nv_bfloat16 b;
+    b.x = (uint16_t)(u >> 16);
+    return b;
+}
+inline float emu_bf2f(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
+// cublas
+typedef void *cublasHandle_t;
+typedef int cublasStatus_t;
+enum { CUBLAS_STATUS_SUCCESS = 0 };
+typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
+typedef enum { CUDA_R_32F, CUDA_R_16BF } cudaDataType;
+enum { CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_DEFAULT_MATH };
+inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (void *)1; return 0; }
+inline cublasStatus_t cublasDestroy(cublasHandle_t) { return 0; }
+inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return 0; }
+inline cublasStatus_t cublasSetMathMode(cublasHandle_t, int) { return 0; }
+inline const char *cublasGetStatusString(cublasStatus_t) { return "emu"; }
+inline float emu_ld(const void *p, cudaDataType t, size_t i) {
+    return t == CUDA_R_32F ? ((const float *)p)[i] : emu_bf2f(((const __nv_bfloat16 *)p)[i]);
+}
+inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                                   cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType, int ldc, int,
+                                   int) {
+    float *c = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int p = 0; p < k; p++) {
+                float a = ta == CUBLAS_OP_N ? emu_ld(A, at, i + (size_t)p * lda) : emu_ld(A, at, p + (size_t)i * lda);
+                float b = tb == CUBLAS_OP_N ? emu_ld(B, bt, p + (size_t)j * ldb) : emu_ld(B, bt, j + (size_t)p * ldb);
+                s += (double)a * b;
+            }
+            float &o = c[i + (size_t)j * ldc];
+            o = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * o));
+        }
+    return 0;
+}
+// launch + warp primitives
+struct emu_cfg { unsigned g, b; emu_cfg(unsigned g_, unsigned b_, size_t = 0, cudaStream_t = 0) : g(g_), b(b_) {} };
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+// ---- fibers, barriers, launch ------------------------------------------------------------------
+struct emu_Fiber { ucontext_t ctx; char *stack; bool done; };
+inline const size_t emu_STK = 256 * 1024;
+inline ucontext_t emu_g_sched;
+inline std::vector<emu_Fiber> emu_g_f;
+inline unsigned emu_g_cur;
+inline std::function<void()> *emu_g_fn;
+struct emu_Bar { unsigned count = 0, gen = 0; };
+inline emu_Bar emu_g_block, emu_g_warp[32];
+inline float emu_g_slots[32][32];
+inline unsigned long emu_g_progress;  // barriers completed + fibers finished: a pass without any is a deadlock
+inline void emu_entry() {
+    (*emu_g_fn)();
+    emu_g_f[emu_g_cur].done = true;
+    emu_g_progress++;
+}
+inline void emu_yield() { swapcontext(&emu_g_f[emu_g_cur].ctx, &emu_g_sched); }
+inline void emu_wait(emu_Bar &b, unsigned n) {
+    unsigned gen = b.gen;
+    if (++b.count == n) {
+        b.count = 0;
+        b.gen++;
+        emu_g_progress++;
+        return;
+    }
+    while (b.gen == gen) emu_yield();
+}
+inline void emu_launch(emu_cfg c, std::function<void()> fn) {
+    blockDim.x = c.b; gridDim.x = c.g;
+    emu_g_fn = &fn;
+    if (emu_g_f.size() < c.b) {  // stacks are kept for the whole run
+        size_t o = emu_g_f.size();
+        emu_g_f.resize(c.b);
+        for (size_t i = o; i < c.b; i++) emu_g_f[i].stack = (char *)malloc(emu_STK);
+    }
+    for (unsigned bl = 0; bl < c.g; bl++) {
+        blockIdx.x = bl;
+        emu_g_block = emu_Bar(); for (auto &w : emu_g_warp) w = emu_Bar();
+        for (unsigned t = 0; t < c.b; t++) {
+            emu_Fiber &f = emu_g_f[t];
+            f.done = false;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack; f.ctx.uc_stack.ss_size = emu_STK; f.ctx.uc_link = &emu_g_sched;
+            makecontext(&f.ctx, emu_entry, 0);
+        }
+        bool any = true;
+        while (any) {
+            any = false;
+            unsigned long before = emu_g_progress;
+            for (unsigned t = 0; t < c.b; t++) {
+                if (emu_g_f[t].done) continue;
+                emu_g_cur = t; threadIdx.x = t;
+                swapcontext(&emu_g_sched, &emu_g_f[t].ctx);
+                if (!emu_g_f[t].done) any = true;
+            }
+            if (any && emu_g_progress == before) {
+                fprintf(stderr, "host_emu_cuda: deadlock in block %u: a barrier some threads never reach\n", bl);
+                abort();
+            }
+        }
+    }
+}
+inline float __shfl_xor_sync(unsigned, float v, int o) {
+    unsigned w = threadIdx.x / 32, l = threadIdx.x % 32, me = emu_g_cur;
+    emu_g_slots[w][l] = v;
+    emu_wait(emu_g_warp[w], 32);
+    threadIdx.x = me;
+    float r = emu_g_slots[w][l ^ o];
+    emu_wait(emu_g_warp[w], 32);
+    threadIdx.x = me;
+    return r;
+}
+inline void __syncwarp(unsigned = 0xffffffffu) {
+    unsigned me = emu_g_cur;
+    emu_wait(emu_g_warp[threadIdx.x / 32], 32);
+    threadIdx.x = me;  // other fibers ran meanwhile
+}
+inline void __syncthreads() { unsigned me = emu_g_cur; emu_wait(emu_g_block, blockDim.x); threadIdx.x = me; }

@@ -1,0 +1,947 @@
+// ops_cuda.cu — CUDA kernels of the trainer, one per CPU kernel of trainer/ops.c (see ops_cuda.h).
+//
+// Straightforward first versions: one thread per output element or one warp per row, loops in the
+// CPU's order where a sum crosses threads' outputs, no atomics (deterministic). Faster versions (fused
+// flash-style attention, cuBLASLt epilogues, sort-based embedding backward) are future work; these
+// are the reference the faster ones will be checked against.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "common/error.h"
+}
+#include "trainer/ops_cuda.h"
+
+#define CUDA_CHECK(call)                                                                                        \
+    do {                                                                                                        \
+        cudaError_t e_ = (call);                                                                                \
+        if (e_ != cudaSuccess)                                                                                  \
+            return DFM_FAIL(DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", #call,           \
+                            cudaGetErrorString(e_));                                                            \
+    } while (0)
+// after a kernel launch: launch-configuration errors are reported here, execution errors by a later sync
+#define LAUNCH_CHECK(what)                                                                                      \
+    do {                                                                                                        \
+        cudaError_t e_ = cudaGetLastError();                                                                    \
+        if (e_ != cudaSuccess)                                                                                  \
+            return DFM_FAIL(DFM_ECUDA, "launching %s failed: %s. HINT: check the sizes and the GPU (nvidia-smi)", \
+                            what, cudaGetErrorString(e_));                                                      \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                                      \
+    do {                                                                                                        \
+        cublasStatus_t s_ = (call);                                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                        \
+            return DFM_FAIL(DFM_ECUDA, "%s failed: cuBLAS status %d (%s)", #call, (int)s_,                    \
+                            cublasGetStatusString(s_));                                                         \
+    } while (0)
+
+static inline unsigned blocks_for(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 2147483647u ? 2147483647u : (b ? b : 1));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// ---- context ----------------------------------------------------------------------------------------
+extern "C" int ops_cuda_init(OpsCudaContext *ctx, int device, int bf16) {
+    memset(ctx, 0, sizeof *ctx);
+    ctx->bf16 = bf16 ? 1 : 0;
+    int n = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (device < 0 || device >= n)
+        return DFM_FAIL(DFM_ECUDA, "GPU %d requested, %d visible. HINT: check CUDA_VISIBLE_DEVICES", device, n);
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
+    cublasStatus_t s = cublasCreate(&ctx->cublas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        ops_cuda_free(ctx);
+        return DFM_FAIL(DFM_ECUDA, "cublasCreate failed: status %d", (int)s);
+    }
+    CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
+    // CUBLAS_COMPUTE_32F in the default math mode never uses TF32 (which would break fp32 parity)
+    CUBLAS_CHECK(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
+    return DFM_OK;
+}
+
+extern "C" void ops_cuda_free(OpsCudaContext *ctx) {
+    if (!ctx) return;
+    if (ctx->scratch) cudaFree(ctx->scratch);
+    if (ctx->cublas) cublasDestroy(ctx->cublas);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    memset(ctx, 0, sizeof *ctx);
+}
+
+static int ctx_scratch(OpsCudaContext *ctx, size_t bytes) {
+    if (bytes <= ctx->scratch_bytes) return DFM_OK;
+    if (ctx->scratch) CUDA_CHECK(cudaFreeAsync(ctx->scratch, ctx->stream));
+    ctx->scratch = NULL;
+    ctx->scratch_bytes = 0;
+    CUDA_CHECK(cudaMallocAsync(&ctx->scratch, bytes, ctx->stream));
+    ctx->scratch_bytes = bytes;
+    return DFM_OK;
+}
+
+__global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(in[i]);
+}
+
+// ---- matmul -----------------------------------------------------------------------------------------
+// Row-major X[N,C] is column-major X^T[C,N]; out^T[OC,N] = W[OC,C](col-major: W^T) ^T · inp^T, as llm.c.
+// gemm(): column-major C[m,n] = op(A) op(B) * alpha + beta C, operands fp32 or bf16 copies (ctx->bf16).
+static int gemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                const float *A, int lda, size_t a_elems, const float *B, int ldb, size_t b_elems, float beta,
+                float *Cm, int ldc) {
+    const float one = 1.0f;
+    if (!ctx->bf16) {
+        CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, A, CUDA_R_32F, lda, B, CUDA_R_32F, ldb, &beta,
+                                  Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return DFM_OK;
+    }
+    size_t a_al = (a_elems + 127) & ~(size_t)127;  // keep the second operand 256-byte aligned
+    DFM_TRY(ctx_scratch(ctx, (a_al + b_elems) * sizeof(__nv_bfloat16)));
+    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ctx->scratch, *b16 = a16 + a_al;
+    to_bf16_kernel<<<blocks_for(a_elems, 256) < 65536 ? blocks_for(a_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+        a16, A, a_elems);
+    LAUNCH_CHECK("to_bf16_kernel");
+    to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+        b16, B, b_elems);
+    LAUNCH_CHECK("to_bf16_kernel");
+    CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb,
+                              &beta, Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return DFM_OK;
+}
+
+__global__ void add_bias_kernel(float *out, const float *bias, int N, int OC) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < (size_t)N * OC) out[i] += bias[i % OC];
+}
+
+// one thread per column, rows summed in order (deterministic; coalesced across the warp)
+__global__ void colsum_add_kernel(float *dbias, const float *dout, int N, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC) return;
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
+    dbias[o] += s;
+}
+
+extern "C" int matmul_forward_cuda(float *out, const float *inp, const float *weight, const float *bias, int N,
+                                   int C, int OC, OpsCudaContext *ctx) {
+    DFM_TRY(gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, (size_t)OC * C, inp, C, (size_t)N * C, 0.0f,
+                 out, OC));
+    if (bias) {
+        add_bias_kernel<<<blocks_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
+        LAUNCH_CHECK("add_bias_kernel");
+    }
+    return DFM_OK;
+}
+
+extern "C" int matmul_backward_cuda(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                    const float *weight, int N, int C, int OC, OpsCudaContext *ctx) {
+    if (dinp)  // dinp^T[C,N] += W^T[C,OC] · dout^T[OC,N]
+        DFM_TRY(gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, (size_t)OC * C, dout, OC, (size_t)N * OC,
+                     1.0f, dinp, C));
+    if (dweight)  // dW^T[C,OC] += inp^T[C,N] · dout[N,OC]
+        DFM_TRY(gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, (size_t)N * C, dout, OC, (size_t)N * OC, 1.0f,
+                     dweight, C));
+    if (dbias) {
+        colsum_add_kernel<<<blocks_for(OC, 128), 128, 0, ctx->stream>>>(dbias, dout, N, OC);
+        LAUNCH_CHECK("colsum_add_kernel");
+    }
+    return DFM_OK;
+}
+
+// ---- embedding --------------------------------------------------------------------------------------
+__global__ void embedding_forward_kernel(float *out, const int *tokens, const float *wte, int N, int C) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C) return;
+    size_t n = i / C, c = i % C;
+    out[i] = wte[(size_t)tokens[n] * C + c];
+}
+__global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *tokens, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int n = 0; n < N; n++) dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+}
+extern "C" int embedding_forward_cuda(float *out, const int *tokens, const float *wte, int N, int C,
+                                      cudaStream_t stream) {
+    embedding_forward_kernel<<<blocks_for((size_t)N * C, 256), 256, 0, stream>>>(out, tokens, wte, N, C);
+    LAUNCH_CHECK("embedding_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int embedding_backward_cuda(float *dwte, const float *dout, const int *tokens, int N, int C,
+                                       cudaStream_t stream) {
+    embedding_backward_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dwte, dout, tokens, N, C);
+    LAUNCH_CHECK("embedding_backward_kernel");
+    return DFM_OK;
+}
+
+// ---- RMSNorm / LayerNorm: one warp per row ----------------------------------------------------------
+#define ROW_WARPS 4  // warps (rows) per block
+__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                                       float eps) {
+    int n = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) ss += x[c] * x[c];
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / C + eps);
+    for (int c = lane; c < C; c += 32) out[(size_t)n * C + c] = x[c] * r * weight[c];
+    if (lane == 0) rstd[n] = r;
+}
+__global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
+                                        const float *rstd, int N, int C) {
+    int n = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    float r = rstd[n], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) dot += dy[c] * weight[c] * x[c] * r;
+    float m = warp_sum(dot) / C;
+    for (int c = lane; c < C; c += 32) dinp[(size_t)n * C + c] += r * (dy[c] * weight[c] - x[c] * r * m);
+}
+__global__ void rmsnorm_dweight_kernel(float *dweight, const float *dout, const float *inp, const float *rstd, int N,
+                                       int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
+    dweight[c] += s;
+}
+extern "C" int rmsnorm_forward_cuda(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                                    float eps, cudaStream_t stream) {
+    rmsnorm_forward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(out, rstd, inp, weight, N, C,
+                                                                                    eps);
+    LAUNCH_CHECK("rmsnorm_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int rmsnorm_backward_cuda(float *dinp, float *dweight, const float *dout, const float *inp,
+                                     const float *weight, const float *rstd, int N, int C, cudaStream_t stream) {
+    rmsnorm_backward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(dinp, dout, inp, weight, rstd,
+                                                                                     N, C);
+    LAUNCH_CHECK("rmsnorm_backward_kernel");
+    if (dweight) {
+        rmsnorm_dweight_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dweight, dout, inp, rstd, N, C);
+        LAUNCH_CHECK("rmsnorm_dweight_kernel");
+    }
+    return DFM_OK;
+}
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                         const float *bias, int N, int C, float eps) {
+    int n = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += 32) s += x[c];
+    float m = warp_sum(s) / C, v = 0.0f;
+    for (int c = lane; c < C; c += 32) v += (x[c] - m) * (x[c] - m);
+    float r = rsqrtf(warp_sum(v) / C + eps);
+    for (int c = lane; c < C; c += 32) out[(size_t)n * C + c] = (x[c] - m) * r * weight[c] + bias[c];
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = r;
+    }
+}
+__global__ void layernorm_backward_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
+                                          const float *mean, const float *rstd, int N, int C) {
+    int n = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (n >= N) return;
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    float m = mean[n], r = rstd[n], a = 0.0f, b = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * r, dn = dy[c] * weight[c];
+        a += dn;
+        b += dn * xh;
+    }
+    a = warp_sum(a) / C;
+    b = warp_sum(b) / C;
+    for (int c = lane; c < C; c += 32) {
+        float xh = (x[c] - m) * r;
+        dinp[(size_t)n * C + c] += r * (dy[c] * weight[c] - a - xh * b);
+    }
+}
+__global__ void layernorm_params_kernel(float *dweight, float *dbias, const float *dout, const float *inp,
+                                        const float *mean, const float *rstd, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sw = 0.0f, sb = 0.0f;
+    for (int n = 0; n < N; n++) {
+        float dy = dout[(size_t)n * C + c];
+        sw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+        sb += dy;
+    }
+    if (dweight) dweight[c] += sw;
+    if (dbias) dbias[c] += sb;
+}
+extern "C" int layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                      const float *bias, int N, int C, float eps, cudaStream_t stream) {
+    layernorm_forward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(out, mean, rstd, inp, weight,
+                                                                                      bias, N, C, eps);
+    LAUNCH_CHECK("layernorm_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int layernorm_backward_cuda(float *dinp, float *dweight, float *dbias, const float *dout,
+                                       const float *inp, const float *weight, const float *mean, const float *rstd,
+                                       int N, int C, cudaStream_t stream) {
+    layernorm_backward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(dinp, dout, inp, weight,
+                                                                                       mean, rstd, N, C);
+    LAUNCH_CHECK("layernorm_backward_kernel");
+    if (dweight || dbias) {
+        layernorm_params_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+        LAUNCH_CHECK("layernorm_params_kernel");
+    }
+    return DFM_OK;
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------------
+__global__ void rope_tables_kernel(float *cos_t, float *sin_t, int T, int hd, float theta) {
+    int half = hd / 2;
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)T * half) return;
+    int t = (int)(idx / half), i = (int)(idx % half);
+    float inv = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    float a = (float)t * inv;
+    cos_t[idx] = cosf(a);
+    sin_t[idx] = sinf(a);
+}
+// thread per (row, head, i < hd/2); backward = rotation by -angle, accumulated
+template <int BACKWARD>
+__global__ void rope_kernel(float *out, const float *inp, const float *cos_t, const float *sin_t, int B, int T, int nh,
+                            int hd) {
+    int half = hd / 2;
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * half) return;
+    int i = (int)(idx % half);
+    size_t rh = idx / half;  // row * nh + head
+    int t = (int)((rh / nh) % T);
+    float cs = cos_t[(size_t)t * half + i], sn = sin_t[(size_t)t * half + i];
+    const float *x = inp + rh * hd;
+    float *y = out + rh * hd;
+    float x1 = x[i], x2 = x[i + half];
+    if (!BACKWARD) {
+        y[i] = x1 * cs - x2 * sn;
+        y[i + half] = x2 * cs + x1 * sn;
+    } else {
+        y[i] += x1 * cs + x2 * sn;
+        y[i + half] += x2 * cs - x1 * sn;
+    }
+}
+extern "C" int rope_tables_cuda(float *cos_t, float *sin_t, int T, int hd, float theta, cudaStream_t stream) {
+    rope_tables_kernel<<<blocks_for((size_t)T * (hd / 2), 256), 256, 0, stream>>>(cos_t, sin_t, T, hd, theta);
+    LAUNCH_CHECK("rope_tables_kernel");
+    return DFM_OK;
+}
+extern "C" int rope_forward_cuda(float *out, const float *inp, const float *cos_t, const float *sin_t, int B, int T,
+                                 int nh, int hd, cudaStream_t stream) {
+    rope_kernel<0><<<blocks_for((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream>>>(out, inp, cos_t, sin_t, B, T,
+                                                                                       nh, hd);
+    LAUNCH_CHECK("rope_kernel<forward>");
+    return DFM_OK;
+}
+extern "C" int rope_backward_cuda(float *dinp, const float *dout, const float *cos_t, const float *sin_t, int B,
+                                  int T, int nh, int hd, cudaStream_t stream) {
+    rope_kernel<1><<<blocks_for((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream>>>(dinp, dout, cos_t, sin_t, B,
+                                                                                       T, nh, hd);
+    LAUNCH_CHECK("rope_kernel<backward>");
+    return DFM_OK;
+}
+
+// ---- causal GQA self-attention ------------------------------------------------------------------------
+// q row (b,t,h) at ((b*T+t)*nh+h)*hd; k/v row (b,u,kh) at ((b*T+u)*nkv+kh)*hd; att (b,h,t,u).
+__global__ void attn_scores_kernel(float *att, const float *q, const float *k, int B, int T, int nh, int nkv, int hd,
+                                   float scale) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * nh * T * T) return;
+    int u = (int)(idx % T), t = (int)((idx / T) % T), h = (int)((idx / ((size_t)T * T)) % nh);
+    int b = (int)(idx / ((size_t)T * T * nh)), kh = h / (nh / nkv);
+    if (u > t) {
+        att[idx] = 0.0f;
+        return;
+    }
+    const float *qr = q + (((size_t)b * T + t) * nh + h) * hd, *kr = k + (((size_t)b * T + u) * nkv + kh) * hd;
+    float s = 0.0f;
+    for (int i = 0; i < hd; i++) s += qr[i] * kr[i];
+    att[idx] = s * scale;
+}
+// one warp per (b,h,t) row: causal softmax in place, zeros above the diagonal stay
+__global__ void attn_softmax_kernel(float *att, int rows, int T) {
+    int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    float *p = att + (size_t)row * T;
+    float mx = -INFINITY;
+    for (int u = lane; u <= t; u += 32) mx = fmaxf(mx, p[u]);
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int u = lane; u <= t; u += 32) {
+        float e = expf(p[u] - mx);
+        p[u] = e;
+        sum += e;
+    }
+    float inv = 1.0f / warp_sum(sum);
+    for (int u = lane; u <= t; u += 32) p[u] *= inv;
+}
+__global__ void attn_out_kernel(float *out, const float *att, const float *v, int B, int T, int nh, int nkv, int hd) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * hd) return;
+    int i = (int)(idx % hd), h = (int)((idx / hd) % nh), t = (int)((idx / ((size_t)hd * nh)) % T);
+    int b = (int)(idx / ((size_t)hd * nh * T)), kh = h / (nh / nkv);
+    const float *p = att + (((size_t)b * nh + h) * T + t) * T;
+    float s = 0.0f;
+    for (int u = 0; u <= t; u++) s += p[u] * v[(((size_t)b * T + u) * nkv + kh) * hd + i];
+    out[idx] = s;
+}
+extern "C" int attention_forward_cuda(float *out, float *att, const float *q, const float *k, const float *v, int B,
+                                      int T, int nh, int nkv, int hd, cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd);
+    attn_scores_kernel<<<blocks_for((size_t)B * nh * T * T, 256), 256, 0, stream>>>(att, q, k, B, T, nh, nkv, hd,
+                                                                                    scale);
+    LAUNCH_CHECK("attn_scores_kernel");
+    attn_softmax_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(att, B * nh * T, T);
+    LAUNCH_CHECK("attn_softmax_kernel");
+    attn_out_kernel<<<blocks_for((size_t)B * T * nh * hd, 256), 256, 0, stream>>>(out, att, v, B, T, nh, nkv, hd);
+    LAUNCH_CHECK("attn_out_kernel");
+    return DFM_OK;
+}
+
+// dP[b,h,t,u] = dO(b,t,h) . V(b,u,kh) for u <= t
+__global__ void attn_dp_kernel(float *datt, const float *dout, const float *v, int B, int T, int nh, int nkv, int hd) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * nh * T * T) return;
+    int u = (int)(idx % T), t = (int)((idx / T) % T), h = (int)((idx / ((size_t)T * T)) % nh);
+    int b = (int)(idx / ((size_t)T * T * nh)), kh = h / (nh / nkv);
+    if (u > t) {
+        datt[idx] = 0.0f;
+        return;
+    }
+    const float *dr = dout + (((size_t)b * T + t) * nh + h) * hd, *vr = v + (((size_t)b * T + u) * nkv + kh) * hd;
+    float s = 0.0f;
+    for (int i = 0; i < hd; i++) s += dr[i] * vr[i];
+    datt[idx] = s;
+}
+// softmax backward per row in place: dS = P * (dP - sum(P dP)) * scale
+__global__ void attn_softmax_backward_kernel(float *datt, const float *att, int rows, int T, float scale) {
+    int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const float *p = att + (size_t)row * T;
+    float *d = datt + (size_t)row * T;
+    float pdp = 0.0f;
+    for (int u = lane; u <= t; u += 32) pdp += p[u] * d[u];
+    pdp = warp_sum(pdp);
+    for (int u = lane; u <= t; u += 32) d[u] = p[u] * (d[u] - pdp) * scale;
+}
+// dQ(b,t,h,i) += sum_u dS[b,h,t,u] K(b,u,kh,i)
+__global__ void attn_dq_kernel(float *dq, const float *datt, const float *k, int B, int T, int nh, int nkv, int hd) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * hd) return;
+    int i = (int)(idx % hd), h = (int)((idx / hd) % nh), t = (int)((idx / ((size_t)hd * nh)) % T);
+    int b = (int)(idx / ((size_t)hd * nh * T)), kh = h / (nh / nkv);
+    const float *d = datt + (((size_t)b * nh + h) * T + t) * T;
+    float s = 0.0f;
+    for (int u = 0; u <= t; u++) s += d[u] * k[(((size_t)b * T + u) * nkv + kh) * hd + i];
+    dq[idx] += s;
+}
+// dK(b,u,kh,i) += sum_{h in group} sum_{t>=u} dS[b,h,t,u] Q(b,t,h,i); dV likewise with P and dO
+__global__ void attn_dkv_kernel(float *dk, float *dv, const float *datt, const float *att, const float *q,
+                                const float *dout, int B, int T, int nh, int nkv, int hd) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nkv * hd) return;
+    int i = (int)(idx % hd), kh = (int)((idx / hd) % nkv), u = (int)((idx / ((size_t)hd * nkv)) % T);
+    int b = (int)(idx / ((size_t)hd * nkv * T)), grp = nh / nkv;
+    float sk = 0.0f, sv = 0.0f;
+    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
+        const float *d = datt + ((size_t)b * nh + h) * T * T, *p = att + ((size_t)b * nh + h) * T * T;
+        for (int t = u; t < T; t++) {
+            size_t qi = (((size_t)b * T + t) * nh + h) * hd + i;
+            sk += d[(size_t)t * T + u] * q[qi];
+            sv += p[(size_t)t * T + u] * dout[qi];
+        }
+    }
+    dk[idx] += sk;
+    dv[idx] += sv;
+}
+extern "C" int attention_backward_cuda(float *dq, float *dk, float *dv, float *datt, const float *dout,
+                                       const float *att, const float *q, const float *k, const float *v, int B, int T,
+                                       int nh, int nkv, int hd, cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd);
+    attn_dp_kernel<<<blocks_for((size_t)B * nh * T * T, 256), 256, 0, stream>>>(datt, dout, v, B, T, nh, nkv, hd);
+    LAUNCH_CHECK("attn_dp_kernel");
+    attn_softmax_backward_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
+        datt, att, B * nh * T, T, scale);
+    LAUNCH_CHECK("attn_softmax_backward_kernel");
+    attn_dq_kernel<<<blocks_for((size_t)B * T * nh * hd, 256), 256, 0, stream>>>(dq, datt, k, B, T, nh, nkv, hd);
+    LAUNCH_CHECK("attn_dq_kernel");
+    attn_dkv_kernel<<<blocks_for((size_t)B * T * nkv * hd, 256), 256, 0, stream>>>(dk, dv, datt, att, q, dout, B, T,
+                                                                                   nh, nkv, hd);
+    LAUNCH_CHECK("attn_dkv_kernel");
+    return DFM_OK;
+}
+
+// ---- SwiGLU / GELU ----------------------------------------------------------------------------------
+__global__ void swiglu_forward_kernel(float *out, const float *gate, const float *up, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+__global__ void swiglu_backward_kernel(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                       size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[i] += dout[i] * g * s;
+    }
+}
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    }
+}
+__global__ void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+        float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
+        dinp[i] += dout[i] * (cdf + x * pdf);
+    }
+}
+static inline unsigned ew_blocks(size_t n) {
+    unsigned b = blocks_for(n, 256);
+    return b < 65536 ? b : 65536;
+}
+extern "C" int swiglu_forward_cuda(float *out, const float *gate, const float *up, size_t n, cudaStream_t stream) {
+    swiglu_forward_kernel<<<ew_blocks(n), 256, 0, stream>>>(out, gate, up, n);
+    LAUNCH_CHECK("swiglu_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int swiglu_backward_cuda(float *dgate, float *dup, const float *dout, const float *gate, const float *up,
+                                    size_t n, cudaStream_t stream) {
+    swiglu_backward_kernel<<<ew_blocks(n), 256, 0, stream>>>(dgate, dup, dout, gate, up, n);
+    LAUNCH_CHECK("swiglu_backward_kernel");
+    return DFM_OK;
+}
+extern "C" int gelu_forward_cuda(float *out, const float *inp, size_t n, cudaStream_t stream) {
+    gelu_forward_kernel<<<ew_blocks(n), 256, 0, stream>>>(out, inp, n);
+    LAUNCH_CHECK("gelu_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int gelu_backward_cuda(float *dinp, const float *dout, const float *inp, size_t n, cudaStream_t stream) {
+    gelu_backward_kernel<<<ew_blocks(n), 256, 0, stream>>>(dinp, dout, inp, n);
+    LAUNCH_CHECK("gelu_backward_kernel");
+    return DFM_OK;
+}
+
+// ---- chunk cross-attention + gate -------------------------------------------------------------------
+// one warp per (token row r, head h); scores go through p (lane 0 writes, __syncwarp orders them)
+__global__ void crossattn_forward_kernel(float *out, float *p, const float *q, const float *km, const float *vm,
+                                         const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd,
+                                         float scale) {
+    size_t w = blockIdx.x * (size_t)ROW_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * nh) return;
+    int h = (int)(w % nh);
+    size_t r = w / nh;
+    int b = (int)(r / T), c = (int)((r % T) / L), NC = T / L;
+    size_t C = (size_t)nh * hd, m0 = ((size_t)b * NC + c) * K;
+    const float *qr = q + r * C + (size_t)h * hd;
+    float *pr = p + w * K, *o = out + r * C + (size_t)h * hd;
+    float mx = -INFINITY;
+    for (int j = 0; j < K; j++) {
+        if (!slot_mask[m0 + j]) continue;
+        const float *kj = km + (m0 + j) * C + (size_t)h * hd;
+        float s = 0.0f;
+        for (int i = lane; i < hd; i += 32) s += qr[i] * kj[i];
+        s = warp_sum(s) * scale;
+        if (lane == 0) pr[j] = s;
+        mx = fmaxf(mx, s);
+    }
+    __syncwarp();
+    if (mx == -INFINITY) {  // no memory for this chunk
+        for (int j = lane; j < K; j += 32) pr[j] = 0.0f;
+        for (int i = lane; i < hd; i += 32) o[i] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < K; j++)
+        if (slot_mask[m0 + j]) sum += expf(pr[j] - mx);
+    float inv = 1.0f / sum;
+    __syncwarp();
+    for (int j = lane; j < K; j += 32) pr[j] = slot_mask[m0 + j] ? expf(pr[j] - mx) * inv : 0.0f;
+    __syncwarp();
+    for (int i = lane; i < hd; i += 32) {
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++)
+            if (pr[j] != 0.0f) acc += pr[j] * vm[(m0 + j) * C + (size_t)h * hd + i];
+        o[i] = acc;
+    }
+}
+// warp per (r, h): ds[r,h,j] = p (dp_j - sum_j p dp) scale into scratch; dq += sum_j ds_j k_j
+__global__ void crossattn_dq_kernel(float *dq, float *ds, const float *dout, const float *p, const float *km,
+                                    const float *vm, int B, int T, int L, int K, int nh, int hd, float scale) {
+    size_t w = blockIdx.x * (size_t)ROW_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * nh) return;
+    int h = (int)(w % nh);
+    size_t r = w / nh;
+    int b = (int)(r / T), c = (int)((r % T) / L), NC = T / L;
+    size_t C = (size_t)nh * hd, m0 = ((size_t)b * NC + c) * K;
+    const float *pr = p + w * K, *dor = dout + r * C + (size_t)h * hd;
+    float *dsr = ds + w * K;
+    float pdp = 0.0f;
+    for (int j = 0; j < K; j++) {
+        float acc = 0.0f;
+        if (pr[j] != 0.0f) {
+            const float *vj = vm + (m0 + j) * C + (size_t)h * hd;
+            for (int i = lane; i < hd; i += 32) acc += dor[i] * vj[i];
+            acc = warp_sum(acc);
+        }
+        if (lane == 0) dsr[j] = acc;
+        pdp += pr[j] * acc;
+    }
+    __syncwarp();
+    for (int j = lane; j < K; j += 32) dsr[j] = pr[j] != 0.0f ? pr[j] * (dsr[j] - pdp) * scale : 0.0f;
+    __syncwarp();
+    for (int i = lane; i < hd; i += 32) {
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) acc += dsr[j] * km[(m0 + j) * C + (size_t)h * hd + i];
+        dq[r * C + (size_t)h * hd + i] += acc;
+    }
+}
+// thread per memory element (b, c, j, channel): the chunk's L tokens summed in order
+__global__ void crossattn_dkv_kernel(float *dkm, float *dvm, const float *ds, const float *p, const float *q,
+                                     const float *dout, int B, int T, int L, int K, int nh, int hd) {
+    size_t C = (size_t)nh * hd, NC = T / L;
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NC * K * C) return;
+    size_t ch = idx % C, mrow = idx / C;  // mrow = (b*NC + c)*K + j
+    int j = (int)(mrow % K);
+    size_t bc = mrow / K, b = bc / NC, c = bc % NC;
+    int h = (int)(ch / hd);
+    float sk = 0.0f, sv = 0.0f;
+    for (size_t s = c * L; s < (c + 1) * L; s++) {
+        size_t r = b * T + s, pi = (r * nh + h) * K + j;
+        sk += ds[pi] * q[r * C + ch];
+        sv += p[pi] * dout[r * C + ch];
+    }
+    if (dkm) dkm[idx] += sk;
+    if (dvm) dvm[idx] += sv;
+}
+extern "C" int crossattn_forward_cuda(float *out, float *p, const float *q, const float *km, const float *vm,
+                                      const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd,
+                                      cudaStream_t stream) {
+    crossattn_forward_kernel<<<blocks_for((size_t)B * T * nh, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
+        out, p, q, km, vm, slot_mask, B, T, L, K, nh, hd, 1.0f / sqrtf((float)hd));
+    LAUNCH_CHECK("crossattn_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int crossattn_backward_cuda(float *dq, float *dkm, float *dvm, const float *dout, const float *p,
+                                       const float *q, const float *km, const float *vm, int B, int T, int L, int K,
+                                       int nh, int hd, cudaStream_t stream) {
+    float *ds = NULL;
+    size_t nds = (size_t)B * T * nh * K;
+    CUDA_CHECK(cudaMallocAsync((void **)&ds, (nds ? nds : 1) * sizeof(float), stream));
+    crossattn_dq_kernel<<<blocks_for((size_t)B * T * nh, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
+        dq, ds, dout, p, km, vm, B, T, L, K, nh, hd, 1.0f / sqrtf((float)hd));
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && (dkm || dvm)) {
+        size_t n = (size_t)B * (T / L) * K * nh * hd;
+        crossattn_dkv_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dkm, dvm, ds, p, q, dout, B, T, L, K, nh, hd);
+        e = cudaGetLastError();
+    }
+    cudaFreeAsync(ds, stream);
+    if (e != cudaSuccess)
+        return DFM_FAIL(DFM_ECUDA, "crossattn backward kernels failed to launch: %s", cudaGetErrorString(e));
+    return DFM_OK;
+}
+
+__global__ void gate_forward_kernel(float *out, float *g, const float *gl, const float *h, const float *o, int N, int C,
+                                    int G) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * C) return;
+    int per = C / G, c = (int)(idx % C);
+    size_t n = idx / C, gi = n * G + c / per;
+    float gv = 1.0f / (1.0f + expf(-gl[gi]));
+    if (c % per == 0) g[gi] = gv;
+    out[idx] = h[idx] + gv * o[idx];
+}
+__global__ void gate_backward_kernel(float *dh, float *dgl, float *d_o, const float *dout, const float *g,
+                                     const float *o, int N, int C, int G) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * G) return;
+    int per = C / G, j = (int)(idx % G);
+    size_t n = idx / G;
+    float gj = g[idx], acc = 0.0f;
+    for (int c = j * per; c < (j + 1) * per; c++) {
+        size_t k = n * C + c;
+        float d = dout[k];
+        if (dh) dh[k] += d;
+        d_o[k] += d * gj;
+        acc += d * o[k];
+    }
+    dgl[idx] += acc * gj * (1.0f - gj);
+}
+extern "C" int gate_forward_cuda(float *out, float *g, const float *gl, const float *h, const float *o, int N, int C,
+                                 int G, cudaStream_t stream) {
+    gate_forward_kernel<<<blocks_for((size_t)N * C, 256), 256, 0, stream>>>(out, g, gl, h, o, N, C, G);
+    LAUNCH_CHECK("gate_forward_kernel");
+    return DFM_OK;
+}
+extern "C" int gate_backward_cuda(float *dh, float *dgl, float *d_o, const float *dout, const float *g, const float *o,
+                                  int N, int C, int G, cudaStream_t stream) {
+    gate_backward_kernel<<<blocks_for((size_t)N * G, 128), 128, 0, stream>>>(dh, dgl, d_o, dout, g, o, N, C, G);
+    LAUNCH_CHECK("gate_backward_kernel");
+    return DFM_OK;
+}
+
+// ---- chunk pooling ------------------------------------------------------------------------------------
+__global__ void chunk_pool_kernel(float *out, const float *h, int B, int T, int L, int C) {
+    int NC = T / L;
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NC * C) return;
+    int i = (int)(idx % C), c = (int)((idx / C) % NC);
+    size_t b = idx / ((size_t)C * NC);
+    float s = 0.0f;
+    if (c > 0) {
+        for (int t = (c - 1) * L; t < c * L; t++) s += h[(b * T + t) * C + i];
+        s *= 1.0f / (float)L;
+    }
+    out[idx] = s;
+}
+extern "C" int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int C, cudaStream_t stream) {
+    chunk_pool_kernel<<<blocks_for((size_t)B * (T / L) * C, 256), 256, 0, stream>>>(out, h, B, T, L, C);
+    LAUNCH_CHECK("chunk_pool_kernel");
+    return DFM_OK;
+}
+
+// ---- fused LM head + cross-entropy --------------------------------------------------------------------
+#define CE_THREADS 512
+__device__ float block_reduce(float v, bool is_max) {
+    __shared__ float sh[CE_THREADS / 32];
+    int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // sh may still be read by a previous call
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : (is_max ? -INFINITY : 0.0f);
+    return is_max ? warp_max(r) : warp_sum(r);
+}
+// one block per row of the logits block lg[R, V]: loss into row_loss, gradient (softmax - onehot)*dloss in place
+__global__ void ce_rows_kernel(float *lg, float *row_loss, const int *targets, int V, float dloss, int need_grad) {
+    int r = blockIdx.x;
+    float *x = lg + (size_t)r * V;
+    int tgt = targets[r];
+    if (tgt < 0) {  // ignored position
+        if (threadIdx.x == 0) row_loss[r] = 0.0f;
+        if (need_grad)
+            for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
+    mx = block_reduce(mx, true);
+    float lt = x[tgt];  // read before anyone overwrites it below
+    float s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(x[v] - mx);
+    s = block_reduce(s, false);
+    if (threadIdx.x == 0) row_loss[r] = logf(s) + mx - lt;
+    if (need_grad) {
+        float sc = dloss / s;
+        for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = expf(x[v] - mx) * sc - (v == tgt ? dloss : 0.0f);
+    }
+}
+// single block: sum of n floats in double, fixed order (thread-strided partials, then a tree)
+__global__ void sum_double_kernel(double *out, const float *x, size_t n) {
+    __shared__ double sh[256];
+    double s = 0.0;
+    for (size_t i = threadIdx.x; i < n; i += blockDim.x) s += (double)x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = sh[0];
+}
+extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, float *dweight, const float *x,
+                                               const float *weight, const int *targets, int N, int C, int V,
+                                               float dloss, float *scratch, OpsCudaContext *ctx) {
+    cudaStream_t st = ctx->stream;
+    int need_grad = dx || dweight;
+    float *rl = losses;
+    double *dsum = NULL;
+    int rc = DFM_OK;
+    if (!rl) CUDA_CHECK(cudaMallocAsync((void **)&rl, (N ? N : 1) * sizeof(float), st));
+    cudaError_t e = cudaMallocAsync((void **)&dsum, sizeof(double), st);
+    if (e != cudaSuccess) rc = DFM_FAIL(DFM_ECUDA, "cudaMallocAsync failed: %s", cudaGetErrorString(e));
+    for (int r0 = 0; rc == DFM_OK && r0 < N; r0 += CE_ROWS_BLOCK_CUDA) {
+        int R = N - r0 < CE_ROWS_BLOCK_CUDA ? N - r0 : CE_ROWS_BLOCK_CUDA;
+        const float *xb = x + (size_t)r0 * C;
+        rc = matmul_forward_cuda(scratch, xb, weight, NULL, R, C, V, ctx);
+        if (rc) break;
+        ce_rows_kernel<<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, targets + r0, V, dloss, need_grad);
+        if ((e = cudaGetLastError()) != cudaSuccess) {
+            rc = DFM_FAIL(DFM_ECUDA, "ce_rows_kernel launch failed: %s", cudaGetErrorString(e));
+            break;
+        }
+        if (need_grad)
+            rc = matmul_backward_cuda(dx ? dx + (size_t)r0 * C : NULL, dweight, NULL, scratch, xb, weight, R, C, V,
+                                      ctx);
+    }
+    if (rc == DFM_OK) {
+        sum_double_kernel<<<1, 256, 0, st>>>(dsum, rl, (size_t)N);
+        if ((e = cudaGetLastError()) == cudaSuccess) e = cudaMemcpyAsync(total, dsum, sizeof(double),
+                                                                         cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess) rc = DFM_FAIL(DFM_ECUDA, "CE loss reduction failed: %s", cudaGetErrorString(e));
+    }
+    if (dsum) cudaFreeAsync(dsum, st);
+    if (!losses && rl) cudaFreeAsync(rl, st);
+    return rc;
+}
+
+// ---- MSE ----------------------------------------------------------------------------------------------
+// single block (deterministic): count valid slots, then sum and gradient; result[0] = sum / (nvalid * D)
+__global__ void mse_kernel(double *result, float *dpred, const float *pred, const float *target, const uint8_t *mask,
+                           int S, int D, float dloss) {
+    __shared__ double sh[256];
+    __shared__ unsigned long long nvalid;
+    if (threadIdx.x == 0) nvalid = 0;
+    __syncthreads();
+    unsigned long long cnt = 0;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) cnt += mask[s] != 0;
+    sh[threadIdx.x] = (double)cnt;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) nvalid = (unsigned long long)sh[0];
+    __syncthreads();
+    if (nvalid == 0) {
+        if (threadIdx.x == 0) *result = 0.0;
+        return;
+    }
+    double denom = (double)nvalid * D, sum = 0.0;
+    float g = (float)(2.0 / denom) * dloss;
+    for (size_t k = threadIdx.x; k < (size_t)S * D; k += blockDim.x) {
+        if (!mask[k / D]) continue;
+        float d = pred[k] - target[k];
+        sum += (double)d * d;
+        if (dpred) dpred[k] += g * d;
+    }
+    __syncthreads();
+    sh[threadIdx.x] = sum;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *result = sh[0] / denom;
+}
+extern "C" int mse_forward_backward_cuda(double *result, float *dpred, const float *pred, const float *target,
+                                         const uint8_t *mask, int S, int D, float dloss, OpsCudaContext *ctx) {
+    double *d = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&d, sizeof(double), ctx->stream));
+    mse_kernel<<<1, 256, 0, ctx->stream>>>(d, dpred, pred, target, mask, S, D, dloss);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(result, d, sizeof(double), cudaMemcpyDeviceToHost, ctx->stream);
+    cudaFreeAsync(d, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "mse_kernel failed: %s", cudaGetErrorString(e));
+    return DFM_OK;
+}
+
+// ---- AdamW, gradient norm and scaling ---------------------------------------------------------------
+__global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, const unsigned char *decay,
+                             size_t n, float lr, float b1, float b2, float eps, float wdv, float b1c, float b2c) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float g = grads[i];
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float wd = (decay && decay[i]) ? wdv : 0.0f;
+        params[i] -= lr * ((mi / b1c) / (sqrtf(vi / b2c) + eps) + wd * params[i]);
+    }
+}
+extern "C" int adamw_update_cuda(float *params, const float *grads, float *m, float *v, const unsigned char *decay,
+                                 size_t n, const AdamWConfig *c, long t, cudaStream_t stream) {
+    // bias corrections on the host with powf, exactly as adamw_update
+    float b1c = 1.0f - powf(c->beta1, (float)t), b2c = 1.0f - powf(c->beta2, (float)t);
+    adamw_kernel<<<ew_blocks(n), 256, 0, stream>>>(params, grads, m, v, decay, n, c->lr, c->beta1, c->beta2, c->eps,
+                                                   c->weight_decay, b1c, b2c);
+    LAUNCH_CHECK("adamw_kernel");
+    return DFM_OK;
+}
+
+#define NORM_BLOCKS 256
+__global__ void sumsq_partial_kernel(double *partial, const float *g, size_t n) {
+    __shared__ double sh[256];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        s += (double)g[i] * g[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = 128; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+__global__ void sum_partials_kernel(double *partial, int n) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += partial[i];
+    partial[0] = s;
+}
+extern "C" int grad_norm_cuda(double *norm, const float *g, size_t n, OpsCudaContext *ctx) {
+    double *partial = NULL, h = 0.0;
+    CUDA_CHECK(cudaMallocAsync((void **)&partial, NORM_BLOCKS * sizeof(double), ctx->stream));
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, ctx->stream>>>(partial, g, n);
+    sum_partials_kernel<<<1, 32, 0, ctx->stream>>>(partial, NORM_BLOCKS);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpyAsync(&h, partial, sizeof(double), cudaMemcpyDeviceToHost, ctx->stream);
+    cudaFreeAsync(partial, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "gradient norm kernels failed: %s", cudaGetErrorString(e));
+    *norm = sqrt(h);
+    return DFM_OK;
+}
+
+__global__ void scale_kernel(float *g, size_t n, float s) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] *= s;
+}
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+extern "C" int grad_scale_cuda(float *g, size_t n, float s, cudaStream_t stream) {
+    scale_kernel<<<ew_blocks(n), 256, 0, stream>>>(g, n, s);
+    LAUNCH_CHECK("scale_kernel");
+    return DFM_OK;
+}
+extern "C" int vec_add_cuda(float *out, const float *a, const float *b, size_t n, cudaStream_t stream) {
+    add_kernel<<<ew_blocks(n), 256, 0, stream>>>(out, a, b, n);
+    LAUNCH_CHECK("add_kernel");
+    return DFM_OK;
+}
+extern "C" int vec_zero_cuda(float *x, size_t n, cudaStream_t stream) {
+    CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), stream));
+    return DFM_OK;
+}
