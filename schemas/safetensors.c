@@ -36,60 +36,6 @@ int dfm_st_dtype_parse(const char *name) {
     return -1;
 }
 
-/* ---- half precision ---------------------------------------------------------------------------- */
-static inline uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static inline float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float dfm_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    if (exp == 0x1f) return u2f(sign | 0x7f800000u | (man << 13)); /* inf / nan */
-    if (exp == 0) {
-        if (!man) return u2f(sign);
-        /* subnormal: man * 2^-24 */
-        float v = (float)man * 5.9604644775390625e-8f;
-        return sign ? -v : v;
-    }
-    return u2f(sign | ((exp + 112) << 23) | (man << 13));
-}
-
-uint16_t dfm_f32_to_f16(float f) {
-    uint32_t u = f2u(f);
-    uint16_t sign = (u >> 16) & 0x8000;
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0); /* inf / nan */
-    if (a >= 0x477ff000u) return sign | 0x7c00;                                  /* rounds to inf */
-    if (a < 0x38800000u) {                                                       /* subnormal or 0 */
-        /* value * 2^24 rounded to nearest even, as an integer mantissa */
-        float v = u2f(a) * 16777216.0f;
-        uint32_t m = (uint32_t)v;
-        float rem = v - (float)m;
-        if (rem > 0.5f || (rem == 0.5f && (m & 1))) m++;
-        return sign | (uint16_t)m;
-    }
-    uint32_t exp = (a >> 23) - 112, man = a & 0x7fffff;
-    uint32_t r = (exp << 10) | (man >> 13);
-    uint32_t rest = man & 0x1fff;
-    if (rest > 0x1000 || (rest == 0x1000 && (r & 1))) r++; /* may carry into exponent: fine */
-    return sign | (uint16_t)r;
-}
-
-float dfm_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-uint16_t dfm_f32_to_bf16(float f) {
-    uint32_t u = f2u(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet nan */
-    u += 0x7fff + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 /* ---- reading ----------------------------------------------------------------------------------- */
 static int cmp_name(const void *a, const void *b) {
     return strcmp(((const dfm_st_tensor *)a)->name, ((const dfm_st_tensor *)b)->name);

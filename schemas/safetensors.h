@@ -23,6 +23,7 @@
 #ifndef DFM_SAFETENSORS_H
 #define DFM_SAFETENSORS_H
 
+#include "half.h" /* dfm_f16_to_f32 & co., used with F16/BF16 tensors */
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -120,11 +121,5 @@ typedef struct {
  * object of string values stored as "__metadata__", or NULL. DFM_EARG for a bad name, dtype, shape
  * or duplicate; DFM_EIO / DFM_ENOSPACE from the file system. */
 int dfm_safetensors_write(const char *path, const dfm_st_write_tensor *tensors, int n, json_t *metadata);
-
-/* ---- half-precision conversions (round to nearest even; NaN stays NaN) --------------------------- */
-float dfm_f16_to_f32(uint16_t h);
-uint16_t dfm_f32_to_f16(float f);
-float dfm_bf16_to_f32(uint16_t h);
-uint16_t dfm_f32_to_bf16(float f);
 
 #endif

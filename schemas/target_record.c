@@ -64,69 +64,6 @@ int dfm_trec_key_id(const void *key, size_t n, uint64_t *id) {
     return DFM_OK;
 }
 
-/* ---- conversions ---------------------------------------------------------------------------------
- * fp32 -> fp16 after F. Giesen's float_to_half_fast3_rtne: normal numbers round by adding
- * 0xfff + (odd mantissa bit) before dropping 13 bits; subnormals by a float add of a magic constant,
- * which the FPU rounds to nearest even. */
-uint16_t dfm_trec_f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t f32infty = 255u << 23, f16max = (127u + 16u) << 23;
-    const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-    uint32_t sign = x & 0x80000000u;
-    x ^= sign;
-    uint16_t o;
-    if (x >= f16max) {
-        /* NaN: quiet, upper payload bits kept (as the F16C instruction does); else overflow to inf */
-        o = (x > f32infty) ? (uint16_t)(0x7e00u | ((x >> 13) & 0x3ffu)) : 0x7c00;
-    } else if (x < (113u << 23)) {
-        float v, m;
-        memcpy(&v, &x, 4);
-        memcpy(&m, &denorm_magic, 4);
-        v += m;
-        uint32_t r;
-        memcpy(&r, &v, 4);
-        o = (uint16_t)(r - denorm_magic);
-    } else {
-        uint32_t mant_odd = (x >> 13) & 1u;
-        x += ((uint32_t)(15 - 127) << 23) + 0xfffu;
-        x += mant_odd;
-        o = (uint16_t)(x >> 13);
-    }
-    return (uint16_t)(o | (sign >> 16));
-}
-
-float dfm_trec_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    float f;
-    if (e == 0) {
-        f = (float)m * (1.0f / 16777216.0f); /* m * 2^-24, exact */
-        memcpy(&x, &f, 4);
-        x |= sign;
-    } else if (e == 31) {
-        x = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u); /* NaN comes out quiet, as with F16C */
-    } else {
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    }
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t dfm_trec_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* quiet NaN */
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float dfm_trec_bf16_to_f32(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
 /* F16C fast paths (x86-64 with AVX and F16C, checked at run time); bit-identical to the scalar code
  * above (tests/unit/test_shard_record.c compares them over every half and random floats). */
 #if defined(__x86_64__)
@@ -135,13 +72,13 @@ float dfm_trec_bf16_to_f32(uint16_t h) {
 __attribute__((target("avx,f16c"))) static void f16_to_f32_f16c(const uint16_t *in, size_t n, float *out) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + i))));
-    for (; i < n; i++) out[i] = dfm_trec_f16_to_f32(in[i]);
+    for (; i < n; i++) out[i] = dfm_f16_to_f32(in[i]);
 }
 __attribute__((target("avx,f16c"))) static void f32_to_f16_f16c(const float *in, size_t n, uint16_t *out) {
     size_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(void *)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) out[i] = dfm_trec_f32_to_f16(in[i]);
+    for (; i < n; i++) out[i] = dfm_f32_to_f16(in[i]);
 }
 static int have_f16c(void) {
     if (getenv("DFM_NO_F16C")) return 0; /* tests: force the scalar path */
@@ -160,10 +97,10 @@ void dfm_convert_from_f32(int dtype, const float *in, size_t n, void *out) {
         }
 #endif
         uint16_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = dfm_trec_f32_to_f16(in[i]);
+        for (size_t i = 0; i < n; i++) o[i] = dfm_f32_to_f16(in[i]);
     } else if (dtype == DFM_DTYPE_BF16) {
         uint16_t *o = out;
-        for (size_t i = 0; i < n; i++) o[i] = dfm_trec_f32_to_bf16(in[i]);
+        for (size_t i = 0; i < n; i++) o[i] = dfm_f32_to_bf16(in[i]);
     }
 }
 
@@ -178,10 +115,10 @@ void dfm_convert_to_f32(int dtype, const void *in, size_t n, float *out) {
         }
 #endif
         const uint16_t *p = in;
-        for (size_t i = 0; i < n; i++) out[i] = dfm_trec_f16_to_f32(p[i]);
+        for (size_t i = 0; i < n; i++) out[i] = dfm_f16_to_f32(p[i]);
     } else if (dtype == DFM_DTYPE_BF16) {
         const uint16_t *p = in;
-        for (size_t i = 0; i < n; i++) out[i] = dfm_trec_bf16_to_f32(p[i]);
+        for (size_t i = 0; i < n; i++) out[i] = dfm_bf16_to_f32(p[i]);
     }
 }
 

@@ -19,6 +19,7 @@
 #ifndef DFM_TARGET_RECORD_H
 #define DFM_TARGET_RECORD_H
 
+#include "half.h" /* fp16/bf16 scalar conversions */
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,11 +86,6 @@ void dfm_trec_key(uint64_t chunk_id, uint8_t key[8]);
 /* Inverse; DFM_EFORMAT when the key is not 8 bytes. */
 int dfm_trec_key_id(const void *key, size_t n, uint64_t *chunk_id);
 
-/* Conversions, round-to-nearest-even; NaN stays NaN, overflow gives infinity. */
-uint16_t dfm_trec_f32_to_f16(float f);
-float dfm_trec_f16_to_f32(uint16_t h);
-uint16_t dfm_trec_f32_to_bf16(float f);
-float dfm_trec_bf16_to_f32(uint16_t h);
 /* Convert n floats to dtype (out holds n * dfm_dtype_size(dtype) bytes), and back. */
 void dfm_convert_from_f32(int dtype, const float *in, size_t n, void *out);
 void dfm_convert_to_f32(int dtype, const void *in, size_t n, float *out);

@@ -68,8 +68,8 @@ static void make_run(const char *run, const run_spec *s) {
 }
 
 static float through(int dtype, float v) {
-    if (dtype == DFM_DTYPE_FP16) return dfm_trec_f16_to_f32(dfm_trec_f32_to_f16(v));
-    if (dtype == DFM_DTYPE_BF16) return dfm_trec_bf16_to_f32(dfm_trec_f32_to_bf16(v));
+    if (dtype == DFM_DTYPE_FP16) return dfm_f16_to_f32(dfm_f32_to_f16(v));
+    if (dtype == DFM_DTYPE_BF16) return dfm_bf16_to_f32(dfm_f32_to_bf16(v));
     return v;
 }
 

@@ -27,11 +27,11 @@ static float next_float(void) { return (float)((double)(next_u64() >> 40) / (dou
 static void test_fp16_conversion(void **state) {
     for (uint32_t h = 0; h < 65536; h++) {
         if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) { /* NaN stays NaN */
-            assert_true(isnan(dfm_trec_f16_to_f32((uint16_t)h)));
+            assert_true(isnan(dfm_f16_to_f32((uint16_t)h)));
             continue;
         }
-        float f = dfm_trec_f16_to_f32((uint16_t)h);
-        assert_int_equal(dfm_trec_f32_to_f16(f), h);
+        float f = dfm_f16_to_f32((uint16_t)h);
+        assert_int_equal(dfm_f32_to_f16(f), h);
         _Float16 ref = (_Float16)f;
         assert_true((float)ref == f || (isnan(f) && isnan((float)ref)));
     }
@@ -43,16 +43,16 @@ static void test_fp16_conversion(void **state) {
         _Float16 ref = (_Float16)f;
         uint16_t rb;
         memcpy(&rb, &ref, 2);
-        assert_int_equal(dfm_trec_f32_to_f16(f), rb);
+        assert_int_equal(dfm_f32_to_f16(f), rb);
     }
     /* exact ties: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10 -> even (1.0) */
-    assert_int_equal(dfm_trec_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
-    assert_int_equal(dfm_trec_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
-    assert_int_equal(dfm_trec_f32_to_f16(65520.0f), 0x7c00); /* rounds to infinity */
-    assert_int_equal(dfm_trec_f32_to_f16(65519.0f), 0x7bff);
-    assert_int_equal(dfm_trec_f32_to_f16(0x1p-25f), 0x0000);   /* tie between 0 and the smallest subnormal: even */
-    assert_int_equal(dfm_trec_f32_to_f16(0x1.8p-24f), 0x0002); /* 1.5 ulp -> 2 (even) */
-    assert_int_equal(dfm_trec_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(dfm_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);
+    assert_int_equal(dfm_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);
+    assert_int_equal(dfm_f32_to_f16(65520.0f), 0x7c00); /* rounds to infinity */
+    assert_int_equal(dfm_f32_to_f16(65519.0f), 0x7bff);
+    assert_int_equal(dfm_f32_to_f16(0x1p-25f), 0x0000);   /* tie between 0 and the smallest subnormal: even */
+    assert_int_equal(dfm_f32_to_f16(0x1.8p-24f), 0x0002); /* 1.5 ulp -> 2 (even) */
+    assert_int_equal(dfm_f32_to_f16(-0.0f), 0x8000);
 }
 
 /* bf16 against a reference written differently: nearest of the two truncation candidates in double
@@ -61,7 +61,7 @@ static uint16_t bf16_ref(float f) {
     uint32_t x;
     memcpy(&x, &f, 4);
     uint16_t lo = (uint16_t)(x >> 16), hi = (uint16_t)(lo + 1);
-    float flo = dfm_trec_bf16_to_f32(lo), fhi = dfm_trec_bf16_to_f32(hi);
+    float flo = dfm_bf16_to_f32(lo), fhi = dfm_bf16_to_f32(hi);
     if ((x & 0xffff) == 0) return lo;
     double dl = fabs((double)f - (double)flo), dh = fabs((double)f - (double)fhi);
     if (isinf(fhi) && !isinf(f)) dh = fabs((double)f - copysign(ldexp(1.0, 128), (double)f)); /* rounds like 2^128 */
@@ -76,18 +76,18 @@ static void test_bf16_conversion(void **state) {
         float f;
         memcpy(&f, &bits, 4);
         if (isnan(f) || isinf(f)) continue;
-        assert_int_equal(dfm_trec_f32_to_bf16(f), bf16_ref(f));
+        assert_int_equal(dfm_f32_to_bf16(f), bf16_ref(f));
     }
     for (uint32_t h = 0; h < 65536; h++) {
-        float f = dfm_trec_bf16_to_f32((uint16_t)h);
+        float f = dfm_bf16_to_f32((uint16_t)h);
         if (isnan(f)) {
-            assert_true(isnan(dfm_trec_bf16_to_f32(dfm_trec_f32_to_bf16(f))));
+            assert_true(isnan(dfm_bf16_to_f32(dfm_f32_to_bf16(f))));
             continue;
         }
-        assert_int_equal(dfm_trec_f32_to_bf16(f), h);
+        assert_int_equal(dfm_f32_to_bf16(f), h);
     }
-    assert_int_equal(dfm_trec_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie -> even */
-    assert_int_equal(dfm_trec_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie -> even (up) */
+    assert_int_equal(dfm_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);     /* tie -> even */
+    assert_int_equal(dfm_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82); /* tie -> even (up) */
 }
 
 /* The array conversions (F16C where the CPU has it) equal the scalar ones bit for bit, NaNs included. */
@@ -97,7 +97,7 @@ static void test_array_conversions_match_scalar(void **state) {
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     dfm_convert_to_f32(DFM_DTYPE_FP16, h, 65536, f);
     for (uint32_t i = 0; i < 65536; i++) {
-        float want = dfm_trec_f16_to_f32((uint16_t)i);
+        float want = dfm_f16_to_f32((uint16_t)i);
         uint32_t a, b;
         memcpy(&a, &f[i], 4);
         memcpy(&b, &want, 4);
@@ -111,7 +111,7 @@ static void test_array_conversions_match_scalar(void **state) {
     for (uint32_t i = 0; i < 65535; i++) {
         uint32_t bits;
         memcpy(&bits, &g[i], 4);
-        if (h2[i] != dfm_trec_f32_to_f16(g[i])) fail_msg("float %08x: array 0x%04x, scalar 0x%04x", bits, h2[i], dfm_trec_f32_to_f16(g[i]));
+        if (h2[i] != dfm_f32_to_f16(g[i])) fail_msg("float %08x: array 0x%04x, scalar 0x%04x", bits, h2[i], dfm_f32_to_f16(g[i]));
     }
     free(h);
     free(h2);
@@ -174,8 +174,8 @@ static void fixture_free(fixture *f) {
 }
 
 static float through(int dtype, float v) {
-    if (dtype == DFM_DTYPE_FP16) return dfm_trec_f16_to_f32(dfm_trec_f32_to_f16(v));
-    if (dtype == DFM_DTYPE_BF16) return dfm_trec_bf16_to_f32(dfm_trec_f32_to_bf16(v));
+    if (dtype == DFM_DTYPE_FP16) return dfm_f16_to_f32(dfm_f32_to_f16(v));
+    if (dtype == DFM_DTYPE_BF16) return dfm_bf16_to_f32(dfm_f32_to_bf16(v));
     return v;
 }
 

@@ -190,7 +190,7 @@ static void build_and_check(int dtype, int ids_only) {
             assert_int_equal(dfm_emb_set_rows_f32(es, (uint64_t)wid[s], 1, row), DFM_OK);
             for (int j = 0; j < DIM; j++) {
                 float want = row[j];
-                if (dtype == DFM_DTYPE_BF16) want = dfm_trec_bf16_to_f32(dfm_trec_f32_to_bf16(row[j]));
+                if (dtype == DFM_DTYPE_BF16) want = dfm_bf16_to_f32(dfm_f32_to_bf16(row[j]));
                 if (memcmp(&want, &emb[s * DIM + j], 4) != 0)
                     fail_msg("chunk %llu slot %d value %d: %g, stored embedding %g", (unsigned long long)q, s, j, emb[s * DIM + j], want);
             }
