@@ -144,24 +144,7 @@ int dfm_chunk_shard_open(const char *path, dfm_chunk_shard **out) {
         free(s);
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        int e = errno;
-        dfm_chunk_shard_close(s);
-        return DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open chunk shard %s: %s", path, strerror(e));
-    }
-    struct stat st;
-    int rc = DFM_OK;
-    if (fstat(fd, &st) != 0) rc = DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
-    if (!rc) {
-        s->map_bytes = (size_t)st.st_size;
-        if (s->map_bytes) {
-            void *m = mmap(NULL, s->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (m == MAP_FAILED) rc = DFM_FAIL(DFM_EIO, "cannot map %s: %s", path, strerror(errno));
-            else s->map = m;
-        }
-    }
-    close(fd);
+    int rc = dfm_map_file(path, NULL, &s->map, &s->map_bytes);
     if (!rc) rc = validate(s);
     if (rc) {
         dfm_chunk_shard_close(s);
@@ -173,7 +156,7 @@ int dfm_chunk_shard_open(const char *path, dfm_chunk_shard **out) {
 
 void dfm_chunk_shard_close(dfm_chunk_shard *s) {
     if (!s) return;
-    if (s->map) munmap((void *)s->map, s->map_bytes);
+    dfm_unmap_file(s->map, s->map_bytes);
     free(s->path);
     free(s);
 }

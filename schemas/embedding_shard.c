@@ -145,36 +145,13 @@ static int shard_open(const char *path, int check_payload, dfm_emb_shard **out) 
         return DFM_FAIL(DFM_ENOMEM, "no memory opening %s", path);
     }
     int rc = DFM_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        rc = DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s%s", path, strerror(e),
-                      e == ENOENT ? ". HINT: run 'dfm encode RUN' (it resumes finished blocks)" : "");
+    rc = dfm_map_file(path, "HINT: run 'dfm encode RUN' (it resumes finished blocks)", &s->map, &s->map_bytes);
+    if (rc) goto fail;
+    if (s->map_bytes < DFM_EMB_HEADER_BYTES) {
+        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, shorter than the %u-byte header. HINT: delete it and re-run "
+                      "'dfm encode'", path, s->map_bytes, DFM_EMB_HEADER_BYTES);
         goto fail;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        rc = DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(e));
-        goto fail;
-    }
-    if ((uint64_t)sb.st_size < DFM_EMB_HEADER_BYTES) {
-        close(fd);
-        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: %lld bytes, shorter than the %u-byte header. HINT: delete it and re-run "
-                      "'dfm encode'", path, (long long)sb.st_size, DFM_EMB_HEADER_BYTES);
-        goto fail;
-    }
-    s->map_bytes = (size_t)sb.st_size;
-    void *m = mmap(NULL, s->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        int e = errno;
-        s->map_bytes = 0;
-        rc = DFM_FAIL(DFM_EIO, "cannot mmap %s: %s", path, strerror(e));
-        goto fail;
-    }
-    s->map = m;
     dfm_emb_header *h = &s->hdr;
     memcpy(h, s->map, sizeof *h);
     static const uint8_t zero[48];
@@ -226,7 +203,7 @@ int dfm_emb_shard_open_nocheck(const char *path, dfm_emb_shard **out) { return s
 
 void dfm_emb_shard_close(dfm_emb_shard *s) {
     if (!s) return;
-    if (s->map) munmap((void *)s->map, s->map_bytes);
+    dfm_unmap_file(s->map, s->map_bytes);
     free(s->path);
     free(s);
 }

@@ -180,25 +180,7 @@ int dfm_nbr_block_open(const char *path, dfm_nbr_block **out) {
         free(b);
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        int e = errno;
-        dfm_nbr_block_close(b);
-        return DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open neighbour block %s: %s. HINT: run 'dfm retrieve' first", path,
-                        strerror(e));
-    }
-    struct stat st;
-    int rc = DFM_OK;
-    if (fstat(fd, &st) != 0) rc = DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
-    if (!rc) {
-        b->map_bytes = (size_t)st.st_size;
-        if (b->map_bytes) {
-            void *m = mmap(NULL, b->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-            if (m == MAP_FAILED) rc = DFM_FAIL(DFM_EIO, "cannot map %s: %s", path, strerror(errno));
-            else b->map = m;
-        }
-    }
-    close(fd);
+    int rc = dfm_map_file(path, "HINT: run 'dfm retrieve' first", &b->map, &b->map_bytes);
     if (!rc) rc = validate(b);
     if (rc) {
         dfm_nbr_block_close(b);
@@ -210,7 +192,7 @@ int dfm_nbr_block_open(const char *path, dfm_nbr_block **out) {
 
 void dfm_nbr_block_close(dfm_nbr_block *b) {
     if (!b) return;
-    if (b->map) munmap((void *)b->map, b->map_bytes);
+    dfm_unmap_file(b->map, b->map_bytes);
     free(b->path);
     free(b);
 }

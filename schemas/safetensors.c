@@ -200,35 +200,12 @@ int dfm_safetensors_open(const char *path, dfm_safetensors **out) {
         free(im);
         return DFM_FAIL(DFM_ENOMEM, "no memory opening %s", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        int rc = DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s%s", path, strerror(e),
-                          e == ENOENT ? ". HINT: check the model folder (run 'make deps' for the default model)" : "");
+    int rc = dfm_map_file(path, "HINT: check the model folder (run 'make deps' for the default model)", &st->map, &st->map_bytes);
+    if (rc) {
         dfm_safetensors_close(st);
         return rc;
     }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        dfm_safetensors_close(st);
-        return DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(e));
-    }
-    st->map_bytes = (size_t)sb.st_size;
-    if (st->map_bytes > 0) {
-        void *m = mmap(NULL, st->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            st->map_bytes = 0;
-            dfm_safetensors_close(st);
-            return DFM_FAIL(DFM_EIO, "cannot mmap %s: %s", path, strerror(e));
-        }
-        st->map = m;
-    }
-    close(fd);
-    int rc = st_validate(im);
+    rc = st_validate(im);
     if (rc) {
         dfm_safetensors_close(st);
         return rc;
@@ -240,7 +217,7 @@ int dfm_safetensors_open(const char *path, dfm_safetensors **out) {
 void dfm_safetensors_close(dfm_safetensors *st) {
     if (!st) return;
     st_impl *im = (st_impl *)st;
-    if (st->map) munmap((void *)st->map, st->map_bytes);
+    dfm_unmap_file(st->map, st->map_bytes);
     json_decref(im->root);
     free(st->tensors);
     free(st->path);

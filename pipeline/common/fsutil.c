@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -185,3 +186,34 @@ int dfm_file_hash(const char *path, char out[33]) {
 }
 
 uint64_t dfm_checksum64(const void *buf, size_t n) { return XXH3_64bits(buf, n); }
+
+int dfm_map_file(const char *path, const char *hint, const uint8_t **map, size_t *bytes) {
+    *map = NULL;
+    *bytes = 0;
+    const char *sep = hint ? ". " : "";
+    hint = hint ? hint : "";
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s%s%s", path, strerror(e), sep, hint);
+    }
+    struct stat st;
+    int rc = DFM_OK;
+    if (fstat(fd, &st) != 0) {
+        rc = DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
+    } else if (st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
+            rc = DFM_FAIL(DFM_EIO, "cannot map %s: %s", path, strerror(errno));
+        } else {
+            *map = m;
+            *bytes = (size_t)st.st_size;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+void dfm_unmap_file(const void *map, size_t bytes) {
+    if (map && bytes) munmap((void *)map, bytes);
+}

@@ -33,6 +33,13 @@ int dfm_write_file_atomic(const char *path, const void *buf, size_t n);
 /* Read a whole file into a malloc'd buffer (NUL-terminated, *len excludes the NUL). */
 int dfm_read_file(const char *path, char **out, size_t *len);
 
+/* Map a whole file read-only (MAP_PRIVATE). *map is NULL for an empty file. A missing file is
+ * DFM_ENOTFOUND, other failures DFM_EIO; both name the path and end with hint (NULL: none), e.g.
+ * "HINT: run 'dfm encode RUN' first". Release with dfm_unmap_file. */
+int dfm_map_file(const char *path, const char *hint, const uint8_t **map, size_t *bytes);
+/* Unmap what dfm_map_file returned; NULL is a no-op. */
+void dfm_unmap_file(const void *map, size_t bytes);
+
 /* mkdir -p. */
 int dfm_mkdir_p(const char *path);
 
