@@ -284,16 +284,7 @@ static int run_mode(const encode_opts *o, json_t *cfg, const char *run, int devi
             skip = 1;
         if (!rc && !skip) {
             json_t *stage = json_pack("{s:s, s:i, s:O}", "state", "running", "ranks", m->size, "config", cfg);
-            /* later stages are stale once the embeddings change */
-            json_t *stages = json_object_get(man, "stages");
-            const char *k;
-            json_t *v;
-            void *tmp;
-            int seen = 0;
-            json_object_foreach_safe(stages, tmp, k, v) {
-                if (seen) json_object_del(stages, k);
-                if (!strcmp(k, "encode")) seen = 1;
-            }
+            dfm_manifest_drop_later(man, "encode"); /* stale once the embeddings change */
             rc = dfm_manifest_set_stage(man, "encode", stage);
             if (!rc) rc = dfm_manifest_save(run, man);
         }

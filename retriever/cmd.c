@@ -67,19 +67,14 @@ static int parse_metric(const char *s, int allow_unset) {
 }
 
 /* drop stages that depend on `stage` (they are stale once it is redone) */
-static void drop_later(json_t *man, const char *const *later) {
-    json_t *stages = json_object_get(man, "stages");
-    for (int i = 0; later[i]; i++) json_object_del(stages, later[i]);
-}
-
 /* rank 0: mark the stage running (or finish it with st) in the manifest */
-static int manifest_stage(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, json_t *st, const char *const *later) {
+static int manifest_stage(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, json_t *st) {
     if (m->rank != 0) return DFM_OK;
     json_t *man = NULL;
     DFM_TRY(dfm_manifest_load(run, 0, &man));
     if (!st) {
         st = json_pack("{s:s, s:i}", "state", "running", "ranks", m->size);
-        if (later) drop_later(man, later);
+        dfm_manifest_drop_later(man, name);
     } else {
         json_incref(st);
     }
@@ -125,14 +120,13 @@ int dfm_cmd_index(int argc, char **argv) {
     const char *run = npos ? pos[0] : NULL;
     if (!rc) rc = sources_open(run, &src);
     rc = dfm_mpi_agree(&m, rc);
-    static const char *const later[] = {"retrieve", "targets", NULL};
-    if (!rc) rc = manifest_stage(&m, run, "index", cfg, NULL, later);
+    if (!rc) rc = manifest_stage(&m, run, "index", cfg, NULL);
     rc = dfm_mpi_agree(&m, rc);
     if (!rc) {
         dfm_index_opts o = {run, factory, (uint32_t)metric, (uint64_t)mem, (uint64_t)train, (uint64_t)seed};
         rc = dfm_index_build(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, &stage);
     }
-    if (!rc) rc = manifest_stage(&m, run, "index", cfg, stage, NULL);
+    if (!rc) rc = manifest_stage(&m, run, "index", cfg, stage);
     rc = dfm_mpi_agree(&m, rc);
     json_decref(stage);
     json_decref(cfg);
@@ -193,15 +187,14 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     if (!rc) rc = dfm_manifest_load(run, 0, &man);
     if (!rc) rc = dfm_manifest_require_complete(man, "index", run);
     rc = dfm_mpi_agree(&m, rc);
-    static const char *const later[] = {"targets", NULL};
-    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, NULL, later);
+    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, NULL);
     rc = dfm_mpi_agree(&m, rc);
     if (!rc) {
         dfm_retrieve_opts o = {run,    (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
                                metric, nprobe,      ef,               target,            (uint64_t)measure, (uint64_t)seed};
         rc = dfm_retrieve_run(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, dfm_manifest_stage(man, "index"), &stage);
     }
-    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, stage, NULL);
+    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, stage);
     rc = dfm_mpi_agree(&m, rc);
     json_decref(stage);
     json_decref(man);

@@ -318,14 +318,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         if (!rc && !skip) {
             remove_old_shards(chunk_dir);
             json_t *stage = json_pack("{s:s, s:i, s:O, s:O}", "state", "running", "ranks", m.size, "config", cfg, "inputs", inputs_json);
-            if (dfm_manifest_stage(man, "encode") || dfm_manifest_stage(man, "index")) {
-                /* a re-chunked corpus invalidates everything after it */
-                json_t *stages = json_object_get(man, "stages");
-                const char *k;
-                json_t *v;
-                void *tmp;
-                json_object_foreach_safe(stages, tmp, k, v) if (strcmp(k, "chunk")) json_object_del(stages, k);
-            }
+            dfm_manifest_drop_later(man, "chunk"); /* a re-chunked corpus invalidates everything after it */
             rc = dfm_manifest_set_stage(man, "chunk", stage);
             if (!rc) rc = dfm_manifest_save(run, man);
         }

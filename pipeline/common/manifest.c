@@ -68,6 +68,16 @@ int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj) {
     return DFM_OK;
 }
 
+void dfm_manifest_drop_later(json_t *m, const char *stage) {
+    static const char *const order[] = {"chunk", "encode", "index", "retrieve", "targets", "audit", NULL};
+    json_t *stages = json_object_get(m, "stages");
+    int after = 0;
+    for (int i = 0; order[i]; i++) {
+        if (after) json_object_del(stages, order[i]);
+        if (!strcmp(order[i], stage)) after = 1;
+    }
+}
+
 int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_dir) {
     json_t *s = dfm_manifest_stage(m, stage);
     const char *state = json_string_value(json_object_get(s, "state"));

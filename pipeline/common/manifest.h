@@ -32,6 +32,9 @@ int dfm_manifest_save(const char *run_dir, json_t *m);
 json_t *dfm_manifest_stage(json_t *m, const char *stage);
 /* Replace the stage object (takes ownership of obj). */
 int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj);
+/* Remove every stage that comes after `stage` in the pipeline (chunk, encode, index, retrieve,
+ * targets, audit): once a stage is redone, what was built from its old output is stale. */
+void dfm_manifest_drop_later(json_t *m, const char *stage);
 /* DFM_OK if stage exists with state "complete", else DFM_ESTATE saying which command to run. */
 int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_dir);
 /* Integer count of a stage ("chunk", "chunks") or -1 if absent. */
