@@ -16,8 +16,11 @@
 #include "trainer/checkpoint.h"
 #include "trainer/commands.h"
 #include "trainer/data.h"
+#include "trainer/engine.h"
+#include "trainer/flops.h"
 #include "trainer/hf_model.h"
 #include "trainer/model_config.h"
+#include "trainer/prefetch.h"
 #include "schemas/safetensors.h"
 
 /* ---- options shared by the commands ----------------------------------------------------------------- */
@@ -25,6 +28,10 @@ typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
+    /* where it runs */
+    char *device, *precision, *attention;
+    int64_t gpu, prefetch;
+    double peak_tflops;
     /* pretrain shape */
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
@@ -53,7 +60,13 @@ typedef struct {
     {"ckpt-every", DFM_OPT_INT, &(o)->ckpt_every, "0", "N", "write OUT/ckpt_STEP.bin every N steps", 0},      \
     {"resume", DFM_OPT_STR, &(o)->resume, NULL, "FILE", "continue from a checkpoint (bit-identical)", 0},     \
     {"log", DFM_OPT_STR, &(o)->log, NULL, "FILE", "JSONL log (default OUT/log.jsonl)", 1},                     \
-    {"threads", DFM_OPT_INT, &(o)->threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1}
+    {"threads", DFM_OPT_INT, &(o)->threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1},               \
+    {"device", DFM_OPT_STR, &(o)->device, "cpu", "DEV", "cpu (fp32 reference) or cuda (needs a CUDA build)", 1}, \
+    {"precision", DFM_OPT_STR, &(o)->precision, "bf16", "P", "cuda: bf16 (bf16 GEMMs; frozen backbone held in bf16) or fp32", 1}, \
+    {"gpu", DFM_OPT_INT, &(o)->gpu, "-1", "N", "cuda: device index (-1 = node-local rank mod visible GPUs)", 1}, \
+    {"attention", DFM_OPT_STR, &(o)->attention, "flash", "KIND", "cuda: flash (no T x T matrix) or reference", 1}, \
+    {"prefetch", DFM_OPT_INT, &(o)->prefetch, "3", "N", "micro-batches read ahead by the loader thread (>= 2)", 1}, \
+    {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
 
 #define O_DFM(o)                                                                                              \
     {"chunk-len", DFM_OPT_INT, &(o)->chunk_len, "32", "L", "tokens per chunk", 0},                            \
@@ -123,8 +136,9 @@ typedef struct {
     long n_batches;
 } EvalResult;
 
-static int evaluate(DfmModel *m, DataSet *ds, size_t first, size_t count, int B, long max_batches, int modes,
-                    EvalResult *r) {
+/* Held-out evaluation on the engine's device; data read through pf's lock when a loader thread runs. */
+static int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
+                    long max_batches, int modes, EvalResult *r) {
     memset(r, 0, sizeof *r);
     int T = ds->T, L = m->dc.enabled ? m->dc.chunk_len : T, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
     int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
@@ -143,23 +157,24 @@ static int evaluate(DfmModel *m, DataSet *ds, size_t first, size_t count, int B,
     }
     for (long i = 0; i < nb && !rc; i++) {
         for (int b = 0; b < B; b++) idx[b] = first + (size_t)i * B + b;
-        rc = data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
+        rc = pf ? prefetch_data_batch(pf, idx, B, L, inp, tgt, tmem, tmask)
+                : data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
         if (rc) break;
         if (!m->dc.enabled) {
-            rc = model_forward(m, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
+            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
             r->ce_none += m->ce;
             continue;
         }
-        rc = model_forward(m, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, 0, 1.0f);
+        rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, 0, 1.0f);
         r->ce_pred += m->ce;
         r->mse += m->mse;
         r->cos += m->cos;
         if (!rc && (modes & 2)) {
-            rc = model_forward(m, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
+            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
             r->ce_none += m->ce;
         }
         if (!rc && (modes & 4) && use_t) {
-            rc = model_forward(m, inp, tgt, tmem, tmask, B, T, MEM_TARGET, 0, 1.0f);
+            rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_TARGET, 0, 1.0f);
             r->ce_target += m->ce;
         }
     }
@@ -199,20 +214,6 @@ static void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResul
 }
 
 /* ---- the training loop ---------------------------------------------------------------------------------- */
-static unsigned char *decay_mask(DfmModel *m) {
-    size_t n;
-    float *base = model_trainable_params(m, &n);
-    unsigned char *mask = calloc(n, 1);
-    int nv = m->dc.enabled ? model_dfm_tensors(m, NULL, 0) : model_backbone_tensors(m, NULL, 0);
-    TensorView *v = calloc(nv, sizeof *v);
-    if (m->dc.enabled) model_dfm_tensors(m, v, 0);
-    else model_backbone_tensors(m, v, 0);
-    for (int i = 0; i < nv; i++)
-        if (v[i].ndim == 2 && v[i].data) memset(mask + (v[i].data - base), 1, v[i].numel);
-    free(v);
-    return mask;
-}
-
 /* XXH3-64 of the frozen backbone's weights, so DFM checkpoints refuse another backbone of the same shape. */
 static json_t *backbone_hash(const DfmModel *m) {
     char hex[17];
@@ -229,46 +230,75 @@ static json_t *run_config(const DfmModel *m, const Opts *o) {
 
 static int g_rank = 0; /* only rank 0 writes logs, checkpoints and models */
 
+/* --device / --precision / --attention / --gpu into engine options */
+static int engine_options(const Opts *o, EngineOptions *eo) {
+    memset(eo, 0, sizeof *eo);
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
+        return DFM_FAIL(DFM_EARG, "--device %s: use cpu or cuda", o->device);
+    if (strcmp(o->precision, "bf16") && strcmp(o->precision, "fp32"))
+        return DFM_FAIL(DFM_EARG, "--precision %s: use bf16 or fp32", o->precision);
+    if (strcmp(o->attention, "flash") && strcmp(o->attention, "reference"))
+        return DFM_FAIL(DFM_EARG, "--attention %s: use flash or reference", o->attention);
+    eo->cuda = !strcmp(o->device, "cuda");
+    eo->bf16 = eo->cuda && !strcmp(o->precision, "bf16");
+    eo->flash = !strcmp(o->attention, "flash");
+    eo->gpu = (int)o->gpu;
+    return DFM_OK;
+}
+
+/* peak FLOP/s for MFU: --peak-tflops, else the H100/H200 SXM dense figures on a GPU; 0 on the CPU */
+static double peak_flops(const Opts *o, const EngineOptions *eo) {
+    if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
+    if (!eo->cuda) return 0.0;
+    return eo->bf16 ? 989.4e12 : 66.9e12;
+}
+
 /* Data parallel over MPI ranks: every rank draws the same global order; micro-batch a of a step takes
  * sequences [(a*W + r)*B, (a*W + r + 1)*B) of the step's accum*W*B for rank r of W. Gradients are
- * summed with MPI_Allreduce (a fixed order for a fixed rank count) and divided by W, so a run on W
- * ranks with batch B equals a single-rank run with batch W*B up to the summation order. */
+ * summed (engine_allreduce_grads: a fixed order for a fixed rank count) and divided by W, so a run on W
+ * ranks with batch B equals a single-rank run with batch W*B up to the summation order.
+ * A loader thread (prefetch.h) reads batches ahead; the next micro-batch's copy to the device is started
+ * before the current one's backward, so it overlaps compute. "stall" in the log is the fraction of the
+ * step spent waiting for data. */
 static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
     dfm_mpi mp;
     DFM_TRY(dfm_mpi_init(NULL, NULL, &mp));
     g_rank = mp.rank;
     int W = mp.size;
     int B = (int)o->batch, T = (int)o->seq_len, L = m->dc.enabled ? m->dc.chunk_len : T;
-    int NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
     size_t nval = o->val_seqs > 0 ? (size_t)o->val_seqs : ds->n_seq / 20;
     if (nval < (size_t)B) nval = (size_t)B;
     if (nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
                                            "HINT: --val-seqs or more data", ds->n_seq, nval);
+    if (o->prefetch < 2) return DFM_FAIL(DFM_EARG, "--prefetch %lld: at least 2", (long long)o->prefetch);
     size_t ntrain = ds->n_seq - nval;
     DFM_LOG_I("split: %zu training sequences, %zu held out (the last ones)", ntrain, nval);
-    Loader ld;
-    DFM_TRY(loader_init(&ld, 0, ntrain, (uint64_t)o->seed, 1));
-    size_t np;
-    float *params = model_trainable_params(m, &np);
-    float *grads = model_trainable_grads(m);
-    float *am = calloc(np, sizeof(float)), *av = calloc(np, sizeof(float));
-    unsigned char *dmask = decay_mask(m);
-    int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
-    size_t S = (size_t)B * NC * K;
-    int use_t = m->dc.enabled && ds->tgt;
-    float *tmem = use_t ? malloc(S * d * sizeof(float)) : NULL;
-    uint8_t *tmask = use_t ? malloc(S) : NULL;
-    size_t *idx = malloc(B * sizeof(size_t));
-    long step0 = 0;
-    int rc = DFM_OK;
-    if (!am || !av || !dmask || !inp || !tgt || !idx || (use_t && (!tmem || !tmask))) {
-        rc = DFM_FAIL(DFM_ENOMEM, "optimizer state for %zu parameters", np);
-        goto out;
+    EngineOptions eo;
+    DFM_TRY(engine_options(o, &eo));
+    Engine *en = NULL;
+    int rc = dfm_mpi_agree(&mp, engine_create(m, &eo, &mp, &en));
+    if (rc) {
+        engine_free(en);
+        return rc;
     }
+    DFM_LOG_I("engine: %s", engine_describe(en));
+    Loader ld;
+    memset(&ld, 0, sizeof ld);
+    Prefetcher *pf = NULL;
+    PrefetchBatch *cur = NULL, *nxt = NULL;
+    FILE *logf = NULL;
+    int use_t = m->dc.enabled && ds->tgt;
+    long step0 = 0;
+    uint64_t done_epoch = 0, done_pos = 0; /* loader position after the last consumed batch */
+    size_t np;
+    model_trainable_params(m, &np);
+    if ((rc = loader_init(&ld, 0, ntrain, (uint64_t)o->seed, 1))) goto out;
     if (o->resume) {
         CkptInfo ci;
         json_t *saved = NULL;
-        rc = ckpt_load(o->resume, &ci, &saved, params, am, av, np);
+        float *hp, *h1, *h2;
+        engine_host_state(en, &hp, &h1, &h2);
+        rc = ckpt_load(o->resume, &ci, &saved, hp, h1, h2, np);
         if (rc) goto out;
         json_t *now = run_config(m, o);
         const char *parts[4] = {"backbone", "dfm", "train", "backbone_hash"};
@@ -283,34 +313,52 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
             rc = DFM_FAIL(DFM_EMISMATCH, "%s is a %s checkpoint", o->resume, ci.mode ? "DFM" : "pretraining");
             goto out;
         }
+        if ((rc = engine_load_state(en))) goto out;
         step0 = (long)ci.step;
         loader_seek(&ld, ci.epoch, ci.pos);
+        done_epoch = ci.epoch, done_pos = ci.pos;
         DFM_LOG_I("resumed from %s at step %ld (epoch %llu, position %llu)", o->resume, step0,
                   (unsigned long long)ci.epoch, (unsigned long long)ci.pos);
     }
+    {
+        PrefetchAllocator pa = engine_host_allocator(en);
+        if ((rc = prefetch_start(&pf, ds, &ld, B, L, use_t, mp.rank, W, (int)o->prefetch, pa.alloc ? &pa : NULL)))
+            goto out;
+    }
     char *logpath = o->log ? strdup(o->log) : dfm_path_join(o->out, "log.jsonl");
-    FILE *logf = g_rank ? NULL : fopen(logpath, o->resume ? "a" : "w");
+    logf = g_rank ? NULL : fopen(logpath, o->resume ? "a" : "w");
     if (!logf && !g_rank) DFM_LOG_W("cannot write the log %s; going on without it", logpath);
     free(logpath);
     AdamWConfig ac = {.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = (float)o->beta2, .eps = 1e-8f,
                       .weight_decay = (float)o->wd};
-    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens", np,
-              m->dc.enabled ? "DFM modules; backbone frozen" : "backbone", (long long)o->steps,
-              (long long)o->accum, B, T);
+    double fpt = model_train_flops_per_token(m, T), peak = peak_flops(o, &eo);
+    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens on %d rank(s); %.3g GFLOP per token",
+              np, m->dc.enabled ? "DFM modules; backbone frozen" : "backbone", (long long)o->steps,
+              (long long)o->accum, B, T, W, fpt / 1e9);
     for (long step = step0; step < o->steps && !rc; step++) {
-        double t0 = dfm_now();
-        model_zero_grad(m);
+        double t0 = dfm_now(), stall = 0.0, waited;
+        rc = engine_zero_grad(en);
         double loss = 0, ce = 0, mse = 0;
         for (int a = 0; a < o->accum && !rc; a++) {
-            for (int w = 0; w < W; w++) { /* every rank advances the shared order; keeps its own slice */
-                size_t tmp_idx[B];
-                loader_next(&ld, B, w == mp.rank ? idx : tmp_idx);
+            if (!cur) { /* first micro-batch of the run (later ones were staged during the previous backward) */
+                rc = prefetch_next(pf, &cur, &waited);
+                stall += waited;
+                if (!rc) rc = engine_stage(en, cur->inputs, cur->targets, cur->tmem, cur->tmask, B, T);
+                if (rc) break;
             }
-            rc = data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
-            if (!rc)
-                rc = model_forward(m, inp, tgt, tmem, tmask, B, T, m->dc.enabled ? MEM_PREDICTED : MEM_NONE, 1,
-                                   1.0f / (float)o->accum);
-            if (!rc) rc = model_backward(m);
+            rc = engine_forward(en, NULL, NULL, NULL, NULL, B, T, m->dc.enabled ? MEM_PREDICTED : MEM_NONE, 1,
+                                1.0f / (float)o->accum);
+            done_epoch = cur->epoch, done_pos = cur->pos;
+            prefetch_release(pf, cur); /* consumed: its buffers are on the device (or used) */
+            cur = NULL;
+            int more = a + 1 < o->accum || step + 1 < o->steps;
+            if (!rc && more) { /* stage the next micro-batch: its copy overlaps this backward */
+                rc = prefetch_next(pf, &nxt, &waited);
+                stall += waited;
+                if (!rc) rc = engine_stage(en, nxt->inputs, nxt->targets, nxt->tmem, nxt->tmask, B, T);
+                cur = nxt;
+            }
+            if (!rc) rc = engine_backward(en);
             loss += m->loss / o->accum;
             ce += m->ce / o->accum;
             mse += m->mse / o->accum;
@@ -319,62 +367,72 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
         if (rc) break;
         if (W > 1) {
             double parts[3] = {loss, ce, mse};
-            if ((rc = DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, grads, (int)np, MPI_FLOAT, MPI_SUM, mp.comm))) ||
+            if ((rc = engine_allreduce_grads(en, &mp)) ||
                 (rc = DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, mp.comm))))
                 break;
-            grad_scale(grads, np, 1.0f / (float)W);
             loss = parts[0] / W;
             ce = parts[1] / W;
             mse = parts[2] / W;
         }
-        double gn = grad_norm(grads, np);
+        double gn = 0.0;
+        if ((rc = engine_grad_norm(en, &gn))) break;
         if (!isfinite(gn)) {
             rc = DFM_FAIL(DFM_ERANGE, "gradient norm is %f at step %ld. HINT: lower --lr", gn, step);
             break;
         }
-        if (o->clip > 0 && gn > o->clip) grad_scale(grads, np, (float)(o->clip / gn));
+        if (o->clip > 0 && gn > o->clip && (rc = engine_grad_scale(en, (float)(o->clip / gn)))) break;
         ac.lr = lr_schedule(step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr_frac);
-        adamw_update(params, grads, am, av, dmask, np, &ac, step + 1);
+        if ((rc = engine_adamw(en, &ac, step + 1))) break;
         double dt = dfm_now() - t0;
         double tps = (double)o->accum * W * B * T / dt;
+        double mfu = peak > 0 ? tps * fpt / (W * peak) : NAN;
+        char mfus[32] = "";
+        if (peak > 0) snprintf(mfus, sizeof mfus, " | MFU %.1f%%", 100.0 * mfu);
         if (g_rank) {
         } else if (m->dc.enabled)
-            DFM_LOG_I("step %5ld/%lld | loss %.4f (ce %.4f mse %.4f) | lr %.2e | norm %.3f | %.0f tok/s | %.0f ms",
-                      step + 1, (long long)o->steps, loss, ce, mse, ac.lr, gn, tps, dt * 1e3);
+            DFM_LOG_I("step %5ld/%lld | loss %.4f (ce %.4f mse %.4f) | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% "
+                      "| %.0f ms",
+                      step + 1, (long long)o->steps, loss, ce, mse, ac.lr, gn, tps, mfus, 100.0 * stall / dt, dt * 1e3);
         else
-            DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s | %.0f ms", step + 1,
-                      (long long)o->steps, loss, ac.lr, gn, tps, dt * 1e3);
+            DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% | %.0f ms",
+                      step + 1, (long long)o->steps, loss, ac.lr, gn, tps, mfus, 100.0 * stall / dt, dt * 1e3);
         if (logf) {
             fprintf(logf,
                     "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                    "\"tok_per_s\": %.1f, \"ms\": %.1f}\n",
-                    step + 1, loss, ce, mse, ac.lr, gn, tps, dt * 1e3);
+                    "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%.4f%s}\n",
+                    step + 1, loss, ce, mse, ac.lr, gn, tps, dt * 1e3, stall / dt, peak > 0 ? "" : "\"",
+                    peak > 0 ? mfu : 0.0, peak > 0 ? "" : "\"");
             fflush(logf);
         }
         int last = step + 1 == o->steps;
         if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
             EvalResult e;
-            rc = evaluate(m, ds, ntrain, nval, B, o->eval_batches, 7, &e);
+            rc = evaluate(en, m, ds, pf, ntrain, nval, B, o->eval_batches, 7, &e);
             if (rc) break;
             eval_print(logf, step + 1, m, &e, use_t);
         }
-        if (((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || last) && g_rank == 0) {
-            CkptInfo ci = {.mode = (uint32_t)m->dc.enabled, .step = (uint64_t)step + 1, .epoch = ld.epoch,
-                           .pos = ld.pos, .n_params = np};
-            char name[64];
-            snprintf(name, sizeof name, last ? "ckpt_final.bin" : "ckpt_%06ld.bin", step + 1);
-            char *cp = dfm_path_join(o->out, name);
-            json_t *cfg = run_config(m, o);
-            rc = ckpt_save(cp, &ci, cfg, params, am, av);
-            json_decref(cfg);
-            if (!rc) DFM_LOG_I("checkpoint %s", cp);
-            free(cp);
+        if (((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || last)) {
+            float *hp, *h1, *h2;
+            if ((rc = engine_sync_host(en, &hp, &h1, &h2))) break; /* also brings the params to m for the export */
+            if (g_rank == 0) {
+                CkptInfo ci = {.mode = (uint32_t)m->dc.enabled, .step = (uint64_t)step + 1, .epoch = done_epoch,
+                               .pos = done_pos, .n_params = np};
+                char name[64];
+                snprintf(name, sizeof name, last ? "ckpt_final.bin" : "ckpt_%06ld.bin", step + 1);
+                char *cp = dfm_path_join(o->out, name);
+                json_t *cfg = run_config(m, o);
+                rc = ckpt_save(cp, &ci, cfg, hp, h1, h2);
+                json_decref(cfg);
+                if (!rc) DFM_LOG_I("checkpoint %s", cp);
+                free(cp);
+            }
         }
     }
-    if (logf) fclose(logf);
 out:
+    if (logf) fclose(logf);
+    prefetch_stop(pf);
     loader_free(&ld);
-    free(am), free(av), free(dmask), free(inp), free(tgt), free(tmem), free(tmask), free(idx);
+    engine_free(en);
     return rc;
 }
 
@@ -628,7 +686,14 @@ int cmd_eval(int argc, char **argv) {
         if (nval < (size_t)o.batch) nval = (size_t)o.batch;
         if (nval > ds.n_seq) nval = ds.n_seq;
         EvalResult e;
-        rc = evaluate(m, &ds, ds.n_seq - nval, nval, (int)o.batch, o.eval_batches, 7, &e);
+        EngineOptions eo;
+        dfm_mpi mp;
+        Engine *en = NULL;
+        rc = engine_options(&o, &eo);
+        if (!rc) rc = dfm_mpi_init(NULL, NULL, &mp);
+        if (!rc) rc = engine_create(m, &eo, &mp, &en);
+        if (!rc) rc = evaluate(en, m, &ds, NULL, ds.n_seq - nval, nval, (int)o.batch, o.eval_batches, 7, &e);
+        engine_free(en);
         if (!rc) {
             eval_print(NULL, 0, m, &e, ds.tgt != NULL);
             printf("{\"ce_pred\": %.6f, \"ce_none\": %.6f, \"ce_target\": %.6f, \"mse\": %.6f, \"cos\": %.6f, "

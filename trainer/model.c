@@ -11,7 +11,7 @@
 #include "trainer/ops.h"
 #include "trainer/rng.h"
 
-static int fusion_gates(const DfmModel *m) {
+int model_fusion_gates(const DfmModel *m) {
     return m->dc.gate_per_channel ? m->bc.dec.hidden : m->dc.xattn_heads;
 }
 
@@ -107,7 +107,7 @@ static void bb_layout(const BackboneConfig *bc, BackboneParams *p, float **ptrs[
     sizes[2 + STACK_NUM_TENSORS] = bc->tie_embeddings ? 0 : V * C;
 }
 
-static size_t bb_carve(const BackboneConfig *bc, BackboneParams *p, float *base) {
+size_t model_carve_backbone(const BackboneConfig *bc, BackboneParams *p, float *base) {
     float **ptrs[BB_NUM];
     size_t sizes[BB_NUM];
     bb_layout(bc, p, ptrs, sizes);
@@ -149,7 +149,7 @@ static void dfm_layout(const BackboneConfig *bc, const DfmConfig *dc, DfmParams 
 #undef ADD
 }
 
-static size_t dfm_carve(const BackboneConfig *bc, const DfmConfig *dc, DfmParams *p, float *base) {
+size_t model_carve_dfm(const BackboneConfig *bc, const DfmConfig *dc, DfmParams *p, float *base) {
     float **ptrs[DFM_NUM_TENSORS];
     size_t sizes[DFM_NUM_TENSORS];
     dfm_layout(bc, dc, p, ptrs, sizes);
@@ -169,7 +169,7 @@ static void al_add(ActList *a, float **p, size_t n) {
     a->n++;
 }
 
-static void act_layout(DfmModel *m, ActList *al) {
+static void act_layout(DfmModel *m, ActList *al, int ce_rows, int flash) {
     const BackboneConfig *bc = &m->bc;
     const DfmConfig *dc = &m->dc;
     size_t B = m->maxB, T = m->maxT, N = B * T, C = bc->dec.hidden, V = bc->vocab_size, NL = bc->dec.n_layers;
@@ -183,7 +183,7 @@ static void act_layout(DfmModel *m, ActList *al) {
     al_add(al, &m->lnf_rstd, N);
     al_add(al, &m->row_losses, N);
     al_add(al, &m->tmp, N * C);
-    al_add(al, &m->ce_scratch, (size_t)CE_ROWS_BLOCK * V);
+    al_add(al, &m->ce_scratch, (size_t)ce_rows * V);
     al_add(al, &m->d_x, N * C);
     al_add(al, &m->d_x2, N * C);
     {
@@ -191,6 +191,7 @@ static void act_layout(DfmModel *m, ActList *al) {
         size_t s[STACK_NUM_ACTS];
         stack_act_ptrs(&m->dec_acts, p);
         stack_act_sizes(&bc->dec, B, T, s);
+        if (flash) s[9] = NL * B * bc->dec.n_heads * T; /* att holds the softmax log-sum-exp [NL, B, nh, T] */
         for (int i = 0; i < STACK_NUM_ACTS; i++) al_add(al, p[i], s[i]);
     }
     {
@@ -198,6 +199,7 @@ static void act_layout(DfmModel *m, ActList *al) {
         size_t s[STACK_NUM_SCRATCH];
         stack_scratch_ptrs(&m->dec_scr, p);
         stack_scratch_sizes(&bc->dec, B, T, s);
+        if (flash) s[11] = B * bc->dec.n_heads * T; /* datt holds rowsum(dout * out) [B, nh, T] */
         /* frozen layers below the lowest fusion block never run backward, but the ones above do */
         for (int i = 0; i < STACK_NUM_SCRATCH; i++) al_add(al, p[i], s[i]);
     }
@@ -219,11 +221,13 @@ static void act_layout(DfmModel *m, ActList *al) {
         size_t s[STACK_NUM_ACTS];
         stack_act_ptrs(&m->pred_acts, p);
         stack_act_sizes(&dc->pred, B, NCc, s);
+        if (flash) s[9] = (size_t)NLp * B * dc->pred.n_heads * NCc;
         for (int i = 0; i < STACK_NUM_ACTS; i++) al_add(al, p[i], s[i]);
         float **q[STACK_NUM_SCRATCH];
         size_t t[STACK_NUM_SCRATCH];
         stack_scratch_ptrs(&m->pred_scr, q);
         stack_scratch_sizes(&dc->pred, B, NCc, t);
+        if (flash) t[11] = B * dc->pred.n_heads * NCc;
         for (int i = 0; i < STACK_NUM_SCRATCH; i++) al_add(al, q[i], t[i]);
     }
     al_add(al, &m->mem_in, S * d);
@@ -262,6 +266,19 @@ static void act_layout(DfmModel *m, ActList *al) {
     al_add(al, &m->d_pred_c, Np * P);
 }
 
+size_t model_carve_acts(DfmModel *m, float *base, int ce_rows, int flash) {
+    ActList al;
+    act_layout(m, &al, ce_rows, flash);
+    size_t n = carve_floats(base, al.ptrs, al.sizes, al.n);
+    if (base) { /* int and byte buffers live in the float block (same size / smaller alignment) */
+        m->inputs = (int *)(void *)m->raw_inputs;
+        m->targets = (int *)(void *)m->raw_targets;
+        m->slot_mask = (uint8_t *)m->raw_slot_mask;
+        m->tgt_mask = (uint8_t *)m->raw_tgt_mask;
+    }
+    return n;
+}
+
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out) {
     *out = NULL;
     DFM_TRY(model_config_check(bc, dc));
@@ -274,19 +291,17 @@ int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int ma
     m->dc = *dc;
     m->maxB = maxB;
     m->maxT = maxT;
-    m->bb_num = bb_carve(bc, &m->bb, NULL);
+    m->bb_num = model_carve_backbone(bc, &m->bb, NULL);
     m->bb_memory = calloc(m->bb_num, sizeof(float));
     if (dc->enabled) {
-        m->dfm_num = dfm_carve(bc, dc, &m->dp, NULL);
+        m->dfm_num = model_carve_dfm(bc, dc, &m->dp, NULL);
         m->dfm_memory = calloc(m->dfm_num, sizeof(float));
         m->grad_num = m->dfm_num;
     } else {
         m->grad_num = m->bb_num;
     }
     m->grad_memory = calloc(m->grad_num, sizeof(float));
-    ActList al;
-    act_layout(m, &al);
-    m->act_num = carve_floats(NULL, al.ptrs, al.sizes, al.n);
+    m->act_num = model_carve_acts(m, NULL, CE_ROWS_BLOCK, 0);
     m->act_memory = calloc(m->act_num, sizeof(float));
     if (!m->bb_memory || (dc->enabled && !m->dfm_memory) || !m->grad_memory || !m->act_memory) {
         size_t total = (m->bb_num + m->dfm_num + m->grad_num + m->act_num) * 4;
@@ -294,19 +309,14 @@ int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int ma
         return DFM_FAIL(DFM_ENOMEM, "model needs %.1f MiB (params, grads, activations for %d x %d). "
                         "HINT: smaller --batch or --seq-len", total / 1048576.0, maxB, maxT);
     }
-    bb_carve(bc, &m->bb, m->bb_memory);
+    model_carve_backbone(bc, &m->bb, m->bb_memory);
     if (dc->enabled) {
-        dfm_carve(bc, dc, &m->dp, m->dfm_memory);
-        dfm_carve(bc, dc, &m->dp_grad, m->grad_memory);
+        model_carve_dfm(bc, dc, &m->dp, m->dfm_memory);
+        model_carve_dfm(bc, dc, &m->dp_grad, m->grad_memory);
     } else {
-        bb_carve(bc, &m->bb_grad, m->grad_memory);
+        model_carve_backbone(bc, &m->bb_grad, m->grad_memory);
     }
-    carve_floats(m->act_memory, al.ptrs, al.sizes, al.n);
-    /* int and byte buffers live in the float block (same size / smaller alignment) */
-    m->inputs = (int *)(void *)m->raw_inputs;
-    m->targets = (int *)(void *)m->raw_targets;
-    m->slot_mask = (uint8_t *)m->raw_slot_mask;
-    m->tgt_mask = (uint8_t *)m->raw_tgt_mask;
+    model_carve_acts(m, m->act_memory, CE_ROWS_BLOCK, 0);
     rope_tables(m->rope_cos, m->rope_sin, maxT, bc->dec.head_dim, bc->dec.rope_theta);
     if (dc->enabled)
         rope_tables(m->prope_cos, m->prope_sin, maxT / dc->chunk_len, dc->pred.head_dim, dc->pred.rope_theta);
@@ -358,7 +368,7 @@ void model_init_dfm_random(DfmModel *m, uint64_t seed) {
     DfmParams *p = &m->dp;
     float std = dc->init_std;
     size_t C = m->bc.dec.hidden, P = dc->pred.hidden, K = dc->n_slots, d = dc->d_mem, H = dc->proj_hidden,
-           NF = dc->n_fusion, G = fusion_gates(m);
+           NF = dc->n_fusion, G = model_fusion_gates(m);
     memset(m->dfm_memory, 0, m->dfm_num * sizeof(float));
     rng_normal(&r, p->pred_win, P * C, std);
     rng_normal(&r, p->pred_placeholder, P, std);
@@ -448,13 +458,8 @@ static void projector_backward(DfmModel *m, int S) {
                        m->pj_rstd, S, d);
 }
 
-typedef struct {
-    float *lnw, *wq, *wk, *wv, *wo, *wg, *bg;
-    float *xn, *rstd, *q, *km, *vm, *p, *y, *o, *gl, *g;
-} FusionView;
-
-static FusionView fusion_view(const DfmModel *m, const DfmParams *p, int f) {
-    size_t C = m->bc.dec.hidden, N = (size_t)m->B * m->T, G = fusion_gates(m), K = m->dc.n_slots,
+FusionView model_fusion_view(const DfmModel *m, const DfmParams *p, int f) {
+    size_t C = m->bc.dec.hidden, N = (size_t)m->B * m->T, G = model_fusion_gates(m), K = m->dc.n_slots,
            S = (size_t)m->B * (m->T / m->dc.chunk_len) * K, nhx = m->dc.xattn_heads;
     /* activation slabs are laid out for maxB x maxT; index them with the max sizes */
     size_t Nm = (size_t)m->maxB * m->maxT, Sm = (size_t)m->maxB * (m->maxT / m->dc.chunk_len) * K;
@@ -483,8 +488,8 @@ static FusionView fusion_view(const DfmModel *m, const DfmParams *p, int f) {
 
 static void fusion_forward(DfmModel *m, int f, float *out, const float *h) {
     int B = m->B, T = m->T, N = B * T, C = m->bc.dec.hidden, K = m->dc.n_slots, L = m->dc.chunk_len;
-    int S = B * (T / L) * K, nhx = m->dc.xattn_heads, G = fusion_gates(m);
-    FusionView v = fusion_view(m, &m->dp, f);
+    int S = B * (T / L) * K, nhx = m->dc.xattn_heads, G = model_fusion_gates(m);
+    FusionView v = model_fusion_view(m, &m->dp, f);
     rmsnorm_forward(v.xn, v.rstd, h, v.lnw, N, C, m->bc.dec.eps);
     matmul_forward(v.q, v.xn, v.wq, NULL, N, C, C);
     matmul_forward(v.km, m->mem, v.wk, NULL, S, C, C);
@@ -497,9 +502,9 @@ static void fusion_forward(DfmModel *m, int f, float *out, const float *h) {
 
 static void fusion_backward(DfmModel *m, int f, float *dh, const float *dout, const float *h) {
     int B = m->B, T = m->T, N = B * T, C = m->bc.dec.hidden, K = m->dc.n_slots, L = m->dc.chunk_len;
-    int S = B * (T / L) * K, nhx = m->dc.xattn_heads, G = fusion_gates(m);
-    FusionView v = fusion_view(m, &m->dp, f);
-    FusionView gv = fusion_view(m, &m->dp_grad, f);
+    int S = B * (T / L) * K, nhx = m->dc.xattn_heads, G = model_fusion_gates(m);
+    FusionView v = model_fusion_view(m, &m->dp, f);
+    FusionView gv = model_fusion_view(m, &m->dp_grad, f);
     size_t NCs = (size_t)N * C, SC = (size_t)S * C;
     float *d_o = m->d_fu_a, *d_y = m->d_fu_b, *d_q = m->d_fu_c, *d_xn = m->d_fu_a;
     vec_zero(d_o, NCs);
@@ -520,7 +525,7 @@ static void fusion_backward(DfmModel *m, int f, float *dh, const float *dout, co
 }
 
 /* ---- whole model ------------------------------------------------------------------------------------ */
-static int fusion_after(const DfmModel *m, int l) {
+int model_fusion_after(const DfmModel *m, int l) {
     if (!m->dc.enabled) return -1;
     for (int f = 0; f < m->dc.n_fusion; f++)
         if (m->dc.fusion_layers[f] == l) return f;
@@ -604,7 +609,7 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
     /* decoder with fusion blocks */
     embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
     for (int l = 0; l < NL; l++) {
-        int f = fusion_after(m, l);
+        int f = model_fusion_after(m, l);
         float *in = m->x_layer_in + (size_t)l * NCs, *next = m->x_layer_in + (size_t)(l + 1) * NCs;
         float *dst = f >= 0 ? m->x_fuse_in + (size_t)f * m->maxB * m->maxT * C : next;
         stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, m->tmp, B, T, m->rope_cos,
@@ -652,7 +657,7 @@ int model_backward(DfmModel *m) {
     }
     int lowest = pretrain ? 0 : dc->fusion_layers[0];
     for (int l = NL - 1; l >= lowest; l--) {
-        int f = fusion_after(m, l);
+        int f = model_fusion_after(m, l);
         if (f >= 0) {
             vec_zero(other, NCs);
             fusion_backward(m, f, other, d, m->x_fuse_in + (size_t)f * m->maxB * m->maxT * C);
@@ -761,7 +766,7 @@ int model_dfm_tensors(const DfmModel *m, TensorView *views, int grads) {
     const DfmConfig *dc = &m->dc;
     DfmParams p = grads ? m->dp_grad : m->dp;
     int64_t C = m->bc.dec.hidden, P = dc->pred.hidden, K = dc->n_slots, d = dc->d_mem, H = dc->proj_hidden,
-            G = fusion_gates(m);
+            G = model_fusion_gates(m);
     int n = 0;
 #define V1(name, ptr, a) (views ? view_set(&views[n], name, ptr, 1, a, 0) : (void)0, n++)
 #define V2(name, ptr, a, b) (views ? view_set(&views[n], name, ptr, 2, a, b) : (void)0, n++)

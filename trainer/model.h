@@ -30,6 +30,10 @@
 
 #include "trainer/stack.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define DFM_MAX_FUSION 32
 
 typedef struct {
@@ -165,6 +169,27 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc);
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out);
 void model_free(DfmModel *m);
 
+/* Layouts, shared with the CUDA model (trainer/model_cuda.cu), which carves the same structs out of
+ * device allocations: each carves its tensors consecutively from base (NULL: only counts) and returns
+ * the element count. model_carve_acts sets every activation pointer of m (sized for m->maxB x m->maxT
+ * with m->bc / m->dc set) with a CE scratch of ce_rows x V floats; flash = 1 sizes the attention
+ * buffers for flash attention: StackActs.att is the log-sum-exp [NL, B, nh, T], StackScratch.datt
+ * [B, nh, T]. */
+size_t model_carve_backbone(const BackboneConfig *bc, BackboneParams *p, float *base);
+size_t model_carve_dfm(const BackboneConfig *bc, const DfmConfig *dc, DfmParams *p, float *base);
+size_t model_carve_acts(DfmModel *m, float *base, int ce_rows, int flash);
+
+/* Fusion block f's weights (in p: parameters or gradients) and activation slabs (in m); with a
+ * device model the views are device pointers. */
+typedef struct {
+    float *lnw, *wq, *wk, *wv, *wo, *wg, *bg;
+    float *xn, *rstd, *q, *km, *vm, *p, *y, *o, *gl, *g;
+} FusionView;
+FusionView model_fusion_view(const DfmModel *m, const DfmParams *p, int f);
+/* Gates per fusion block (xattn heads or C); the fusion block after decoder layer l, or -1. */
+int model_fusion_gates(const DfmModel *m);
+int model_fusion_after(const DfmModel *m, int l);
+
 /* Deterministic initialisation from seed: backbone (when random) and DFM modules (normal(0, std)
  * matrices, unit norms, zero biases, gate weight 0 and bias gate_bias). */
 void model_init_backbone_random(DfmModel *m, uint64_t seed);
@@ -194,5 +219,9 @@ int model_dfm_tensors(const DfmModel *m, TensorView *views, int grads);
 /* The trainable block: pointer/size of parameters and gradients. */
 float *model_trainable_params(DfmModel *m, size_t *n);
 float *model_trainable_grads(DfmModel *m);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

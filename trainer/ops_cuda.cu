@@ -14,30 +14,8 @@
 extern "C" {
 #include "common/error.h"
 }
+#include "trainer/cuda_check.h"
 #include "trainer/ops_cuda.h"
-
-#define CUDA_CHECK(call)                                                                                        \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        if (e_ != cudaSuccess)                                                                                  \
-            return DFM_FAIL(DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", #call,           \
-                            cudaGetErrorString(e_));                                                            \
-    } while (0)
-// after a kernel launch: launch-configuration errors are reported here, execution errors by a later sync
-#define LAUNCH_CHECK(what)                                                                                      \
-    do {                                                                                                        \
-        cudaError_t e_ = cudaGetLastError();                                                                    \
-        if (e_ != cudaSuccess)                                                                                  \
-            return DFM_FAIL(DFM_ECUDA, "launching %s failed: %s. HINT: check the sizes and the GPU (nvidia-smi)", \
-                            what, cudaGetErrorString(e_));                                                      \
-    } while (0)
-#define CUBLAS_CHECK(call)                                                                                      \
-    do {                                                                                                        \
-        cublasStatus_t s_ = (call);                                                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                        \
-            return DFM_FAIL(DFM_ECUDA, "%s failed: cuBLAS status %d (%s)", #call, (int)s_,                    \
-                            cublasGetStatusString(s_));                                                         \
-    } while (0)
 
 static inline unsigned blocks_for(size_t n, int threads) {
     size_t b = (n + threads - 1) / threads;
@@ -120,6 +98,28 @@ static int gemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb,
     LAUNCH_CHECK("to_bf16_kernel");
     CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb,
                               &beta, Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return DFM_OK;
+}
+
+// A already in bf16 (a frozen weight kept in bf16 on the device): only B is rounded into the scratch.
+static int gemm_a16(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                    const uint16_t *A, int lda, const float *B, int ldb, size_t b_elems, float beta, float *Cm,
+                    int ldc) {
+    const float one = 1.0f;
+    DFM_TRY(ctx_scratch(ctx, b_elems * sizeof(__nv_bfloat16)));
+    __nv_bfloat16 *b16 = (__nv_bfloat16 *)ctx->scratch;
+    to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+        b16, B, b_elems);
+    LAUNCH_CHECK("to_bf16_kernel");
+    CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb, &beta,
+                              Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return DFM_OK;
+}
+
+extern "C" int to_bf16_cuda(uint16_t *out, const float *in, size_t n, cudaStream_t stream) {
+    to_bf16_kernel<<<blocks_for(n, 256) < 65536 ? blocks_for(n, 256) : 65536, 256, 0, stream>>>(
+        (__nv_bfloat16 *)out, in, n);
+    LAUNCH_CHECK("to_bf16_kernel");
     return DFM_OK;
 }
 
@@ -722,6 +722,34 @@ __global__ void chunk_pool_kernel(float *out, const float *h, int B, int T, int 
     }
     out[idx] = s;
 }
+extern "C" int matmul_forward_w16_cuda(float *out, const float *inp, const uint16_t *weight, const float *bias,
+                                       int N, int C, int OC, OpsCudaContext *ctx) {
+    DFM_TRY(gemm_a16(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, (size_t)N * C, 0.0f, out, OC));
+    if (bias) {
+        add_bias_kernel<<<blocks_for((size_t)N * OC, 256), 256, 0, ctx->stream>>>(out, bias, N, OC);
+        LAUNCH_CHECK("add_bias_kernel");
+    }
+    return DFM_OK;
+}
+
+extern "C" int matmul_backward_w16_cuda(float *dinp, const float *dout, const uint16_t *weight, int N, int C, int OC,
+                                        OpsCudaContext *ctx) {
+    if (!dinp) return DFM_OK;
+    return gemm_a16(ctx, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dout, OC, (size_t)N * OC, 1.0f, dinp, C);
+}
+
+__global__ void embedding_forward_w16_kernel(float *out, const int *tokens, const __nv_bfloat16 *wte, int N, int C) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < (size_t)N * C) out[i] = __bfloat162float(wte[(size_t)tokens[i / C] * C + i % C]);
+}
+extern "C" int embedding_forward_w16_cuda(float *out, const int *tokens, const uint16_t *wte, int N, int C,
+                                          cudaStream_t stream) {
+    embedding_forward_w16_kernel<<<blocks_for((size_t)N * C, 256), 256, 0, stream>>>(
+        out, tokens, (const __nv_bfloat16 *)wte, N, C);
+    LAUNCH_CHECK("embedding_forward_w16_kernel");
+    return DFM_OK;
+}
+
 extern "C" int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int C, cudaStream_t stream) {
     chunk_pool_kernel<<<blocks_for((size_t)B * (T / L) * C, 256), 256, 0, stream>>>(out, h, B, T, L, C);
     LAUNCH_CHECK("chunk_pool_kernel");
@@ -777,9 +805,10 @@ __global__ void sum_double_kernel(double *out, const float *x, size_t n) {
     }
     if (threadIdx.x == 0) *out = sh[0];
 }
-extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, float *dweight, const float *x,
-                                               const float *weight, const int *targets, int N, int C, int V,
-                                               float dloss, float *scratch, OpsCudaContext *ctx) {
+// weight is fp32 (weight) or bf16 (weight16, frozen: no dweight)
+static int lmhead_ce_impl(double *total, float *losses, float *dx, float *dweight, const float *x, const float *weight,
+                          const uint16_t *weight16, const int *targets, int N, int C, int V, float dloss,
+                          float *scratch, OpsCudaContext *ctx) {
     cudaStream_t st = ctx->stream;
     int need_grad = dx || dweight;
     float *rl = losses;
@@ -791,14 +820,17 @@ extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, flo
     for (int r0 = 0; rc == DFM_OK && r0 < N; r0 += CE_ROWS_BLOCK_CUDA) {
         int R = N - r0 < CE_ROWS_BLOCK_CUDA ? N - r0 : CE_ROWS_BLOCK_CUDA;
         const float *xb = x + (size_t)r0 * C;
-        rc = matmul_forward_cuda(scratch, xb, weight, NULL, R, C, V, ctx);
+        rc = weight16 ? matmul_forward_w16_cuda(scratch, xb, weight16, NULL, R, C, V, ctx)
+                      : matmul_forward_cuda(scratch, xb, weight, NULL, R, C, V, ctx);
         if (rc) break;
         ce_rows_kernel<<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, targets + r0, V, dloss, need_grad);
         if ((e = cudaGetLastError()) != cudaSuccess) {
             rc = DFM_FAIL(DFM_ECUDA, "ce_rows_kernel launch failed: %s", cudaGetErrorString(e));
             break;
         }
-        if (need_grad)
+        if (need_grad && weight16)
+            rc = matmul_backward_w16_cuda(dx ? dx + (size_t)r0 * C : NULL, scratch, weight16, R, C, V, ctx);
+        else if (need_grad)
             rc = matmul_backward_cuda(dx ? dx + (size_t)r0 * C : NULL, dweight, NULL, scratch, xb, weight, R, C, V,
                                       ctx);
     }
@@ -812,6 +844,17 @@ extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, flo
     if (dsum) cudaFreeAsync(dsum, st);
     if (!losses && rl) cudaFreeAsync(rl, st);
     return rc;
+}
+
+extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, float *dweight, const float *x,
+                                               const float *weight, const int *targets, int N, int C, int V,
+                                               float dloss, float *scratch, OpsCudaContext *ctx) {
+    return lmhead_ce_impl(total, losses, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, ctx);
+}
+extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *dx, const float *x,
+                                                   const uint16_t *weight, const int *targets, int N, int C, int V,
+                                                   float dloss, float *scratch, OpsCudaContext *ctx) {
+    return lmhead_ce_impl(total, losses, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, ctx);
 }
 
 // ---- MSE ----------------------------------------------------------------------------------------------

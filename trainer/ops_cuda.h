@@ -116,6 +116,21 @@ int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, flo
                                     const float *weight, const int *targets, int N, int C, int V, float dloss,
                                     float *scratch, OpsCudaContext *ctx);
 
+/* Frozen weights held in bf16 on the device (raw bf16 bits as uint16_t; a frozen backbone needs no fp32
+ * copy, no gradient and no optimizer state). The same products as matmul_forward_cuda / the dinp part of
+ * matmul_backward_cuda / embedding_forward_cuda / lmhead_ce_forward_backward_cuda (dx only), with the
+ * activation operand rounded to bf16, fp32 accumulation and fp32 outputs. to_bf16_cuda rounds n floats
+ * to nearest even (the same rounding as schemas/half.h). */
+int to_bf16_cuda(uint16_t *out, const float *in, size_t n, cudaStream_t stream);
+int matmul_forward_w16_cuda(float *out, const float *inp, const uint16_t *weight, const float *bias, int N, int C,
+                            int OC, OpsCudaContext *ctx);
+int matmul_backward_w16_cuda(float *dinp, const float *dout, const uint16_t *weight, int N, int C, int OC,
+                             OpsCudaContext *ctx);
+int embedding_forward_w16_cuda(float *out, const int *tokens, const uint16_t *wte, int N, int C, cudaStream_t stream);
+int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *dx, const float *x,
+                                        const uint16_t *weight, const int *targets, int N, int C, int V, float dloss,
+                                        float *scratch, OpsCudaContext *ctx);
+
 /* Masked MSE (as mse_forward_backward): *result (host) = sum over valid slots of (pred-target)^2 /
  * (n_valid * D); dpred (may be NULL) += dloss * gradient. Synchronises ctx->stream. */
 int mse_forward_backward_cuda(double *result, float *dpred, const float *pred, const float *target,

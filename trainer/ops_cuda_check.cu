@@ -389,6 +389,74 @@ static int check_losses(OpsCudaContext *ctx, int bf16, double tol) {
     return DFM_OK;
 }
 
+
+// ---- frozen weights held in bf16 (the *_w16_cuda variants) ----
+static uint16_t bf16_bits(float f) {  // round to nearest even, as __float2bfloat16
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFF + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_value(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float *rounded(const float *x, size_t n) {  // x rounded to bf16 values
+    float *r = hnew(n);
+    for (size_t i = 0; i < n; i++) r[i] = bf16_value(bf16_bits(x[i]));
+    return r;
+}
+// the GPU rounds both GEMM operands to bf16 and accumulates in fp32: the CPU on rounded operands is the
+// reference, up to summation order (fp32 bound); the fused CE also rounds its logit gradients (bf16 bound)
+static int check_frozen_bf16(OpsCudaContext *ctx, cudaStream_t st) {
+    int OC = F;
+    float *w = hrand((size_t)OC * C, 0.1f), *inp = hrand((size_t)N * C, 1.0f), *bias = hrand(OC, 0.1f);
+    float *d_w = dnew(w, (size_t)OC * C), *d_inp = dnew(inp, (size_t)N * C), *d_b = dnew(bias, OC);
+    uint16_t *d_w16 = (uint16_t *)dnew_bytes(NULL, (size_t)OC * C * 2);
+    GT(to_bf16_cuda(d_w16, d_w, (size_t)OC * C, st));
+    std::vector<uint16_t> got((size_t)OC * C);
+    CT(cudaDeviceSynchronize());
+    CT(cudaMemcpy(got.data(), d_w16, got.size() * 2, cudaMemcpyDeviceToHost));
+    size_t wrong = 0;
+    for (size_t i = 0; i < got.size(); i++) wrong += got[i] != bf16_bits(w[i]);
+    record("to_bf16 (bits differing)", (double)wrong, (double)wrong, 0.0, got.size());
+    float *wr = rounded(w, (size_t)OC * C), *ir = rounded(inp, (size_t)N * C);
+    float *out = hnew((size_t)N * OC), *d_out = dnew(NULL, (size_t)N * OC);
+    matmul_forward(out, ir, wr, bias, N, C, OC);
+    GT(matmul_forward_w16_cuda(d_out, d_inp, d_w16, d_b, N, C, OC, ctx));
+    GT(cmp("matmul_forward_w16", out, d_out, (size_t)N * OC, TOL_FP32));
+    float *dout = hrand((size_t)N * OC, 1.0f), *dinp = hrand((size_t)N * C, 0.1f);
+    float *d_dout = dnew(dout, (size_t)N * OC), *d_dinp = dnew(dinp, (size_t)N * C);
+    matmul_backward(dinp, NULL, NULL, rounded(dout, (size_t)N * OC), ir, wr, N, C, OC);
+    GT(matmul_backward_w16_cuda(d_dinp, d_dout, d_w16, N, C, OC, ctx));
+    GT(cmp("matmul_backward_w16.dinp", dinp, d_dinp, (size_t)N * C, TOL_FP32));
+
+    const int V = 300;
+    std::vector<int> tok(N), tgt(N);
+    for (int i = 0; i < N; i++) tok[i] = (int)((frand() + 1.0f) * 0.5f * V) % V, tgt[i] = i % 13 == 3 ? -1 : tok[(i + 1) % N];
+    float *wte = hrand((size_t)V * C, 0.5f), *d_wte = dnew(wte, (size_t)V * C);
+    uint16_t *d_wte16 = (uint16_t *)dnew_bytes(NULL, (size_t)V * C * 2);
+    GT(to_bf16_cuda(d_wte16, d_wte, (size_t)V * C, st));
+    float *wter = rounded(wte, (size_t)V * C), *emb = hnew((size_t)N * C), *d_emb = dnew(NULL, (size_t)N * C);
+    int *d_tok = (int *)dnew_bytes(tok.data(), N * sizeof(int)), *d_tgt = (int *)dnew_bytes(tgt.data(), N * sizeof(int));
+    embedding_forward(emb, tok.data(), wter, N, C);
+    GT(embedding_forward_w16_cuda(d_emb, d_tok, d_wte16, N, C, st));
+    GT(cmp("embedding_forward_w16", emb, d_emb, (size_t)N * C, 0.0));
+    float *x = hrand((size_t)N * C, 1.0f), *dx = hrand((size_t)N * C, 0.01f), *loss = hnew(N);
+    float *scratch = hnew((size_t)CE_ROWS_BLOCK * V);
+    float *d_x = dnew(x, (size_t)N * C), *d_dx = dnew(dx, (size_t)N * C), *d_loss = dnew(NULL, N),
+          *d_scr = dnew(NULL, (size_t)CE_ROWS_BLOCK_CUDA * V);
+    double tot = lmhead_ce_forward_backward(loss, dx, NULL, rounded(x, (size_t)N * C), wter, tgt.data(), N, C, V,
+                                            1.0f / N, scratch), gtot = 0.0;
+    GT(lmhead_ce_forward_backward_w16_cuda(&gtot, d_loss, d_dx, d_x, d_wte16, d_tgt, N, C, V, 1.0f / N, d_scr, ctx));
+    cmp_scalar("lmhead_ce_w16.total", tot, gtot, TOL_FP32);
+    GT(cmp("lmhead_ce_w16.losses", loss, d_loss, N, TOL_FP32));
+    GT(cmp("lmhead_ce_w16.dx", dx, d_dx, (size_t)N * C, TOL_BF16));
+    return DFM_OK;
+}
+
 static int check_optimizer(OpsCudaContext *ctx) {
     const size_t n = 100003;
     float *p = hrand(n, 1.0f), *g = hrand(n, 0.1f), *m = hrand(n, 0.01f), *v = hnew(n);
@@ -489,6 +557,7 @@ int main(void) {
     if (!rc) rc = check_fusion(ctx.stream);
     if (!rc) rc = check_losses(&ctx, 0, TOL_FP32);
     if (!rc) rc = check_losses(&ctx, 1, TOL_BF16);
+    if (!rc) rc = check_frozen_bf16(&ctx, ctx.stream);
     if (!rc) rc = check_optimizer(&ctx);
     if (!rc) rc = check_determinism(&ctx);
     if (!rc) {

@@ -14,6 +14,10 @@
 
 #include <stddef.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn;
     int qk_norm;       /* 1: Qwen3 per-head q_norm / k_norm */
@@ -83,5 +87,9 @@ void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParam
 /* Carve n tensors of sizes[] out of base (consecutive); returns the total count. base may be NULL
  * (only counts). */
 size_t carve_floats(float *base, float **ptrs[], const size_t sizes[], int n);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,39 @@
+/* cuda_check.h — error checks for the trainer's CUDA host code (*.cu): each returns DFM_ECUDA from the
+ * enclosing function with the failing call, CUDA's or cuBLAS's message and file:line (common/error.h);
+ * none exits. Include after common/error.h and the CUDA headers. */
+#ifndef DFM_TRAINER_CUDA_CHECK_H
+#define DFM_TRAINER_CUDA_CHECK_H
+
+#define CUDA_CHECK(call)                                                                                        \
+    do {                                                                                                        \
+        cudaError_t e_ = (call);                                                                                \
+        if (e_ != cudaSuccess)                                                                                  \
+            return DFM_FAIL(DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", #call,           \
+                            cudaGetErrorString(e_));                                                            \
+    } while (0)
+// after a kernel launch: launch-configuration errors are reported here, execution errors by a later sync
+#define LAUNCH_CHECK(what)                                                                                      \
+    do {                                                                                                        \
+        cudaError_t e_ = cudaGetLastError();                                                                    \
+        if (e_ != cudaSuccess)                                                                                  \
+            return DFM_FAIL(DFM_ECUDA, "launching %s failed: %s. HINT: check the sizes and the GPU (nvidia-smi)", \
+                            what, cudaGetErrorString(e_));                                                      \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                                      \
+    do {                                                                                                        \
+        cublasStatus_t s_ = (call);                                                                             \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                        \
+            return DFM_FAIL(DFM_ECUDA, "%s failed: cuBLAS status %d (%s)", #call, (int)s_,                    \
+                            cublasGetStatusString(s_));                                                         \
+    } while (0)
+
+// the status of a CUDA call as a dfm code (DFM_OK, or DFM_ECUDA with the message set), for code that
+// cannot return at once (cleanup paths)
+#define DFM_CUDA_STATUS(call) dfm_cuda_status_at((call), #call, __FILE__, __LINE__)
+static inline int dfm_cuda_status_at(cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return DFM_OK;
+    return dfm_fail_at(file, line, DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", what,
+                       cudaGetErrorString(e));
+}
+
+#endif
