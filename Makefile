@@ -56,6 +56,13 @@ CFLAGS += -DDFM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC \
              -DDFM_HAVE_CUDA=1 $(INCS) -I$(ROOT)/pipeline
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
+# NCCL for the trainer's multi-GPU all-reduce, when its header is found (NCCL=0 to build without it:
+# gradients then go through host memory and MPI); NCCL_HOME for a copy outside the CUDA toolkit
+NCCL ?= $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),1,0)
+ifeq ($(NCCL),1)
+CFLAGS += -DDFM_HAVE_NCCL=1 $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
+LDLIBS += $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl
+endif
 endif
 
 LIB_DIRS := pipeline/common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/build pipeline/audit \
@@ -90,6 +97,7 @@ check-tools:
 	  if [ "$(CUDA)" = 1 ]; then ok "nvcc: $$($(NVCC) --version | tail -1) (CUDA paths built, sm_$(CUDA_ARCH))"; \
 	  else ok "nvcc found; CUDA paths not built (make CUDA=1 to build them)"; fi; \
 	else [ "$(CUDA)" = 1 ] && { no "nvcc required by CUDA=1 but not on PATH"; exit 1; } || no "nvcc (CUDA paths off)"; fi; \
+	if [ "$(CUDA)" = 1 ]; then [ "$(NCCL)" = 1 ] && ok "NCCL: multi-GPU all-reduce" || no "NCCL (multi-GPU gradients through host memory and MPI)"; fi; \
 	command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && ok "GPU: $$(nvidia-smi -L | head -1)" || no "GPU (none here; CPU paths run)"
 
 deps:

@@ -1,81 +1,139 @@
 #!/usr/bin/env bash
-# scripts/gpu_check_trainer.sh — the trainer's CUDA kernels (trainer/ops_cuda.cu) against the CPU
-# reference (trainer/ops.c) on a real GPU (issue 8). Prepared in a session without a GPU: it has compiled
-# and linked, never run. On a GPU machine, from the repository root:
+# scripts/gpu_check_trainer.sh — the CUDA trainer on a real GPU, against the CPU reference (issue 8).
+# The one command for a GPU machine (prepared without a GPU; see trainer/README.md, "CUDA path"):
 #
-#   OUT=/some/dir bash scripts/gpu_check_trainer.sh          # build + check
-#   BUILD_ONLY=1 bash scripts/gpu_check_trainer.sh           # build the CUDA tree and the checker only
-#   SKIP_MAKE=1 CHECK_BIN=/tmp/x bash scripts/gpu_check_trainer.sh   # checker only, CPU objects compiled
-#                                                            # here (tests/py/test_train_cuda_check.py)
+#   OUT=/some/dir bash scripts/gpu_check_trainer.sh          # build, parity, end to end, benchmark
+#   NO_BENCH=1 ...                                           # skip the benchmark (bench/bench_train_gpu.sh)
+#   BUILD_ONLY=1 ...                                         # build the CUDA tree and the checkers only
+#   SKIP_MAKE=1 ...                                          # checkers only, their CPU objects compiled here
+#                                                            # (what tests/py/test_train_cuda_check.py runs)
+# On a machine without the project's libraries, first `source scripts/gpu_env.sh` (scripts/gpu_carry.sh
+# prepares what it unpacks).
 #
-# 1. make CUDA=1 BUILD=build-cuda all (the whole CUDA build, as CI does; if it fails, e.g. no FAISS on
-#    the GPU machine, that is reported and exit is 2, but the kernels are still checked);
-# 2. nvcc builds build-cuda/ops_cuda_check from trainer/ops_cuda_check.cu (-DDFM_OPS_CUDA_CHECK_MAIN),
-#    trainer/ops_cuda.cu and the CPU objects ops.o, adamw.o, error.o of that build;
-# 3. runs it: every CUDA op vs its CPU twin on random inputs, per-tensor max abs and relative error
-#    (rel = max|gpu-cpu| / max|cpu|; bounds 1e-5 fp32, 2e-2 bf16 GEMMs), then a determinism check;
-# 4. writes $OUT/gpu_check_trainer_YYYY-MM-DD.txt (and the build logs). Exit 0 pass, 1 a bound failed,
-#    2 build or CUDA error. Needs nvcc, cuBLAS, a C compiler with OpenMP and OpenBLAS (cblas.h).
-# Not covered yet: a full model step on the GPU, streaming, multi-GPU, benchmarks (trainer/README.md).
+# 1. make CUDA=1 BUILD=build-cuda all (if it fails the checkers are still built and run: they need only
+#    nvcc, cuBLAS, OpenBLAS and OpenMP);
+# 2. three checkers, each against the CPU code (rel = max|gpu-cpu| / max|cpu| per tensor):
+#    - ops_cuda_check:   every kernel of ops_cuda.h vs ops.c (fp32 1e-5, bf16 2e-2), determinism;
+#    - attention_check:  flash attention vs attention_forward/backward (fp32 1e-5), determinism;
+#    - model_cuda_check: whole training steps (loss terms, every gradient tensor, eval modes, AdamW,
+#      bit-identical repeats) for 9 model variants, fp32 (1e-4) and bf16 frozen backbone (5e-2, cos 0.999);
+# 3. end to end (needs step 1): dfm-train on synthetic data, CPU vs GPU fp32 (losses of 5 pretraining
+#    steps within 1e-4), two GPU runs bit-identical (checkpoints), DFM training in bf16 with flash
+#    attention, the stall fraction and the memory report;
+# 4. bench/bench_train_gpu.sh (124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch).
+# Writes $OUT/gpu_check_trainer_YYYY-MM-DD.txt (everything) plus the benchmark's files. Exit 0 all
+# passed, 1 a bound failed, 2 build or CUDA error (or no GPU).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=${OUT:-$ROOT/build-cuda/gpu-check}
 JOBS=${JOBS:-$(nproc)}
-BUILD_ONLY=${BUILD_ONLY:-0}
 mkdir -p "$OUT"
-: > "$OUT/build_check.log"
 LOG=$OUT/gpu_check_trainer_$(date -u +%F).txt
 : > "$LOG"
+BLOG=$OUT/build.log
+: > "$BLOG"
 say() { echo "$*" | tee -a "$LOG"; }
+status=0
+worse() { [ "$1" -gt "$status" ] && status=$1; [ "$1" = 2 ] && status=2; return 0; }
 
-say "== trainer CUDA ops check $(date -u +%FT%TZ) on $(hostname)," \
-    "commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+say "== dfm trainer GPU check $(date -u +%FT%TZ) on $(hostname), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 command -v nvcc >/dev/null || { say "FAIL: nvcc not on PATH (install the CUDA toolkit or add it to PATH)"; exit 2; }
 say "nvcc: $(nvcc --version | tail -1)"
 { command -v nvidia-smi >/dev/null && nvidia-smi -L; } 2>&1 | tee -a "$LOG" || say "nvidia-smi: none here"
 
-CHECK_BIN=${CHECK_BIN:-$ROOT/build-cuda/ops_cuda_check}
+BIN=${CHECK_DIR:-$ROOT/build-cuda/checks}
+mkdir -p "$BIN"
 BLAS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-mkdir -p "$(dirname "$CHECK_BIN")"
-make_failed=0
+made=0
 if [ "${SKIP_MAKE:-0}" != 1 ]; then
   say "-- build: make CUDA=1 BUILD=build-cuda all"
-  if make -j"$JOBS" CUDA=1 BUILD=build-cuda all > "$OUT/build_cuda.log" 2>&1; then
-    OBJ=build-cuda/obj
-  else
-    # e.g. a GPU machine without FAISS/LMDB: still check the kernels, which need only OpenBLAS
-    make_failed=1
-    say "FAIL: make CUDA=1 (see $OUT/build_cuda.log); building the checker alone to still check the kernels"
-    tail -15 "$OUT/build_cuda.log" | tee -a "$LOG"
-  fi
+  if make -j"$JOBS" CUDA=1 BUILD=build-cuda all >> "$BLOG" 2>&1; then made=1
+  else say "FAIL: make CUDA=1 (see build.log); building the checkers alone"; tail -15 "$BLOG" | tee -a "$LOG"; worse 2; fi
 fi
-if [ "${SKIP_MAKE:-0}" = 1 ] || [ $make_failed = 1 ]; then
-  # only what the checker needs: the CPU twins (ops.c, adamw.c) and error.c, compiled into a temp folder
-  OBJ=$(mktemp -d /tmp/dfm-gpu-train-XXXXXX)
-  trap 'rm -rf "$OBJ"' EXIT
+if [ $made = 1 ]; then OBJ=build-cuda/obj
+else  # only what the checkers need: the CPU twins and error.c, compiled into a temp folder
+  OBJ=$(mktemp -d /tmp/dfm-gpu-train-XXXXXX); trap 'rm -rf "$OBJ"' EXIT
   mkdir -p "$OBJ/trainer" "$OBJ/pipeline/common"
-  for f in trainer/ops.c trainer/adamw.c pipeline/common/error.c; do
-    if ! ${CC:-cc} -std=c11 -O2 -fopenmp -D_GNU_SOURCE -I. -Ipipeline $(pkg-config --cflags openblas 2>/dev/null) \
-        -c "$f" -o "$OBJ/${f%.c}.o" >> "$OUT/build_check.log" 2>&1; then
-      say "FAIL: compiling $f (see $OUT/build_check.log; needs OpenBLAS headers and OpenMP)"
-      tail -20 "$OUT/build_check.log" | tee -a "$LOG"; exit 2
-    fi
+  for f in trainer/ops.c trainer/adamw.c trainer/model.c trainer/stack.c pipeline/common/error.c; do
+    ${CC:-cc} -std=c11 -O2 -fopenmp -D_GNU_SOURCE -I. -Ipipeline $(pkg-config --cflags openblas 2>/dev/null) \
+      -c "$f" -o "$OBJ/${f%.c}.o" >> "$BLOG" 2>&1 ||
+      { say "FAIL: compiling $f (see build.log; needs OpenBLAS headers and OpenMP)"; tail -20 "$BLOG" | tee -a "$LOG"; exit 2; }
   done
 fi
-CHECK_CMD=(nvcc -O2 -std=c++17 -gencode "arch=compute_${CUDA_ARCH:-90},code=sm_${CUDA_ARCH:-90}" -DDFM_HAVE_CUDA=1
-           -DDFM_OPS_CUDA_CHECK_MAIN -I. -Ipipeline trainer/ops_cuda_check.cu trainer/ops_cuda.cu
-           "$OBJ/trainer/ops.o" "$OBJ/trainer/adamw.o" "$OBJ/pipeline/common/error.o"
-           -o "$CHECK_BIN" -lcublas -lcublasLt $BLAS -lgomp)
-say "-- build: ${CHECK_CMD[*]}"
-if ! "${CHECK_CMD[@]}" >> "$OUT/build_check.log" 2>&1; then
-  say "FAIL: checker build (see $OUT/build_check.log)"; tail -30 "$OUT/build_check.log" | tee -a "$LOG"; exit 2
-fi
-if [ "$BUILD_ONLY" = 1 ]; then say "built $CHECK_BIN (BUILD_ONLY=1: not run)"; exit $((make_failed * 2)); fi
+NV=(nvcc -O2 -std=c++17 -gencode "arch=compute_${CUDA_ARCH:-90},code=sm_${CUDA_ARCH:-90}" -DDFM_HAVE_CUDA=1 -I. -Ipipeline)
+LINK=(-lcublas -lcublasLt $BLAS -lgomp)
+build_checker() {  # name macro sources...
+  local name=$1 macro=$2; shift 2
+  say "-- build $name"
+  "${NV[@]}" -D"$macro" "$@" -o "$BIN/$name" "${LINK[@]}" >> "$BLOG" 2>&1 ||
+    { say "FAIL: building $name (see build.log)"; tail -30 "$BLOG" | tee -a "$LOG"; worse 2; return 1; }
+}
+CPU_OPS=("$OBJ/trainer/ops.o" "$OBJ/trainer/adamw.o" "$OBJ/pipeline/common/error.o")
+build_checker ops_cuda_check DFM_OPS_CUDA_CHECK_MAIN trainer/ops_cuda_check.cu trainer/ops_cuda.cu "${CPU_OPS[@]}"
+build_checker attention_check DFM_ATTN_CUDA_CHECK_MAIN trainer/attention_cuda_check.cu trainer/attention_cuda.cu \
+  "${CPU_OPS[@]}"
+build_checker model_cuda_check DFM_MODEL_CUDA_CHECK_MAIN trainer/model_cuda_check.cu trainer/model_cuda.cu \
+  trainer/stack_cuda.cu trainer/attention_cuda.cu trainer/ops_cuda.cu "$OBJ/trainer/model.o" "$OBJ/trainer/stack.o" \
+  "${CPU_OPS[@]}"
+[ "${BUILD_ONLY:-0}" = 1 ] && { say "built the checkers in $BIN (BUILD_ONLY=1: not run)"; exit $status; }
 
-say "-- CUDA vs CPU, op by op (OpenBLAS on 1 thread for the CPU side)"
-OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "$CHECK_BIN" 2>&1 | tee -a "$LOG"
-rc=${PIPESTATUS[0]}
-[ $make_failed = 1 ] && { say "NOTE: the full CUDA build failed (build_cuda.log): exit status 2"; rc=2; }
-say "exit status $rc; results in $LOG"
-exit "$rc"
+run_checker() {
+  [ -x "$BIN/$1" ] || return 0
+  say "-- $1 (CPU side: OpenBLAS on 1 thread)"
+  OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 timeout "${CHECK_TIMEOUT:-300}" "$BIN/$1" 2>&1 | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  say "$1: exit $rc"
+  worse "$rc"
+}
+run_checker ops_cuda_check
+run_checker attention_check
+run_checker model_cuda_check
+
+if [ $made = 1 ] && nvidia-smi -L >/dev/null 2>&1; then
+  say "-- end to end: dfm-train on synthetic data, CPU vs GPU"
+  W=$(mktemp -d /tmp/dfm-gpu-e2e-XXXXXX)
+  CPU_TRAIN=build-cuda/dfm-train
+  $CPU_TRAIN synth --out "$W/s" --vocab 512 --seqs 200 --seq-len 128 --chunk-len 16 >> "$BLOG" 2>&1
+  common=(--data "$W/s/tokens.bin" --layers 2 --hidden 128 --heads 4 --kv-heads 2 --seq-len 128 --batch 4 --steps 5
+          --warmup 1 --eval-batches 1 --val-seqs 8 --seed 3 --threads 4)
+  $CPU_TRAIN pretrain "${common[@]}" --out "$W/cpu" >> "$BLOG" 2>&1
+  $CPU_TRAIN pretrain "${common[@]}" --out "$W/g1" --device cuda --precision fp32 --attention reference >> "$BLOG" 2>&1
+  $CPU_TRAIN pretrain "${common[@]}" --out "$W/g2" --device cuda --precision fp32 --attention reference >> "$BLOG" 2>&1
+  $CPU_TRAIN pretrain "${common[@]}" --out "$W/g3" --device cuda --precision fp32 --attention flash >> "$BLOG" 2>&1
+  python3 - "$W" <<'EOF' 2>&1 | tee -a "$LOG"
+import json, sys
+w = sys.argv[1]
+def losses(d):
+    return [json.loads(l)["loss"] for l in open(f"{w}/{d}/log.jsonl") if '"loss"' in l]
+try:
+    c, g1, g3 = losses("cpu"), losses("g1"), losses("g3")
+except OSError as e:
+    print(f"FAIL end-to-end: a run did not finish ({e}); see build.log"); sys.exit(2)
+worst = max(abs(a - b) / abs(a) for a, b in zip(c, g1))
+worst3 = max(abs(a - b) / abs(a) for a, b in zip(c, g3))
+print(f"{'PASS' if worst <= 1e-4 else 'FAIL'} pretraining, 5 steps: CPU {c[-1]:.6f} vs GPU fp32 {g1[-1]:.6f}, worst rel {worst:.2e} (bound 1e-4)")
+print(f"{'PASS' if worst3 <= 1e-4 else 'FAIL'} pretraining with flash attention: worst rel {worst3:.2e} (bound 1e-4)")
+same = open(f"{w}/g1/ckpt_final.bin", "rb").read() == open(f"{w}/g2/ckpt_final.bin", "rb").read()
+print(f"{'PASS' if same else 'FAIL'} two GPU runs give {'bit-identical' if same else 'DIFFERENT'} checkpoints")
+sys.exit(0 if worst <= 1e-4 and worst3 <= 1e-4 and same else 1)
+EOF
+  worse "${PIPESTATUS[0]}"
+  $CPU_TRAIN train --backbone "$W/cpu/model" --data "$W/s/tokens.bin" --targets "$W/s/targets.bin" --out "$W/dfm" \
+    --chunk-len 16 --fusion-layers 0,1 --seq-len 128 --batch 8 --steps 20 --warmup 2 --eval-batches 2 --val-seqs 16 \
+    --device cuda --precision bf16 2>&1 | tee "$W/dfm.log" >> "$BLOG"
+  if grep -q "eval step 20" "$W/dfm.log"; then
+    say "PASS DFM training on the GPU (bf16, flash): $(grep -m1 'engine:' "$W/dfm.log" | sed 's/.*engine: //')"
+    say "     $(grep 'step    20/' "$W/dfm.log" | sed 's/.*INFO\] //')"
+    say "     $(grep 'eval step 20' "$W/dfm.log" | sed 's/.*INFO\] //')"
+  else say "FAIL DFM training on the GPU (see build.log)"; tail -5 "$W/dfm.log" | tee -a "$LOG"; worse 1; fi
+  rm -rf "$W"
+fi
+
+if [ $made = 1 ] && [ "${NO_BENCH:-0}" != 1 ] && nvidia-smi -L >/dev/null 2>&1 && [ -f bench/bench_train_gpu.sh ]; then
+  say "-- benchmark: bench/bench_train_gpu.sh"
+  DFM_TRAIN=build-cuda/dfm-train OUT=$OUT timeout "${BENCH_TIMEOUT:-420}" bash bench/bench_train_gpu.sh 2>&1 | tee -a "$LOG"
+  say "benchmark: exit ${PIPESTATUS[0]}"
+fi
+say "exit status $status; results in $LOG"
+exit "$status"

@@ -333,7 +333,8 @@ int loader_init(Loader *l, size_t first, size_t count, uint64_t seed, int shuffl
 }
 
 void loader_seek(Loader *l, uint64_t epoch, size_t pos) {
-    l->epoch = epoch;
+    /* a checkpoint taken exactly at the end of an epoch (pos == count) continues with the next one */
+    l->epoch = epoch + pos / l->count;
     l->pos = pos % l->count;
     make_order(l);
 }

@@ -5,6 +5,9 @@
 source "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || fail "the Slurm test starts daemons and needs root"
 export SLURM_CI_DIR=$WORK/slurm
+# one localhost cluster at a time (tests/integration/test_slurm_train.sh takes the same lock)
+exec 9>/tmp/dfm-slurm-tests.lock
+flock -w 600 9 || fail "another Slurm test held /tmp/dfm-slurm-tests.lock for 10 minutes"
 cleanup() { "$DFM_ROOT/tests/slurm/slurm_down.sh" >/dev/null 2>&1; [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 "$DFM_ROOT/tests/slurm/slurm_up.sh"

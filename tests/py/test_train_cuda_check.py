@@ -2,10 +2,12 @@
 
 Runs without a GPU:
 1. every function declared in trainer/ops_cuda.h is `<cpu name>_cuda` of a function declared in
-   trainer/ops.h or trainer/adamw.h and every CPU kernel has such a twin (llm.c style: one name, two
-   backends), and trainer/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
-2. scripts/gpu_check_trainer.sh (SKIP_MAKE=1: only the checker) compiles and links the checker with nvcc
-   and runs it: without a GPU it must stop with exit 2 and "no CUDA device"; with one it must pass.
+   trainer/ops.h or trainer/adamw.h (or `<cpu name>_w16_cuda`, the same product with a frozen bf16
+   weight, or the bf16 conversion to_bf16_cuda) and every CPU kernel has such a twin (llm.c style: one
+   name, two backends), and trainer/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
+2. scripts/gpu_check_trainer.sh (SKIP_MAKE=1: only the checkers) compiles and links its three checkers
+   (kernels, flash attention, whole model) with nvcc and runs them: without a GPU each must stop with
+   exit 2 and "no CUDA device"; with one they must pass.
 """
 import os
 import re
@@ -37,7 +39,8 @@ check(len(kernels) >= 29, f"ops_cuda.h declares {len(kernels)} *_cuda kernels")
 for name in sorted(declared("trainer/ops.h") | (declared("trainer/adamw.h") - {"lr_schedule"})):
     check(name + "_cuda" in cuda, f"{name} has a CUDA twin {name}_cuda")
 for name in kernels:
-    check(name[: -len("_cuda")] in cpu, f"{name} has a CPU twin {name[:-5]}")
+    base = name[: -len("_w16_cuda")] if name.endswith("_w16_cuda") else name[: -len("_cuda")]
+    check(base in cpu or name == "to_bf16_cuda", f"{name} has a CPU twin {base}")
 checker = open(os.path.join(ROOT, "trainer/ops_cuda_check.cu"), encoding="utf-8").read()
 for name in kernels:
     check(re.search(r"\b%s\(" % name, checker) is not None, f"ops_cuda_check.cu calls {name}")
@@ -46,20 +49,21 @@ nvcc = subprocess.run(["bash", "-c", "command -v nvcc"], capture_output=True, te
 check(bool(nvcc), "nvcc found (the CUDA toolkit is required to build the CUDA paths)")
 if nvcc:
     with tempfile.TemporaryDirectory(prefix="dfm-cuda-check-") as tmp:
-        env = dict(os.environ, SKIP_MAKE="1", OUT=tmp, CHECK_BIN=os.path.join(tmp, "ops_cuda_check"))
+        env = dict(os.environ, SKIP_MAKE="1", OUT=tmp, CHECK_DIR=tmp)
         r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu_check_trainer.sh")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)
         out = r.stdout + r.stderr
         print(out[-3000:])
-        check(os.path.exists(os.path.join(tmp, "ops_cuda_check")), "the checker compiled and linked")
+        for exe in ("ops_cuda_check", "attention_check", "model_cuda_check"):
+            check(os.path.exists(os.path.join(tmp, exe)), f"the checker {exe} compiled and linked")
         results = [f for f in os.listdir(tmp) if re.fullmatch(r"gpu_check_trainer_\d{4}-\d\d-\d\d\.txt", f)]
         check(len(results) == 1, "the results file carries the date")
         gpu = subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0
         if gpu:
-            check(r.returncode == 0 and "RESULT: PASS" in out, "on this GPU every CUDA op matches the CPU")
+            check(r.returncode == 0 and out.count("RESULT: PASS") == 3, "on this GPU every check passes")
         else:
-            check(r.returncode == 2 and "no CUDA device" in out,
-                  f"without a GPU the checker refuses clearly (exit {r.returncode}, expected 2)")
+            check(r.returncode == 2 and out.count("no CUDA device") >= 3,
+                  f"without a GPU the checkers refuse clearly (exit {r.returncode}, expected 2)")
 
 print(f"{len(failures)} failure(s)")
 sys.exit(1 if failures else 0)

@@ -57,6 +57,20 @@ def main():
         steps = [r for r in log if "loss" in r]
         check(len(steps) == 6 and all(r["loss"] > 0 for r in steps), "pretrain: JSONL log has one line per step")
 
+        check(all(0.0 <= r["stall"] <= 1.0 for r in steps), "pretrain: the log reports the data-stall fraction")
+
+        # a checkpoint exactly at an epoch's end (56 training sequences / batch 4 = 14 steps) resumes
+        # into the next epoch; the loader thread's read-ahead depth changes nothing
+        e1, e2, e3 = (os.path.join(w, n) for n in ("ep_a", "ep_b", "ep_c"))
+        ep = [x if x != 6 else 16 for x in common]
+        run("pretrain", "--data", tokens, "--out", e1, "--ckpt-every", 14, *shape, *ep)
+        run("pretrain", "--data", tokens, "--out", e2, "--resume", os.path.join(e1, "ckpt_000014.bin"), *shape, *ep)
+        run("pretrain", "--data", tokens, "--out", e3, "--prefetch", 7, *shape, *ep)
+        check(filecmp.cmp(os.path.join(e1, "ckpt_final.bin"), os.path.join(e2, "ckpt_final.bin"), shallow=False),
+              "pretrain: resumed from a checkpoint at an epoch's end, byte-identical")
+        check(filecmp.cmp(os.path.join(e1, "ckpt_final.bin"), os.path.join(e3, "ckpt_final.bin"), shallow=False),
+              "pretrain: --prefetch 7 gives the same bytes as the default read-ahead")
+
         # gradient accumulation: 2 micro-batches of 2 follow one batch of 4 up to rounding
         acc = os.path.join(w, "pre_acc")
         args = ["pretrain", "--data", tokens, "--out", acc, *shape, *common, "--accum", 2]

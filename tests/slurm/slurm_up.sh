@@ -4,6 +4,9 @@
 # started before, wipes Slurm state, rewrites /etc/slurm/slurm.conf, starts munged, slurmctld, slurmd.
 #   SLURM_CI_DIR  state, spool, logs, pid files (default /tmp/dfm-slurm)
 #   SLURM_CI_CPUS CPUs to advertise (default 4: the tests oversubscribe a 2-core machine)
+#   SLURM_CI_GPUS fake GPUs to advertise (default 0): gres/gpu backed by /dev/tty0.. (the trick of Slurm's
+#                 own test suite), so --gpus-per-task, --gres=gpu:N and the CUDA_VISIBLE_DEVICES that
+#                 srun gives each task can be tested without GPUs
 set -euo pipefail
 DIR=${SLURM_CI_DIR:-/tmp/dfm-slurm}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -37,6 +40,14 @@ HW=$(slurmd -C | head -n 1)
 NODE=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$HW")
 MEM=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$HW")
 CPUS=${SLURM_CI_CPUS:-4}
+GPUS=${SLURM_CI_GPUS:-0} GRES="" GRESTYPES=""
+if [ "$GPUS" -gt 0 ]; then
+  [ -f /etc/slurm/gres.conf ] && ! grep -q 'dfm tests' /etc/slurm/gres.conf && cp -p /etc/slurm/gres.conf "/etc/slurm/gres.conf.orig.$(date +%s)"
+  printf '# written by dfm tests/slurm/slurm_up.sh (dfm tests): fake GPUs\nName=gpu File=/dev/tty[0-%d]\n' $((GPUS - 1)) > /etc/slurm/gres.conf
+  GRES=" Gres=gpu:$GPUS" GRESTYPES="GresTypes=gpu"
+elif grep -q 'dfm tests' /etc/slurm/gres.conf 2>/dev/null; then
+  rm -f /etc/slurm/gres.conf
+fi
 [ -f /etc/slurm/slurm.conf ] && ! grep -q 'dfm tests' /etc/slurm/slurm.conf && cp -p /etc/slurm/slurm.conf "/etc/slurm/slurm.conf.orig.$(date +%s)"
 cat > /etc/slurm/slurm.conf <<CONF
 # written by dfm tests/slurm/slurm_up.sh (dfm tests): one node on localhost
@@ -69,11 +80,12 @@ ReturnToService=2
 MinJobAge=600
 KillWait=5
 SlurmdParameters=config_overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+$GRESTYPES
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM$GRES State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 /usr/sbin/slurmctld || die "slurmctld failed: $(tail -n 20 "$DIR/log/slurmctld.log")"
 /usr/sbin/slurmd || die "slurmd failed: $(tail -n 20 "$DIR/log/slurmd.log")"
 for _ in $(seq 600); do [ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] && break; sleep 0.1; done
 [ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] || die "node $NODE not idle; see $DIR/log/"
-echo "[slurm_up] node $NODE idle with $CPUS CPUs"
+echo "[slurm_up] node $NODE idle with $CPUS CPUs${GRES:+ and $GPUS fake GPUs}"

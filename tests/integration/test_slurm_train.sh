@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# dfm-train as Slurm jobs (jobs/submit_train.sh, jobs/dfm-train.sbatch) on a real localhost cluster
+# (tests/slurm/), on the CPU:
+#  0. without Slurm: the job script's choice of checkpoint and its srun line (a stand-in srun), and
+#     submit_train.sh's GPU request (--dry-run);
+#  1. pretrain (1 task) and train (2 tasks, --after the pretrain job) give byte-identical files to direct
+#     runs (dfm-train pretrain; mpirun -np 2 dfm-train train); an eval job prints the same numbers;
+#  2. a train job cancelled after its first checkpoint and resubmitted resumes from the newest
+#     checkpoint and ends byte-identical (a submission while it runs is refused); resubmitting a
+#     complete run does nothing;
+#  3. USR1 (what --signal=B:USR1@S sends before the time limit) requeues the job; the restart resumes
+#     and ends byte-identical;
+#  4. a bad flag: the job FAILS (non-zero exit code) and its log names the flag;
+#  5. only where the cluster has (fake) GPUs (tests/slurm/slurm_up.sh with SLURM_CI_GPUS): --device cuda
+#     gets one GPU per rank, each rank sees its own; --gpus-per-node 2 shows both to each rank; asking for
+#     more GPUs than the node has is refused at submission. A stand-in prints what each rank sees.
+source "$(dirname "$0")/lib.sh"
+[ "$(id -u)" = 0 ] || fail "the Slurm test starts daemons and needs root"
+TRAIN=${DFM_TRAIN:-$DFM_ROOT/build/dfm-train}
+[ -x "$TRAIN" ] || fail "no $TRAIN: make build/dfm-train"
+SUB=$DFM_ROOT/jobs/submit_train.sh
+WAIT=$DFM_ROOT/tests/slurm/slurm_wait.sh
+export SLURM_CI_DIR=$WORK/slurm
+# one localhost cluster at a time: a lock for tests that take it, and a wait for any other slurmctld
+exec 9>/tmp/dfm-slurm-tests.lock
+flock -w 600 9 || fail "another Slurm test held /tmp/dfm-slurm-tests.lock for 10 minutes"
+for _ in $(seq 600); do pgrep -x slurmctld >/dev/null || break; sleep 0.5; done
+pgrep -x slurmctld >/dev/null && fail "a slurmctld not started by this test is running (pid $(pgrep -x slurmctld | xargs)):" \
+  "another Slurm test, or a leftover; stop it with tests/slurm/slurm_down.sh and its SLURM_CI_DIR"
+cleanup() { "$DFM_ROOT/tests/slurm/slurm_down.sh" >/dev/null 2>&1; [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
+trap cleanup EXIT
+# until COND is true (polling every 0.05 s, at most SECS seconds)
+wait_until() { local secs=$1; shift; for _ in $(seq $((secs * 20))); do eval "$1" && return 0; sleep 0.05; done; return 1; }
+same() { cmp -s "$1" "$2" || fail "$3: $1 differs from $2"; }
+cd "$WORK" || exit 1
+
+# ---- tiny data, model and run: 120 steps of ~12 ms (time to cancel between checkpoints); 121 training
+# sequences and 8 per step, so that no checkpoint falls on the end of an epoch (see the lead's report)
+"$TRAIN" synth --out data --seqs 128 --seq-len 128 --chunk-len 16 --vocab 200 --slots 3 --d-mem 16 >synth.log 2>&1 ||
+  { cat synth.log; fail "synth"; }
+COMMON=(--seq-len 128 --batch 4 --lr 3e-3 --warmup 2 --val-seqs 7 --threads 1 --seed 5)
+PRE=(--data data/tokens.bin --layers 2 --hidden 32 --heads 4 --kv-heads 2 --steps 4 --ckpt-every 2 "${COMMON[@]}")
+DFMF=(--data data/tokens.bin --targets data/targets.bin --chunk-len 16 --fusion-layers '0,1' --pred-hidden 32
+      --pred-heads 2 --proj-hidden 24 --steps 120 --ckpt-every 20 "${COMMON[@]}")
+EVALF=(--data data/tokens.bin --targets data/targets.bin --seq-len 128 --batch 4 --val-seqs 7 --threads 1)
+
+# ---- 0. without Slurm
+mkdir -p fakebin fake/out
+printf '#!/bin/sh\necho "$@" > %s/fake/srun.args\n' "$WORK" > fakebin/srun && chmod +x fakebin/srun
+fake_job() {  # GPU_BIND MODE FLAGS... -> the job script's stdout; srun's arguments in fake/srun.args
+  local g=$1; shift; rm -f fake/srun.args
+  env PATH="$WORK/fakebin:$PATH" DFM_TRAIN_BIN=/bin/true DFM_OUT="$WORK/fake/out" DFM_GPU_BIND="$g" SLURM_JOB_ID=0 \
+    SLURM_JOB_NODELIST=localhost SLURM_NTASKS=2 bash "$DFM_ROOT/jobs/dfm-train.sbatch" "$@" 2>&1
+}
+fake_job "" train --out fake/out >/dev/null || fail "job script with a stand-in srun"
+grep -q -- '--mpi=pmix --kill-on-bad-exit=1 /bin/true train --out fake/out$' fake/srun.args ||
+  fail "srun line without GPUs: $(cat fake/srun.args)"
+touch fake/out/ckpt_000090.bin fake/out/ckpt_000120.bin fake/out/ckpt_000150.bin.tmp.77 fake/out/ckpt_1000000.bin.x
+fake_job closest train --out fake/out >/dev/null
+grep -q -- "--gpu-bind=closest /bin/true train --out fake/out --resume $WORK/fake/out/ckpt_000120.bin$" fake/srun.args ||
+  fail "--gpu-bind / newest checkpoint by step: $(cat fake/srun.args)"
+touch fake/out/ckpt_999999.bin fake/out/ckpt_1000001.bin
+fake_job "" train --out fake/out >/dev/null
+grep -q -- "--resume $WORK/fake/out/ckpt_1000001.bin$" fake/srun.args || fail "newest checkpoint by number: $(cat fake/srun.args)"
+rm fake/out/ckpt_999999.bin fake/out/ckpt_1000001.bin
+echo x > fake/out/ckpt_final.bin
+fake_job "" train --out fake/out >/dev/null
+grep -q -- "--resume $WORK/fake/out/ckpt_final.bin$" fake/srun.args || fail "ckpt_final.bin without the export: $(cat fake/srun.args)"
+echo x > fake/out/dfm_modules.safetensors
+out=$(fake_job "" train --out fake/out)
+[ ! -e fake/srun.args ] && grep -q "is complete" <<<"$out" || fail "a complete run started srun: $out"
+ok "job script: newest checkpoint by step number, ckpt_final.bin, complete run, --gpu-bind passed on"
+dry=$("$SUB" train --ntasks 2 --dry-run -- --out o --device cuda --ckpt-every 5 2>&1)
+grep -q -- '--gpus-per-task 1 ' <<<"$dry" && grep -q 'build-cuda/dfm-train' <<<"$dry" ||
+  fail "--device cuda does not request one GPU per task from build-cuda: $dry"
+dry=$("$SUB" train --ntasks 2 --dry-run -- --out o --ckpt-every 5 2>&1)
+if grep -qE -- '--gpus|--gres' <<<"$dry" || ! grep -q 'build/dfm-train' <<<"$dry"; then
+  fail "a CPU run requests GPUs or the wrong binary: $dry"
+fi
+ok "submit_train.sh: --device cuda requests --gpus-per-task 1 and build-cuda/dfm-train; a CPU run no GPUs"
+expect_fail "no --out DIR" "$SUB" train -- "${DFMF[@]}"
+expect_fail "--device cuda with no GPUs" "$SUB" train --gpus-per-task 0 -- --out o --device cuda
+
+# ---- direct runs (the reference)
+"$TRAIN" pretrain --out direct_pre "${PRE[@]}" >direct_pre.log 2>&1 || { cat direct_pre.log; fail "direct pretrain"; }
+mpirun -np 2 "$TRAIN" train --out direct "${DFMF[@]}" --backbone direct_pre/model >direct.log 2>&1 ||
+  { cat direct.log; fail "direct mpirun -np 2 train"; }
+"$TRAIN" eval --modules direct/dfm_modules.safetensors --backbone direct_pre/model "${EVALF[@]}" 2>/dev/null |
+  tail -n 1 >direct_eval.json || fail "direct eval"
+ok "direct pretrain, mpirun -np 2 train, eval"
+
+export SLURM_CI_GPUS=2 # fake GPUs for check 5, where slurm_up.sh can make them
+"${SLURM_UP:-$DFM_ROOT/tests/slurm/slurm_up.sh}"
+S=("$SUB" --overcommit --time 10:00 --dfm-train "$TRAIN")
+
+# ---- 1. through Slurm == direct
+pre=$("${S[@]}" pretrain -- --out slurm_pre "${PRE[@]}")
+tr=$("${S[@]}" train --ntasks 2 --after "$pre" -- --out slurm "${DFMF[@]}" --backbone slurm_pre/model)
+"$WAIT" "$pre" "$tr" || { tail -n 20 slurm_pre/jobs/*.out slurm/jobs/*.out; fail "pretrain/train jobs did not complete"; }
+[ "$(cat slurm/jobs/submitted.txt)" = "train $tr" ] || fail "submitted.txt: $(cat slurm/jobs/submitted.txt)"
+grep -q "2 tasks" "slurm/jobs/train-$tr.out" || fail "the train job did not run 2 tasks"
+same slurm_pre/model/model.safetensors direct_pre/model/model.safetensors "Slurm pretrain"
+same slurm/ckpt_final.bin direct/ckpt_final.bin "Slurm train (2 tasks)"
+same slurm/dfm_modules.safetensors direct/dfm_modules.safetensors "Slurm train (2 tasks)"
+ev=$("${S[@]}" eval -- --out slurm_eval --modules slurm/dfm_modules.safetensors --backbone slurm_pre/model "${EVALF[@]}")
+"$WAIT" "$ev" || { cat slurm_eval/jobs/*.out; fail "eval job"; }
+grep -qxF "$(cat direct_eval.json)" "slurm_eval/jobs/train-$ev.out" || fail "eval job's numbers differ from $(cat direct_eval.json)"
+ok "Slurm pretrain -> train (2 tasks, --after) -> eval == direct runs, byte for byte"
+
+# ---- 2. scancel after the first checkpoint, resubmit
+c1=$("${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
+wait_until 120 '[ -e cancelled/ckpt_000020.bin ]' || { cat cancelled/jobs/*.out; fail "no first checkpoint"; }
+expect_fail "job $c1 for $WORK/cancelled is still queued or running" "${S[@]}" train -- --out cancelled "${DFMF[@]}"
+scancel "$c1"
+"$WAIT" "$c1" >/dev/null && fail "a cancelled job reported success"
+[ -e cancelled/ckpt_final.bin ] && fail "the job ended before scancel stopped it: make the run longer"
+newest=$(cd cancelled && printf '%s\n' ckpt_[0-9]*.bin | sort -t_ -k2,2n | tail -n 1)
+c2=$("${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
+"$WAIT" "$c2" || { cat "cancelled/jobs/train-$c2.out"; fail "resubmitted job"; }
+grep -q "resumed from $WORK/cancelled/$newest at step" "cancelled/jobs/train-$c2.out" ||
+  { grep -v 'INFO\] step' "cancelled/jobs/train-$c2.out"; fail "the resubmitted job did not resume from $newest"; }
+same cancelled/ckpt_final.bin direct/ckpt_final.bin "cancelled + resubmitted"
+same cancelled/dfm_modules.safetensors direct/dfm_modules.safetensors "cancelled + resubmitted"
+ok "cancelled after a checkpoint, resubmitted: resumed from $newest, identical result"
+before=$(stat -c '%i %y' cancelled/ckpt_final.bin cancelled/dfm_modules.safetensors)
+c3=$("${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
+"$WAIT" "$c3" >/dev/null || { cat "cancelled/jobs/train-$c3.out"; fail "resubmitted complete run"; }
+grep -q "is complete" "cancelled/jobs/train-$c3.out" && ! grep -q "resumed from" "cancelled/jobs/train-$c3.out" &&
+  [ "$(stat -c '%i %y' cancelled/ckpt_final.bin cancelled/dfm_modules.safetensors)" = "$before" ] ||
+  { cat "cancelled/jobs/train-$c3.out"; fail "a complete run was trained again"; }
+[ "$(wc -l <cancelled/jobs/submitted.txt)" = 3 ] || fail "submitted.txt should list 3 jobs"
+ok "resubmitting a complete run exits 0 without training"
+
+# ---- 3. USR1 before the time limit -> requeue -> resume
+r=$("${S[@]}" train --ntasks 2 -- --out requeued "${DFMF[@]}" --backbone direct_pre/model)
+wait_until 120 '[ -e requeued/ckpt_000020.bin ]' || { cat requeued/jobs/*.out; fail "no first checkpoint"; }
+scancel --batch --signal=USR1 "$r"
+wait_until 60 'scontrol -o show job "$r" | grep -q "JobState=PENDING.*Restarts=1"' ||
+  { scontrol show job "$r"; cat "requeued/jobs/train-$r.out"; fail "USR1 did not requeue the job"; }
+[ -e requeued/ckpt_final.bin ] && fail "the job ended before the requeue stopped it: make the run longer"
+# Slurm holds a requeued job ~2 min before it may start again; start it now, but not within the
+# second of the kill (a credential issued then counts as revoked: "Job credential revoked")
+sleep 2
+scontrol update JobId="$r" StartTime=now
+"$WAIT" "$r" || { cat "requeued/jobs/train-$r.out"; fail "requeued job did not complete"; }
+grep -q "restart 1" "requeued/jobs/train-$r.out" && grep -q "resumed from $WORK/requeued/ckpt_" "requeued/jobs/train-$r.out" ||
+  { grep -v 'INFO\] step' "requeued/jobs/train-$r.out"; fail "the requeued job did not resume"; }
+same requeued/ckpt_final.bin direct/ckpt_final.bin "requeued"
+same requeued/dfm_modules.safetensors direct/dfm_modules.safetensors "requeued"
+ok "USR1 -> requeue -> $(grep -o 'resumed from [^ ]*' "requeued/jobs/train-$r.out" | head -n 1 | sed "s|$WORK/||"), identical result"
+
+# ---- 4. a bad flag
+b=$("${S[@]}" train --ntasks 2 -- --out bad "${DFMF[@]}" --backbone direct_pre/model --no-such-flag 3)
+st=$("$WAIT" "$b") && fail "a job with a bad flag completed"
+grep -q "JobState=FAILED ExitCode=[1-9]" <<<"$st" || fail "bad flag: $st (want FAILED, non-zero exit)"
+grep -q "unknown option or missing value: '--no-such-flag'" "bad/jobs/train-$b.out" && grep -q "FAILED: dfm-train train exited" "bad/jobs/train-$b.out" ||
+  { cat "bad/jobs/train-$b.out"; fail "the bad flag's job log does not say what failed"; }
+ok "bad flag: $st, the log names --no-such-flag"
+
+# ---- 5. GPU requests, where the cluster has (fake) GPUs
+if sinfo -h -o %G | grep -q 'gpu:'; then
+  printf '#!/bin/sh\necho "RANK $SLURM_PROCID sees ${CUDA_VISIBLE_DEVICES-all} args: $*"\n' > stub.sh && chmod +x stub.sh
+  g1=$("${S[@]}" --ntasks 2 --dfm-train "$WORK/stub.sh" train -- --out gpu1 --device cuda --ckpt-every 5)
+  g2=$("${S[@]}" --ntasks 2 --gpus-per-node 2 --dfm-train "$WORK/stub.sh" train -- --out gpu2 --device cuda --ckpt-every 5)
+  "$WAIT" "$g1" "$g2" || { cat gpu1/jobs/*.out gpu2/jobs/*.out; fail "GPU jobs"; }
+  seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu1/jobs/train-$g1.out" | sort | xargs)
+  [ "$seen" = "RANK 0 sees 0 RANK 1 sees 1" ] || fail "--gpus-per-task 1: each rank should see its own GPU, got: $seen"
+  seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu2/jobs/train-$g2.out" | sort | xargs)
+  [ "$seen" = "RANK 0 sees 0,1 RANK 1 sees 0,1" ] || fail "--gpus-per-node 2: each rank should see both GPUs, got: $seen"
+  [ "$(grep -c 'args: train --out gpu1 --device cuda --ckpt-every 5$' "gpu1/jobs/train-$g1.out")" = 2 ] ||
+    fail "dfm-train's flags were not passed on untouched: $(grep args: "gpu1/jobs/train-$g1.out")"
+  expect_fail "Requested node configuration is not available" \
+    "${S[@]}" --ntasks 3 --dfm-train "$WORK/stub.sh" train -- --out gpu3 --device cuda --ckpt-every 5
+  ok "GPU requests: one GPU per rank (CUDA_VISIBLE_DEVICES 0 / 1), --gpus-per-node 2 (0,1 each), 3 GPUs on 2 refused"
+else
+  echo "skip: GPU requests (the localhost cluster has no GPUs: tests/slurm/slurm_up.sh without SLURM_CI_GPUS)"
+fi
+echo "all Slurm training checks passed"
