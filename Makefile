@@ -61,7 +61,7 @@ LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasL
 NCCL ?= $(if $(wildcard $(NCCL_HOME)/include/nccl.h $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h),1,0)
 ifeq ($(NCCL),1)
 CFLAGS += -DDFM_HAVE_NCCL=1 $(if $(NCCL_HOME),-I$(NCCL_HOME)/include)
-LDLIBS += $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) -lnccl
+LDLIBS += $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) $(if $(wildcard $(NCCL_HOME)/lib/libnccl.so),-lnccl,$(if $(NCCL_HOME),-l:libnccl.so.2,-lnccl))
 endif
 endif
 

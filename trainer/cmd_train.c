@@ -337,6 +337,8 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
               (long long)o->accum, B, T, W, fpt / 1e9);
     for (long step = step0; step < o->steps && !rc; step++) {
         double t0 = dfm_now(), stall = 0.0, waited;
+        int last = step + 1 == o->steps;
+        int eval_now = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
         rc = engine_zero_grad(en);
         double loss = 0, ce = 0, mse = 0;
         for (int a = 0; a < o->accum && !rc; a++) {
@@ -351,7 +353,8 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
             done_epoch = cur->epoch, done_pos = cur->pos;
             prefetch_release(pf, cur); /* consumed: its buffers are on the device (or used) */
             cur = NULL;
-            int more = a + 1 < o->accum || step + 1 < o->steps;
+            /* (not across an evaluation: its forwards would consume the staged batch first) */
+            int more = a + 1 < o->accum || (!last && !eval_now);
             if (!rc && more) { /* stage the next micro-batch: its copy overlaps this backward */
                 rc = prefetch_next(pf, &nxt, &waited);
                 stall += waited;
@@ -404,8 +407,7 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
                     peak > 0 ? mfu : 0.0, peak > 0 ? "" : "\"");
             fflush(logf);
         }
-        int last = step + 1 == o->steps;
-        if ((o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last) {
+        if (eval_now) {
             EvalResult e;
             rc = evaluate(en, m, ds, pf, ntrain, nval, B, o->eval_batches, 7, &e);
             if (rc) break;

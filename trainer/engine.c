@@ -164,7 +164,10 @@ int engine_create(DfmModel *m, const EngineOptions *o, const dfm_mpi *mp, Engine
         engine_free(e);
         return DFM_FAIL(DFM_ENOMEM, "optimizer state for %zu parameters", e->np);
     }
-    snprintf(e->desc, sizeof e->desc, "CPU, fp32 (the reference)");
+    snprintf(e->desc, sizeof e->desc,
+             "CPU, fp32 (the reference); memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, "
+             "activations %.1f MiB", (m->bb_num + m->dfm_num) * 4.0 / 1048576.0, m->grad_num * 4.0 / 1048576.0,
+             e->np * 8.0 / 1048576.0, m->act_num * 4.0 / 1048576.0);
 #ifdef DFM_HAVE_CUDA
     if (o->cuda) {
         int rc = create_cuda(e, mp);

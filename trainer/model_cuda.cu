@@ -575,6 +575,8 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
     if (!dc->enabled) mem_mode = MEM_NONE;
     if (train && dc->enabled && mem_mode != MEM_PREDICTED)
         return DFM_FAIL(DFM_EARG, "training forward must use predicted memory");
+    if (inputs && mc->stage_count)  // batches are consumed in order: this one would take the staged one's place
+        return DFM_FAIL(DFM_EARG, "model_forward_cuda with inputs while a batch is staged: forward that one first");
     if (inputs) DFM_TRY(model_cuda_stage(mc, inputs, targets, tgt_mem, tgt_mask, B, T));
     if (mem_mode == MEM_TARGET && !mc->stage[mc->stage_head].have_t)
         return DFM_FAIL(DFM_EARG, "target-memory forward needs target slots and mask");

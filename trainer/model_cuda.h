@@ -70,8 +70,8 @@ int model_cuda_download_grads(DfmModelCuda *mc, float *grads);
 int model_cuda_stage(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
                      const uint8_t *tgt_mask, int B, int T);
 
-/* As model_forward (results in mc->host: ce, mse, cos, loss, n_valid). inputs == NULL: the staged batch
- * (B and T must match it). */
+/* As model_forward (results in mc->host: ce, mse, cos, loss, n_valid). inputs == NULL: the oldest staged
+ * batch (B and T must match it); inputs != NULL: this batch, refused (DFM_EARG) while one is staged. */
 int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
                        const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale);
 int model_backward_cuda(DfmModelCuda *mc);

@@ -123,19 +123,85 @@ extern "C" int to_bf16_cuda(uint16_t *out, const float *in, size_t n, cudaStream
     return DFM_OK;
 }
 
+// ---- column reductions: the parameter gradients of norms and biases ---------------------------------
+// dw[c] (+ db[c]) += sum over rows n of a per-element term, deterministic and parallel over rows: stage 1,
+// one block per (chunk of COLRED_ROWS rows, group of 32 columns), 8 row lanes per column, lanes added in a
+// fixed order into partial[chunk][c]; stage 2, one thread per column adds the chunks in order. (A thread
+// per column walking all N rows was the first version: with q/k norms of 64 columns over N*heads rows it
+// left the GPU nearly idle.)
+#define COLRED_ROWS 256
+enum { COL_SUM = 0, COL_RMS = 1, COL_LN = 2 };
+template <int MODE>
+__global__ void colred_partial_kernel(float *pw, float *pb, const float *dout, const float *inp, const float *mean,
+                                      const float *rstd, int N, int C, int ncg) {
+    __shared__ float shw[8][32], shb[8][32];
+    int cg = blockIdx.x % ncg, chunk = blockIdx.x / ncg, lane = threadIdx.x % 32, ty = threadIdx.x / 32;
+    int c = cg * 32 + lane;
+    float sw = 0.0f, sb = 0.0f;
+    if (c < C) {
+        int n0 = chunk * COLRED_ROWS, n1 = n0 + COLRED_ROWS < N ? n0 + COLRED_ROWS : N;
+        for (int n = n0 + ty; n < n1; n += 8) {
+            float dy = dout[(size_t)n * C + c];
+            if (MODE == COL_SUM) sw += dy;
+            else if (MODE == COL_RMS) sw += dy * inp[(size_t)n * C + c] * rstd[n];
+            else {
+                sw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+                sb += dy;
+            }
+        }
+    }
+    shw[ty][lane] = sw;
+    shb[ty][lane] = sb;
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        float a = 0.0f, b = 0.0f;
+        for (int i = 0; i < 8; i++) a += shw[i][lane], b += shb[i][lane];
+        pw[(size_t)chunk * C + c] = a;
+        if (MODE == COL_LN) pb[(size_t)chunk * C + c] = b;
+    }
+}
+__global__ void colred_final_kernel(float *dw, float *db, const float *pw, const float *pb, int nchunks, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float a = 0.0f, b = 0.0f;
+    for (int k = 0; k < nchunks; k++) {
+        a += pw[(size_t)k * C + c];
+        if (db) b += pb[(size_t)k * C + c];
+    }
+    if (dw) dw[c] += a;
+    if (db) db[c] += b;
+}
+static int colred(int mode, float *dw, float *db, const float *dout, const float *inp, const float *mean,
+                  const float *rstd, int N, int C, cudaStream_t stream) {
+    if (N <= 0 || C <= 0) return DFM_OK;
+    int nch = (N + COLRED_ROWS - 1) / COLRED_ROWS, ncg = (C + 31) / 32;
+    float *part = NULL;
+    CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)2 * nch * C * sizeof(float), stream));
+    float *pb = part + (size_t)nch * C;
+    if (mode == COL_SUM)
+        colred_partial_kernel<COL_SUM><<<(unsigned)(nch * ncg), 256, 0, stream>>>(part, pb, dout, inp, mean, rstd, N,
+                                                                                   C, ncg);
+    else if (mode == COL_RMS)
+        colred_partial_kernel<COL_RMS><<<(unsigned)(nch * ncg), 256, 0, stream>>>(part, pb, dout, inp, mean, rstd, N,
+                                                                                   C, ncg);
+    else
+        colred_partial_kernel<COL_LN><<<(unsigned)(nch * ncg), 256, 0, stream>>>(part, pb, dout, inp, mean, rstd, N,
+                                                                                  C, ncg);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        colred_final_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dw, mode == COL_LN ? db : NULL, part, pb, nch, C);
+        e = cudaGetLastError();
+    }
+    cudaFreeAsync(part, stream);
+    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "column reduction kernels failed: %s", cudaGetErrorString(e));
+    return DFM_OK;
+}
+
 __global__ void add_bias_kernel(float *out, const float *bias, int N, int OC) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < (size_t)N * OC) out[i] += bias[i % OC];
 }
 
-// one thread per column, rows summed in order (deterministic; coalesced across the warp)
-__global__ void colsum_add_kernel(float *dbias, const float *dout, int N, int OC) {
-    int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= OC) return;
-    float s = 0.0f;
-    for (int n = 0; n < N; n++) s += dout[(size_t)n * OC + o];
-    dbias[o] += s;
-}
 
 extern "C" int matmul_forward_cuda(float *out, const float *inp, const float *weight, const float *bias, int N,
                                    int C, int OC, OpsCudaContext *ctx) {
@@ -156,10 +222,7 @@ extern "C" int matmul_backward_cuda(float *dinp, float *dweight, float *dbias, c
     if (dweight)  // dW^T[C,OC] += inp^T[C,N] · dout[N,OC]
         DFM_TRY(gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, inp, C, (size_t)N * C, dout, OC, (size_t)N * OC, 1.0f,
                      dweight, C));
-    if (dbias) {
-        colsum_add_kernel<<<blocks_for(OC, 128), 128, 0, ctx->stream>>>(dbias, dout, N, OC);
-        LAUNCH_CHECK("colsum_add_kernel");
-    }
+    if (dbias) DFM_TRY(colred(COL_SUM, dbias, NULL, dout, NULL, NULL, NULL, N, OC, ctx->stream));
     return DFM_OK;
 }
 
@@ -212,14 +275,6 @@ __global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const fl
     float m = warp_sum(dot) / C;
     for (int c = lane; c < C; c += 32) dinp[(size_t)n * C + c] += r * (dy[c] * weight[c] - x[c] * r * m);
 }
-__global__ void rmsnorm_dweight_kernel(float *dweight, const float *dout, const float *inp, const float *rstd, int N,
-                                       int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
-    dweight[c] += s;
-}
 extern "C" int rmsnorm_forward_cuda(float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                                     float eps, cudaStream_t stream) {
     rmsnorm_forward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(out, rstd, inp, weight, N, C,
@@ -232,10 +287,7 @@ extern "C" int rmsnorm_backward_cuda(float *dinp, float *dweight, const float *d
     rmsnorm_backward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(dinp, dout, inp, weight, rstd,
                                                                                      N, C);
     LAUNCH_CHECK("rmsnorm_backward_kernel");
-    if (dweight) {
-        rmsnorm_dweight_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dweight, dout, inp, rstd, N, C);
-        LAUNCH_CHECK("rmsnorm_dweight_kernel");
-    }
+    if (dweight) DFM_TRY(colred(COL_RMS, dweight, NULL, dout, inp, NULL, rstd, N, C, stream));
     return DFM_OK;
 }
 
@@ -273,19 +325,6 @@ __global__ void layernorm_backward_kernel(float *dinp, const float *dout, const 
         dinp[(size_t)n * C + c] += r * (dy[c] * weight[c] - a - xh * b);
     }
 }
-__global__ void layernorm_params_kernel(float *dweight, float *dbias, const float *dout, const float *inp,
-                                        const float *mean, const float *rstd, int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float sw = 0.0f, sb = 0.0f;
-    for (int n = 0; n < N; n++) {
-        float dy = dout[(size_t)n * C + c];
-        sw += dy * (inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-        sb += dy;
-    }
-    if (dweight) dweight[c] += sw;
-    if (dbias) dbias[c] += sb;
-}
 extern "C" int layernorm_forward_cuda(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                       const float *bias, int N, int C, float eps, cudaStream_t stream) {
     layernorm_forward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(out, mean, rstd, inp, weight,
@@ -299,10 +338,7 @@ extern "C" int layernorm_backward_cuda(float *dinp, float *dweight, float *dbias
     layernorm_backward_kernel<<<blocks_for(N, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(dinp, dout, inp, weight,
                                                                                        mean, rstd, N, C);
     LAUNCH_CHECK("layernorm_backward_kernel");
-    if (dweight || dbias) {
-        layernorm_params_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
-        LAUNCH_CHECK("layernorm_params_kernel");
-    }
+    if (dweight || dbias) DFM_TRY(colred(COL_LN, dweight, dbias, dout, inp, mean, rstd, N, C, stream));
     return DFM_OK;
 }
 
