@@ -30,7 +30,7 @@ typedef struct {
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
     char *device, *precision, *attention;
-    int64_t gpu, prefetch;
+    int64_t gpu, prefetch, no_ckpt;
     double peak_tflops;
     /* pretrain shape */
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
@@ -66,6 +66,7 @@ typedef struct {
     {"gpu", DFM_OPT_INT, &(o)->gpu, "-1", "N", "cuda: device index (-1 = node-local rank mod visible GPUs)", 1}, \
     {"attention", DFM_OPT_STR, &(o)->attention, "flash", "KIND", "cuda: flash (no T x T matrix) or reference", 1}, \
     {"prefetch", DFM_OPT_INT, &(o)->prefetch, "3", "N", "micro-batches read ahead by the loader thread (>= 2)", 1}, \
+    {"no-ckpt", DFM_OPT_FLAG, &(o)->no_ckpt, NULL, NULL, "write no checkpoint, not even the final one (benchmarks)", 1}, \
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
 
 #define O_DFM(o)                                                                                              \
@@ -332,7 +333,7 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
     AdamWConfig ac = {.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = (float)o->beta2, .eps = 1e-8f,
                       .weight_decay = (float)o->wd};
     double fpt = model_train_flops_per_token(m, T), peak = peak_flops(o, &eo);
-    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens on %d rank(s); %.3g GFLOP per token",
+    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens on %d rank(s); %.7g GFLOP per token",
               np, m->dc.enabled ? "DFM modules; backbone frozen" : "backbone", (long long)o->steps,
               (long long)o->accum, B, T, W, fpt / 1e9);
     for (long step = step0; step < o->steps && !rc; step++) {
@@ -390,7 +391,11 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
         double tps = (double)o->accum * W * B * T / dt;
         double mfu = peak > 0 ? tps * fpt / (W * peak) : NAN;
         char mfus[32] = "";
-        if (peak > 0) snprintf(mfus, sizeof mfus, " | MFU %.1f%%", 100.0 * mfu);
+        char mfus_json[32] = "null";
+        if (peak > 0) {
+            snprintf(mfus, sizeof mfus, " | MFU %.1f%%", 100.0 * mfu);
+            snprintf(mfus_json, sizeof mfus_json, "%.4f", mfu);
+        }
         if (g_rank) {
         } else if (m->dc.enabled)
             DFM_LOG_I("step %5ld/%lld | loss %.4f (ce %.4f mse %.4f) | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% "
@@ -402,9 +407,8 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
         if (logf) {
             fprintf(logf,
                     "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                    "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%.4f%s}\n",
-                    step + 1, loss, ce, mse, ac.lr, gn, tps, dt * 1e3, stall / dt, peak > 0 ? "" : "\"",
-                    peak > 0 ? mfu : 0.0, peak > 0 ? "" : "\"");
+                    "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s}\n",
+                    step + 1, loss, ce, mse, ac.lr, gn, tps, dt * 1e3, stall / dt, mfus_json);
             fflush(logf);
         }
         if (eval_now) {
@@ -413,10 +417,10 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
             if (rc) break;
             eval_print(logf, step + 1, m, &e, use_t);
         }
-        if (((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || last)) {
+        if (last || (!o->no_ckpt && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0)) {
             float *hp, *h1, *h2;
             if ((rc = engine_sync_host(en, &hp, &h1, &h2))) break; /* also brings the params to m for the export */
-            if (g_rank == 0) {
+            if (g_rank == 0 && !o->no_ckpt) {
                 CkptInfo ci = {.mode = (uint32_t)m->dc.enabled, .step = (uint64_t)step + 1, .epoch = done_epoch,
                                .pos = done_pos, .n_params = np};
                 char name[64];
