@@ -33,7 +33,7 @@ enum { cudaSuccess = 0 };
 typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 #define cudaStreamNonBlocking 1
-struct cudaDeviceProp { char name[256]; int major, minor; };
+struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
 inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
 inline cudaError_t cudaGetLastError() { return 0; }
 inline cudaError_t cudaMalloc(void **p, size_t b) { *p = calloc(1, b ? b : 1); return 0; }
@@ -58,8 +58,19 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     strcpy(p->name, "host-emu");
     p->major = 9;
     p->minor = 0;
+    p->totalGlobalMem = (size_t)1 << 30;
     return 0;
 }
+// events and pinned memory: everything is synchronous here, so events are markers
+typedef int *cudaEvent_t;
+#define cudaEventDisableTiming 2
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, int) { *e = new int(0); return 0; }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return 0; }
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return 0; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return 0; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return 0; }
+inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
+inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
 // bf16
 struct __nv_bfloat16 { uint16_t x; };
 inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no NaN handling needed here)
@@ -71,6 +82,7 @@ inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no N
     return b;
 }
 inline float emu_bf2f(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
+inline float __bfloat162float(__nv_bfloat16 b) { return emu_bf2f(b); }
 // cublas
 typedef void *cublasHandle_t;
 typedef int cublasStatus_t;
@@ -186,3 +198,7 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
     threadIdx.x = me;  // other fibers ran meanwhile
 }
 inline void __syncthreads() { unsigned me = emu_g_cur; emu_wait(emu_g_block, blockDim.x); threadIdx.x = me; }
+// ---- for trainer/attention_cuda.cu: float4, __launch_bounds__ (ignored) --------------------------------
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+#define __launch_bounds__(...)

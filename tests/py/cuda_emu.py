@@ -9,7 +9,8 @@ import re
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAUNCH = re.compile(r"(\w+(?:<[\w\s,]+>)?)<<<(.*?)>>>\((.*?)\);", re.S)
+# kernel<<<grid, block, smem, stream>>>(args);  kernel may carry template arguments: k<HDM>, k<COL_SUM>
+LAUNCH = re.compile(r"(\w+(?:<[\w:,\s]+>)?)<<<(.*?)>>>\((.*?)\);", re.S)
 CUDA_HEADERS = ("cublas_v2.h", "cuda_runtime.h", "cuda_runtime_api.h", "cuda_bf16.h")
 
 
@@ -48,7 +49,7 @@ def build(tmp, cu_files, c_files, defines, exe_name):
         cpp = os.path.join(tmp, name + ".cpp")
         open(cpp, "w", encoding="utf-8").write(src)
         obj = cpp[:-4] + ".o"
-        r = run(["g++", "-std=c++17", "-O1", "-w", "-I" + inc, "-I" + ROOT, "-I" + os.path.join(ROOT, "pipeline"),
+        r = run(["g++", "-std=c++17", "-O2", "-w", "-I" + inc, "-I" + ROOT, "-I" + os.path.join(ROOT, "pipeline"),
                  "-include", os.path.join(ROOT, "trainer/host_emu_cuda.h"), "-DDFM_HAVE_CUDA=1"]
                 + ["-D" + d for d in defines] + ["-c", cpp, "-o", obj])
         if r.returncode:
