@@ -103,6 +103,8 @@ else
   if grep -q -- "--device" <<<"$HELP"; then
     DEV_FLAGS+=(--device "$DEVICE")
     if [ "$DEVICE" != cpu ] && grep -q -- "--precision" <<<"$HELP"; then DEV_FLAGS+=(--precision bf16); fi
+    # no checkpoints (params + AdamW moments: 15 GB for 1B, written at the end of a timed run)
+    if grep -q -- "--no-ckpt" <<<"$HELP"; then DEV_FLAGS+=(--no-ckpt); fi
   elif [ "$DEVICE" != cpu ]; then
     DFM_OK=0
     DFM_WHY="$DFM_TRAIN has no --device flag (a CPU-only dfm-train): not run on the GPU"

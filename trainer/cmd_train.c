@@ -494,7 +494,7 @@ int cmd_pretrain(int argc, char **argv) {
                                .qk_norm = !strcmp(o.arch, "qwen3"), .eps = 1e-6f, .rope_theta = 10000.0f};
         DfmConfig dc;
         memset(&dc, 0, sizeof dc);
-        if (!rc) rc = model_create(&bc, &dc, (int)o.batch, (int)o.seq_len, &m);
+        if (!rc) rc = model_create_ex(&bc, &dc, (int)o.batch, (int)o.seq_len, strcmp(o.device, "cuda") != 0, &m);
         if (!rc) {
             model_init_backbone_random(m, (uint64_t)o.seed);
             DFM_LOG_I("backbone %s: %d layers, hidden %d, heads %d/%d, ffn %d, vocab %d, %zu parameters", bc.arch,
@@ -551,7 +551,7 @@ static int build_dfm_model(const Opts *o, int T, int B, int K, int d, DfmModel *
     DFM_TRY(dfm_config_from_opts(o, &bc, K, d, &dc));
     if (o->modules) DFM_TRY(modules_config(o->modules, &dc)); /* eval / generate: the modules' own shape */
     DfmModel *m;
-    DFM_TRY(model_create(&bc, &dc, B, T, &m));
+    DFM_TRY(model_create_ex(&bc, &dc, B, T, !o->device || strcmp(o->device, "cuda") != 0, &m));
     int rc = hf_load_backbone(m, o->backbone);
     if (rc) {
         model_free(m);

@@ -280,6 +280,11 @@ size_t model_carve_acts(DfmModel *m, float *base, int ce_rows, int flash) {
 }
 
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out) {
+    return model_create_ex(bc, dc, maxB, maxT, 1, out);
+}
+
+int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, int host_acts,
+                    DfmModel **out) {
     *out = NULL;
     DFM_TRY(model_config_check(bc, dc));
     if (maxB <= 0 || maxT <= 0 || maxT > bc->max_seq || (dc->enabled && maxT % dc->chunk_len))
@@ -301,8 +306,11 @@ int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int ma
         m->grad_num = m->bb_num;
     }
     m->grad_memory = calloc(m->grad_num, sizeof(float));
-    m->act_num = model_carve_acts(m, NULL, CE_ROWS_BLOCK, 0);
-    m->act_memory = calloc(m->act_num, sizeof(float));
+    /* without host activations (the model computes on a GPU): only the RoPE tables, which it uploads */
+    size_t rope = (size_t)maxT * bc->dec.head_dim / 2,
+           prope = dc->enabled ? (size_t)(maxT / dc->chunk_len) * dc->pred.head_dim / 2 : 0;
+    m->act_num = host_acts ? model_carve_acts(m, NULL, CE_ROWS_BLOCK, 0) : 2 * (rope + prope);
+    m->act_memory = calloc(m->act_num ? m->act_num : 1, sizeof(float));
     if (!m->bb_memory || (dc->enabled && !m->dfm_memory) || !m->grad_memory || !m->act_memory) {
         size_t total = (m->bb_num + m->dfm_num + m->grad_num + m->act_num) * 4;
         model_free(m);
@@ -316,7 +324,14 @@ int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int ma
     } else {
         model_carve_backbone(bc, &m->bb_grad, m->grad_memory);
     }
-    model_carve_acts(m, m->act_memory, CE_ROWS_BLOCK, 0);
+    if (host_acts) {
+        model_carve_acts(m, m->act_memory, CE_ROWS_BLOCK, 0);
+    } else {
+        m->rope_cos = m->act_memory;
+        m->rope_sin = m->rope_cos + rope;
+        m->prope_cos = m->rope_sin + rope;
+        m->prope_sin = m->prope_cos + prope;
+    }
     rope_tables(m->rope_cos, m->rope_sin, maxT, bc->dec.head_dim, bc->dec.rope_theta);
     if (dc->enabled)
         rope_tables(m->prope_cos, m->prope_sin, maxT / dc->chunk_len, dc->pred.head_dim, dc->pred.rope_theta);

@@ -167,6 +167,10 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc);
 /* Allocate parameters, gradients (for the trainable block) and activations for batches up to
  * maxB x maxT. Parameters are zero; call model_init_random or load weights. */
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out);
+/* As model_create; host_acts = 0 allocates no host activations (only the RoPE tables): for a model that
+ * computes on a GPU (model_cuda.h), whose host side only holds parameters. model_forward is then invalid. */
+int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, int host_acts,
+                    DfmModel **out);
 void model_free(DfmModel *m);
 
 /* Layouts, shared with the CUDA model (trainer/model_cuda.cu), which carves the same structs out of
