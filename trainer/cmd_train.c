@@ -436,9 +436,9 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
     }
 out:
     if (logf) fclose(logf);
+    engine_free(en); /* first: it waits for the device, which may still read a staged pinned buffer */
     prefetch_stop(pf);
     loader_free(&ld);
-    engine_free(en);
     return rc;
 }
 

@@ -85,6 +85,20 @@ static int local_rank(const dfm_mpi *mp) {
     return r;
 }
 
+/* device AdamW moments (zero) and the decay mask, ordered on the model's (non-blocking) stream */
+static int alloc_moments(Engine *e) {
+    size_t n = e->np;
+    cudaStream_t st = stream_of(e);
+    CU(cudaMalloc((void **)&e->d_m1, (n ? n : 1) * sizeof(float)));
+    CU(cudaMalloc((void **)&e->d_m2, (n ? n : 1) * sizeof(float)));
+    CU(cudaMalloc((void **)&e->d_decay, n ? n : 1));
+    CU(cudaMemsetAsync(e->d_m1, 0, n * sizeof(float), st));
+    CU(cudaMemsetAsync(e->d_m2, 0, n * sizeof(float), st));
+    CU(cudaMemcpyAsync(e->d_decay, e->decay, n, cudaMemcpyHostToDevice, st));
+    CU(cudaStreamSynchronize(st));
+    return DFM_OK;
+}
+
 static int create_cuda(Engine *e, const dfm_mpi *mp) {
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
@@ -94,26 +108,29 @@ static int create_cuda(Engine *e, const dfm_mpi *mp) {
                         ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
     int gpu = e->o.gpu >= 0 ? e->o.gpu : local_rank(mp) % ndev;
     ModelCudaOptions mo = {gpu, e->o.bf16, e->o.flash};
-    DFM_TRY(model_cuda_create(e->m, &mo, &e->mc));
     size_t n = e->np;
-    CU(cudaMalloc((void **)&e->d_m1, n * sizeof(float)));
-    CU(cudaMalloc((void **)&e->d_m2, n * sizeof(float)));
-    CU(cudaMalloc((void **)&e->d_decay, n ? n : 1));
-    CU(cudaMemset(e->d_m1, 0, n * sizeof(float)));
-    CU(cudaMemset(e->d_m2, 0, n * sizeof(float)));
-    CU(cudaMemcpy(e->d_decay, e->decay, n, cudaMemcpyHostToDevice));
+    /* no early return before the ranks agree: the others would wait in the NCCL set-up below */
+    int rc = model_cuda_create(e->m, &mo, &e->mc);
+    if (!rc) rc = alloc_moments(e);
+    if (mp->size > 1) DFM_TRY(dfm_mpi_agree(mp, rc));
+    DFM_TRY(rc);
     const char *coll = "";
     if (mp->size > 1) {
 #ifdef DFM_HAVE_NCCL
-        ncclUniqueId id;
-        if (mp->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
-            return DFM_FAIL(DFM_ECUDA, "ncclGetUniqueId failed");
-        DFM_TRY(DFM_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mp->comm)));
-        ncclResult_t nr = ncclCommInitRank(&e->nccl, mp->size, id, mp->rank);
-        if (nr != ncclSuccess)
-            return DFM_FAIL(DFM_ECUDA, "ncclCommInitRank (rank %d of %d) failed: %s. HINT: NCCL_DEBUG=INFO tells why",
-                            mp->rank, mp->size, ncclGetErrorString(nr));
-        e->have_nccl = 1;
+        struct {
+            int ok;
+            ncclUniqueId id;
+        } msg;
+        memset(&msg, 0, sizeof msg);
+        if (mp->rank == 0) msg.ok = ncclGetUniqueId(&msg.id) == ncclSuccess;
+        DFM_TRY(DFM_MPI_CHECK(MPI_Bcast(&msg, sizeof msg, MPI_BYTE, 0, mp->comm)));
+        if (!msg.ok) return DFM_FAIL(DFM_ECUDA, "ncclGetUniqueId failed on rank 0. HINT: NCCL_DEBUG=INFO tells why");
+        ncclResult_t nr = ncclCommInitRank(&e->nccl, mp->size, msg.id, mp->rank);
+        rc = nr == ncclSuccess ? DFM_OK
+                               : DFM_FAIL(DFM_ECUDA, "ncclCommInitRank (rank %d of %d) failed: %s. HINT: NCCL_DEBUG=INFO "
+                                          "tells why", mp->rank, mp->size, ncclGetErrorString(nr));
+        e->have_nccl = nr == ncclSuccess;
+        DFM_TRY(dfm_mpi_agree(mp, rc));
         coll = ", gradients all-reduced with NCCL";
 #else
         CU(cudaMallocHost((void **)&e->h_grads, n * sizeof(float)));
@@ -305,8 +322,9 @@ int engine_adamw(Engine *e, const AdamWConfig *c, long t) {
     if (e->mc) {
         size_t n;
         float *p = model_cuda_trainable_params(e->mc, &n);
-        return adamw_update_cuda(p, model_cuda_trainable_grads(e->mc), e->d_m1, e->d_m2, e->d_decay, n, c, t,
-                                 stream_of(e));
+        DFM_TRY(adamw_update_cuda(p, model_cuda_trainable_grads(e->mc), e->d_m1, e->d_m2, e->d_decay, n, c, t,
+                                  stream_of(e)));
+        return model_cuda_params_updated(e->mc);
     }
 #endif
     size_t n;
@@ -322,9 +340,11 @@ int engine_sync_host(Engine *e, float **params, float **m1, float **m2) {
     *m2 = e->m2;
 #ifdef DFM_HAVE_CUDA
     if (e->mc) {
-        DFM_TRY(model_cuda_download_trainable(e->mc));
-        CU(cudaMemcpy(e->m1, e->d_m1, n * sizeof(float), cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(e->m2, e->d_m2, n * sizeof(float), cudaMemcpyDeviceToHost));
+        DFM_TRY(model_cuda_download_trainable(e->mc)); /* synchronises the stream */
+        cudaStream_t st = stream_of(e);
+        CU(cudaMemcpyAsync(e->m1, e->d_m1, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CU(cudaMemcpyAsync(e->m2, e->d_m2, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CU(cudaStreamSynchronize(st));
     }
 #endif
     return DFM_OK;
@@ -340,9 +360,11 @@ void engine_host_state(Engine *e, float **params, float **m1, float **m2) {
 int engine_load_state(Engine *e) {
 #ifdef DFM_HAVE_CUDA
     if (e->mc) {
-        DFM_TRY(model_cuda_upload_params(e->mc));
-        CU(cudaMemcpy(e->d_m1, e->m1, e->np * sizeof(float), cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(e->d_m2, e->m2, e->np * sizeof(float), cudaMemcpyHostToDevice));
+        DFM_TRY(model_cuda_upload_params(e->mc)); /* synchronises the stream */
+        cudaStream_t st = stream_of(e);
+        CU(cudaMemcpyAsync(e->d_m1, e->m1, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(e->d_m2, e->m2, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
+        CU(cudaStreamSynchronize(st));
     }
 #endif
     (void)e;

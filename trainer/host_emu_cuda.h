@@ -71,6 +71,10 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return 0; }
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return 0; }
 inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
 inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
+typedef void *cudaMemPool_t;
+enum { cudaMemPoolAttrReleaseThreshold = 4 };
+inline cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = nullptr; return 0; }
+inline cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, int, void *) { return 0; }
 // bf16
 struct __nv_bfloat16 { uint16_t x; };
 inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no NaN handling needed here)

@@ -40,6 +40,7 @@ struct DfmModelCuda {
     uint16_t *wte16, *lm_head16;     // views into bb16
     StackMats16 dec16;               // views into bb16
     float *norms;                    // frozen16: the backbone's norm weights (fp32)
+    uint16_t *mirror16;              // bf16: a bf16 copy of the trainable block, read by the GEMMs
     int flash;
     Stage stage[2];
     int stage_head, stage_count;     // oldest staged slot, number staged
@@ -202,6 +203,13 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
         model_carve_dfm(&d->bc, &d->dc, &d->dp, d->dfm_memory);
     }
     R(dmalloc((void **)&d->grad_memory, host->grad_num * sizeof(float), "the gradients", &mc->mem.grads));
+    if (o->bf16) {  // the trainable weights rounded once per step instead of at every GEMM
+        size_t n;
+        float *tp = model_cuda_trainable_params(mc, &n);
+        R(dmalloc((void **)&mc->mirror16, n * sizeof(uint16_t), "the bf16 copy of the trainable weights",
+                  &mc->mem.params_bf16));
+        ops_cuda_set_bf16_mirror(&mc->ctx, tp, mc->mirror16, n);
+    }
     if (host->dc.enabled) model_carve_dfm(&d->bc, &d->dc, &d->dp_grad, d->grad_memory);
     else model_carve_backbone(&d->bc, &d->bb_grad, d->grad_memory);
     d->act_num = model_carve_acts(d, NULL, CE_ROWS_BLOCK_CUDA, mc->flash);
@@ -262,6 +270,7 @@ extern "C" void model_cuda_free(DfmModelCuda *mc) {
     cudaFree(d->act_memory);
     cudaFree(mc->bb16);
     cudaFree(mc->norms);
+    cudaFree(mc->mirror16);
     for (int i = 0; i < 2; i++) {
         Stage *s = &mc->stage[i];
         cudaFree(s->inputs);
@@ -312,8 +321,16 @@ extern "C" int model_cuda_upload_params(DfmModelCuda *mc) {
         DFM_TRY(rc);
     }
     if (h->dc.enabled) DFM_TRY(upload_floats(d->dfm_memory, h->dfm_memory, h->dfm_num, st));
+    DFM_TRY(model_cuda_params_updated(mc));
     CUDA_CHECK(cudaStreamSynchronize(st));
     return DFM_OK;
+}
+
+extern "C" int model_cuda_params_updated(DfmModelCuda *mc) {
+    if (!mc->mirror16) return DFM_OK;
+    size_t n;
+    float *tp = model_cuda_trainable_params(mc, &n);
+    return to_bf16_cuda(mc->mirror16, tp, n, mc->ctx.stream);
 }
 
 extern "C" int model_cuda_download_trainable(DfmModelCuda *mc) {

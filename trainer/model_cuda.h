@@ -10,7 +10,8 @@
  *   0  fp32 everywhere, GEMMs in fp32 without TF32: the parity mode, equal to the CPU model up to
  *      summation order (tests/py/test_train_cuda_model_emu.py, scripts/gpu_check_trainer.sh);
  *   1  GEMM operands rounded to bf16, fp32 accumulation, fp32 activations, fp32 master weights and
- *      AdamW state for whatever trains. In DFM mode the frozen backbone is held ONLY in bf16 on the
+ *      AdamW state for whatever trains, plus a bf16 copy of those weights refreshed after each step
+ *      (model_cuda_params_updated) so GEMMs do not round them again. In DFM mode the frozen backbone is held ONLY in bf16 on the
  *      device (its norm weights stay fp32): half the memory, no gradient, no optimizer state.
  * Attention (ModelCudaOptions.flash): the decoder's and predictor's self-attention through
  * attention_cuda.h (no [T, T] probabilities kept) when attention_flash_supported, else the reference
@@ -60,6 +61,9 @@ const ModelCudaMemory *model_cuda_memory(const DfmModelCuda *mc);
 
 /* host -> device: every parameter (after init, load or resume). */
 int model_cuda_upload_params(DfmModelCuda *mc);
+/* After the trainable parameters changed on the device (an optimizer step): refresh what is derived from
+ * them (with bf16, their bf16 copy read by the GEMMs). model_cuda_upload_params does it itself. */
+int model_cuda_params_updated(DfmModelCuda *mc);
 /* device -> host: the trainable block (before saving a checkpoint or a model). */
 int model_cuda_download_trainable(DfmModelCuda *mc);
 /* device -> host: the trainable block's gradients into grads[grad_num] (parity tests, debugging). */

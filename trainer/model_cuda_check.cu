@@ -209,8 +209,9 @@ static int run_variant(const Variant *va) {
         check_scalar(va->name, "ce target memory", h->ce, c_target, lt);
     }
 
-    // three AdamW steps on both sides from the same state, then the trainable parameters
-    if (!va->bf16) {
+    // three AdamW steps on both sides from the same state, then the trainable parameters (with bf16 this also
+    // checks that the GEMMs read the refreshed bf16 copy of the weights: a stale copy is far off)
+    {
         size_t np;
         float *hp = model_trainable_params(h, &np);
         std::vector<float> p0(hp, hp + np), mh(np, 0.0f), vh(np, 0.0f);
@@ -218,8 +219,10 @@ static int run_variant(const Variant *va) {
         OpsCudaContext *ctx = (OpsCudaContext *)model_cuda_context(mc);
         float *dm = NULL, *dv = NULL;
         if (cudaMalloc((void **)&dm, np * 4) != cudaSuccess || cudaMalloc((void **)&dv, np * 4) != cudaSuccess) return 2;
-        cudaMemset(dm, 0, np * 4);
-        cudaMemset(dv, 0, np * 4);
+        // everything on the model's stream, which is non-blocking: plain cudaMemset/cudaMemcpy would not
+        // be ordered against it
+        cudaMemsetAsync(dm, 0, np * 4, ctx->stream);
+        cudaMemsetAsync(dv, 0, np * 4, ctx->stream);
         AdamWConfig ac = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
         for (int t = 1; t <= 3; t++) {
             model_zero_grad(h);
@@ -230,24 +233,27 @@ static int run_variant(const Variant *va) {
             GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, mode, 1, 1.0f));
             GT(model_backward_cuda(mc));
             GT(adamw_update_cuda(dp, dg, dm, dv, NULL, np, &ac, t, ctx->stream));
+            GT(model_cuda_params_updated(mc));
         }
         // Adam's first steps are sign-like (m / sqrt(v) ~ +-1), so near-zero gradients whose rounding differs
         // move a parameter by up to 2 lr either way: compare what the steps did to the loss, and count such
         // parameters (a wrong update rule moves most of them)
         std::vector<float> hp_gpu(np);
-        if (cudaMemcpy(hp_gpu.data(), dp, np * 4, cudaMemcpyDeviceToHost) != cudaSuccess) return 2;
+        if (cudaStreamSynchronize(ctx->stream) != cudaSuccess ||
+            cudaMemcpy(hp_gpu.data(), dp, np * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return 2;
         size_t off = 0;
         for (size_t i = 0; i < np; i++) off += fabs((double)hp_gpu[i] - hp[i]) > 0.1 * ac.lr;
         double frac = (double)off / np;
         GT(model_forward(h, inp.data(), tgt.data(), tm, tk, B, T, mode, 0, 1.0f));
         double c_after = h->loss;
         GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, mode, 0, 1.0f));
-        check_scalar(va->name, "loss after 3 AdamW steps", h->loss, c_after, 1e-4);
-        int ok = frac <= 0.01;
+        check_scalar(va->name, "loss after 3 AdamW steps", h->loss, c_after, va->bf16 ? 1e-2 : 1e-4);
+        int ok = va->bf16 || frac <= 0.01;  // bf16 gradients flip the sign of more near-zero Adam steps
         g_checks++;
         if (!ok) g_fail++;
-        printf("%-4s %-34s 3 AdamW steps: %.3f%% of parameters differ by more than 0.1 lr (bound 1%%)\n",
-               ok ? "PASS" : "FAIL", va->name, 100.0 * frac);
+        printf("%-4s %-34s 3 AdamW steps: %.3f%% of parameters differ by more than 0.1 lr (bound %s)\n",
+               ok ? "PASS" : "FAIL", va->name, 100.0 * frac, va->bf16 ? "none in bf16" : "1%");
         cudaFree(dm);
         cudaFree(dv);
     }
@@ -272,7 +278,7 @@ int main(void) {
         {"pretrain llama untied flash", 0, 0, 0, 0, 0, 0, 1, 0, 1},
         {"dfm qwen3 bf16 backbone", 1, 1, 1, 0, 0, 0, 0, 1, 0},
         {"dfm qwen3 bf16 backbone flash", 1, 1, 1, 0, 0, 0, 1, 1, 1},
-        {"pretrain qwen3 bf16", 0, 1, 1, 0, 0, 0, 1, 1, 0},
+        {"pretrain qwen3 bf16", 0, 1, 1, 0, 0, 0, 1, 1, 1},
     };
     const char *only = getenv("MODEL_CHECK_ONLY");  // substring filter (debugging)
     const char *set = getenv("MODEL_CHECK_SET");

@@ -46,14 +46,25 @@ extern "C" int ops_cuda_init(OpsCudaContext *ctx, int device, int bf16) {
         ops_cuda_free(ctx);
         return DFM_FAIL(DFM_ECUDA, "cublasCreate failed: status %d", (int)s);
     }
-    CUBLAS_CHECK(cublasSetStream(ctx->cublas, ctx->stream));
     // CUBLAS_COMPUTE_32F in the default math mode never uses TF32 (which would break fp32 parity)
-    CUBLAS_CHECK(cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH));
+    if ((s = cublasSetStream(ctx->cublas, ctx->stream)) != CUBLAS_STATUS_SUCCESS ||
+        (s = cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        ops_cuda_free(ctx);
+        return DFM_FAIL(DFM_ECUDA, "setting up cuBLAS failed: status %d (%s)", (int)s, cublasGetStatusString(s));
+    }
+    // the kernels' small stream-ordered temporaries (cudaMallocAsync) stay in the pool between steps
+    // instead of going back to the driver at every synchronisation (the default threshold is 0)
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
     return DFM_OK;
 }
 
 extern "C" void ops_cuda_free(OpsCudaContext *ctx) {
     if (!ctx) return;
+    if (ctx->stream) cudaStreamSynchronize(ctx->stream);  // the scratch (from the stream's pool) may be in use
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -76,6 +87,17 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
 }
 
 // ---- matmul -----------------------------------------------------------------------------------------
+extern "C" void ops_cuda_set_bf16_mirror(OpsCudaContext *ctx, const float *src, const uint16_t *mirror, size_t n) {
+    ctx->mirror_src = src && mirror ? src : NULL;
+    ctx->mirror16 = ctx->mirror_src ? mirror : NULL;
+    ctx->mirror_n = ctx->mirror_src ? n : 0;
+}
+// the bf16 copy of X[elems] when X lies inside the context's mirror, else NULL (to be rounded into scratch)
+static const __nv_bfloat16 *mirrored(const OpsCudaContext *ctx, const float *X, size_t elems) {
+    uintptr_t x = (uintptr_t)X, lo = (uintptr_t)ctx->mirror_src;
+    if (!ctx->mirror_src || x < lo || x + elems * sizeof(float) > lo + ctx->mirror_n * sizeof(float)) return NULL;
+    return (const __nv_bfloat16 *)ctx->mirror16 + (X - ctx->mirror_src);
+}
 // Row-major X[N,C] is column-major X^T[C,N]; out^T[OC,N] = W[OC,C](col-major: W^T) ^T · inp^T, as llm.c.
 // gemm(): column-major C[m,n] = op(A) op(B) * alpha + beta C, operands fp32 or bf16 copies (ctx->bf16).
 static int gemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
@@ -87,15 +109,23 @@ static int gemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb,
                                   Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return DFM_OK;
     }
-    size_t a_al = (a_elems + 127) & ~(size_t)127;  // keep the second operand 256-byte aligned
-    DFM_TRY(ctx_scratch(ctx, (a_al + b_elems) * sizeof(__nv_bfloat16)));
-    __nv_bfloat16 *a16 = (__nv_bfloat16 *)ctx->scratch, *b16 = a16 + a_al;
-    to_bf16_kernel<<<blocks_for(a_elems, 256) < 65536 ? blocks_for(a_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-        a16, A, a_elems);
-    LAUNCH_CHECK("to_bf16_kernel");
-    to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-        b16, B, b_elems);
-    LAUNCH_CHECK("to_bf16_kernel");
+    const __nv_bfloat16 *a16 = mirrored(ctx, A, a_elems), *b16 = mirrored(ctx, B, b_elems);
+    size_t a_al = a16 ? 0 : (a_elems + 127) & ~(size_t)127;  // keep the second operand 256-byte aligned
+    size_t b_n = b16 ? 0 : b_elems;
+    if (a_al + b_n) DFM_TRY(ctx_scratch(ctx, (a_al + b_n) * sizeof(__nv_bfloat16)));
+    __nv_bfloat16 *sa = (__nv_bfloat16 *)ctx->scratch, *sb = sa + a_al;
+    if (!a16) {
+        to_bf16_kernel<<<blocks_for(a_elems, 256) < 65536 ? blocks_for(a_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+            sa, A, a_elems);
+        LAUNCH_CHECK("to_bf16_kernel");
+        a16 = sa;
+    }
+    if (!b16) {
+        to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+            sb, B, b_elems);
+        LAUNCH_CHECK("to_bf16_kernel");
+        b16 = sb;
+    }
     CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb,
                               &beta, Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return DFM_OK;
@@ -106,11 +136,15 @@ static int gemm_a16(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t
                     const uint16_t *A, int lda, const float *B, int ldb, size_t b_elems, float beta, float *Cm,
                     int ldc) {
     const float one = 1.0f;
-    DFM_TRY(ctx_scratch(ctx, b_elems * sizeof(__nv_bfloat16)));
-    __nv_bfloat16 *b16 = (__nv_bfloat16 *)ctx->scratch;
-    to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-        b16, B, b_elems);
-    LAUNCH_CHECK("to_bf16_kernel");
+    const __nv_bfloat16 *b16 = mirrored(ctx, B, b_elems);
+    if (!b16) {
+        DFM_TRY(ctx_scratch(ctx, b_elems * sizeof(__nv_bfloat16)));
+        __nv_bfloat16 *sb = (__nv_bfloat16 *)ctx->scratch;
+        to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
+            sb, B, b_elems);
+        LAUNCH_CHECK("to_bf16_kernel");
+        b16 = sb;
+    }
     CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb, &beta,
                               Cm, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return DFM_OK;
@@ -895,53 +929,78 @@ extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses,
 
 // ---- MSE ----------------------------------------------------------------------------------------------
 // single block (deterministic): count valid slots, then sum and gradient; result[0] = sum / (nvalid * D)
-__global__ void mse_kernel(double *result, float *dpred, const float *pred, const float *target, const uint8_t *mask,
-                           int S, int D, float dloss) {
-    __shared__ double sh[256];
-    __shared__ unsigned long long nvalid;
-    if (threadIdx.x == 0) nvalid = 0;
-    __syncthreads();
-    unsigned long long cnt = 0;
-    for (int s = threadIdx.x; s < S; s += blockDim.x) cnt += mask[s] != 0;
-    sh[threadIdx.x] = (double)cnt;
+// three deterministic stages: count the valid slots (one block); one block per slot: gradient and the slot's
+// sum of squares in double (fixed tree); the slots' sums added in a fixed order (sum_double_kernel's way)
+__global__ void mse_count_kernel(int *nvalid, const uint8_t *mask, int S) {
+    __shared__ int sh[256];
+    int c = 0;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) c += mask[s] != 0;
+    sh[threadIdx.x] = c;
     __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
         if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) nvalid = (unsigned long long)sh[0];
-    __syncthreads();
-    if (nvalid == 0) {
-        if (threadIdx.x == 0) *result = 0.0;
-        return;
+    if (threadIdx.x == 0) *nvalid = sh[0];
+}
+__global__ void mse_slot_kernel(double *slot_sum, float *dpred, const float *pred, const float *target,
+                                const uint8_t *mask, const int *nvalid, int D, float dloss) {
+    __shared__ double sh[128];
+    int s = blockIdx.x;
+    double sum = 0.0;
+    if (mask[s] && *nvalid > 0) {  // uniform across the block
+        float g = (float)(2.0 / ((double)*nvalid * D)) * dloss;
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            size_t k = (size_t)s * D + i;
+            float d = pred[k] - target[k];
+            sum += (double)d * d;
+            if (dpred) dpred[k] += g * d;
+        }
     }
-    double denom = (double)nvalid * D, sum = 0.0;
-    float g = (float)(2.0 / denom) * dloss;
-    for (size_t k = threadIdx.x; k < (size_t)S * D; k += blockDim.x) {
-        if (!mask[k / D]) continue;
-        float d = pred[k] - target[k];
-        sum += (double)d * d;
-        if (dpred) dpred[k] += g * d;
-    }
-    __syncthreads();
     sh[threadIdx.x] = sum;
     __syncthreads();
+    for (int o = 64; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) slot_sum[s] = sh[0];
+}
+__global__ void mse_total_kernel(double *result, const double *slot_sum, const int *nvalid, int S, int D) {
+    __shared__ double sh[256];
+    double t = 0.0;
+    for (int s = threadIdx.x; s < S; s += blockDim.x) t += slot_sum[s];
+    sh[threadIdx.x] = t;
+    __syncthreads();
     for (int o = 128; o > 0; o >>= 1) {
         if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
         __syncthreads();
     }
-    if (threadIdx.x == 0) *result = sh[0] / denom;
+    if (threadIdx.x == 0) *result = *nvalid > 0 ? sh[0] / ((double)*nvalid * D) : 0.0;
 }
 extern "C" int mse_forward_backward_cuda(double *result, float *dpred, const float *pred, const float *target,
                                          const uint8_t *mask, int S, int D, float dloss, OpsCudaContext *ctx) {
-    double *d = NULL;
-    CUDA_CHECK(cudaMallocAsync((void **)&d, sizeof(double), ctx->stream));
-    mse_kernel<<<1, 256, 0, ctx->stream>>>(d, dpred, pred, target, mask, S, D, dloss);
+    cudaStream_t st = ctx->stream;
+    if (S <= 0) {
+        *result = 0.0;
+        return DFM_OK;
+    }
+    double *buf = NULL;  // [0]: result, [1..S]: per-slot sums, then the count (an int)
+    CUDA_CHECK(cudaMallocAsync((void **)&buf, ((size_t)S + 2) * sizeof(double), st));
+    int *nvalid = (int *)(buf + S + 1);
+    mse_count_kernel<<<1, 256, 0, st>>>(nvalid, mask, S);
     cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) e = cudaMemcpyAsync(result, d, sizeof(double), cudaMemcpyDeviceToHost, ctx->stream);
-    cudaFreeAsync(d, ctx->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
-    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "mse_kernel failed: %s", cudaGetErrorString(e));
+    if (e == cudaSuccess) {
+        mse_slot_kernel<<<S, 128, 0, st>>>(buf + 1, dpred, pred, target, mask, nvalid, D, dloss);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) {
+        mse_total_kernel<<<1, 256, 0, st>>>(buf, buf + 1, nvalid, S, D);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaMemcpyAsync(result, buf, sizeof(double), cudaMemcpyDeviceToHost, st);
+    cudaFreeAsync(buf, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "MSE kernels failed: %s", cudaGetErrorString(e));
     return DFM_OK;
 }
 

@@ -37,12 +37,21 @@ typedef struct {
     int bf16;             /* 0: fp32 GEMMs; 1: bf16 operands, fp32 accumulation and output */
     void *scratch;        /* device, scratch_bytes */
     size_t scratch_bytes;
+    const float *mirror_src;  /* a bf16 mirror of fp32 weights (ops_cuda_set_bf16_mirror), or NULL */
+    const uint16_t *mirror16;
+    size_t mirror_n;
 } OpsCudaContext;
 
 /* Select `device`, create a stream and a cuBLAS handle. bf16 as above. On failure ctx is left freed. */
 int ops_cuda_init(OpsCudaContext *ctx, int device, int bf16);
 /* Release everything; a zeroed or NULL ctx is a no-op. */
 void ops_cuda_free(OpsCudaContext *ctx);
+
+/* A bf16 copy `mirror` of the fp32 block [src, src + n) (the trainable weights): while it is set, a bf16
+ * GEMM operand lying inside the block is read from the mirror instead of being rounded again into the
+ * scratch buffer (the same values: both round to nearest even). The caller refreshes the mirror with
+ * to_bf16_cuda(mirror, src, n) whenever the block changes (after each optimizer step). src NULL clears it. */
+void ops_cuda_set_bf16_mirror(OpsCudaContext *ctx, const float *src, const uint16_t *mirror, size_t n);
 
 /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] if not NULL). */
 int matmul_forward_cuda(float *out, const float *inp, const float *weight, const float *bias, int N, int C,

@@ -4,7 +4,7 @@ trainer/model_cuda_check.cu (DFM and pretraining variants, reference and flash a
 bf16 frozen backbone) is built with the CUDA model, stack, kernels and flash attention against the host
 emulation of CUDA (tests/py/cuda_emu.py) and linked with the CPU model; it must print "RESULT: PASS":
 loss terms and every trainable gradient tensor within the stated bounds, bit-identical repeated steps,
-evaluation modes, three AdamW steps. CI runs the quick set (5 of the 9 variants: the emulation is
+evaluation modes, three AdamW steps. CI runs the quick set (6 of the 9 variants: the emulation is
 slow); the GPU check runs all. No GPU needed; races and real cuBLAS behaviour are not exercised
 (scripts/gpu_check_trainer.sh runs the same checker on a GPU).
 """
