@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
+#include <vector>
+
 extern "C" {
 #include "common/error.h"
 }
@@ -267,10 +270,16 @@ __global__ void embedding_forward_kernel(float *out, const int *tokens, const fl
     size_t n = i / C, c = i % C;
     out[i] = wte[(size_t)tokens[n] * C + c];
 }
-__global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *tokens, int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
+// one block per (run of equal tokens, 128 channels): the rows of one token added in row order, as
+// embedding_backward does, so the result is bit-identical to the CPU and needs no atomics
+__global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *perm, const int *seg_start,
+                                          const int *seg_tok, int cgroups, int C) {
+    int seg = blockIdx.x / cgroups, c = (blockIdx.x % cgroups) * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    for (int n = 0; n < N; n++) dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+    float *w = dwte + (size_t)seg_tok[seg] * C + c;
+    float acc = *w;
+    for (int i = seg_start[seg]; i < seg_start[seg + 1]; i++) acc += dout[(size_t)perm[i] * C + c];
+    *w = acc;
 }
 extern "C" int embedding_forward_cuda(float *out, const int *tokens, const float *wte, int N, int C,
                                       cudaStream_t stream) {
@@ -280,8 +289,35 @@ extern "C" int embedding_forward_cuda(float *out, const int *tokens, const float
 }
 extern "C" int embedding_backward_cuda(float *dwte, const float *dout, const int *tokens, int N, int C,
                                        cudaStream_t stream) {
-    embedding_backward_kernel<<<blocks_for(C, 128), 128, 0, stream>>>(dwte, dout, tokens, N, C);
-    LAUNCH_CHECK("embedding_backward_kernel");
+    if (N <= 0) return DFM_OK;
+    // rows grouped by token (a stable sort on the host: N is a batch's tokens), so each dwte row has one
+    // owner; the sync costs little: this is the last kernel of a pretraining backward
+    std::vector<int> tok(N), perm(N), start, which;
+    CUDA_CHECK(cudaMemcpyAsync(tok.data(), tokens, (size_t)N * sizeof(int), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int n = 0; n < N; n++) perm[n] = n;
+    std::stable_sort(perm.begin(), perm.end(), [&](int a, int b) { return tok[a] < tok[b]; });
+    for (int i = 0; i < N; i++)
+        if (i == 0 || tok[perm[i]] != tok[perm[i - 1]]) start.push_back(i), which.push_back(tok[perm[i]]);
+    int nseg = (int)start.size();
+    start.push_back(N);
+    int *d = NULL;  // perm[N], start[nseg + 1], which[nseg]
+    CUDA_CHECK(cudaMallocAsync((void **)&d, ((size_t)N + 2 * nseg + 1) * sizeof(int), stream));
+    cudaError_t e = cudaMemcpyAsync(d, perm.data(), (size_t)N * sizeof(int), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(d + N, start.data(), (size_t)(nseg + 1) * sizeof(int), cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(d + N + nseg + 1, which.data(), (size_t)nseg * sizeof(int), cudaMemcpyHostToDevice, stream);
+    int cgroups = (C + 127) / 128;
+    if (e == cudaSuccess) {
+        embedding_backward_kernel<<<(unsigned)nseg * cgroups, 128, 0, stream>>>(dwte, dout, d, d + N, d + N + nseg + 1,
+                                                                                 cgroups, C);
+        e = cudaGetLastError();
+    }
+    // the host vectors are read by the copies above: wait for them before returning (they are freed here)
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    cudaFreeAsync(d, stream);
+    if (e != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "embedding backward failed: %s", cudaGetErrorString(e));
     return DFM_OK;
 }
 

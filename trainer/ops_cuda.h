@@ -60,7 +60,8 @@ int matmul_forward_cuda(float *out, const float *inp, const float *weight, const
 int matmul_backward_cuda(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                          const float *weight, int N, int C, int OC, OpsCudaContext *ctx);
 
-/* out[t] = wte[tokens[t]]; backward is deterministic (one thread per channel walks the rows). */
+/* out[t] = wte[tokens[t]]. The backward groups rows by token (a stable sort on the host, which synchronises
+ * `stream`) and adds each token's rows in row order: bit-identical to embedding_backward, no atomics. */
 int embedding_forward_cuda(float *out, const int *tokens, const float *wte, int N, int C, cudaStream_t stream);
 int embedding_backward_cuda(float *dwte, const float *dout, const int *tokens, int N, int C, cudaStream_t stream);
 
