@@ -29,6 +29,8 @@ extern "C" {
 #include "trainer/ops.h"
 }
 #include "trainer/attention_cuda.h"
+#define CHECK_SEED 0x2545F4914F6CDD1Dull
+#include "trainer/check_common.h"
 
 #define TOL_FP32 1e-5
 #define GUARD 64                 // floats after each device output that no kernel may touch
@@ -38,32 +40,7 @@ static int g_fail = 0, g_checks = 0;
 static double g_worst = 0.0;
 static std::vector<void *> g_dev;
 
-#define GT(call)                                                                                               \
-    do {                                                                                                       \
-        int rc_ = (call);                                                                                      \
-        if (rc_) {                                                                                             \
-            fprintf(stderr, "attention_cuda_check: %s failed (%s:%d): %s\n", #call, __FILE__, __LINE__,     \
-                    dfm_last_error());                                                                         \
-            return rc_;                                                                                        \
-        }                                                                                                      \
-    } while (0)
-#define CT(call)                                                                                               \
-    do {                                                                                                       \
-        cudaError_t e_ = (call);                                                                               \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "attention_cuda_check: %s failed (%s:%d): %s\n", #call, __FILE__, __LINE__,     \
-                    cudaGetErrorString(e_));                                                                   \
-            return DFM_ECUDA;                                                                                  \
-        }                                                                                                      \
-    } while (0)
 
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static float frand(void) {  // uniform in [-1, 1)
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
 static std::vector<float> hrand(size_t n, float scale) {
     std::vector<float> v(n);
     for (size_t i = 0; i < n; i++) v[i] = frand() * scale;

@@ -10,6 +10,7 @@
 #ifdef DFM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
+#include "trainer/cuda_check.h"
 #include "trainer/model_cuda.h"
 #include "trainer/ops_cuda.h"
 #ifdef DFM_HAVE_NCCL
@@ -64,14 +65,6 @@ static unsigned char *decay_mask(DfmModel *m) {
 }
 
 #ifdef DFM_HAVE_CUDA
-#define CU(call)                                                                                              \
-    do {                                                                                                      \
-        cudaError_t e_ = (call);                                                                              \
-        if (e_ != cudaSuccess)                                                                                \
-            return DFM_FAIL(DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", #call,         \
-                            cudaGetErrorString(e_));                                                          \
-    } while (0)
-
 static cudaStream_t stream_of(Engine *e) { return ((OpsCudaContext *)model_cuda_context(e->mc))->stream; }
 
 /* the node-local rank (ranks sharing memory), for one GPU per rank */
@@ -89,13 +82,13 @@ static int local_rank(const dfm_mpi *mp) {
 static int alloc_moments(Engine *e) {
     size_t n = e->np;
     cudaStream_t st = stream_of(e);
-    CU(cudaMalloc((void **)&e->d_m1, (n ? n : 1) * sizeof(float)));
-    CU(cudaMalloc((void **)&e->d_m2, (n ? n : 1) * sizeof(float)));
-    CU(cudaMalloc((void **)&e->d_decay, n ? n : 1));
-    CU(cudaMemsetAsync(e->d_m1, 0, n * sizeof(float), st));
-    CU(cudaMemsetAsync(e->d_m2, 0, n * sizeof(float), st));
-    CU(cudaMemcpyAsync(e->d_decay, e->decay, n, cudaMemcpyHostToDevice, st));
-    CU(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaMalloc((void **)&e->d_m1, (n ? n : 1) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&e->d_m2, (n ? n : 1) * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void **)&e->d_decay, n ? n : 1));
+    CUDA_CHECK(cudaMemsetAsync(e->d_m1, 0, n * sizeof(float), st));
+    CUDA_CHECK(cudaMemsetAsync(e->d_m2, 0, n * sizeof(float), st));
+    CUDA_CHECK(cudaMemcpyAsync(e->d_decay, e->decay, n, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
     return DFM_OK;
 }
 
@@ -133,7 +126,7 @@ static int create_cuda(Engine *e, const dfm_mpi *mp) {
         DFM_TRY(dfm_mpi_agree(mp, rc));
         coll = ", gradients all-reduced with NCCL";
 #else
-        CU(cudaMallocHost((void **)&e->h_grads, n * sizeof(float)));
+        CUDA_CHECK(cudaMallocHost((void **)&e->h_grads, n * sizeof(float)));
         coll = ", gradients all-reduced with MPI through host memory (built without NCCL)";
 #endif
     }
@@ -286,10 +279,10 @@ int engine_allreduce_grads(Engine *e, const dfm_mpi *mp) {
         ncclResult_t nr = ncclAllReduce(g, g, n, ncclFloat, ncclSum, e->nccl, st);
         if (nr != ncclSuccess) return DFM_FAIL(DFM_ECUDA, "ncclAllReduce failed: %s", ncclGetErrorString(nr));
 #else
-        CU(cudaMemcpyAsync(e->h_grads, g, n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        CU(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaMemcpyAsync(e->h_grads, g, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
         DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, e->h_grads, (int)n, MPI_FLOAT, MPI_SUM, mp->comm)));
-        CU(cudaMemcpyAsync(g, e->h_grads, n * sizeof(float), cudaMemcpyHostToDevice, st));
+        CUDA_CHECK(cudaMemcpyAsync(g, e->h_grads, n * sizeof(float), cudaMemcpyHostToDevice, st));
 #endif
         return grad_scale_cuda(g, n, 1.0f / (float)W, st);
     }
@@ -342,9 +335,9 @@ int engine_sync_host(Engine *e, float **params, float **m1, float **m2) {
     if (e->mc) {
         DFM_TRY(model_cuda_download_trainable(e->mc)); /* synchronises the stream */
         cudaStream_t st = stream_of(e);
-        CU(cudaMemcpyAsync(e->m1, e->d_m1, n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        CU(cudaMemcpyAsync(e->m2, e->d_m2, n * sizeof(float), cudaMemcpyDeviceToHost, st));
-        CU(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaMemcpyAsync(e->m1, e->d_m1, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaMemcpyAsync(e->m2, e->d_m2, n * sizeof(float), cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
     }
 #endif
     return DFM_OK;
@@ -362,9 +355,9 @@ int engine_load_state(Engine *e) {
     if (e->mc) {
         DFM_TRY(model_cuda_upload_params(e->mc)); /* synchronises the stream */
         cudaStream_t st = stream_of(e);
-        CU(cudaMemcpyAsync(e->d_m1, e->m1, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
-        CU(cudaMemcpyAsync(e->d_m2, e->m2, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
-        CU(cudaStreamSynchronize(st));
+        CUDA_CHECK(cudaMemcpyAsync(e->d_m1, e->m1, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
+        CUDA_CHECK(cudaMemcpyAsync(e->d_m2, e->m2, e->np * sizeof(float), cudaMemcpyHostToDevice, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
     }
 #endif
     (void)e;

@@ -30,19 +30,11 @@ extern "C" {
 }
 #include "trainer/model_cuda.h"
 #include "trainer/ops_cuda.h"
+#include "trainer/check_common.h"
 
 static int g_fail = 0, g_checks = 0;
 static double g_worst[2] = {0, 0};  // fp32, bf16 gradient rel
 
-#define GT(call)                                                                                               \
-    do {                                                                                                       \
-        int rc_ = (call);                                                                                      \
-        if (rc_) {                                                                                             \
-            fprintf(stderr, "model_cuda_check: %s failed (%s:%d): %s\n", #call, __FILE__, __LINE__,         \
-                    dfm_last_error());                                                                         \
-            return rc_;                                                                                        \
-        }                                                                                                      \
-    } while (0)
 
 struct Variant {
     const char *name;

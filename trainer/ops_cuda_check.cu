@@ -25,6 +25,7 @@ extern "C" {
 #include "trainer/ops.h"
 }
 #include "trainer/ops_cuda.h"
+#include "trainer/check_common.h"
 
 #define TOL_FP32 1e-5
 #define TOL_BF16 2e-2
@@ -34,32 +35,7 @@ static double g_worst_fp32 = 0.0, g_worst_bf16 = 0.0;
 static std::vector<void *> g_dev, g_host;
 
 // a CUDA-side call that returns a dfm code: report and propagate
-#define GT(call)                                                                                               \
-    do {                                                                                                       \
-        int rc_ = (call);                                                                                      \
-        if (rc_) {                                                                                             \
-            fprintf(stderr, "ops_cuda_check: %s failed (%s:%d): %s\n", #call, __FILE__, __LINE__,           \
-                    dfm_last_error());                                                                         \
-            return rc_;                                                                                        \
-        }                                                                                                      \
-    } while (0)
-#define CT(call)                                                                                               \
-    do {                                                                                                       \
-        cudaError_t e_ = (call);                                                                               \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "ops_cuda_check: %s failed (%s:%d): %s\n", #call, __FILE__, __LINE__,           \
-                    cudaGetErrorString(e_));                                                                   \
-            return DFM_ECUDA;                                                                                  \
-        }                                                                                                      \
-    } while (0)
 
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static float frand(void) {  // uniform in [-1, 1)
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
-}
 static float *hnew(size_t n) {
     float *p = (float *)calloc(n ? n : 1, sizeof(float));
     if (!p) {
