@@ -18,8 +18,8 @@
 #    - model_cuda_check: whole training steps (loss terms, every gradient tensor, eval modes, AdamW,
 #      bit-identical repeats) for 9 model variants, fp32 (1e-4) and bf16 frozen backbone (5e-2, cos 0.999);
 # 3. end to end (needs step 1): dfm-train on synthetic data, CPU vs GPU fp32 (losses of 5 pretraining
-#    steps within 1e-4), two GPU runs bit-identical (checkpoints), DFM training in bf16 with flash
-#    attention, the stall fraction and the memory report;
+#    steps within 1e-4, with each attention), two GPU runs bit-identical (checkpoints), DFM training in bf16
+#    (attention auto), the stall fraction and the memory report;
 # 4. bench/bench_train_gpu.sh (124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch).
 # Writes $OUT/gpu_check_trainer_YYYY-MM-DD.txt (everything) plus the benchmark's files. Exit 0 all
 # passed, 1 a bound failed, 2 build or CUDA error (or no GPU).
@@ -123,7 +123,7 @@ EOF
     --chunk-len 16 --fusion-layers 0,1 --seq-len 128 --batch 8 --steps 20 --warmup 2 --eval-batches 2 --val-seqs 16 \
     --device cuda --precision bf16 2>&1 | tee "$W/dfm.log" >> "$BLOG"
   if grep -q "eval step 20" "$W/dfm.log"; then
-    say "PASS DFM training on the GPU (bf16, flash): $(grep -m1 'engine:' "$W/dfm.log" | sed 's/.*engine: //')"
+    say "PASS DFM training on the GPU (bf16): $(grep -m1 'engine:' "$W/dfm.log" | sed 's/.*engine: //')"
     say "     $(grep 'step    20/' "$W/dfm.log" | sed 's/.*INFO\] //')"
     say "     $(grep 'eval step 20' "$W/dfm.log" | sed 's/.*INFO\] //')"
   else say "FAIL DFM training on the GPU (see build.log)"; tail -5 "$W/dfm.log" | tee -a "$LOG"; worse 1; fi

@@ -64,7 +64,7 @@ typedef struct {
     {"device", DFM_OPT_STR, &(o)->device, "cpu", "DEV", "cpu (fp32 reference) or cuda (needs a CUDA build)", 1}, \
     {"precision", DFM_OPT_STR, &(o)->precision, "bf16", "P", "cuda: bf16 (bf16 GEMMs; frozen backbone held in bf16) or fp32", 1}, \
     {"gpu", DFM_OPT_INT, &(o)->gpu, "-1", "N", "cuda: device index (-1 = node-local rank mod visible GPUs)", 1}, \
-    {"attention", DFM_OPT_STR, &(o)->attention, "flash", "KIND", "cuda: flash (no T x T matrix) or reference", 1}, \
+    {"attention", DFM_OPT_STR, &(o)->attention, "auto", "KIND", "cuda: flash (no T x T matrix, fp32), reference (T x T kept, cuBLAS GEMMs) or auto (reference while it fits)", 1}, \
     {"prefetch", DFM_OPT_INT, &(o)->prefetch, "3", "N", "micro-batches read ahead by the loader thread (>= 2)", 1}, \
     {"no-ckpt", DFM_OPT_FLAG, &(o)->no_ckpt, NULL, NULL, "write no checkpoint, not even the final one (benchmarks)", 1}, \
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
@@ -238,11 +238,11 @@ static int engine_options(const Opts *o, EngineOptions *eo) {
         return DFM_FAIL(DFM_EARG, "--device %s: use cpu or cuda", o->device);
     if (strcmp(o->precision, "bf16") && strcmp(o->precision, "fp32"))
         return DFM_FAIL(DFM_EARG, "--precision %s: use bf16 or fp32", o->precision);
-    if (strcmp(o->attention, "flash") && strcmp(o->attention, "reference"))
-        return DFM_FAIL(DFM_EARG, "--attention %s: use flash or reference", o->attention);
+    if (strcmp(o->attention, "flash") && strcmp(o->attention, "reference") && strcmp(o->attention, "auto"))
+        return DFM_FAIL(DFM_EARG, "--attention %s: use auto, flash or reference", o->attention);
     eo->cuda = !strcmp(o->device, "cuda");
     eo->bf16 = eo->cuda && !strcmp(o->precision, "bf16");
-    eo->flash = !strcmp(o->attention, "flash");
+    eo->flash = !strcmp(o->attention, "auto") ? -1 : !strcmp(o->attention, "flash");
     eo->gpu = (int)o->gpu;
     return DFM_OK;
 }

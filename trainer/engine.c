@@ -139,7 +139,7 @@ static int create_cuda(Engine *e, const dfm_mpi *mp) {
              e->o.bf16 ? (e->m->dc.enabled ? "bf16 GEMMs, frozen backbone held in bf16" : "bf16 GEMMs, fp32 master weights")
                        : "fp32 (parity mode)",
              mm->params_fp32 / MiB, mm->params_bf16 / MiB, mm->grads / MiB, 2.0 * n * sizeof(float) / MiB,
-             mm->acts / MiB, mm->staging / MiB, mm->flash_decoder ? "flash" : "reference (materialised T x T)", coll);
+             mm->acts / MiB, mm->staging / MiB, mm->flash_decoder ? "flash (fp32, no T x T matrix)" : "materialised T x T, cuBLAS GEMMs", coll);
     return DFM_OK;
 }
 

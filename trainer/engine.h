@@ -23,7 +23,7 @@ typedef struct {
     int cuda;   /* 0: CPU, 1: GPU */
     int gpu;    /* device index; -1: the node-local rank modulo the visible devices */
     int bf16;   /* GPU precision (model_cuda.h); the CPU is always fp32 */
-    int flash;  /* GPU: flash attention where supported */
+    int flash;  /* GPU: 1 flash attention, 0 the materialising one, -1 auto (model_cuda.h) */
 } EngineOptions;
 
 typedef struct Engine Engine;

@@ -120,6 +120,17 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
         }
     return 0;
 }
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                 int n, int k, const float *alpha, const void *A, cudaDataType at,
+                                                 int lda, long long sA, const void *B, cudaDataType bt, int ldb,
+                                                 long long sB, const float *beta, void *C, cudaDataType ct, int ldc,
+                                                 long long sC, int batch, int comp, int algo) {
+    size_t ea = at == CUDA_R_32F ? 4 : 2, eb = bt == CUDA_R_32F ? 4 : 2;
+    for (int i = 0; i < batch; i++)
+        cublasGemmEx(h, ta, tb, m, n, k, alpha, (const char *)A + i * sA * ea, at, lda, (const char *)B + i * sB * eb,
+                     bt, ldb, beta, (float *)C + i * sC, ct, ldc, comp, algo);
+    return 0;
+}
 // launch + warp primitives
 struct emu_cfg { unsigned g, b; emu_cfg(unsigned g_, unsigned b_, size_t = 0, cudaStream_t = 0) : g(g_), b(b_) {} };
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -184,7 +184,24 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
     d->dfm_num = host->dfm_num;
     d->grad_num = host->grad_num;
     mc->frozen16 = host->dc.enabled && o->bf16;
-    mc->flash = o->flash && flash_ok(host);
+    {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, o->device) == cudaSuccess) {
+            snprintf(mc->mem.gpu_name, sizeof mc->mem.gpu_name, "%s", prop.name);
+            mc->mem.gpu_mem_total = (double)prop.totalGlobalMem;
+        }
+    }
+    {
+        // attention: flash (no T x T matrices) or the materialising one (tensor-core GEMMs, T x T kept per
+        // layer); auto (< 0) takes the latter while the matrices it keeps stay under 30 % of the GPU
+        const BackboneConfig *bc = &host->bc;
+        double tt = (double)host->maxB * host->maxT * host->maxT * 4.0;
+        double keep = tt * (bc->dec.n_layers + 1) * bc->dec.n_heads;
+        if (host->dc.enabled) keep += tt / ((double)host->dc.chunk_len * host->dc.chunk_len) *
+                                      (host->dc.pred.n_layers + 1) * host->dc.pred.n_heads;
+        int want = o->flash >= 0 ? o->flash : keep > 0.3 * mc->mem.gpu_mem_total;
+        mc->flash = want && flash_ok(host);
+    }
     mc->mem.flash_decoder = mc->mem.flash_predictor = mc->flash;
 #define R(x)           \
     do {               \
@@ -241,13 +258,6 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
         if (S) {
             R(dmalloc((void **)&mc->cos_dev, S * sizeof(float), "slot cosines", &mc->mem.staging));
             R(DFM_CUDA_STATUS(cudaMallocHost((void **)&mc->cos_host, S * sizeof(float))));
-        }
-    }
-    {
-        cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, o->device) == cudaSuccess) {
-            snprintf(mc->mem.gpu_name, sizeof mc->mem.gpu_name, "%s", prop.name);
-            mc->mem.gpu_mem_total = (double)prop.totalGlobalMem;
         }
     }
     R(model_cuda_upload_params(mc));

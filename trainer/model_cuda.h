@@ -13,9 +13,9 @@
  *      AdamW state for whatever trains, plus a bf16 copy of those weights refreshed after each step
  *      (model_cuda_params_updated) so GEMMs do not round them again. In DFM mode the frozen backbone is held ONLY in bf16 on the
  *      device (its norm weights stay fp32): half the memory, no gradient, no optimizer state.
- * Attention (ModelCudaOptions.flash): the decoder's and predictor's self-attention through
- * attention_cuda.h (no [T, T] probabilities kept) when attention_flash_supported, else the reference
- * kernels that materialise them.
+ * Attention (ModelCudaOptions.flash): the decoder's and predictor's self-attention either through
+ * attention_cuda.h (flash: no [T, T] probabilities kept; fp32 SIMT) or attention_forward_cuda (the
+ * probabilities kept, products as batched cuBLAS GEMMs: tensor cores with bf16), chosen by memory.
  *
  * Batches: model_cuda_stage copies a batch from host memory (pinned for a real overlap; see
  * trainer/prefetch.h) on a separate copy stream into one of two device staging slots, so the copy
@@ -40,7 +40,8 @@ extern "C" {
 typedef struct {
     int device; /* CUDA device index */
     int bf16;   /* see above */
-    int flash;  /* 1: flash attention where supported */
+    int flash;  /* 1: flash attention where supported; 0: the materialising one (cuBLAS GEMMs); -1: auto,
+                   the materialising one while its T x T matrices take under 30 % of the GPU's memory */
 } ModelCudaOptions;
 
 typedef struct DfmModelCuda DfmModelCuda;

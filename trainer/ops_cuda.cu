@@ -467,22 +467,13 @@ extern "C" int rope_backward_cuda(float *dinp, const float *dout, const float *c
 
 // ---- causal GQA self-attention ------------------------------------------------------------------------
 // q row (b,t,h) at ((b*T+t)*nh+h)*hd; k/v row (b,u,kh) at ((b*T+u)*nkv+kh)*hd; att (b,h,t,u).
-__global__ void attn_scores_kernel(float *att, const float *q, const float *k, int B, int T, int nh, int nkv, int hd,
-                                   float scale) {
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * nh * T * T) return;
-    int u = (int)(idx % T), t = (int)((idx / T) % T), h = (int)((idx / ((size_t)T * T)) % nh);
-    int b = (int)(idx / ((size_t)T * T * nh)), kh = h / (nh / nkv);
-    if (u > t) {
-        att[idx] = 0.0f;
-        return;
-    }
-    const float *qr = q + (((size_t)b * T + t) * nh + h) * hd, *kr = k + (((size_t)b * T + u) * nkv + kh) * hd;
-    float s = 0.0f;
-    for (int i = 0; i < hd; i++) s += qr[i] * kr[i];
-    att[idx] = s * scale;
-}
-// one warp per (b,h,t) row: causal softmax in place, zeros above the diagonal stay
+// The four products run as strided-batched cuBLAS GEMMs (tensor cores in bf16), as llm.c's first CUDA
+// attention did, reading q/k/v in place through their leading dimensions: for each sequence b and each
+// position g inside a query group, one call batched over the nkv groups (head h = j*grp + g uses kv head j),
+// so strides are uniform and a GQA group's dK/dV contributions are added g = 0, 1, ... in a fixed order.
+// Scores are computed for the whole T x T square; the softmax kernels zero the part above the diagonal.
+
+// one warp per (b,h,t) row: causal softmax in place, zeros above the diagonal
 __global__ void attn_softmax_kernel(float *att, int rows, int T) {
     int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -499,46 +490,9 @@ __global__ void attn_softmax_kernel(float *att, int rows, int T) {
     }
     float inv = 1.0f / warp_sum(sum);
     for (int u = lane; u <= t; u += 32) p[u] *= inv;
+    for (int u = t + 1 + lane; u < T; u += 32) p[u] = 0.0f;
 }
-__global__ void attn_out_kernel(float *out, const float *att, const float *v, int B, int T, int nh, int nkv, int hd) {
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nh * hd) return;
-    int i = (int)(idx % hd), h = (int)((idx / hd) % nh), t = (int)((idx / ((size_t)hd * nh)) % T);
-    int b = (int)(idx / ((size_t)hd * nh * T)), kh = h / (nh / nkv);
-    const float *p = att + (((size_t)b * nh + h) * T + t) * T;
-    float s = 0.0f;
-    for (int u = 0; u <= t; u++) s += p[u] * v[(((size_t)b * T + u) * nkv + kh) * hd + i];
-    out[idx] = s;
-}
-extern "C" int attention_forward_cuda(float *out, float *att, const float *q, const float *k, const float *v, int B,
-                                      int T, int nh, int nkv, int hd, cudaStream_t stream) {
-    float scale = 1.0f / sqrtf((float)hd);
-    attn_scores_kernel<<<blocks_for((size_t)B * nh * T * T, 256), 256, 0, stream>>>(att, q, k, B, T, nh, nkv, hd,
-                                                                                    scale);
-    LAUNCH_CHECK("attn_scores_kernel");
-    attn_softmax_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(att, B * nh * T, T);
-    LAUNCH_CHECK("attn_softmax_kernel");
-    attn_out_kernel<<<blocks_for((size_t)B * T * nh * hd, 256), 256, 0, stream>>>(out, att, v, B, T, nh, nkv, hd);
-    LAUNCH_CHECK("attn_out_kernel");
-    return DFM_OK;
-}
-
-// dP[b,h,t,u] = dO(b,t,h) . V(b,u,kh) for u <= t
-__global__ void attn_dp_kernel(float *datt, const float *dout, const float *v, int B, int T, int nh, int nkv, int hd) {
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * nh * T * T) return;
-    int u = (int)(idx % T), t = (int)((idx / T) % T), h = (int)((idx / ((size_t)T * T)) % nh);
-    int b = (int)(idx / ((size_t)T * T * nh)), kh = h / (nh / nkv);
-    if (u > t) {
-        datt[idx] = 0.0f;
-        return;
-    }
-    const float *dr = dout + (((size_t)b * T + t) * nh + h) * hd, *vr = v + (((size_t)b * T + u) * nkv + kh) * hd;
-    float s = 0.0f;
-    for (int i = 0; i < hd; i++) s += dr[i] * vr[i];
-    datt[idx] = s;
-}
-// softmax backward per row in place: dS = P * (dP - sum(P dP)) * scale
+// softmax backward per row in place: dS = P * (dP - sum(P dP)) * scale; zeros above the diagonal
 __global__ void attn_softmax_backward_kernel(float *datt, const float *att, int rows, int T, float scale) {
     int row = blockIdx.x * ROW_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -549,52 +503,129 @@ __global__ void attn_softmax_backward_kernel(float *datt, const float *att, int 
     for (int u = lane; u <= t; u += 32) pdp += p[u] * d[u];
     pdp = warp_sum(pdp);
     for (int u = lane; u <= t; u += 32) d[u] = p[u] * (d[u] - pdp) * scale;
+    for (int u = t + 1 + lane; u < T; u += 32) d[u] = 0.0f;
 }
-// dQ(b,t,h,i) += sum_u dS[b,h,t,u] K(b,u,kh,i)
-__global__ void attn_dq_kernel(float *dq, const float *datt, const float *k, int B, int T, int nh, int nkv, int hd) {
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nh * hd) return;
-    int i = (int)(idx % hd), h = (int)((idx / hd) % nh), t = (int)((idx / ((size_t)hd * nh)) % T);
-    int b = (int)(idx / ((size_t)hd * nh * T)), kh = h / (nh / nkv);
-    const float *d = datt + (((size_t)b * nh + h) * T + t) * T;
-    float s = 0.0f;
-    for (int u = 0; u <= t; u++) s += d[u] * k[(((size_t)b * T + u) * nkv + kh) * hd + i];
-    dq[idx] += s;
-}
-// dK(b,u,kh,i) += sum_{h in group} sum_{t>=u} dS[b,h,t,u] Q(b,t,h,i); dV likewise with P and dO
-__global__ void attn_dkv_kernel(float *dk, float *dv, const float *datt, const float *att, const float *q,
-                                const float *dout, int B, int T, int nh, int nkv, int hd) {
-    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nkv * hd) return;
-    int i = (int)(idx % hd), kh = (int)((idx / hd) % nkv), u = (int)((idx / ((size_t)hd * nkv)) % T);
-    int b = (int)(idx / ((size_t)hd * nkv * T)), grp = nh / nkv;
-    float sk = 0.0f, sv = 0.0f;
-    for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-        const float *d = datt + ((size_t)b * nh + h) * T * T, *p = att + ((size_t)b * nh + h) * T * T;
-        for (int t = u; t < T; t++) {
-            size_t qi = (((size_t)b * T + t) * nh + h) * hd + i;
-            sk += d[(size_t)t * T + u] * q[qi];
-            sv += p[(size_t)t * T + u] * dout[qi];
-        }
+
+// An operand of the batched GEMMs: fp32 in place, or (ctx->bf16) a bf16 copy in a stream-ordered temporary.
+struct Operand {
+    const void *p;
+    cudaDataType type;
+    void *tmp;
+};
+static int operand(OpsCudaContext *ctx, const float *x, size_t n, Operand *o) {
+    o->tmp = NULL;
+    if (!ctx->bf16) {
+        o->p = x, o->type = CUDA_R_32F;
+        return DFM_OK;
     }
-    dk[idx] += sk;
-    dv[idx] += sv;
+    CUDA_CHECK(cudaMallocAsync(&o->tmp, n * sizeof(__nv_bfloat16), ctx->stream));
+    to_bf16_kernel<<<blocks_for(n, 256) < 65536 ? blocks_for(n, 256) : 65536, 256, 0, ctx->stream>>>(
+        (__nv_bfloat16 *)o->tmp, x, n);
+    LAUNCH_CHECK("to_bf16_kernel");
+    o->p = o->tmp, o->type = CUDA_R_16BF;
+    return DFM_OK;
 }
+static void operand_free(OpsCudaContext *ctx, Operand *o) {
+    if (o->tmp) cudaFreeAsync(o->tmp, ctx->stream);
+    o->tmp = NULL;
+}
+// element offset -> pointer of an operand (fp32 or bf16)
+static const void *at(const Operand *o, size_t off) {
+    return o->type == CUDA_R_32F ? (const void *)((const float *)o->p + off)
+                                 : (const void *)((const __nv_bfloat16 *)o->p + off);
+}
+// column-major C = alpha op(A) op(B) + beta C for nkv batches; A, B and C advance by sA, sB, sC elements
+static int sbgemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
+                  const Operand *A, size_t offA, int lda, long long sA, const Operand *B, size_t offB, int ldb,
+                  long long sB, float beta, float *Cm, int ldc, long long sC, int batch) {
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(ctx->cublas, ta, tb, m, n, k, &alpha, at(A, offA), A->type, lda, sA,
+                                            at(B, offB), B->type, ldb, sB, &beta, Cm, CUDA_R_32F, ldc, sC, batch,
+                                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return DFM_OK;
+}
+
+extern "C" int attention_forward_cuda(float *out, float *att, const float *q, const float *k, const float *v, int B,
+                                      int T, int nh, int nkv, int hd, OpsCudaContext *ctx) {
+    if (B <= 0 || T <= 0) return DFM_OK;
+    int grp = nh / nkv, nq = nh * hd, nk = nkv * hd;
+    size_t TT = (size_t)T * T;
+    float scale = 1.0f / sqrtf((float)hd);
+    Operand Q, K, V, P;
+    memset(&P, 0, sizeof P);
+    DFM_TRY(operand(ctx, q, (size_t)B * T * nq, &Q));
+    DFM_TRY(operand(ctx, k, (size_t)B * T * nk, &K));
+    DFM_TRY(operand(ctx, v, (size_t)B * T * nk, &V));
+    int rc = DFM_OK;
+    // S^T (u, t) = K Q^T, i.e. att row (b,h,t) = scale * q(b,t,h) . k(b,u,kh)
+    for (int b = 0; b < B && !rc; b++)
+        for (int g = 0; g < grp && !rc; g++)
+            rc = sbgemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, scale, &K, (size_t)b * T * nk, nk, hd, &Q,
+                        (size_t)b * T * nq + (size_t)g * hd, nq, (long long)grp * hd, 0.0f,
+                        att + ((size_t)b * nh + g) * TT, T, (long long)grp * TT, nkv);
+    if (!rc) {
+        attn_softmax_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, ctx->stream>>>(
+            att, B * nh * T, T);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) rc = DFM_FAIL(DFM_ECUDA, "launching attn_softmax_kernel failed: %s", cudaGetErrorString(e));
+    }
+    if (!rc) rc = operand(ctx, att, (size_t)B * nh * TT, &P);
+    // O^T (i, t) = V^T P^T: out row (b,t,h) = sum_u P(b,h,t,u) v(b,u,kh)
+    for (int b = 0; b < B && !rc; b++)
+        for (int g = 0; g < grp && !rc; g++)
+            rc = sbgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f, &V, (size_t)b * T * nk, nk, hd, &P,
+                        ((size_t)b * nh + g) * TT, T, (long long)grp * TT, 0.0f, out + (size_t)b * T * nq + (size_t)g * hd,
+                        nq, (long long)grp * hd, nkv);
+    operand_free(ctx, &Q), operand_free(ctx, &K), operand_free(ctx, &V), operand_free(ctx, &P);
+    return rc;
+}
+
 extern "C" int attention_backward_cuda(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                        const float *att, const float *q, const float *k, const float *v, int B, int T,
-                                       int nh, int nkv, int hd, cudaStream_t stream) {
+                                       int nh, int nkv, int hd, OpsCudaContext *ctx) {
+    if (B <= 0 || T <= 0) return DFM_OK;
+    int grp = nh / nkv, nq = nh * hd, nk = nkv * hd;
+    size_t TT = (size_t)T * T;
     float scale = 1.0f / sqrtf((float)hd);
-    attn_dp_kernel<<<blocks_for((size_t)B * nh * T * T, 256), 256, 0, stream>>>(datt, dout, v, B, T, nh, nkv, hd);
-    LAUNCH_CHECK("attn_dp_kernel");
-    attn_softmax_backward_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
-        datt, att, B * nh * T, T, scale);
-    LAUNCH_CHECK("attn_softmax_backward_kernel");
-    attn_dq_kernel<<<blocks_for((size_t)B * T * nh * hd, 256), 256, 0, stream>>>(dq, datt, k, B, T, nh, nkv, hd);
-    LAUNCH_CHECK("attn_dq_kernel");
-    attn_dkv_kernel<<<blocks_for((size_t)B * T * nkv * hd, 256), 256, 0, stream>>>(dk, dv, datt, att, q, dout, B, T,
-                                                                                   nh, nkv, hd);
-    LAUNCH_CHECK("attn_dkv_kernel");
-    return DFM_OK;
+    Operand Q, K, V, DO, P, DS;
+    memset(&DS, 0, sizeof DS);
+    DFM_TRY(operand(ctx, q, (size_t)B * T * nq, &Q));
+    DFM_TRY(operand(ctx, k, (size_t)B * T * nk, &K));
+    DFM_TRY(operand(ctx, v, (size_t)B * T * nk, &V));
+    DFM_TRY(operand(ctx, dout, (size_t)B * T * nq, &DO));
+    DFM_TRY(operand(ctx, att, (size_t)B * nh * TT, &P));
+    int rc = DFM_OK;
+    // dP (b,h,t,u) = dO(b,t,h) . v(b,u,kh)  (as the scores, with dO for q and v for k)
+    for (int b = 0; b < B && !rc; b++)
+        for (int g = 0; g < grp && !rc; g++)
+            rc = sbgemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hd, 1.0f, &V, (size_t)b * T * nk, nk, hd, &DO,
+                        (size_t)b * T * nq + (size_t)g * hd, nq, (long long)grp * hd, 0.0f,
+                        datt + ((size_t)b * nh + g) * TT, T, (long long)grp * TT, nkv);
+    if (!rc) {
+        attn_softmax_backward_kernel<<<blocks_for((size_t)B * nh * T, ROW_WARPS), 32 * ROW_WARPS, 0, ctx->stream>>>(
+            datt, att, B * nh * T, T, scale);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            rc = DFM_FAIL(DFM_ECUDA, "launching attn_softmax_backward_kernel failed: %s", cudaGetErrorString(e));
+    }
+    if (!rc) rc = operand(ctx, datt, (size_t)B * nh * TT, &DS);
+    for (int b = 0; b < B && !rc; b++)
+        for (int g = 0; g < grp && !rc; g++) {
+            size_t qo = (size_t)b * T * nq + (size_t)g * hd, ko = (size_t)b * T * nk, po = ((size_t)b * nh + g) * TT;
+            // dQ^T (i, t) += K^T dS^T: dq(b,t,h) += sum_u dS(b,h,t,u) k(b,u,kh)
+            rc = sbgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hd, T, T, 1.0f, &K, ko, nk, hd, &DS, po, T, (long long)grp * TT,
+                        1.0f, dq + qo, nq, (long long)grp * hd, nkv);
+            // dK^T (i, u) += Q^T dS: dk(b,u,kh) += sum_t dS(b,h,t,u) q(b,t,h), heads g = 0.. of a group in order
+            if (!rc)
+                rc = sbgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, &Q, qo, nq, (long long)grp * hd, &DS, po, T,
+                            (long long)grp * TT, 1.0f, dk + ko, nk, hd, nkv);
+            // dV^T (i, u) += dO^T P: dv(b,u,kh) += sum_t P(b,h,t,u) dO(b,t,h)
+            if (!rc)
+                rc = sbgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, T, 1.0f, &DO, qo, nq, (long long)grp * hd, &P, po, T,
+                            (long long)grp * TT, 1.0f, dv + ko, nk, hd, nkv);
+        }
+    operand_free(ctx, &Q), operand_free(ctx, &K), operand_free(ctx, &V), operand_free(ctx, &DO);
+    operand_free(ctx, &P), operand_free(ctx, &DS);
+    return rc;
 }
 
 // ---- SwiGLU / GELU ----------------------------------------------------------------------------------

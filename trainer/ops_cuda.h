@@ -85,13 +85,15 @@ int rope_forward_cuda(float *out, const float *inp, const float *cos_t, const fl
 int rope_backward_cuda(float *dinp, const float *dout, const float *cos_t, const float *sin_t, int B, int T,
                        int nh, int hd, cudaStream_t stream);
 
-/* Causal GQA self-attention, materialising att[B, nh, T, T] as the CPU does (straightforward kernels,
- * no flash-style tiling yet). datt is scratch [B, nh, T, T]; dq, dk, dv accumulate. */
+/* Causal GQA self-attention, materialising att[B, nh, T, T] as the CPU does (zero above the diagonal):
+ * the score, output and gradient products as strided-batched cuBLAS GEMMs (bf16 operands with ctx->bf16),
+ * softmax kernels between them. datt is scratch [B, nh, T, T]; dq, dk, dv accumulate; a GQA group's heads
+ * are added to dk/dv in a fixed order. For long T see attention_cuda.h (flash, no T x T matrix). */
 int attention_forward_cuda(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                           int nh, int nkv, int hd, cudaStream_t stream);
+                           int nh, int nkv, int hd, OpsCudaContext *ctx);
 int attention_backward_cuda(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
                             const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd,
-                            cudaStream_t stream);
+                            OpsCudaContext *ctx);
 
 /* SwiGLU and exact (erf) GELU, elementwise over n. */
 int swiglu_forward_cuda(float *out, const float *gate, const float *up, size_t n, cudaStream_t stream);

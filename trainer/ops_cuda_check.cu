@@ -199,7 +199,8 @@ static int check_embedding_norms(cudaStream_t st) {
     return DFM_OK;
 }
 
-static int check_rope_attention(cudaStream_t st) {
+static int check_rope_attention(OpsCudaContext *ctx) {
+    cudaStream_t st = ctx->stream;
     int half = HD / 2;
     float *cs = hnew((size_t)T * half), *sn = hnew((size_t)T * half);
     float *d_cs = dnew(NULL, (size_t)T * half), *d_sn = dnew(NULL, (size_t)T * half);
@@ -223,16 +224,22 @@ static int check_rope_attention(cudaStream_t st) {
     float *q = hrand(nq, 1.0f), *k = hrand(nk, 1.0f), *v = hrand(nk, 1.0f), *att = hnew(na), *out = hnew(nq);
     float *d_q = dnew(q, nq), *d_k = dnew(k, nk), *d_v = dnew(v, nk), *d_att = dnew(NULL, na), *d_out = dnew(NULL, nq);
     attention_forward(out, att, q, k, v, B, T, NH, NKV, HD);
-    GT(attention_forward_cuda(d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, st));
+    GT(attention_forward_cuda(d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
     GT(cmp("attention_forward.att", att, d_att, na, TOL_FP32));
     GT(cmp("attention_forward.out", out, d_out, nq, TOL_FP32));
+    ctx->bf16 = 1;  // the same with bf16 GEMM operands (into a fresh output: the fp32 one is compared below)
+    float *d_att16 = dnew(NULL, na), *d_out16 = dnew(NULL, nq);
+    GT(attention_forward_cuda(d_out16, d_att16, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
+    ctx->bf16 = 0;
+    GT(cmp("attention_forward.att[bf16]", att, d_att16, na, TOL_BF16));
+    GT(cmp("attention_forward.out[bf16]", out, d_out16, nq, TOL_BF16));
     float *dout = hrand(nq, 1.0f), *dq = hrand(nq, 0.1f), *dk = hrand(nk, 0.1f), *dv = hrand(nk, 0.1f),
           *datt = hnew(na);
     float *d_dout = dnew(dout, nq), *d_dq = dnew(dq, nq), *d_dk = dnew(dk, nk), *d_dv = dnew(dv, nk),
           *d_datt = dnew(NULL, na);
     CT(h2d(d_att, att, na * sizeof(float)));
     attention_backward(dq, dk, dv, datt, dout, att, q, k, v, B, T, NH, NKV, HD);
-    GT(attention_backward_cuda(d_dq, d_dk, d_dv, d_datt, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, st));
+    GT(attention_backward_cuda(d_dq, d_dk, d_dv, d_datt, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
     GT(cmp("attention_backward.dq", dq, d_dq, nq, TOL_FP32));
     GT(cmp("attention_backward.dk", dk, d_dk, nk, TOL_FP32));
     GT(cmp("attention_backward.dv", dv, d_dv, nk, TOL_FP32));
@@ -483,9 +490,8 @@ static int check_determinism(OpsCudaContext *ctx) {
     ctx->bf16 = 1;
     for (int rep = 0; rep < 2; rep++) {
         float *d_dq = dnew(NULL, nq), *d_dk = dnew(NULL, nk), *d_dv = dnew(NULL, nk), *d_dw = dnew(NULL, (size_t)V * C);
-        GT(attention_forward_cuda(d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx->stream));
-        GT(attention_backward_cuda(d_dq, d_dk, d_dv, d_datt, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD,
-                                   ctx->stream));
+        GT(attention_forward_cuda(d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
+        GT(attention_backward_cuda(d_dq, d_dk, d_dv, d_datt, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
         GT(lmhead_ce_forward_backward_cuda(&tot[rep], NULL, d_dq, d_dw, d_out, d_w, d_tgt, N, C, V, 1.0f / N, d_scr,
                                            ctx));
         CT(cudaDeviceSynchronize());
@@ -528,7 +534,7 @@ int main(void) {
     if (!rc) rc = check_matmul(&ctx, 0, TOL_FP32);
     if (!rc) rc = check_matmul(&ctx, 1, TOL_BF16);
     if (!rc) rc = check_embedding_norms(ctx.stream);
-    if (!rc) rc = check_rope_attention(ctx.stream);
+    if (!rc) rc = check_rope_attention(&ctx);
     if (!rc) rc = check_elementwise(ctx.stream);
     if (!rc) rc = check_fusion(ctx.stream);
     if (!rc) rc = check_losses(&ctx, 0, TOL_FP32);

@@ -116,7 +116,7 @@ extern "C" int stack_layer_forward_cuda(const StackConfig *c, const StackParams 
         DFM_TRY(rope_forward_cuda(a.kr, a.k, cos_t, sin_t, B, T, nkv, hd, st));
     }
     if (flash) DFM_TRY(attention_flash_forward_cuda(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd, st));
-    else DFM_TRY(attention_forward_cuda(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd, st));
+    else DFM_TRY(attention_forward_cuda(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd, ctx));
     DFM_TRY(lin_fwd(tmp, a.atty, w.wo, w.o16, N, nq, C, ctx));
     DFM_TRY(vec_add_cuda(a.res_mid, inp, tmp, (size_t)N * C, st));
 
@@ -169,7 +169,7 @@ extern "C" int stack_layer_backward_cuda(const StackConfig *c, const StackParams
                                               a.v, B, T, nh, nkv, hd, st));
     else
         DFM_TRY(attention_backward_cuda(s->d_qr, s->d_kr, s->d_v, s->datt, s->d_atty, a.att, a.qr, a.kr, a.v, B, T,
-                                        nh, nkv, hd, st));
+                                        nh, nkv, hd, ctx));
     DFM_TRY(vec_zero_cuda(s->d_qn, (size_t)N * nq, st));
     DFM_TRY(vec_zero_cuda(s->d_kn, (size_t)N * nk, st));
     DFM_TRY(rope_backward_cuda(s->d_qn, s->d_qr, cos_t, sin_t, B, T, nh, hd, st));
