@@ -92,21 +92,26 @@ static int alloc_moments(Engine *e) {
     return DFM_OK;
 }
 
-static int create_cuda(Engine *e, const dfm_mpi *mp) {
+/* rc: the host side's result so far. No return before the ranks agree on the device set-up: the others
+ * would wait in the NCCL set-up below. */
+static int create_cuda(Engine *e, const dfm_mpi *mp, int rc) {
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
-    if (ce != cudaSuccess || ndev < 1)
-        return DFM_FAIL(DFM_ECUDA, "--device cuda: no usable GPU (%s). HINT: check nvidia-smi and "
-                        "CUDA_VISIBLE_DEVICES, or train with --device cpu",
-                        ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
-    int gpu = e->o.gpu >= 0 ? e->o.gpu : local_rank(mp) % ndev;
-    ModelCudaOptions mo = {gpu, e->o.bf16, e->o.flash};
+    if (!rc && (ce != cudaSuccess || ndev < 1))
+        rc = DFM_FAIL(DFM_ECUDA, "--device cuda: no usable GPU (%s). HINT: check nvidia-smi and "
+                      "CUDA_VISIBLE_DEVICES, or train with --device cpu",
+                      ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
     size_t n = e->np;
-    /* no early return before the ranks agree: the others would wait in the NCCL set-up below */
-    int rc = model_cuda_create(e->m, &mo, &e->mc);
-    if (!rc) rc = alloc_moments(e);
+    if (!rc) {
+        int gpu = e->o.gpu >= 0 ? e->o.gpu : local_rank(mp) % ndev;
+        ModelCudaOptions mo = {gpu, e->o.bf16, e->o.flash};
+        rc = model_cuda_create(e->m, &mo, &e->mc);
+        if (!rc) rc = alloc_moments(e);
+    }
     if (mp->size > 1) DFM_TRY(dfm_mpi_agree(mp, rc));
     DFM_TRY(rc);
+    int gpu = 0;
+    cudaGetDevice(&gpu);
     const char *coll = "";
     if (mp->size > 1) {
 #ifdef DFM_HAVE_NCCL
@@ -170,23 +175,19 @@ int engine_create(DfmModel *m, const EngineOptions *o, const dfm_mpi *mp, Engine
     e->m1 = calloc(e->np ? e->np : 1, sizeof(float));
     e->m2 = calloc(e->np ? e->np : 1, sizeof(float));
     e->decay = decay_mask(m);
-    if (!e->m1 || !e->m2 || !e->decay) {
-        engine_free(e);
-        return DFM_FAIL(DFM_ENOMEM, "optimizer state for %zu parameters", e->np);
-    }
+    int rc = (!e->m1 || !e->m2 || !e->decay) ? DFM_FAIL(DFM_ENOMEM, "optimizer state for %zu parameters", e->np)
+                                             : DFM_OK;
     snprintf(e->desc, sizeof e->desc,
              "CPU, fp32 (the reference); memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, "
              "activations %.1f MiB", (m->bb_num + m->dfm_num) * 4.0 / 1048576.0, m->grad_num * 4.0 / 1048576.0,
              e->np * 8.0 / 1048576.0, m->act_num * 4.0 / 1048576.0);
 #ifdef DFM_HAVE_CUDA
-    if (o->cuda) {
-        int rc = create_cuda(e, mp);
-        if (rc) {
-            engine_free(e);
-            return rc;
-        }
-    }
+    if (o->cuda) rc = create_cuda(e, mp, rc);
 #endif
+    if (rc) {
+        engine_free(e);
+        return rc;
+    }
     *out = e;
     return DFM_OK;
 }
