@@ -30,7 +30,7 @@ typedef struct {
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
     char *device, *precision, *attention;
-    int64_t gpu, prefetch, no_ckpt;
+    int64_t gpu, prefetch, no_ckpt, loader_threads;
     double peak_tflops;
     /* pretrain shape */
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
@@ -65,7 +65,8 @@ typedef struct {
     {"precision", DFM_OPT_STR, &(o)->precision, "bf16", "P", "cuda: bf16 (bf16 GEMMs; frozen backbone held in bf16) or fp32", 1}, \
     {"gpu", DFM_OPT_INT, &(o)->gpu, "-1", "N", "cuda: device index (-1 = node-local rank mod visible GPUs)", 1}, \
     {"attention", DFM_OPT_STR, &(o)->attention, "auto", "KIND", "cuda: flash (no T x T matrix, fp32), reference (T x T kept, cuBLAS GEMMs) or auto (reference while it fits)", 1}, \
-    {"prefetch", DFM_OPT_INT, &(o)->prefetch, "3", "N", "micro-batches read ahead by the loader thread (>= 2)", 1}, \
+    {"prefetch", DFM_OPT_INT, &(o)->prefetch, "6", "N", "micro-batches read ahead by the loader threads (>= 2)", 1}, \
+    {"loader-threads", DFM_OPT_INT, &(o)->loader_threads, "0", "N", "threads reading batches (0 = 1 on the CPU, 4 with cuda)", 1}, \
     {"no-ckpt", DFM_OPT_FLAG, &(o)->no_ckpt, NULL, NULL, "write no checkpoint, not even the final one (benchmarks)", 1}, \
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
 
@@ -323,7 +324,8 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
     }
     {
         PrefetchAllocator pa = engine_host_allocator(en);
-        if ((rc = prefetch_start(&pf, ds, &ld, B, L, use_t, mp.rank, W, (int)o->prefetch, pa.alloc ? &pa : NULL)))
+        int lt = o->loader_threads > 0 ? (int)o->loader_threads : (eo.cuda ? 4 : 1);
+        if ((rc = prefetch_start(&pf, ds, &ld, B, L, use_t, mp.rank, W, (int)o->prefetch, lt, pa.alloc ? &pa : NULL)))
             goto out;
     }
     char *logpath = o->log ? strdup(o->log) : dfm_path_join(o->out, "log.jsonl");

@@ -27,6 +27,9 @@ struct TargetSource {
     dfm_target_reader *reader;
     int64_t *ids;
     float *scores;
+    /* what opened it (for data_targets_clone); a clone of a simple file borrows the original's memory */
+    char *path, *tokens_run;
+    int want_k, want_d, borrowed;
 };
 
 static int load_bin(const char *path, DataSet *ds) {
@@ -213,26 +216,71 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
     if (!rc && ts->n_chunks * (uint64_t)L < (uint64_t)ds->n_seq * ds->T)
         rc = DFM_FAIL(DFM_EMISMATCH, "%s has targets for %llu chunks, the tokens need %zu", path,
                       (unsigned long long)ts->n_chunks, ds->n_seq * ds->T / L);
+    if (!rc && is_run) {
+        ts->path = strdup(path);
+        ts->tokens_run = tokens_run ? strdup(tokens_run) : NULL;
+        ts->want_k = ds->K, ts->want_d = ds->d;
+    }
     if (rc) dfm_error_prefix("while opening targets %s", path);
     return rc;
+}
+
+int data_targets_clone(const DataSet *ds, TargetSource **out) {
+    *out = NULL;
+    const TargetSource *src = ds->tgt;
+    if (!src) return DFM_OK;
+    TargetSource *ts = calloc(1, sizeof *ts);
+    if (!ts) return DFM_FAIL(DFM_ENOMEM, "targets");
+    if (!src->reader) { /* a simple file: read-only memory, shared */
+        *ts = *src;
+        ts->borrowed = 1;
+        ts->path = ts->tokens_run = NULL;
+        *out = ts;
+        return DFM_OK;
+    }
+    dfm_target_open_opts o = {.tokens_run = src->tokens_run, .k = (uint32_t)src->want_k, .d = (uint32_t)src->want_d,
+                              .prefetch = -1};
+    int rc = dfm_target_reader_open(src->path, &o, &ts->reader);
+    if (!rc) {
+        ts->n_chunks = src->n_chunks;
+        ts->ids = calloc((size_t)ds->K, sizeof(int64_t));
+        ts->scores = calloc((size_t)ds->K, sizeof(float));
+        if (!ts->ids || !ts->scores) rc = DFM_FAIL(DFM_ENOMEM, "targets");
+    }
+    if (rc) {
+        data_targets_free(ts);
+        return dfm_error_prefix("while opening another reader of %s", src->path);
+    }
+    *out = ts;
+    return DFM_OK;
+}
+
+void data_targets_free(TargetSource *ts) {
+    if (!ts) return;
+    if (!ts->borrowed) free(ts->file);
+    dfm_target_reader_close(ts->reader);
+    free(ts->ids);
+    free(ts->scores);
+    free(ts->path);
+    free(ts->tokens_run);
+    free(ts);
 }
 
 void data_close(DataSet *ds) {
     if (!ds) return;
     free(ds->tokens);
     free(ds->pad);
-    if (ds->tgt) {
-        free(ds->tgt->file);
-        dfm_target_reader_close(ds->tgt->reader);
-        free(ds->tgt->ids);
-        free(ds->tgt->scores);
-        free(ds->tgt);
-    }
+    data_targets_free(ds->tgt);
     memset(ds, 0, sizeof *ds);
 }
 
 int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *targets, float *tmem,
                uint8_t *tmask) {
+    return data_batch_from(ds, ds->tgt, idx, B, L, inputs, targets, tmem, tmask);
+}
+
+int data_batch_from(const DataSet *ds, TargetSource *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
+                    float *tmem, uint8_t *tmask) {
     int T = ds->T;
     for (int b = 0; b < B; b++) {
         if (idx[b] >= ds->n_seq) return DFM_FAIL(DFM_ERANGE, "sequence %zu of %zu", idx[b], ds->n_seq);
@@ -245,8 +293,7 @@ int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *t
                 if (pd[t] || pd[t + 1]) targets[(size_t)b * T + t] = -1;
         }
     }
-    if (!tmem || !tmask || !ds->tgt) return DFM_OK;
-    TargetSource *ts = ds->tgt;
+    if (!tmem || !tmask || !ts) return DFM_OK;
     int NC = T / L, K = ds->K, d = ds->d;
     for (int b = 0; b < B; b++)
         for (int c = 0; c < NC; c++) {

@@ -54,6 +54,15 @@ void data_close(DataSet *ds);
 int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *targets, float *tmem,
                uint8_t *tmask);
 
+/* data_batch with another target source (a clone): several threads may read batches at once, each with
+ * its own source (a run's LMDB reader keeps one read transaction and may not be shared). */
+int data_batch_from(const DataSet *ds, TargetSource *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
+                    float *tmem, uint8_t *tmask);
+/* A second source of ds's targets (a run folder: its own reader; a simple file: the same memory), or NULL
+ * without targets. Free with data_targets_free (NULL is a no-op); the clone must not outlive ds. */
+int data_targets_clone(const DataSet *ds, TargetSource **out);
+void data_targets_free(TargetSource *ts);
+
 /* Write the simple targets file (atomically). mask [n_chunks*k], emb [n_chunks*k*d]. */
 int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_len, uint64_t n_chunks,
                        const uint8_t *mask, const float *emb);

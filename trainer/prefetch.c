@@ -9,65 +9,70 @@
 
 #include "common/error.h"
 
-enum { SLOT_FREE = 0, SLOT_READY = 1, SLOT_TAKEN = 2 };
+enum { SLOT_FREE = 0, SLOT_FILLING = 1, SLOT_READY = 2, SLOT_TAKEN = 3 };
 
 struct Prefetcher {
     DataSet *ds;
     Loader *ld;
-    int B, L, with_t, rank, world, depth;
+    int B, L, with_t, rank, world, depth, nthreads;
     PrefetchAllocator al;
     PrefetchBatch *slots;
     int *state;
-    int head;   /* next slot the consumer takes */
-    int tail;   /* next slot the producer fills */
+    uint64_t next_seq;       /* the next batch to draw: slot next_seq % depth */
+    uint64_t taken;          /* batches handed to the consumer: its next slot is taken % depth */
     int stop;
-    pthread_t thr;
-    int started;
-    pthread_mutex_t mu;      /* ring state */
+    pthread_t *thr;
+    int started;             /* threads running */
+    TargetSource **ts;       /* one target source per thread (a run's reader may not be shared) */
+    size_t *skip;            /* [B] other ranks' indices (drawn under mu) */
+    pthread_mutex_t mu;      /* ring state and the loader */
     pthread_cond_t cv;
-    pthread_mutex_t data_mu; /* data_batch */
+    pthread_mutex_t data_mu; /* ds->tgt, for prefetch_data_batch */
 };
+
+typedef struct {
+    Prefetcher *pf;
+    int i;
+} ProducerArg;
 
 static void *sys_alloc(size_t n, void *u) { (void)u; return malloc(n ? n : 1); }
 static void sys_free(void *p, void *u) { (void)u; free(p); }
 
+/* Each thread claims the next batch in order (drawing its indices from the shared loader under the lock,
+ * so the order is the synchronous loop's), then reads it with its own target source outside the lock. */
 static void *producer(void *arg) {
-    Prefetcher *pf = arg;
-    size_t *skip = malloc((size_t)pf->B * sizeof(size_t));
+    Prefetcher *pf = ((ProducerArg *)arg)->pf;
+    TargetSource *ts = pf->ts[((ProducerArg *)arg)->i];
+    free(arg);
+    pthread_mutex_lock(&pf->mu);
     for (;;) {
-        pthread_mutex_lock(&pf->mu);
-        while (!pf->stop && pf->state[pf->tail] != SLOT_FREE) pthread_cond_wait(&pf->cv, &pf->mu);
-        if (pf->stop) {
-            pthread_mutex_unlock(&pf->mu);
-            break;
-        }
-        PrefetchBatch *b = &pf->slots[pf->tail];
-        pthread_mutex_unlock(&pf->mu);
+        while (!pf->stop && pf->state[pf->next_seq % pf->depth] != SLOT_FREE) pthread_cond_wait(&pf->cv, &pf->mu);
+        if (pf->stop) break;
+        int slot = (int)(pf->next_seq++ % pf->depth);
+        PrefetchBatch *b = &pf->slots[slot];
+        pf->state[slot] = SLOT_FILLING;
         /* every rank advances the shared order and keeps its own slice (cmd_train.c) */
-        for (int w = 0; w < pf->world; w++) loader_next(pf->ld, pf->B, w == pf->rank ? b->idx : skip);
+        for (int w = 0; w < pf->world; w++) loader_next(pf->ld, pf->B, w == pf->rank ? b->idx : pf->skip);
         b->epoch = pf->ld->epoch;
         b->pos = pf->ld->pos;
-        pthread_mutex_lock(&pf->data_mu);
-        dfm_error_clear();
-        b->rc = skip ? data_batch(pf->ds, b->idx, pf->B, pf->L, b->inputs, b->targets, pf->with_t ? b->tmem : NULL,
-                                  pf->with_t ? b->tmask : NULL)
-                     : DFM_FAIL(DFM_ENOMEM, "prefetch index buffer");
-        snprintf(b->msg, sizeof b->msg, "%s", b->rc ? dfm_last_error() : "");
-        pthread_mutex_unlock(&pf->data_mu);
-        pthread_mutex_lock(&pf->mu);
-        pf->state[pf->tail] = SLOT_READY;
-        pf->tail = (pf->tail + 1) % pf->depth;
-        pthread_cond_broadcast(&pf->cv);
         pthread_mutex_unlock(&pf->mu);
+        dfm_error_clear();
+        b->rc = data_batch_from(pf->ds, ts, b->idx, pf->B, pf->L, b->inputs, b->targets, pf->with_t ? b->tmem : NULL,
+                                pf->with_t ? b->tmask : NULL);
+        snprintf(b->msg, sizeof b->msg, "%s", b->rc ? dfm_last_error() : "");
+        pthread_mutex_lock(&pf->mu);
+        pf->state[slot] = SLOT_READY;
+        pthread_cond_broadcast(&pf->cv);
     }
-    free(skip);
+    pthread_mutex_unlock(&pf->mu);
     return NULL;
 }
 
 int prefetch_start(Prefetcher **out, DataSet *ds, Loader *ld, int B, int L, int with_targets, int rank, int world,
-                   int depth, const PrefetchAllocator *alloc) {
+                   int depth, int threads, const PrefetchAllocator *alloc) {
     *out = NULL;
-    if (depth < 2 || B < 1 || world < 1) return DFM_FAIL(DFM_EARG, "prefetch: depth %d, batch %d", depth, B);
+    if (depth < 2 || B < 1 || world < 1 || threads < 1 || threads > 64)
+        return DFM_FAIL(DFM_EARG, "prefetch: depth %d, batch %d, threads %d", depth, B, threads);
     Prefetcher *pf = calloc(1, sizeof *pf);
     if (!pf) return DFM_FAIL(DFM_ENOMEM, "prefetcher");
     pf->ds = ds;
@@ -78,13 +83,17 @@ int prefetch_start(Prefetcher **out, DataSet *ds, Loader *ld, int B, int L, int 
     pf->rank = rank;
     pf->world = world;
     pf->depth = depth;
+    pf->nthreads = threads;
     pf->al = alloc ? *alloc : (PrefetchAllocator){sys_alloc, sys_free, NULL};
     pthread_mutex_init(&pf->mu, NULL);
     pthread_cond_init(&pf->cv, NULL);
     pthread_mutex_init(&pf->data_mu, NULL);
     pf->slots = calloc((size_t)depth, sizeof *pf->slots);
     pf->state = calloc((size_t)depth, sizeof *pf->state);
-    if (!pf->slots || !pf->state) {
+    pf->thr = calloc((size_t)threads, sizeof *pf->thr);
+    pf->ts = calloc((size_t)threads, sizeof *pf->ts);
+    pf->skip = malloc((size_t)B * sizeof(size_t));
+    if (!pf->slots || !pf->state || !pf->thr || !pf->ts || !pf->skip) {
         prefetch_stop(pf);
         return DFM_FAIL(DFM_ENOMEM, "prefetcher ring");
     }
@@ -104,11 +113,23 @@ int prefetch_start(Prefetcher **out, DataSet *ds, Loader *ld, int B, int L, int 
                             depth, (N * 8.0 + S * (ds->d * 4.0 + 1)) / 1048576.0);
         }
     }
-    if (pthread_create(&pf->thr, NULL, producer, pf)) {
-        prefetch_stop(pf);
-        return DFM_FAIL(DFM_EIO, "cannot start the prefetch thread");
+    for (int i = 0; i < threads; i++) {
+        int rc = pf->with_t ? data_targets_clone(ds, &pf->ts[i]) : DFM_OK;
+        if (rc) {
+            prefetch_stop(pf);
+            return rc;
+        }
     }
-    pf->started = 1;
+    for (int i = 0; i < threads; i++) {
+        ProducerArg *a = malloc(sizeof *a);
+        if (a) a->pf = pf, a->i = i;
+        if (!a || pthread_create(&pf->thr[i], NULL, producer, a)) {
+            free(a);
+            prefetch_stop(pf);
+            return DFM_FAIL(DFM_EIO, "cannot start loader thread %d", i);
+        }
+        pf->started++;
+    }
     *out = pf;
     return DFM_OK;
 }
@@ -117,10 +138,11 @@ int prefetch_next(Prefetcher *pf, PrefetchBatch **batch, double *waited) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     pthread_mutex_lock(&pf->mu);
-    while (pf->state[pf->head] != SLOT_READY) pthread_cond_wait(&pf->cv, &pf->mu);
-    PrefetchBatch *b = &pf->slots[pf->head];
-    pf->state[pf->head] = SLOT_TAKEN;
-    pf->head = (pf->head + 1) % pf->depth;
+    int head = (int)(pf->taken % pf->depth);
+    while (pf->state[head] != SLOT_READY) pthread_cond_wait(&pf->cv, &pf->mu);
+    PrefetchBatch *b = &pf->slots[head];
+    pf->state[head] = SLOT_TAKEN;
+    pf->taken++;
     pthread_mutex_unlock(&pf->mu);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (waited) *waited = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
@@ -151,8 +173,12 @@ void prefetch_stop(Prefetcher *pf) {
         pf->stop = 1;
         pthread_cond_broadcast(&pf->cv);
         pthread_mutex_unlock(&pf->mu);
-        pthread_join(pf->thr, NULL);
+        for (int i = 0; i < pf->started; i++) pthread_join(pf->thr[i], NULL);
     }
+    for (int i = 0; pf->ts && i < pf->nthreads; i++) data_targets_free(pf->ts[i]);
+    free(pf->ts);
+    free(pf->thr);
+    free(pf->skip);
     for (int i = 0; pf->slots && i < pf->depth; i++) {
         PrefetchBatch *b = &pf->slots[i];
         pf->al.free(b->idx, pf->al.user);

@@ -1,4 +1,4 @@
-/* prefetch.h — a background thread that reads the next micro-batches (tokens, and target memory from
+/* prefetch.h — background threads that read the next micro-batches (tokens, and target memory from
  * the LMDB shards) while the model computes, into a ring of host buffers.
  *
  * The training loop takes batches in order with prefetch_next (which reports how long it waited: the
@@ -9,8 +9,9 @@
  * shared Loader W times per micro-batch and keeps rank r's slice (cmd_train.c's data-parallel rule), and
  * each batch carries the loader position after it, which is what a checkpoint stores.
  *
- * data_batch may not run on two threads at once (the target reader keeps one LMDB read transaction):
- * prefetch_data_batch runs it for other callers (evaluation) under the thread's lock.
+ * A run's target reader keeps one LMDB read transaction and may not be shared: each loader thread reads
+ * through its own reader (data_targets_clone), and prefetch_data_batch serialises other callers
+ * (evaluation) on ds's own.
  */
 #ifndef DFM_TRAINER_PREFETCH_H
 #define DFM_TRAINER_PREFETCH_H
@@ -40,11 +41,13 @@ typedef struct {
 
 typedef struct Prefetcher Prefetcher;
 
-/* Start the thread over loader ld (positioned; owned by the thread until prefetch_stop) for batches of
- * B sequences of ds->T tokens, chunk length L, with targets when with_targets (ds->tgt attached); rank
- * of world ranks; depth >= 2 buffers. alloc NULL: malloc. */
+/* Start `threads` loader threads over loader ld (positioned; owned by them until prefetch_stop) for
+ * batches of B sequences of ds->T tokens, chunk length L, with targets when with_targets (ds->tgt
+ * attached; each thread reads through its own clone, data_targets_clone); rank of world ranks; depth >= 2
+ * buffers (at most depth batches in flight, read in parallel by the threads, handed out in order).
+ * alloc NULL: malloc. */
 int prefetch_start(Prefetcher **out, DataSet *ds, Loader *ld, int B, int L, int with_targets, int rank, int world,
-                   int depth, const PrefetchAllocator *alloc);
+                   int depth, int threads, const PrefetchAllocator *alloc);
 /* The next batch in order (blocks until it is read). *waited gets the seconds spent blocked. Returns
  * the batch's rc (its error message is set again on this thread). */
 int prefetch_next(Prefetcher *pf, PrefetchBatch **batch, double *waited);

@@ -1,6 +1,6 @@
 /* The trainer's loader thread (trainer/prefetch.h): it yields exactly the batches of the synchronous
- * loop (indices, tokens, targets, target memory, loader positions) for every read-ahead depth and rank
- * split; evaluation reads through its lock while it runs; it stops cleanly while blocked on a full ring;
+ * loop (indices, tokens, targets, target memory, loader positions) for every read-ahead depth, number of
+ * loader threads and rank split; evaluation reads through its lock while it runs; it stops cleanly while blocked on a full ring;
  * a custom allocator is used for every buffer and every buffer is given back. Also run under
  * ASan + UBSan (build-san). */
 #include <setjmp.h>
@@ -76,14 +76,15 @@ static void test_same_batches_as_the_synchronous_loop(void **state) {
     size_t S = (size_t)B * (T / L) * K;
     for (int world = 1; world <= 3; world++)
         for (int rank = 0; rank < world; rank++)
-            for (int depth = 2; depth <= 5; depth += 3) {
+            for (int depth = 2; depth <= 5; depth += 3)
+                for (int threads = 1; threads <= 3; threads += 2) {
                 Loader ref, ld;
                 assert_int_equal(loader_init(&ref, 0, ds.n_seq - 4, 11, 1), 0);
                 assert_int_equal(loader_init(&ld, 0, ds.n_seq - 4, 11, 1), 0);
                 long allocs = 0;
                 PrefetchAllocator al = {count_alloc, count_free, &allocs};
                 Prefetcher *pf;
-                assert_int_equal(prefetch_start(&pf, &ds, &ld, B, L, 1, rank, world, depth, &al), 0);
+                assert_int_equal(prefetch_start(&pf, &ds, &ld, B, L, 1, rank, world, depth, threads, &al), 0);
                 size_t idx[B], skip[B];
                 int inp[B * T], tgt[B * T];
                 float *tm = malloc(S * D * sizeof(float));
@@ -126,11 +127,12 @@ static void test_refusals(void **state) {
     Loader ld;
     assert_int_equal(loader_init(&ld, 0, ds.n_seq, 1, 1), 0);
     Prefetcher *pf = (Prefetcher *)&ld;
-    assert_int_equal(prefetch_start(&pf, &ds, &ld, 2, L, 1, 0, 1, 1, NULL), DFM_EARG); /* depth < 2 */
+    assert_int_equal(prefetch_start(&pf, &ds, &ld, 2, L, 1, 0, 1, 1, 1, NULL), DFM_EARG); /* depth < 2 */
+    assert_int_equal(prefetch_start(&pf, &ds, &ld, 2, L, 1, 0, 1, 2, 0, NULL), DFM_EARG); /* no thread */
     assert_null(pf);
     prefetch_stop(NULL); /* a no-op */
     /* without targets: no target buffers, batches carry tokens only */
-    assert_int_equal(prefetch_start(&pf, &ds, &ld, 2, L, 0, 0, 1, 2, NULL), 0);
+    assert_int_equal(prefetch_start(&pf, &ds, &ld, 2, L, 0, 0, 1, 2, 2, NULL), 0);
     PrefetchBatch *b;
     assert_int_equal(prefetch_next(pf, &b, NULL), 0);
     assert_null(b->tmem);
