@@ -149,3 +149,8 @@ clean:
 	rm -rf build build-san
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# the link flags, for scripts that build a program against build/libdfm.a (bench/bench_loader.sh)
+print-ldlibs:
+	@echo $(LDLIBS)
+.PHONY: print-ldlibs
