@@ -95,6 +95,7 @@ static int alloc_moments(Engine *e) {
 /* rc: the host side's result so far. No return before the ranks agree on the device set-up: the others
  * would wait in the NCCL set-up below. */
 static int create_cuda(Engine *e, const dfm_mpi *mp, int rc) {
+    int lr = e->o.gpu < 0 ? local_rank(mp) : 0; /* collective: every rank, before anything can fail */
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (!rc && (ce != cudaSuccess || ndev < 1))
@@ -103,7 +104,7 @@ static int create_cuda(Engine *e, const dfm_mpi *mp, int rc) {
                       ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
     size_t n = e->np;
     if (!rc) {
-        int gpu = e->o.gpu >= 0 ? e->o.gpu : local_rank(mp) % ndev;
+        int gpu = e->o.gpu >= 0 ? e->o.gpu : lr % ndev;
         ModelCudaOptions mo = {gpu, e->o.bf16, e->o.flash};
         rc = model_cuda_create(e->m, &mo, &e->mc);
         if (!rc) rc = alloc_moments(e);
@@ -168,7 +169,16 @@ int engine_create(DfmModel *m, const EngineOptions *o, const dfm_mpi *mp, Engine
                         "BUILD=build-cuda and run build-cuda/dfm-train");
 #endif
     Engine *e = calloc(1, sizeof *e);
-    if (!e) return DFM_FAIL(DFM_ENOMEM, "engine");
+    if (!e) {
+        int rc = DFM_FAIL(DFM_ENOMEM, "engine");
+#ifdef DFM_HAVE_CUDA
+        if (o->cuda && mp->size > 1) { /* the others agree after their device set-up: take part */
+            local_rank(mp);
+            dfm_mpi_agree(mp, rc);
+        }
+#endif
+        return rc;
+    }
     e->m = m;
     e->o = *o;
     model_trainable_params(m, &e->np);

@@ -196,9 +196,11 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
         // layer); auto (< 0) takes the latter while the matrices it keeps stay under 30 % of the GPU
         const BackboneConfig *bc = &host->bc;
         double tt = (double)host->maxB * host->maxT * host->maxT * 4.0;
-        double keep = tt * (bc->dec.n_layers + 1) * bc->dec.n_heads;
+        // att per layer and datt, plus (bf16) the backward's two bf16 copies of a layer's P and dS
+        int extra = o->bf16 ? 1 : 0;
+        double keep = tt * (bc->dec.n_layers + 1 + extra) * bc->dec.n_heads;
         if (host->dc.enabled) keep += tt / ((double)host->dc.chunk_len * host->dc.chunk_len) *
-                                      (host->dc.pred.n_layers + 1) * host->dc.pred.n_heads;
+                                      (host->dc.pred.n_layers + 1 + extra) * host->dc.pred.n_heads;
         int want = o->flash >= 0 ? o->flash : keep > 0.3 * mc->mem.gpu_mem_total;
         mc->flash = want && flash_ok(host);
     }

@@ -1,9 +1,9 @@
 // ops_cuda.cu — CUDA kernels of the trainer, one per CPU kernel of trainer/ops.c (see ops_cuda.h).
 //
-// Straightforward first versions: one thread per output element or one warp per row, loops in the
-// CPU's order where a sum crosses threads' outputs, no atomics (deterministic). Faster versions (fused
-// flash-style attention, cuBLASLt epilogues, sort-based embedding backward) are future work; these
-// are the reference the faster ones will be checked against.
+// Every matmul (attention's included) goes to cuBLAS; the rest are simple kernels: one thread per output
+// element or one warp per row, two-stage reductions in a fixed order, no atomics, so every result is
+// bit-reproducible. Flash-style attention is in attention_cuda.cu. Not done: cuBLASLt epilogues, fused
+// residual + norm kernels, bf16 activations.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -519,10 +519,10 @@ static int operand(OpsCudaContext *ctx, const float *x, size_t n, Operand *o) {
         return DFM_OK;
     }
     CUDA_CHECK(cudaMallocAsync(&o->tmp, n * sizeof(__nv_bfloat16), ctx->stream));
+    o->p = o->tmp, o->type = CUDA_R_16BF;  // freed by operand_free, also when the launch below fails
     to_bf16_kernel<<<blocks_for(n, 256) < 65536 ? blocks_for(n, 256) : 65536, 256, 0, ctx->stream>>>(
         (__nv_bfloat16 *)o->tmp, x, n);
     LAUNCH_CHECK("to_bf16_kernel");
-    o->p = o->tmp, o->type = CUDA_R_16BF;
     return DFM_OK;
 }
 static void operand_free(OpsCudaContext *ctx, Operand *o) {
@@ -551,11 +551,10 @@ extern "C" int attention_forward_cuda(float *out, float *att, const float *q, co
     size_t TT = (size_t)T * T;
     float scale = 1.0f / sqrtf((float)hd);
     Operand Q, K, V, P;
-    memset(&P, 0, sizeof P);
-    DFM_TRY(operand(ctx, q, (size_t)B * T * nq, &Q));
-    DFM_TRY(operand(ctx, k, (size_t)B * T * nk, &K));
-    DFM_TRY(operand(ctx, v, (size_t)B * T * nk, &V));
-    int rc = DFM_OK;
+    memset(&Q, 0, sizeof Q), memset(&K, 0, sizeof K), memset(&V, 0, sizeof V), memset(&P, 0, sizeof P);
+    int rc = operand(ctx, q, (size_t)B * T * nq, &Q);
+    if (!rc) rc = operand(ctx, k, (size_t)B * T * nk, &K);
+    if (!rc) rc = operand(ctx, v, (size_t)B * T * nk, &V);
     // S^T (u, t) = K Q^T, i.e. att row (b,h,t) = scale * q(b,t,h) . k(b,u,kh)
     for (int b = 0; b < B && !rc; b++)
         for (int g = 0; g < grp && !rc; g++)
@@ -587,13 +586,13 @@ extern "C" int attention_backward_cuda(float *dq, float *dk, float *dv, float *d
     size_t TT = (size_t)T * T;
     float scale = 1.0f / sqrtf((float)hd);
     Operand Q, K, V, DO, P, DS;
-    memset(&DS, 0, sizeof DS);
-    DFM_TRY(operand(ctx, q, (size_t)B * T * nq, &Q));
-    DFM_TRY(operand(ctx, k, (size_t)B * T * nk, &K));
-    DFM_TRY(operand(ctx, v, (size_t)B * T * nk, &V));
-    DFM_TRY(operand(ctx, dout, (size_t)B * T * nq, &DO));
-    DFM_TRY(operand(ctx, att, (size_t)B * nh * TT, &P));
-    int rc = DFM_OK;
+    memset(&Q, 0, sizeof Q), memset(&K, 0, sizeof K), memset(&V, 0, sizeof V);
+    memset(&DO, 0, sizeof DO), memset(&P, 0, sizeof P), memset(&DS, 0, sizeof DS);
+    int rc = operand(ctx, q, (size_t)B * T * nq, &Q);
+    if (!rc) rc = operand(ctx, k, (size_t)B * T * nk, &K);
+    if (!rc) rc = operand(ctx, v, (size_t)B * T * nk, &V);
+    if (!rc) rc = operand(ctx, dout, (size_t)B * T * nq, &DO);
+    if (!rc) rc = operand(ctx, att, (size_t)B * nh * TT, &P);
     // dP (b,h,t,u) = dO(b,t,h) . v(b,u,kh)  (as the scores, with dO for q and v for k)
     for (int b = 0; b < B && !rc; b++)
         for (int g = 0; g < grp && !rc; g++)
@@ -995,7 +994,6 @@ extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses,
 }
 
 // ---- MSE ----------------------------------------------------------------------------------------------
-// single block (deterministic): count valid slots, then sum and gradient; result[0] = sum / (nvalid * D)
 // three deterministic stages: count the valid slots (one block); one block per slot: gradient and the slot's
 // sum of squares in double (fixed tree); the slots' sums added in a fixed order (sum_double_kernel's way)
 __global__ void mse_count_kernel(int *nvalid, const uint8_t *mask, int S) {
