@@ -132,6 +132,23 @@ static int dfm_config_from_opts(const Opts *o, const BackboneConfig *bc, int K, 
     return DFM_OK;
 }
 
+/* --targets on ds: a run's targets are checked against the token run (--tokens-run, else --data when
+ * it is a run folder) */
+static int open_targets(const Opts *o, DataSet *ds) {
+    const char *trun = o->tokens_run;
+    char *man = dfm_path_join(o->data, "manifest.json");
+    if (!trun && man && dfm_path_exists(man)) trun = o->data;
+    int rc = data_open_targets(ds, o->targets, trun, (int)o->chunk_len, (int)o->slots, (int)o->d_mem);
+    free(man);
+    return rc;
+}
+
+/* held-out sequences: the last --val-seqs (default 5 %), at least one batch */
+static size_t held_out(const Opts *o, const DataSet *ds) {
+    size_t nval = o->val_seqs > 0 ? (size_t)o->val_seqs : ds->n_seq / 20;
+    return nval < (size_t)o->batch ? (size_t)o->batch : nval;
+}
+
 /* ---- evaluation -------------------------------------------------------------------------------------- */
 typedef struct {
     double ce_pred, ce_none, ce_target, mse, cos;
@@ -268,8 +285,7 @@ static int train_loop(DfmModel *m, DataSet *ds, const Opts *o) {
     g_rank = mp.rank;
     int W = mp.size;
     int B = (int)o->batch, T = (int)o->seq_len, L = m->dc.enabled ? m->dc.chunk_len : T;
-    size_t nval = o->val_seqs > 0 ? (size_t)o->val_seqs : ds->n_seq / 20;
-    if (nval < (size_t)B) nval = (size_t)B;
+    size_t nval = held_out(o, ds);
     if (nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
                                            "HINT: --val-seqs or more data", ds->n_seq, nval);
     if (o->prefetch < 2) return DFM_FAIL(DFM_EARG, "--prefetch %lld: at least 2", (long long)o->prefetch);
@@ -623,13 +639,7 @@ int cmd_train(int argc, char **argv) {
     if (!rc) set_threads(o.threads);
     if (!rc) rc = dfm_mkdir_p(o.out);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
-    if (!rc) {
-        const char *trun = o.tokens_run;
-        char *man = dfm_path_join(o.data, "manifest.json");
-        if (!trun && dfm_path_exists(man)) trun = o.data;
-        rc = data_open_targets(&ds, o.targets, trun, (int)o.chunk_len, (int)o.slots, (int)o.d_mem);
-        free(man);
-    }
+    if (!rc) rc = open_targets(&o, &ds);
     if (!rc) rc = build_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
     if (!rc && (uint32_t)m->bc.vocab_size <= ds.max_token)
         rc = DFM_FAIL(DFM_EMISMATCH, "token id %u is outside the backbone's vocabulary of %d", ds.max_token,
@@ -681,17 +691,11 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!rc) set_threads(o.threads);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
-    if (!rc && o.targets) {
-        char *man = dfm_path_join(o.data, "manifest.json");
-        rc = data_open_targets(&ds, o.targets, dfm_path_exists(man) ? o.data : NULL, (int)o.chunk_len, (int)o.slots,
-                               (int)o.d_mem);
-        free(man);
-    }
+    if (!rc && o.targets) rc = open_targets(&o, &ds);
     if (!rc) rc = build_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
     if (!rc) rc = load_modules(m, o.modules);
     if (!rc) {
-        size_t nval = o.val_seqs > 0 ? (size_t)o.val_seqs : ds.n_seq / 20;
-        if (nval < (size_t)o.batch) nval = (size_t)o.batch;
+        size_t nval = held_out(&o, &ds);
         if (nval > ds.n_seq) nval = ds.n_seq;
         EvalResult e;
         EngineOptions eo;

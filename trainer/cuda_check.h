@@ -1,6 +1,6 @@
-/* cuda_check.h — error checks for the trainer's CUDA host code (*.cu): each returns DFM_ECUDA from the
- * enclosing function with the failing call, CUDA's or cuBLAS's message and file:line (common/error.h);
- * none exits. Include after common/error.h and the CUDA headers. */
+/* cuda_check.h — for the trainer's CUDA host code (*.cu): error checks, each returning DFM_ECUDA from the
+ * enclosing function with the failing call, CUDA's or cuBLAS's message and file:line (common/error.h;
+ * none exits), and the block count of a launch. Include after common/error.h and the CUDA headers. */
 #ifndef DFM_TRAINER_CUDA_CHECK_H
 #define DFM_TRAINER_CUDA_CHECK_H
 
@@ -34,6 +34,12 @@ static inline int dfm_cuda_status_at(cudaError_t e, const char *what, const char
     if (e == cudaSuccess) return DFM_OK;
     return dfm_fail_at(file, line, DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi", what,
                        cudaGetErrorString(e));
+}
+
+/* blocks of `threads` covering n items: at least 1, at most the grid's x limit */
+static inline unsigned blocks_for(size_t n, int threads) {
+    size_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 2147483647u ? 2147483647u : (b ? b : 1));
 }
 
 #endif

@@ -99,14 +99,6 @@ __global__ void slot_cos_kernel(float *out, const float *a, const float *t, cons
     if (lane == 0) out[s] = mask[s] ? fab / (sqrtf(faa * ftt) + 1e-12f) : 0.0f;
 }
 
-unsigned nblocks(size_t n, int t) { return (unsigned)((n + t - 1) / t ? (n + t - 1) / t : 1); }
-
-#define KCHECK(what)                                                                                            \
-    do {                                                                                                        \
-        cudaError_t e_ = cudaGetLastError();                                                                    \
-        if (e_ != cudaSuccess) return DFM_FAIL(DFM_ECUDA, "launching %s failed: %s", what, cudaGetErrorString(e_)); \
-    } while (0)
-
 size_t slots_max(const DfmModel *m) {
     return m->dc.enabled ? (size_t)m->maxB * (m->maxT / m->dc.chunk_len) * m->dc.n_slots : 0;
 }
@@ -454,8 +446,8 @@ static int predictor_forward_cuda(DfmModelCuda *mc, int B, int T) {
     DFM_TRY(chunk_pool_forward_cuda(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len,
                                     C, st));
     DFM_TRY(matmul_forward_cuda(m->pred_x, m->pool, p->pred_win, p->pred_bin, Np, C, P, ctx));
-    placeholder_forward_kernel<<<nblocks((size_t)B * P, 256), 256, 0, st>>>(m->pred_x, p->pred_placeholder, B, NCc, P);
-    KCHECK("placeholder_forward_kernel");
+    placeholder_forward_kernel<<<blocks_for((size_t)B * P, 256), 256, 0, st>>>(m->pred_x, p->pred_placeholder, B, NCc, P);
+    LAUNCH_CHECK("placeholder_forward_kernel");
     for (int l = 0; l < NLp; l++)
         DFM_TRY(stack_layer_forward_cuda(&dc->pred, &p->pred, NULL, &m->pred_acts, l,
                                          m->pred_x + (size_t)(l + 1) * Np * P, m->pred_x + (size_t)l * Np * P,
@@ -490,8 +482,8 @@ static int predictor_backward_cuda(DfmModelCuda *mc, int B, int T) {
         db = dc_;
         dc_ = t;
     }
-    placeholder_backward_kernel<<<nblocks(P, 128), 128, 0, st>>>(g->pred_placeholder, db, B, NCc, P);
-    KCHECK("placeholder_backward_kernel");
+    placeholder_backward_kernel<<<blocks_for(P, 128), 128, 0, st>>>(g->pred_placeholder, db, B, NCc, P);
+    LAUNCH_CHECK("placeholder_backward_kernel");
     return matmul_backward_cuda(NULL, g->pred_win, g->pred_bin, db, m->pool, p->pred_win, Np, C, P, ctx);
 }
 
@@ -578,8 +570,8 @@ static int prepare_memory_cuda(DfmModelCuda *mc, int B, int T, int mem_mode) {
     if (mem_mode == MEM_PREDICTED || h->have_targets) DFM_TRY(predictor_forward_cuda(mc, B, T));
     if (mem_mode == MEM_PREDICTED) {
         CUDA_CHECK(cudaMemcpyAsync(m->mem_in, m->slots, (size_t)S * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        predicted_mask_kernel<<<nblocks(S, 256), 256, 0, st>>>(m->slot_mask, B, NCc, K, dc->fuse_first_chunk);
-        KCHECK("predicted_mask_kernel");
+        predicted_mask_kernel<<<blocks_for(S, 256), 256, 0, st>>>(m->slot_mask, B, NCc, K, dc->fuse_first_chunk);
+        LAUNCH_CHECK("predicted_mask_kernel");
     } else if (mem_mode == MEM_TARGET) {
         CUDA_CHECK(cudaMemcpyAsync(m->mem_in, m->tgt_mem, (size_t)S * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
         CUDA_CHECK(cudaMemcpyAsync(m->slot_mask, m->tgt_mask, S, cudaMemcpyDeviceToDevice, st));
@@ -587,8 +579,8 @@ static int prepare_memory_cuda(DfmModelCuda *mc, int B, int T, int mem_mode) {
     if (mem_mode != MEM_NONE) DFM_TRY(projector_forward_cuda(mc, S));
     if (!h->have_targets) return DFM_OK;
     DFM_TRY(mse_forward_backward_cuda(&h->mse, NULL, m->slots, m->tgt_mem, m->tgt_mask, S, d, 0.0f, &mc->ctx));
-    slot_cos_kernel<<<nblocks((size_t)S * 32, 128), 128, 0, st>>>(mc->cos_dev, m->slots, m->tgt_mem, m->tgt_mask, S, d);
-    KCHECK("slot_cos_kernel");
+    slot_cos_kernel<<<blocks_for((size_t)S * 32, 128), 128, 0, st>>>(mc->cos_dev, m->slots, m->tgt_mem, m->tgt_mask, S, d);
+    LAUNCH_CHECK("slot_cos_kernel");
     // summed on the host over valid slots by model_forward_cuda (after the stream's next sync)
     CUDA_CHECK(cudaMemcpyAsync(mc->cos_host, mc->cos_dev, (size_t)S * sizeof(float), cudaMemcpyDeviceToHost, st));
     return DFM_OK;

@@ -20,9 +20,10 @@ extern "C" {
 #include "trainer/cuda_check.h"
 #include "trainer/ops_cuda.h"
 
-static inline unsigned blocks_for(size_t n, int threads) {
-    size_t b = (n + threads - 1) / threads;
-    return (unsigned)(b > 2147483647u ? 2147483647u : (b ? b : 1));
+// elementwise kernels loop with a grid stride: at most 65536 blocks of 256
+static inline unsigned ew_blocks(size_t n) {
+    unsigned b = blocks_for(n, 256);
+    return b < 65536 ? b : 65536;
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -118,15 +119,11 @@ static int gemm(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t tb,
     if (a_al + b_n) DFM_TRY(ctx_scratch(ctx, (a_al + b_n) * sizeof(__nv_bfloat16)));
     __nv_bfloat16 *sa = (__nv_bfloat16 *)ctx->scratch, *sb = sa + a_al;
     if (!a16) {
-        to_bf16_kernel<<<blocks_for(a_elems, 256) < 65536 ? blocks_for(a_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-            sa, A, a_elems);
-        LAUNCH_CHECK("to_bf16_kernel");
+        DFM_TRY(to_bf16_cuda((uint16_t *)sa, A, a_elems, ctx->stream));
         a16 = sa;
     }
     if (!b16) {
-        to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-            sb, B, b_elems);
-        LAUNCH_CHECK("to_bf16_kernel");
+        DFM_TRY(to_bf16_cuda((uint16_t *)sb, B, b_elems, ctx->stream));
         b16 = sb;
     }
     CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb,
@@ -143,9 +140,7 @@ static int gemm_a16(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t
     if (!b16) {
         DFM_TRY(ctx_scratch(ctx, b_elems * sizeof(__nv_bfloat16)));
         __nv_bfloat16 *sb = (__nv_bfloat16 *)ctx->scratch;
-        to_bf16_kernel<<<blocks_for(b_elems, 256) < 65536 ? blocks_for(b_elems, 256) : 65536, 256, 0, ctx->stream>>>(
-            sb, B, b_elems);
-        LAUNCH_CHECK("to_bf16_kernel");
+        DFM_TRY(to_bf16_cuda((uint16_t *)sb, B, b_elems, ctx->stream));
         b16 = sb;
     }
     CUBLAS_CHECK(cublasGemmEx(ctx->cublas, ta, tb, m, n, k, &one, A, CUDA_R_16BF, lda, b16, CUDA_R_16BF, ldb, &beta,
@@ -154,8 +149,7 @@ static int gemm_a16(OpsCudaContext *ctx, cublasOperation_t ta, cublasOperation_t
 }
 
 extern "C" int to_bf16_cuda(uint16_t *out, const float *in, size_t n, cudaStream_t stream) {
-    to_bf16_kernel<<<blocks_for(n, 256) < 65536 ? blocks_for(n, 256) : 65536, 256, 0, stream>>>(
-        (__nv_bfloat16 *)out, in, n);
+    to_bf16_kernel<<<ew_blocks(n), 256, 0, stream>>>((__nv_bfloat16 *)out, in, n);
     LAUNCH_CHECK("to_bf16_kernel");
     return DFM_OK;
 }
@@ -520,10 +514,7 @@ static int operand(OpsCudaContext *ctx, const float *x, size_t n, Operand *o) {
     }
     CUDA_CHECK(cudaMallocAsync(&o->tmp, n * sizeof(__nv_bfloat16), ctx->stream));
     o->p = o->tmp, o->type = CUDA_R_16BF;  // freed by operand_free, also when the launch below fails
-    to_bf16_kernel<<<blocks_for(n, 256) < 65536 ? blocks_for(n, 256) : 65536, 256, 0, ctx->stream>>>(
-        (__nv_bfloat16 *)o->tmp, x, n);
-    LAUNCH_CHECK("to_bf16_kernel");
-    return DFM_OK;
+    return to_bf16_cuda((uint16_t *)o->tmp, x, n, ctx->stream);
 }
 static void operand_free(OpsCudaContext *ctx, Operand *o) {
     if (o->tmp) cudaFreeAsync(o->tmp, ctx->stream);
@@ -655,10 +646,6 @@ __global__ void gelu_backward_kernel(float *dinp, const float *dout, const float
         float pdf = 0.3989422804014327f * expf(-0.5f * x * x);
         dinp[i] += dout[i] * (cdf + x * pdf);
     }
-}
-static inline unsigned ew_blocks(size_t n) {
-    unsigned b = blocks_for(n, 256);
-    return b < 65536 ? b : 65536;
 }
 extern "C" int swiglu_forward_cuda(float *out, const float *gate, const float *up, size_t n, cudaStream_t stream) {
     swiglu_forward_kernel<<<ew_blocks(n), 256, 0, stream>>>(out, gate, up, n);
