@@ -44,7 +44,7 @@ FAISS_C_LIB ?= $(DFM_CACHE)/faiss_c-1.7.3/lib/libfaiss_c.a
 FAISS_LIB ?= /usr/lib/x86_64-linux-gnu/libfaiss.a
 FAISS_C_INCLUDE ?= /usr/include
 
-INCS := -I$(ROOT) -I$(ROOT)/pipeline -I$(FAISS_C_INCLUDE)
+INCS := -I$(ROOT) -I$(FAISS_C_INCLUDE)
 CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -D_GNU_SOURCE -fPIC -MMD -MP \
           -pthread -fopenmp $(INCS) $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) $(PKG_LIBS) -lgomp -lstdc++ -lm -pthread
@@ -54,7 +54,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= $(dir $(patsubst %/,%,$(dir $(shell command -v $(NVCC)))))
 CFLAGS += -DDFM_HAVE_CUDA=1 -I$(CUDA_HOME)/include
 NVCCFLAGS := -O3 -std=c++17 -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) -Xcompiler -fPIC \
-             -DDFM_HAVE_CUDA=1 $(INCS) -I$(ROOT)/pipeline
+             -DDFM_HAVE_CUDA=1 $(INCS)
 LDLIBS += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart -lstdc++
 # NCCL for the trainer's multi-GPU all-reduce, when its header is found (NCCL=0 to build without it:
 # gradients then go through host memory and MPI); NCCL_HOME for a copy outside the CUDA toolkit
@@ -65,7 +65,7 @@ LDLIBS += $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) $(if $(wildcard $(NCCL_HOME)/lib
 endif
 endif
 
-LIB_DIRS := pipeline/common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/build pipeline/audit \
+LIB_DIRS := common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/driver pipeline/audit \
             schemas encoder retriever shard
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))

@@ -8,7 +8,7 @@
 #
 # ST_PYTHON: a Python that can import sentence_transformers (default: $DFM_PYTHON, then
 # /tmp/stvenv/bin/python). Without one, the comparison falls back to the NumPy reference
-# (scripts/encoder_reference.py) and says so.
+# (tests/ref/encoder_reference.py) and says so.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -24,7 +24,7 @@ export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$T
 
 echo "== encoder CPU benchmark: $N real chunk texts, $THREADS threads, $(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible"
 echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$DFM_PYTHON" scripts/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
+"$DFM_PYTHON" tests/ref/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
 
 # ---- SGEMM peak: OpenBLAS at THREADS threads, a large square GEMM and the encoder's FFN shape ----
 cat > "$W/peak.c" <<'EOF'
@@ -102,7 +102,7 @@ for r in $(seq 1 "$ROUNDS"); do
     read -r _ ST_U ST_S < <(tail -1 "$W/st.time")
   else
     T0=$(date +%s.%N)
-    "$DFM_PYTHON" scripts/encoder_reference.py embed --texts "$W/texts.jsonl" --out "$W/ref.npy"
+    "$DFM_PYTHON" tests/ref/encoder_reference.py embed --texts "$W/texts.jsonl" --out "$W/ref.npy"
     BASE_S=$(echo "$(date +%s.%N) - $T0" | bc); BASE_RATE=$(echo "scale=1; $N / $BASE_S" | bc); ST_U=0; ST_S=0
   fi
   echo "round $r: dfm $DFM_RATE texts/s ($DFM_GF GFLOP/s, cpu ${DFM_U}+${DFM_S}s, peak RSS ${DFM_RSS} KB)," \

@@ -6,7 +6,7 @@
  * other work, where wall time is not)
  * usage: bench_tokenizer TOKENIZER_JSON CORPUS_JSONL MB THREADS [REPS] */
 #include "common/error.h"
-#include "tokenizer/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

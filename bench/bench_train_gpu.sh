@@ -18,7 +18,7 @@
 # DFM mode: dfm-train's defaults: L=32, K=16 slots, d=384, predictor 2 layers x min(C,256), projector
 # hidden 2C, fusion after the default layers (124M: 3,5,8,11; 1B: 4,8,12,15), gates per head.
 # Each run: WARMUP (3) untimed steps, then STEPS (12) timed; ms/step is the median of the timed steps.
-# tok/s = B*T / (ms/step); MFU = bench/train_flops.py's model FLOPs per token x tok/s / PEAK_TFLOPS
+# tok/s = B*T / (ms/step); MFU = tests/ref/train_flops.py's model FLOPs per token x tok/s / PEAK_TFLOPS
 # (989.4 = H200 SXM dense BF16), the same formula for both sides; dfm-train's own "mfu" in its log is
 # shown beside it when present.
 #
@@ -406,7 +406,7 @@ meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "gpu": gpu, "device": E["
         "git": E["GIT"], "dfm_train": E["DFM_TRAIN"], "torch": torchv, "compile": E["COMPILE"] == "1",
         "peak_tflops": peak, "warmup_steps": warm, "timed_steps": int(E["STEPS"]),
         "shapes": {k: " ".join(v) for k, v in specs.items()},
-        "flops": "bench/train_flops.py: matmul FLOPs only, causal attention at half, 3x forward for trainable "
+        "flops": "tests/ref/train_flops.py: matmul FLOPs only, causal attention at half, 3x forward for trainable "
                  "matmuls, 2x (forward + dgrad) for frozen ones above the lowest fusion block, 1x below it"}
 with open(os.path.join(out, "bench_train_gpu.json"), "w") as f:
     json.dump({"meta": meta, "rows": rows, "ratios": ratios}, f, indent=1)
@@ -424,7 +424,7 @@ md = ["# dfm-train vs PyTorch: training throughput (%s)" % gpu, "",
       "%s; dfm-train %s (git %s); PyTorch %s%s; %d warm-up + %d timed steps, median ms/step."
       % (meta["date"], E["DFM_TRAIN"], E["GIT"], torchv or "-", " + torch.compile" if meta["compile"] else "",
          warm, int(E["STEPS"])),
-      "MFU = model FLOPs per token (bench/train_flops.py, the same for both) x tok/s / %.1f TFLOP/s%s; "
+      "MFU = model FLOPs per token (tests/ref/train_flops.py, the same for both) x tok/s / %.1f TFLOP/s%s; "
       "'own MFU' is what each side reported itself." % (peak, " (H200 SXM dense BF16)" if abs(peak - 989.4) < 1e-6
                                                       else ""), ""]
 if meta["tiny"]:

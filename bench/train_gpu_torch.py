@@ -20,7 +20,7 @@ at 1.0 (dfm-train clips too), torch.compile per decoder layer / fusion block / m
 Random weights and random (learnable: a per-sequence affine token recurrence) data of the given shapes.
 
 Prints one JSON line (the last line of stdout): impl, mode, params, trainable, tokens_per_step,
-ms_per_step (median over the timed steps), tok_per_s, flops_per_token (bench/train_flops.py), mfu,
+ms_per_step (median over the timed steps), tok_per_s, flops_per_token (tests/ref/train_flops.py), mfu,
 compiled, torch, gpu, ... ; with --log FILE also one JSON line per step (step, loss, ms).
 
     python3 bench/train_gpu_torch.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \

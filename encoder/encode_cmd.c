@@ -23,8 +23,8 @@
 #include "encoder/encoder.h"
 #include "schemas/chunk_shard.h"
 #include "schemas/embedding_shard.h"
-#include "tokenizer/tokenizer.h"
-#include "version.h"
+#include "pipeline/tokenizer/tokenizer.h"
+#include "common/version.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -1,14 +1,14 @@
 /* dfm — one binary, one subcommand per pipeline step. See README.md for the reference. */
 #include "common/error.h"
 #include "common/log.h"
-#include "version.h"
+#include "common/version.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #define DFM_COMMAND(name, fn, summary) int fn(int argc, char **argv);
-#include "commands.def"
+#include "pipeline/commands.def"
 #undef DFM_COMMAND
 
 typedef struct {
@@ -19,7 +19,7 @@ typedef struct {
 
 static const command commands[] = {
 #define DFM_COMMAND(name, fn, summary) {#name, fn, summary},
-#include "commands.def"
+#include "pipeline/commands.def"
 #undef DFM_COMMAND
 };
 

@@ -1,4 +1,4 @@
-#include "index.h"
+#include "retriever/index.h"
 
 #include "common/error.h"
 #include "common/fault.h"

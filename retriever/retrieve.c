@@ -1,4 +1,4 @@
-#include "retrieve.h"
+#include "retriever/retrieve.h"
 
 #include "common/error.h"
 #include "common/fault.h"

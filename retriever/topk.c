@@ -1,4 +1,4 @@
-#include "topk.h"
+#include "retriever/topk.h"
 
 #include "common/error.h"
 #include "common/log.h"

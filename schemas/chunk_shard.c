@@ -1,4 +1,4 @@
-#include "chunk_shard.h"
+#include "schemas/chunk_shard.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

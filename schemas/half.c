@@ -1,5 +1,5 @@
 /* half.c — fp16 and bf16 conversions shared by every format that stores half-precision floats. */
-#include "half.h"
+#include "schemas/half.h"
 
 #include <string.h>
 

@@ -1,4 +1,4 @@
-#include "neighbor_shard.h"
+#include "schemas/neighbor_shard.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -23,7 +23,7 @@
 #ifndef DFM_SAFETENSORS_H
 #define DFM_SAFETENSORS_H
 
-#include "half.h" /* dfm_f16_to_f32 & co., used with F16/BF16 tensors */
+#include "schemas/half.h" /* dfm_f16_to_f32 & co., used with F16/BF16 tensors */
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* target_record.c — encode/decode of target records. Spec: schemas/target_record.md. */
-#include "target_record.h"
+#include "schemas/target_record.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -19,7 +19,7 @@
 #ifndef DFM_TARGET_RECORD_H
 #define DFM_TARGET_RECORD_H
 
-#include "half.h" /* fp16/bf16 scalar conversions */
+#include "schemas/half.h" /* fp16/bf16 scalar conversions */
 #include <stddef.h>
 #include <stdint.h>
 

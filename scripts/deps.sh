@@ -71,7 +71,8 @@ elif [ ! -f "$FAISS_C_DIR/lib/libfaiss_c.a" ]; then
   say "building the FAISS $FAISS_VERSION C API from Debian's source package (once, ~1 min)"
   d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
   mkdir -p "$d/lists/partial" "$d/out"
-  echo 'deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main' >"$d/src.list"
+  bash "$HERE/deps/debsrc.sh" >"$d/src.list" ||
+    die "found no Debian 'deb' entry for the release in /etc/apt/sources.list or /etc/apt/sources.list.d/*.{list,sources} to derive a deb-src entry from"
   o=(-o "Dir::Etc::SourceList=$d/src.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$d/lists")
   apt-get "${o[@]}" -o APT::Sandbox::User=root update -q >/dev/null || die "apt-get update for deb-src failed"
   (cd "$d" && apt-get "${o[@]}" -o APT::Sandbox::User=root source --download-only faiss >/dev/null && tar xzf "faiss_$FAISS_VERSION.orig.tar.gz") ||

@@ -1,12 +1,12 @@
 /* target_build.c — exchange exact embeddings between ranks and write target shards. See target_build.h. */
-#include "target_build.h"
+#include "shard/target_build.h"
 
 #include "common/error.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/manifest.h"
-#include "version.h"
+#include "common/version.h"
 
 #include <dirent.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /* target_layout.c — shard ranges, paths, shard.json, run fingerprints. */
-#include "target_layout.h"
+#include "shard/target_layout.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -1,5 +1,5 @@
 /* target_reader.c — open, check, iterate (with a prefetch thread) and random-access target shards. */
-#include "target_reader.h"
+#include "shard/target_reader.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -1,5 +1,5 @@
 /* target_source.c — neighbour blocks + owned embedding blocks as a dfm_target_source. */
-#include "target_source.h"
+#include "shard/target_source.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -7,7 +7,7 @@
 #include "shard/target_layout.h"
 #include "shard/target_reader.h"
 #include "shard/target_source.h"
-#include "tokenizer/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /* target_writer.c — one LMDB target shard, built under a temporary name. See target_writer.h. */
-#include "target_writer.h"
+#include "shard/target_writer.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

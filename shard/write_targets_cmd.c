@@ -7,7 +7,7 @@
 #include "common/opts.h"
 #include "shard/target_build.h"
 #include "shard/target_source.h"
-#include "version.h"
+#include "common/version.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -29,7 +29,7 @@ extern "C" {
 #include "common/error.h"
 }
 #include "trainer/attention_cuda.h"
-#include "trainer/cuda_check.h"
+#include "common/cuda_check.h"
 
 #define FA_DPT 32          // dimensions of a row held by one thread
 #define FA_V4 (FA_DPT / 4)  // as float4 chunks

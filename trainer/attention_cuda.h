@@ -24,7 +24,7 @@
  * (dK/dV: group heads in order, then query rows in order; dQ: key rows in order), so the same inputs give
  * bit-identical results run to run on the same GPU. Results differ from trainer/ops.c in rounding only
  * (online vs two-pass softmax, other summation order): max|gpu-cpu| / max|cpu| about 1e-7..1e-6.
- * Status: compiled with nvcc (sm_90) and checked against trainer/ops.c by trainer/attention_cuda_check.cu
+ * Status: compiled with nvcc (sm_90) and checked against trainer/ops.c by tests/cuda/attention_cuda_check.cu
  * through the host emulation of CUDA (tests/py/test_train_attention_emu.py); not yet run on a GPU.
  */
 #ifndef DFM_TRAINER_ATTENTION_CUDA_H

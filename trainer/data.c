@@ -16,7 +16,7 @@
 #define TGT_HEADER 64
 #define BIN_MAGIC 20240520
 
-struct TargetSource {
+struct TargetReader {
     /* simple file */
     uint8_t *file;          /* whole file */
     size_t file_bytes;
@@ -147,7 +147,7 @@ int data_open(const char *path, int T, DataSet *ds) {
     return DFM_OK;
 }
 
-static int open_targets_file(const char *path, TargetSource *ts, int L, int *K, int *d) {
+static int open_targets_file(const char *path, TargetReader *ts, int L, int *K, int *d) {
     char *buf;
     size_t len;
     DFM_TRY(dfm_read_file(path, &buf, &len));
@@ -187,7 +187,7 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
         return DFM_FAIL(DFM_EMISMATCH, "tokens are cut in chunks of %d, the model uses %d. HINT: --chunk-len %d",
                         ds->chunk_len, L, ds->chunk_len);
     if (ds->T % L) return DFM_FAIL(DFM_EARG, "sequence length %d is not a multiple of the chunk length %d", ds->T, L);
-    TargetSource *ts = calloc(1, sizeof *ts);
+    TargetReader *ts = calloc(1, sizeof *ts);
     if (!ts) return DFM_FAIL(DFM_ENOMEM, "targets");
     ds->tgt = ts;
     char *man = dfm_path_join(path, "manifest.json");
@@ -225,11 +225,11 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
     return rc;
 }
 
-int data_targets_clone(const DataSet *ds, TargetSource **out) {
+int data_targets_clone(const DataSet *ds, TargetReader **out) {
     *out = NULL;
-    const TargetSource *src = ds->tgt;
+    const TargetReader *src = ds->tgt;
     if (!src) return DFM_OK;
-    TargetSource *ts = calloc(1, sizeof *ts);
+    TargetReader *ts = calloc(1, sizeof *ts);
     if (!ts) return DFM_FAIL(DFM_ENOMEM, "targets");
     if (!src->reader) { /* a simple file: read-only memory, shared */
         *ts = *src;
@@ -255,7 +255,7 @@ int data_targets_clone(const DataSet *ds, TargetSource **out) {
     return DFM_OK;
 }
 
-void data_targets_free(TargetSource *ts) {
+void data_targets_free(TargetReader *ts) {
     if (!ts) return;
     if (!ts->borrowed) free(ts->file);
     dfm_target_reader_close(ts->reader);
@@ -279,7 +279,7 @@ int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *t
     return data_batch_from(ds, ds->tgt, idx, B, L, inputs, targets, tmem, tmask);
 }
 
-int data_batch_from(const DataSet *ds, TargetSource *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
+int data_batch_from(const DataSet *ds, TargetReader *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
                     float *tmem, uint8_t *tmask) {
     int T = ds->T;
     for (int b = 0; b < B; b++) {

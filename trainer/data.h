@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct TargetSource TargetSource;
+typedef struct TargetReader TargetReader;
 
 typedef struct {
     int *tokens;          /* [n_tokens] */
@@ -37,7 +37,7 @@ typedef struct {
     uint32_t max_token;   /* largest id seen */
     int chunk_len;        /* from a chunk run (0 for a .bin shard) */
     uint64_t tokenizer_hash;
-    TargetSource *tgt;    /* NULL without targets */
+    TargetReader *tgt;    /* NULL without targets */
     int K, d;             /* of the targets */
 } DataSet;
 
@@ -56,12 +56,12 @@ int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *t
 
 /* data_batch with another target source (a clone): several threads may read batches at once, each with
  * its own source (a run's LMDB reader keeps one read transaction and may not be shared). */
-int data_batch_from(const DataSet *ds, TargetSource *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
+int data_batch_from(const DataSet *ds, TargetReader *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
                     float *tmem, uint8_t *tmask);
 /* A second source of ds's targets (a run folder: its own reader; a simple file: the same memory), or NULL
  * without targets. Free with data_targets_free (NULL is a no-op); the clone must not outlive ds. */
-int data_targets_clone(const DataSet *ds, TargetSource **out);
-void data_targets_free(TargetSource *ts);
+int data_targets_clone(const DataSet *ds, TargetReader **out);
+void data_targets_free(TargetReader *ts);
 
 /* Write the simple targets file (atomically). mask [n_chunks*k], emb [n_chunks*k*d]. */
 int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_len, uint64_t n_chunks,

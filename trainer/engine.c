@@ -10,7 +10,7 @@
 #ifdef DFM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "trainer/cuda_check.h"
+#include "common/cuda_check.h"
 #include "trainer/model_cuda.h"
 #include "trainer/ops_cuda.h"
 #ifdef DFM_HAVE_NCCL

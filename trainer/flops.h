@@ -10,7 +10,7 @@
  *   - the LM head (V x C) like a matrix, its input gradient always needed when training;
  *   - DFM modules: the predictor runs once per chunk (1/L per token), the projector on K slots per chunk,
  *     fusion q/o/gate per token, k/v per slot, cross-attention 4*K*C per token; all trainable (x3).
- * bench/train_flops.py implements the same count for the benchmark's PyTorch side.
+ * tests/ref/train_flops.py implements the same count for the benchmark's PyTorch side.
  */
 #ifndef DFM_TRAINER_FLOPS_H
 #define DFM_TRAINER_FLOPS_H

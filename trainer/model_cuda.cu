@@ -11,7 +11,7 @@ extern "C" {
 #include "common/error.h"
 }
 #include "trainer/attention_cuda.h"
-#include "trainer/cuda_check.h"
+#include "common/cuda_check.h"
 #include "trainer/model_cuda.h"
 #include "trainer/ops_cuda.h"
 #include "trainer/stack_cuda.h"

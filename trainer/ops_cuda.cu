@@ -17,7 +17,7 @@
 extern "C" {
 #include "common/error.h"
 }
-#include "trainer/cuda_check.h"
+#include "common/cuda_check.h"
 #include "trainer/ops_cuda.h"
 
 // elementwise kernels loop with a grid stride: at most 65536 blocks of 256

@@ -3,7 +3,7 @@
  * Same names with a `_cuda` suffix, same argument order, same layouts and the same ACCUMULATE (+=)
  * convention for every *_backward; a NULL gradient pointer still means "not needed". Differences:
  *   - every pointer is DEVICE memory, except the AdamWConfig and the host `double *` results;
- *   - every function returns DFM_OK or DFM_ECUDA (pipeline/common/error.h) with a message naming
+ *   - every function returns DFM_OK or DFM_ECUDA (common/error.h) with a message naming
  *     the failing call and its file:line; nothing exits;
  *   - the last argument is the stream (cudaStream_t), or an OpsCudaContext for anything that calls
  *     cuBLAS (matmul, the fused LM head + CE) or that needs a result on the host;
@@ -11,9 +11,9 @@
  *     kernel gives bit-identical results run to run on the same GPU.
  * Matmuls use cublasGemmEx: fp32 (CUBLAS_COMPUTE_32F, no TF32) or, with ctx->bf16, operands rounded to
  * bf16 in a scratch buffer and fp32 accumulation, fp32 output.
- * Status: compiled in CI (make CUDA=1) and checked against trainer/ops.c by trainer/ops_cuda_check.cu,
- * in CI through a host emulation of CUDA (trainer/host_emu_cuda.h), on a GPU machine with
- * scripts/gpu_check_trainer.sh, which has not been run yet (trainer/README.md, "CUDA path").
+ * Status: compiled in CI (make CUDA=1) and checked against trainer/ops.c by tests/cuda/ops_cuda_check.cu,
+ * in CI through a host emulation of CUDA (tests/cuda/host_emu_cuda.h), on a GPU machine with
+ * tests/gpu/gpu_check_trainer.sh, which has not been run yet (trainer/README.md, "CUDA path").
  */
 #ifndef DFM_TRAINER_OPS_CUDA_H
 #define DFM_TRAINER_OPS_CUDA_H

@@ -23,7 +23,7 @@ struct Prefetcher {
     int stop;
     pthread_t *thr;
     int started;             /* threads running */
-    TargetSource **ts;       /* one target source per thread (a run's reader may not be shared) */
+    TargetReader **ts;       /* one target source per thread (a run's reader may not be shared) */
     size_t *skip;            /* [B] other ranks' indices (drawn under mu) */
     pthread_mutex_t mu;      /* ring state and the loader */
     pthread_cond_t cv;
@@ -42,7 +42,7 @@ static void sys_free(void *p, void *u) { (void)u; free(p); }
  * so the order is the synchronous loop's), then reads it with its own target source outside the lock. */
 static void *producer(void *arg) {
     Prefetcher *pf = ((ProducerArg *)arg)->pf;
-    TargetSource *ts = pf->ts[((ProducerArg *)arg)->i];
+    TargetReader *ts = pf->ts[((ProducerArg *)arg)->i];
     free(arg);
     pthread_mutex_lock(&pf->mu);
     for (;;) {

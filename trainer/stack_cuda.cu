@@ -10,7 +10,7 @@ extern "C" {
 #include "common/error.h"
 }
 #include "trainer/attention_cuda.h"
-#include "trainer/cuda_check.h"
+#include "common/cuda_check.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 /* audit.c — the counted figures, the measured datastore/search of one side, and the SVG chart. */
-#include "audit/audit.h"
+#include "pipeline/audit/audit.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

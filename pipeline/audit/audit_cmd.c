@@ -1,5 +1,5 @@
 /* audit_cmd.c — `dfm audit RUN` (the report) and `dfm audit --compare RUN_A RUN_B` (reproducibility). */
-#include "audit/audit.h"
+#include "pipeline/audit/audit.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -10,7 +10,7 @@
 #include "schemas/chunk_shard.h"
 #include "schemas/neighbor_shard.h"
 #include "shard/target_reader.h"
-#include "version.h"
+#include "common/version.h"
 
 #include <jansson.h>
 #include <math.h>

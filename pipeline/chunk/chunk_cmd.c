@@ -5,7 +5,7 @@
  * of the sequence it belongs to (one Alltoallv); write one chunk shard per rank; rank 0 records the
  * stage in RUN/manifest.json. Chunk ids and contents do not depend on the number of ranks.
  */
-#include "chunk/pack.h"
+#include "pipeline/chunk/pack.h"
 #include "common/error.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
@@ -14,10 +14,10 @@
 #include "common/mpiutil.h"
 #include "common/opts.h"
 #include "common/progress.h"
-#include "corpus/corpus.h"
-#include "tokenizer/tokenizer.h"
+#include "pipeline/corpus/corpus.h"
+#include "pipeline/tokenizer/tokenizer.h"
 #include "schemas/chunk_shard.h"
-#include "version.h"
+#include "common/version.h"
 
 #include <dirent.h>
 #include <limits.h>

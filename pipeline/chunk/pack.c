@@ -1,4 +1,4 @@
-#include "pack.h"
+#include "pipeline/chunk/pack.h"
 
 int dfm_pack_owner(const uint64_t *off, const uint64_t *n, int size, uint64_t S, uint64_t seq) {
     uint64_t pos = seq * S;

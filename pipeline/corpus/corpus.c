@@ -1,4 +1,4 @@
-#include "corpus.h"
+#include "pipeline/corpus/corpus.h"
 
 #include "common/error.h"
 

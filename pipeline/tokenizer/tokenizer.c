@@ -1,6 +1,6 @@
 /* tokenizer.c — load a Hugging Face tokenizer.json; encode (added tokens, normalizer, pre-tokenizer,
  * BPE) and decode, with the same results as HF `tokenizers` (checked by tests/unit/test_tokenizer.c on
- * golden files made by scripts/make_tokenizer_golden.py).
+ * golden files made by tests/ref/make_tokenizer_golden.py).
  *
  * Encode order, as HF's TokenizerImpl::encode_single_sequence:
  *   1. invalid UTF-8 -> U+FFFD (the caller of HF does this when turning bytes into a str);
@@ -10,7 +10,7 @@
  *   4. each remaining piece goes through the pre-tokenizer stages (Split regex, ByteLevel, Metaspace);
  *   5. each pre-token is BPE-encoded (tok_bpe.c, cached).
  */
-#include "tokenizer/tok_internal.h"
+#include "pipeline/tokenizer/tok_internal.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # dfm chunk on a mixed corpus (JSONL, JSONL.zst, plain text, llm.c .bin) at np = 1..4:
 # identical chunks for every rank count, in both packing modes, and the token stream equal to
-# an independent Hugging Face tokenization (tests/py/chunk_reference.py).
+# an independent Hugging Face tokenization (tests/ref/chunk_reference.py).
 source "$(dirname "$0")/lib.sh"
 T=$DFM_TOKENIZER
 head -n 120 "$DFM_CORPUS" > "$WORK/a.jsonl"
 sed -n '121,200p' "$DFM_CORPUS" | zstd -q -o "$WORK/b.jsonl.zst"
 printf 'A plain text document.\nIt has two lines, digits 12345 and emoji 🎉.\n' > "$WORK/c.txt"
-"$DFM_PYTHON" "$DFM_ROOT/tests/py/chunk_reference.py" make-bin --tokenizer "$T" --out "$WORK/d.bin" \
+"$DFM_PYTHON" "$DFM_ROOT/tests/ref/chunk_reference.py" make-bin --tokenizer "$T" --out "$WORK/d.bin" \
   --text "pretokenized doc one" --text "and doc two, also pretokenized"
 INPUTS=("$WORK/a.jsonl" "$WORK/b.jsonl.zst" "$WORK/c.txt" "$WORK/d.bin")
 for mode in plain doc-aligned; do
@@ -19,7 +19,7 @@ for mode in plain doc-aligned; do
     cmp -s "$WORK/dump-$mode-1" "$WORK/dump-$mode-$np" || fail "$mode: np=$np differs from np=1"
     ok "$mode np=$np identical ($(wc -l < "$WORK/dump-$mode-$np") chunks)"
   done
-  "$DFM_PYTHON" "$DFM_ROOT/tests/py/chunk_reference.py" check --tokenizer "$T" --dump "$WORK/dump-$mode-1" \
+  "$DFM_PYTHON" "$DFM_ROOT/tests/ref/chunk_reference.py" check --tokenizer "$T" --dump "$WORK/dump-$mode-1" \
     --manifest "$WORK/run-$mode-1/manifest.json" --seq-len 256 --chunk-len 32 $([ $mode = doc-aligned ] && echo --doc-aligned) -- "${INPUTS[@]}" ||
     fail "$mode: chunks differ from the reference packing"
   ok "$mode matches the Hugging Face reference"

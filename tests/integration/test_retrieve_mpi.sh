@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # test_retrieve_mpi.sh — `dfm index` + `dfm retrieve` under mpirun on 1..4 ranks against an independent
-# NumPy brute force (scripts/retrieval_reference.py), on a synthetic run made in the real file formats
+# NumPy brute force (tests/ref/retrieval_reference.py), on a synthetic run made in the real file formats
 # (tests/integration/test_retrieve_mkrun.c: 3000 chunks, dim 32, duplicates for ties, documents that
 # span chunks, all-padding chunks, an uneven last block).
 #   1. Flat, every exclusion policy, np = 1, 2, 3, 4: rows equal the reference exactly (ids, mask;
@@ -36,7 +36,7 @@ for np in 1 2 3 4; do
   mpi $np "$DFM" index "$R" --index Flat 2>"$T/log" || { cat "$T/log"; fail "index np=$np"; }
   for ex in none self sequence document; do
     mpi $np "$DFM" retrieve "$R" --exclude $ex --margin 4 --query-block 300 2>"$T/log" || { cat "$T/log"; fail "retrieve np=$np $ex"; }
-    "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "np=$np exclude=$ex differs from the reference"
+    "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "np=$np exclude=$ex differs from the reference"
     mkdir -p "$T/out/$np/$ex"; cp "$R"/retrieve/nbr-*.bin "$T/out/$np/$ex/"
     if [ $np -gt 1 ]; then
       for f in "$T/out/1/$ex"/nbr-*.bin; do cmp -s "$f" "$T/out/$np/$ex/$(basename "$f")" || fail "$(basename "$f") differs between np=1 and np=$np ($ex)"; done
@@ -53,17 +53,17 @@ p, off = sys.argv[1], int(sys.argv[2]); b = bytearray(open(p, "rb").read())
 b[off:off + 8], b[off + 8:off + 16] = b[off + 8:off + 16], b[off:off + 8]
 open(p, "wb").write(b)
 EOF
-if "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check >/dev/null; then fail "the reference accepted a swapped row"; fi
+if "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check >/dev/null; then fail "the reference accepted a swapped row"; fi
 
 echo "== 2. L2, --query-window 2, tiny margin, np 2"
 R=$T/l2; fresh "$R"
 mpi 2 "$DFM" index "$R" --index Flat --metric l2 2>"$T/log" || { cat "$T/log"; fail "index l2"; }
 mpi 2 "$DFM" retrieve "$R" --exclude document --query-window 2 --margin 0 --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve l2"; }
 grep -q "re-searches" "$T/log" || fail "no re-search count logged"
-"$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "L2 / window 2 differs from the reference"
+"$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "L2 / window 2 differs from the reference"
 # retrieve on another rank count than the index was built with (2 shards on 3 ranks: one rank has none)
 mpi 3 "$DFM" retrieve "$R" --exclude self --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve on 3 ranks of a 2-shard index"; }
-"$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --check || fail "3 ranks over 2 shards differs from the reference"
+"$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "3 ranks over 2 shards differs from the reference"
 
 echo "== 3. IVF-Flat and IVF-PQ: recall above threshold, identical across np"
 for spec in "IVF16,Flat:--nprobe 4:0.95" "IVF8,PQ8np:--nprobe 8:0.75"; do
@@ -74,7 +74,7 @@ for spec in "IVF16,Flat:--nprobe 4:0.95" "IVF8,PQ8np:--nprobe 8:0.75"; do
     mpi $np "$DFM" retrieve "$R" $opt --measure-recall 200 >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "retrieve $fac np=$np"; }
     grep -q "recall@16" "$T/out.txt" || fail "--measure-recall printed nothing"
     grep -q '"recall@k"' "$R/manifest.json" || fail "--measure-recall not in the manifest"
-    "$PY" "$ROOT/scripts/retrieval_reference.py" "$R" --min-recall "$thr" || fail "$fac recall np=$np"
+    "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --min-recall "$thr" || fail "$fac recall np=$np"
     mkdir -p "$T/ivf/$np"; cp "$R"/retrieve/nbr-*.bin "$T/ivf/$np/"
     if [ $np -gt 1 ]; then
       for f in "$T/ivf/1"/nbr-*.bin; do cmp -s "$f" "$T/ivf/$np/$(basename "$f")" || fail "$fac: $(basename "$f") differs between np=1 and np=$np"; done

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_retrieve_real.sh — the real pipeline on a small corpus: dfm chunk -> dfm encode (CPU MiniLM) ->
 # dfm index (Flat) -> dfm retrieve at np 1 and 2, for the sequence and document policies; every row equals
-# the independent NumPy brute force (scripts/retrieval_reference.py) and the neighbour blocks are
+# the independent NumPy brute force (tests/ref/retrieval_reference.py) and the neighbour blocks are
 # byte-identical at np 1 and 2; the manifest records the counts; `dfm estimate` reads the run.
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
@@ -22,7 +22,7 @@ for np in 1 2; do
   grep -q "Flat (exact)" "$WORK/log" || { cat "$WORK/log"; fail "auto choice not printed"; }
   for ex in sequence document; do
     mpirun -np $np "$DFM" retrieve "$WORK/np$np" --exclude $ex --k 8 2>"$WORK/log" || { cat "$WORK/log"; fail "retrieve np $np $ex"; }
-    "$PY" "$ROOT/scripts/retrieval_reference.py" "$WORK/np$np" --check || fail "np $np $ex differs from the NumPy reference"
+    "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$WORK/np$np" --check || fail "np $np $ex differs from the NumPy reference"
     mkdir -p "$WORK/out$np/$ex"; cp "$WORK/np$np"/retrieve/nbr-*.bin "$WORK/out$np/$ex/"
   done
 done

@@ -56,7 +56,7 @@ mpirun -np 3 "$DFM" write-targets "$R" "${ARGS[@]}" >"$T/out" 2>&1 || { cat "$T/
 ls "$R/targets" | grep -q '\.tmp$' && fail ".tmp folder left after the re-run"
 "$DFM" verify "$R" --compare "$T/embeddings-1" >/dev/null || fail "re-run after kill differs from the reference"
 echo "ok: killed writer leaves only .tmp; re-run completes it ($(grep -o '[0-9]* built, [0-9]* complete already' "$T/out"))"
-# the shared fault points (pipeline/common/fault.h): rank 1 dies half-way through its first shard
+# the shared fault points (common/fault.h): rank 1 dies half-way through its first shard
 R=$T/fault
 if DFM_FAULT=write-targets:mid-shard DFM_FAULT_RANK=1 mpirun -np 2 "$DFM" write-targets "$R" "${ARGS[@]}" >"$T/out" 2>&1; then fail "DFM_FAULT run succeeded"; fi
 if "$DFM" verify "$R" >/dev/null 2>&1; then fail "verify passed after DFM_FAULT"; fi

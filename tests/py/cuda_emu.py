@@ -1,4 +1,4 @@
-"""Build CUDA sources of the trainer for the CPU through trainer/host_emu_cuda.h (no GPU needed).
+"""Build CUDA sources of the trainer for the CPU through tests/cuda/host_emu_cuda.h (no GPU needed).
 
 Each `kernel<<<cfg>>>(args);` launch is rewritten as `emu_launch(emu_cfg(cfg), [&]() { kernel(args); });`,
 the .cu files are compiled with g++ against empty CUDA headers and the emulation header, the C files with
@@ -50,7 +50,7 @@ def build(tmp, cu_files, c_files, defines, exe_name):
         open(cpp, "w", encoding="utf-8").write(src)
         obj = cpp[:-4] + ".o"
         r = run(["g++", "-std=c++17", "-O2", "-w", "-I" + inc, "-I" + ROOT, "-I" + os.path.join(ROOT, "pipeline"),
-                 "-include", os.path.join(ROOT, "trainer/host_emu_cuda.h"), "-DDFM_HAVE_CUDA=1"]
+                 "-include", os.path.join(ROOT, "tests/cuda/host_emu_cuda.h"), "-DDFM_HAVE_CUDA=1"]
                 + ["-D" + d for d in defines] + ["-c", cpp, "-o", obj])
         if r.returncode:
             print(f"FAIL: {f} does not compile against the host emulation")

@@ -3,7 +3,7 @@
 
 1. Tokenisation: `dfm encode --tokens-out` ids == Hugging Face `tokenizers` ids (truncated to the
    model's max_seq_length) for every text.
-2. Embeddings: `dfm encode --texts` (CPU, fp32) vs scripts/encoder_reference.py (NumPy, float64):
+2. Embeddings: `dfm encode --texts` (CPU, fp32) vs tests/ref/encoder_reference.py (NumPy, float64):
    max abs error <= 1e-4 and cosine >= 0.99999 for every text.
 3. If sentence-transformers is importable, the same bounds against it (skipped otherwise, and said so).
 4. The embedding file itself is parsed independently here (header fields, both checksums if xxhash

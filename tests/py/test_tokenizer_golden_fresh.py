@@ -35,7 +35,7 @@ r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tokenize
                    capture_output=True, text=True)
 print(r.stdout + r.stderr, end="")
 if r.returncode != 0:
-    print("FAIL: golden files differ from a fresh HF run: regenerate with scripts/make_tokenizer_golden.py "
+    print("FAIL: golden files differ from a fresh HF run: regenerate with tests/ref/make_tokenizer_golden.py "
           "and review the diff")
     fails += 1
 

@@ -1,12 +1,12 @@
 """The flash attention CUDA kernels, run on the CPU through the host emulation of CUDA, match trainer/ops.c.
 
-No GPU needed: trainer/attention_cuda.cu and its checker trainer/attention_cuda_check.cu are compiled with g++
-against trainer/host_emu_cuda.h (every GPU thread a cooperative fiber; warp shuffles and barriers emulated;
+No GPU needed: trainer/attention_cuda.cu and its checker tests/cuda/attention_cuda_check.cu are compiled with g++
+against tests/cuda/host_emu_cuda.h (every GPU thread a cooperative fiber; warp shuffles and barriers emulated;
 __shared__ is a static; tests/py/cuda_emu.py), templated launches included. The checker must print
 "RESULT: PASS": forward out and lse, backward dq, dk, dv against the CPU reference for several shapes
 (partial tiles, grouped heads, padded head sizes), no writes past the outputs, determinism. This checks
 indexing, masking, the online softmax and the GQA sums; it says nothing about races or speed on real
-hardware (scripts/gpu_check_trainer.sh runs the same checker on a GPU).
+hardware (tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
 """
 import os
 import sys
@@ -24,8 +24,8 @@ def main():
         print("FAIL: attention_cuda.cu: expected the 3 kernel launches (forward, dq, dk/dv)")
         return 1
     with tempfile.TemporaryDirectory(prefix="dfm-attn-emu-") as tmp:
-        exe = cuda_emu.build(tmp, ["trainer/attention_cuda.cu", "trainer/attention_cuda_check.cu"],
-                             ["trainer/ops.c", "pipeline/common/error.c"], ["DFM_ATTN_CUDA_CHECK_MAIN"],
+        exe = cuda_emu.build(tmp, ["trainer/attention_cuda.cu", "tests/cuda/attention_cuda_check.cu"],
+                             ["trainer/ops.c", "common/error.c"], ["DFM_ATTN_CUDA_CHECK_MAIN"],
                              "attention_cuda_check_emu")
         if not exe:
             return 1

@@ -4,8 +4,8 @@ Runs without a GPU:
 1. every function declared in trainer/ops_cuda.h is `<cpu name>_cuda` of a function declared in
    trainer/ops.h or trainer/adamw.h (or `<cpu name>_w16_cuda`, the same product with a frozen bf16
    weight, or the bf16 conversion to_bf16_cuda) and every CPU kernel has such a twin (llm.c style: one
-   name, two backends), and trainer/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
-2. scripts/gpu_check_trainer.sh (SKIP_MAKE=1: only the checkers) compiles and links its three checkers
+   name, two backends), and tests/cuda/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
+2. tests/gpu/gpu_check_trainer.sh (SKIP_MAKE=1: only the checkers) compiles and links its three checkers
    (kernels, flash attention, whole model) with nvcc and runs them: without a GPU each must stop with
    exit 2 and "no CUDA device"; with one they must pass.
 """
@@ -41,7 +41,7 @@ for name in sorted(declared("trainer/ops.h") | (declared("trainer/adamw.h") - {"
 for name in kernels:
     base = name[: -len("_w16_cuda")] if name.endswith("_w16_cuda") else name[: -len("_cuda")]
     check(base in cpu or name == "to_bf16_cuda", f"{name} has a CPU twin {base}")
-checker = open(os.path.join(ROOT, "trainer/ops_cuda_check.cu"), encoding="utf-8").read()
+checker = open(os.path.join(ROOT, "tests/cuda/ops_cuda_check.cu"), encoding="utf-8").read()
 for name in kernels:
     check(re.search(r"\b%s\(" % name, checker) is not None, f"ops_cuda_check.cu calls {name}")
 
@@ -50,7 +50,7 @@ check(bool(nvcc), "nvcc found (the CUDA toolkit is required to build the CUDA pa
 if nvcc:
     with tempfile.TemporaryDirectory(prefix="dfm-cuda-check-") as tmp:
         env = dict(os.environ, SKIP_MAKE="1", OUT=tmp, CHECK_DIR=tmp)
-        r = subprocess.run(["bash", os.path.join(ROOT, "scripts/gpu_check_trainer.sh")], cwd=ROOT, env=env,
+        r = subprocess.run(["bash", os.path.join(ROOT, "tests/gpu/gpu_check_trainer.sh")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)
         out = r.stdout + r.stderr
         print(out[-3000:])

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "audit/audit.h"
+#include "pipeline/audit/audit.h"
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "schemas/neighbor_shard.h"

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "chunk/pack.h"
+#include "pipeline/chunk/pack.h"
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "schemas/chunk_shard.h"

@@ -1,5 +1,5 @@
 /* The encoder on the CPU: the real all-MiniLM-L6-v2 against the independent NumPy reference
- * (tests/data/encoder/reference.jsonl, from scripts/encoder_reference.py unitref), a meaning test,
+ * (tests/data/encoder/reference.jsonl, from tests/ref/encoder_reference.py unitref), a meaning test,
  * batching invariance, counts, and bad model folders (a tiny synthetic BERT written with the
  * safetensors writer): missing files, truncated or inconsistent weights, unsupported architecture. */
 #include <setjmp.h>

@@ -1,5 +1,5 @@
 /* WordPiece tokenisation against the golden file made with Hugging Face `tokenizers`
- * (tests/data/encoder/wordpiece.golden.jsonl, made by scripts/encoder_reference.py golden):
+ * (tests/data/encoder/wordpiece.golden.jsonl, made by tests/ref/encoder_reference.py golden):
  * 300 real 32-token chunk texts, hard cases (accents, CJK, punctuation, controls, long words,
  * special tokens in the text) and truncation at several lengths. Every case must match exactly. */
 #include <setjmp.h>

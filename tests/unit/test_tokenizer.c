@@ -1,5 +1,5 @@
 /* Unit tests of the tokenizer: every golden case of the real Qwen2.5 and Llama-3.2 tokenizer.json
- * (made with HF `tokenizers` by scripts/make_tokenizer_golden.py) must give the same ids, decode,
+ * (made with HF `tokenizers` by tests/ref/make_tokenizer_golden.py) must give the same ids, decode,
  * decode with skip_special and single-token decodes; round trips; concurrent encodes; error paths.
  *
  * The tokenizers come from $DFM_CACHE/tokenizers/ ('make deps'); a missing one is a FAILURE.
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "tokenizer/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# scripts/gpu_carry.sh — fill .gpu-carry/ with what a bare GPU machine (no network, no apt registry; an image
+# tests/gpu/gpu_carry.sh — fill .gpu-carry/ with what a bare GPU machine (no network, no apt registry; an image
 # with gcc, nvcc and Python, probably Ubuntu 24.04) lacks to build and run dfm: the Debian 12 .deb files of
 # the libraries and tools the Makefile needs, their runtime library dependencies, and the FAISS C API
 # build from $DFM_CACHE. Run it HERE (Debian 12, as root, network), before a GPU session:
 #
-#   bash scripts/gpu_carry.sh            # prints the carry entry to use: .gpu-carry
+#   bash tests/gpu/gpu_carry.sh            # prints the carry entry to use: .gpu-carry
 #
 # then, on the GPU machine, from the repository root (the `run` tool with carry [".gpu-carry"]):
 #
-#   source scripts/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train
+#   source tests/gpu/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train
 #
 # What is carried: every package of UNITS below plus the closure of its Depends/Pre-Depends, minus
 #   - packages every image with gcc has (BASE: libc6, libgcc-s1, libstdc++6, zlib1g, ...);
@@ -16,7 +16,7 @@
 #     mpicc links only -lmpi);
 #   - EXCLUDE: dlopen()ed plugins and tools a one-node run does not need (hwloc's plugins would pull in
 #     X11, libxml2 and ICU; ibverbs-providers are RDMA drivers; openssh-client).
-# .gpu-carry/manifest.tsv tells scripts/gpu_env.sh, per unit, how to tell whether the machine already has
+# .gpu-carry/manifest.tsv tells tests/gpu/gpu_env.sh, per unit, how to tell whether the machine already has
 # it (then the system's is used and nothing is unpacked), which .debs to unpack otherwise, the sonames
 # each .deb ships and the update-alternatives links its postinst would have made.
 set -euo pipefail
@@ -163,7 +163,7 @@ for d in sorted(glob.glob(f"{c}/debs/*.deb")):
 units = [l.split("\t") for l in os.environ["UNITS"].splitlines() if l.strip()]
 in_unit = {p for u in units for p in u[2].split()}
 need = dict(l.rstrip("\n").split("\t") for l in open(f"{c}/needed-by.tsv"))
-out = ["# dfm GPU carry manifest: written by scripts/gpu_carry.sh, read by scripts/gpu_env.sh",
+out = ["# dfm GPU carry manifest: written by tests/gpu/gpu_carry.sh, read by tests/gpu/gpu_env.sh",
        "# U unit probe debs... | S deb soname path | A deb link target"]
 for name, probe, pkgs in units:
     out.append("\t".join(["U", name, probe] + [debs[p] for p in pkgs.split()]))
@@ -195,7 +195,7 @@ for p, deb in sorted(debs.items()):
 open(f"{c}/manifest.tsv", "w").write("\n".join(out) + "\n")
 EOF
 
-# keep the encoder carry (scripts/encoder_carry.sh), which this script does not make
+# keep the encoder carry (tests/gpu/encoder_carry.sh), which this script does not make
 [ -d "$C/encoder" ] && mv "$C/encoder" "$C.tmp/encoder"
 rm -rf "$C"; mv "$C.tmp" "$C"
 git -C "$ROOT" check-ignore -q .gpu-carry/manifest.tsv 2>/dev/null || echo "gpu_carry: WARNING: .gpu-carry/ is not ignored by git"
@@ -203,4 +203,4 @@ size_kb=$(du -sk "$C" | cut -f1)
 echo "gpu_carry: $(ls "$C/debs" | wc -l) .debs + faiss_c-$FAISS_VERSION.tar.gz + manifest.tsv, $((size_kb / 1024)) MiB ($size_kb KiB) in $C"
 [ $((size_kb / 1024)) -lt $LIMIT_MB ] || echo "gpu_carry: WARNING: more than $LIMIT_MB MiB; the tree that travels is limited to 64 MiB"
 echo "gpu_carry: carry entry: .gpu-carry"
-echo "gpu_carry: on the GPU machine: source scripts/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train"
+echo "gpu_carry: on the GPU machine: source tests/gpu/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train"

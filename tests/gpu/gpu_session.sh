@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# scripts/gpu_session.sh — what a session with a GPU machine runs, as one command within its limits.
+# tests/gpu/gpu_session.sh — what a session with a GPU machine runs, as one command within its limits.
 #
-#   OUT=DIR bash scripts/gpu_session.sh [STAGE ...]      stages in order (default: trainer bench encoder)
-#     trainer   make CUDA=1, scripts/gpu_check_trainer.sh without the benchmark: kernel, flash-attention
+#   OUT=DIR bash tests/gpu/gpu_session.sh [STAGE ...]      stages in order (default: trainer bench encoder)
+#     trainer   make CUDA=1, tests/gpu/gpu_check_trainer.sh without the benchmark: kernel, flash-attention
 #               and whole-model parity checkers, end to end CPU vs GPU, determinism
 #     bench     bench/bench_train_gpu.sh: 124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch
-#     encoder   scripts/gpu_check_encoder.sh: the encoder's CUDA path vs its CPU path, and its speed
+#     encoder   tests/gpu/gpu_check_encoder.sh: the encoder's CUDA path vs its CPU path, and its speed
 #
-# For the `device` tool (its README): first, here, `bash scripts/gpu_carry.sh` (libraries, ~23 MiB) and,
-# for the encoder stage, `bash scripts/encoder_carry.sh`; then run with carry [".gpu-carry"]:
-#   bash scripts/gpu_session.sh trainer bench
+# For the `device` tool (its README): first, here, `bash tests/gpu/gpu_carry.sh` (libraries, ~23 MiB) and,
+# for the encoder stage, `bash tests/gpu/encoder_carry.sh`; then run with carry [".gpu-carry"]:
+#   bash tests/gpu/gpu_session.sh trainer bench
 # The whole command stays under DEADLINE_S seconds (default 560, under the tool's 600 s): a stage that
 # would not fit in what is left is skipped and said so. Everything lands in $OUT as at most 8 files:
 # the stages' result files plus session.log and logs.tgz (build logs, per-run logs).
@@ -37,9 +37,9 @@ trap finish EXIT
 [ $# -gt 0 ] || set -- trainer bench encoder
 say "stages: $*; deadline ${DEADLINE_S}s; $(date -u +%FT%TZ); commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1 && say "$(nvidia-smi -L | head -1)" || say "nvidia-smi failed: no GPU?"
-if [ -f scripts/gpu_env.sh ]; then
+if [ -f tests/gpu/gpu_env.sh ]; then
   # shellcheck disable=SC1091
-  source scripts/gpu_env.sh >> "$SLOG" 2>&1 || say "gpu_env.sh reported missing pieces (see above); going on"
+  source tests/gpu/gpu_env.sh >> "$SLOG" 2>&1 || say "gpu_env.sh reported missing pieces (see above); going on"
 fi
 export JOBS=${JOBS:-$(nproc)}
 
@@ -57,9 +57,9 @@ for stage in "$@"; do
       need=200
       [ "$(left)" -ge $need ] || { say "skip trainer: $(left)s left, needs ~${need}s"; worse 2; continue; }
       build
-      say "trainer checks (scripts/gpu_check_trainer.sh, NO_BENCH=1)"
+      say "trainer checks (tests/gpu/gpu_check_trainer.sh, NO_BENCH=1)"
       OUT=$WORK/trainer SKIP_MAKE=$((built == 1 ? 0 : 1)) NO_BENCH=1 CHECK_TIMEOUT=$(( $(left) - 60 )) \
-        timeout $(( $(left) - 20 )) bash scripts/gpu_check_trainer.sh > "$WORK/trainer.out" 2>&1
+        timeout $(( $(left) - 20 )) bash tests/gpu/gpu_check_trainer.sh > "$WORK/trainer.out" 2>&1
       rc=$?; worse $rc
       cp "$WORK"/trainer/gpu_check_trainer_*.txt "$OUT/" 2>/dev/null
       say "trainer: exit $rc; $(grep -c '^PASS' "$WORK/trainer.out") PASS lines, $(grep -c '^FAIL' "$WORK/trainer.out") FAIL lines"
@@ -79,8 +79,8 @@ for stage in "$@"; do
     encoder)
       need=150
       [ "$(left)" -ge $need ] || { say "skip encoder: $(left)s left, needs ~${need}s"; worse 2; continue; }
-      say "encoder check (scripts/gpu_check_encoder.sh)"
-      OUT=$WORK/encoder timeout $(( $(left) - 10 )) bash scripts/gpu_check_encoder.sh > "$WORK/encoder.out" 2>&1
+      say "encoder check (tests/gpu/gpu_check_encoder.sh)"
+      OUT=$WORK/encoder timeout $(( $(left) - 10 )) bash tests/gpu/gpu_check_encoder.sh > "$WORK/encoder.out" 2>&1
       rc=$?; worse $rc
       cp "$WORK"/encoder/gpu_check_encoder.txt "$WORK"/encoder/gpu_check_encoder.json "$OUT/" 2>/dev/null
       say "encoder: exit $rc"

@@ -1,6 +1,6 @@
-#include "opts.h"
+#include "common/opts.h"
 
-#include "error.h"
+#include "common/error.h"
 
 #include <errno.h>
 #include <getopt.h>

@@ -1,7 +1,7 @@
-#include "mpiutil.h"
+#include "common/mpiutil.h"
 
-#include "error.h"
-#include "log.h"
+#include "common/error.h"
+#include "common/log.h"
 
 int dfm_mpi_check_at(int mpi_rc, const char *what, const char *file, int line) {
     if (mpi_rc == MPI_SUCCESS) return DFM_OK;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# scripts/encoder_carry.sh — put into .gpu-carry/encoder/ (git-ignored) what scripts/gpu_check_encoder.sh
+# tests/gpu/encoder_carry.sh — put into .gpu-carry/encoder/ (git-ignored) what tests/gpu/gpu_check_encoder.sh
 # needs of the encoder model on a GPU machine that has no copy of it and no network. Run it HERE, after
-# scripts/gpu_carry.sh (which replaces the whole .gpu-carry/ folder, this one included):
+# tests/gpu/gpu_carry.sh (which replaces the whole .gpu-carry/ folder, this one included):
 #
-#   bash scripts/gpu_carry.sh && bash scripts/encoder_carry.sh      # then the run tool's carry [".gpu-carry"]
+#   bash tests/gpu/gpu_carry.sh && bash tests/gpu/encoder_carry.sh      # then the run tool's carry [".gpu-carry"]
 #
 # The model folder ($DFM_MODEL, default /var/cache/dfm/models/all-MiniLM-L6-v2) holds 90.9 MB of fp32
 # weights; with the ~23 MiB of libraries and the ~4 MB of tracked files, not even an fp16 copy (45.4 MB,
@@ -58,7 +58,7 @@ for p in "${DFM_PYTHON:-}" /var/cache/dfm/venv/bin/python python3; do
   [ -n "$p" ] && "$p" -c "import numpy" 2>/dev/null && { PY=$p; break; }
 done
 [ -n "$PY" ] || die "no Python with numpy (set DFM_PYTHON; 'make deps' makes the venv)"
-[ -f .gpu-carry/manifest.tsv ] || say "note: no .gpu-carry/manifest.tsv yet: run scripts/gpu_carry.sh FIRST (it replaces .gpu-carry/ whole)"
+[ -f .gpu-carry/manifest.tsv ] || say "note: no .gpu-carry/manifest.tsv yet: run tests/gpu/gpu_carry.sh FIRST (it replaces .gpu-carry/ whole)"
 
 # .gpu-carry/ must stay git-ignored (an unignored folder would travel with every run, and be committed)
 EXCL=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)
@@ -88,7 +88,7 @@ fi
 # ---- the weights ---------------------------------------------------------------------------------------
 if [ $MODE != none ]; then
   [ -x "$DFM" ] || make -j2 "$DFM" >/dev/null || die "cannot build $DFM"
-  # the check's texts, built exactly as scripts/gpu_check_encoder.sh builds them, and any KEEP_TEXTS
+  # the check's texts, built exactly as tests/gpu/gpu_check_encoder.sh builds them, and any KEEP_TEXTS
   python3 - "$GOLDEN" "$T/golden.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")][1:]
@@ -231,4 +231,4 @@ say "$C: $(mib "$enc_b") ($MODE weights)"
 say "travels: working tree $(mib "$tree_b") + .gpu-carry/ $(mib "$carry_b") = $(mib "$total") of $LIMIT_MIB MiB"
 [ "$total" -lt $((LIMIT_MIB * 1048576 - 4 * 1048576)) ] ||
   { echo "encoder_carry: WARNING: less than 4 MiB left under the $LIMIT_MIB MiB limit; use the default (pruned) or --no-weights" >&2; }
-say "on the GPU machine (carry [\".gpu-carry\"]): source scripts/gpu_env.sh; OUT=\$OUT bash scripts/gpu_check_encoder.sh"
+say "on the GPU machine (carry [\".gpu-carry\"]): source tests/gpu/gpu_env.sh; OUT=\$OUT bash tests/gpu/gpu_check_encoder.sh"

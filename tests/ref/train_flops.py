@@ -4,9 +4,9 @@
 One formula shared by both sides of bench/bench_train_gpu.sh (dfm-train's CUDA path and the PyTorch peer
 bench/train_gpu_torch.py), so their MFU figures are computed the same way. Standard library only.
 
-    python3 bench/train_flops.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \
+    python3 tests/ref/train_flops.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \
         --ffn 2048 --vocab 50304 --seq-len 1024
-    python3 bench/train_flops.py --mode dfm ... --fusion-layers 3,5,8,11      # prints one JSON line
+    python3 tests/ref/train_flops.py --mode dfm ... --fusion-layers 3,5,8,11      # prints one JSON line
 
 Convention ("model FLOPs", matmuls only; llm.c's train_gpt2.cu `6*N + 6*L*C*T` is the reference):
   - A GEMM of [M,K] x [K,N] is 2*M*N*K FLOPs. Norms, RoPE, softmax, SwiGLU/GELU, sigmoid, residual adds,

@@ -6,9 +6,9 @@
  * emulation is deterministic and races the GPU could have are not exercised. cublasGemmEx is a naive
  * column-major loop (double accumulation; bf16 operands rounded to nearest even). Streams, async copies and
  * allocation are plain host calls. Passing here says the arithmetic and indexing match trainer/ops.c;
- * only a GPU run (scripts/gpu_check_trainer.sh) says the kernels are right on hardware.
+ * only a GPU run (tests/gpu/gpu_check_trainer.sh) says the kernels are right on hardware.
  *
- * Use: force-include this file (-include trainer/host_emu_cuda.h), give the compiler empty cublas_v2.h,
+ * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
  * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite `k<<<cfg>>>(args);` as
  * `emu_launch(emu_cfg(cfg), [&]() { k(args); });` (the test does this with a regular expression).
  */

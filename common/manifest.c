@@ -1,8 +1,8 @@
-#include "manifest.h"
+#include "common/manifest.h"
 
-#include "error.h"
-#include "fsutil.h"
-#include "version.h"
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/version.h"
 
 #include <stdlib.h>
 #include <string.h>

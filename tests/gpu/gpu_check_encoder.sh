@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# scripts/gpu_check_encoder.sh — the encoder's CUDA path on a real GPU, against the CPU path.
+# tests/gpu/gpu_check_encoder.sh — the encoder's CUDA path on a real GPU, against the CPU path.
 # Prepared in a session without a GPU; run it on a GPU machine from the repository root:
 #
-#   source scripts/gpu_env.sh; OUT=/some/dir bash scripts/gpu_check_encoder.sh
+#   source tests/gpu/gpu_env.sh; OUT=/some/dir bash tests/gpu/gpu_check_encoder.sh
 #
-# (on the `run` tool's machine, which has no network and no model: first, here, `bash scripts/gpu_carry.sh &&
-# bash scripts/encoder_carry.sh`, then carry [".gpu-carry"]; or `bash scripts/gpu_session.sh encoder`).
+# (on the `run` tool's machine, which has no network and no model: first, here, `bash tests/gpu/gpu_carry.sh &&
+# bash tests/gpu/encoder_carry.sh`, then carry [".gpu-carry"]; or `bash tests/gpu/gpu_session.sh encoder`).
 #
 # 0. the model folder: $DFM_MODEL if set and present, else /var/cache/dfm/models/all-MiniLM-L6-v2, else the
-#    carried .gpu-carry/encoder (scripts/encoder_carry.sh: the real weights rounded to fp16, the word-embedding
+#    carried .gpu-carry/encoder (tests/gpu/encoder_carry.sh: the real weights rounded to fp16, the word-embedding
 #    rows of tokens the texts below never use set to zero; unpacked into a temporary folder and checked
 #    against its sha256), else, when a folder has the config and tokenizer but no weights (or
 #    ENCODER_WEIGHTS=synthetic), a random model of the config's shape (python3 + numpy). Which weights were
@@ -84,7 +84,7 @@ if [ -z "$SRCDIR" ] || [ "${ENCODER_WEIGHTS:-}" = synthetic ]; then   # no weigh
   for d in ${SRCDIR:+"$SRCDIR"} "${DFM_MODEL:-}" "$DEFAULT_MODEL" "$CARRIED"; do
     [ -n "$d" ] && [ -f "$d/config.json" ] && { [ -f "$d/tokenizer.json" ] || [ -f "$d/vocab.txt" ]; } && { SRCDIR=$d; break; }
   done
-  [ -n "$SRCDIR" ] || stop "no encoder model: neither \$DFM_MODEL (${DFM_MODEL:-unset}), $DEFAULT_MODEL nor $CARRIED holds config.json and a tokenizer. HINT: run 'bash scripts/encoder_carry.sh' before the GPU session and carry .gpu-carry"
+  [ -n "$SRCDIR" ] || stop "no encoder model: neither \$DFM_MODEL (${DFM_MODEL:-unset}), $DEFAULT_MODEL nor $CARRIED holds config.json and a tokenizer. HINT: run 'bash tests/gpu/encoder_carry.sh' before the GPU session and carry .gpu-carry"
   say "-- synthesizing a random model of the shape of $SRCDIR/config.json"
   PYNP=""
   for p in python3 "${DFM_PYTHON:-}" /var/cache/dfm/venv/bin/python; do
@@ -207,7 +207,7 @@ miss = sorted(used - kept) if kept else []
 print(f"carried vocabulary rows: {len(used)} token ids used by the texts, {len(miss)} not carried" + (f": {miss[:20]}" if miss else ""))
 sys.exit(1 if miss else 0)
 EOF
-  [ "${PIPESTATUS[0]}" = 0 ] || stop "the texts use token ids whose word-embedding rows were not carried (zero). HINT: re-run scripts/encoder_carry.sh (KEEP_TEXTS=...) for these texts"
+  [ "${PIPESTATUS[0]}" = 0 ] || stop "the texts use token ids whose word-embedding rows were not carried (zero). HINT: re-run tests/gpu/encoder_carry.sh (KEEP_TEXTS=...) for these texts"
 fi
 
 # ---- 3. is there a GPU? -------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #define DFM_COMMAND(name, fn, summary) int fn(int argc, char **argv);
-#include "commands.def"
+#include "pipeline/commands.def"
 #undef DFM_COMMAND
 
 typedef struct {

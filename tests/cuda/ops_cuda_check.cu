@@ -1,6 +1,6 @@
 // ops_cuda_check.cu — every CUDA kernel of trainer/ops_cuda.h against its CPU twin in trainer/ops.c.
 //
-// A separate program, built by scripts/gpu_check_trainer.sh with -DDFM_OPS_CUDA_CHECK_MAIN (without
+// A separate program, built by tests/gpu/gpu_check_trainer.sh with -DDFM_OPS_CUDA_CHECK_MAIN (without
 // it this file compiles to nothing, so the Makefile's trainer/*.cu glob can include it in dfm-train).
 // Random inputs (fixed seed), the same inputs to both sides; a backward starts from the CPU forward's
 // saved tensors and from random gradient buffers (checking the += convention). For each output:
@@ -25,7 +25,7 @@ extern "C" {
 #include "trainer/ops.h"
 }
 #include "trainer/ops_cuda.h"
-#include "trainer/check_common.h"
+#include "tests/cuda/check_common.h"
 
 #define TOL_FP32 1e-5
 #define TOL_BF16 2e-2

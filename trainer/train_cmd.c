@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "common/mpiutil.h"
 #include "common/opts.h"
-#include "tokenizer/tokenizer.h"
+#include "pipeline/tokenizer/tokenizer.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/commands.h"

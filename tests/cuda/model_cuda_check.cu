@@ -2,7 +2,7 @@
 // (model.h): loss terms, every trainable gradient tensor, evaluation modes, AdamW steps, determinism.
 //
 // A separate program (its body exists only with -DDFM_MODEL_CUDA_CHECK_MAIN, so the Makefile's
-// trainer/*.cu glob compiles it to nothing), built by scripts/gpu_check_trainer.sh for a GPU and by
+// trainer/*.cu glob compiles it to nothing), built by tests/gpu/gpu_check_trainer.sh for a GPU and by
 // tests/py/test_train_cuda_model_emu.py against the host emulation of CUDA (no GPU: CI).
 // Variants: DFM with per-head and per-channel gates (Qwen3 and Llama backbones, predictor fed from a
 // hidden layer, first chunk fused), pretraining with tied and untied heads; each with the reference
@@ -30,7 +30,7 @@ extern "C" {
 }
 #include "trainer/model_cuda.h"
 #include "trainer/ops_cuda.h"
-#include "trainer/check_common.h"
+#include "tests/cuda/check_common.h"
 
 static int g_fail = 0, g_checks = 0;
 static double g_worst[2] = {0, 0};  // fp32, bf16 gradient rel
@@ -257,7 +257,7 @@ static int run_variant(const Variant *va) {
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
-        fprintf(stderr, "model_cuda_check: no CUDA device. HINT: run on a GPU machine (scripts/gpu_check_trainer.sh)\n");
+        fprintf(stderr, "model_cuda_check: no CUDA device. HINT: run on a GPU machine (tests/gpu/gpu_check_trainer.sh)\n");
         printf("RESULT: NO GPU\n");
         return 2;
     }

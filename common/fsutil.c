@@ -1,6 +1,6 @@
-#include "fsutil.h"
+#include "common/fsutil.h"
 
-#include "error.h"
+#include "common/error.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# scripts/gpu_check_trainer.sh — the CUDA trainer on a real GPU, against the CPU reference (issue 8).
+# tests/gpu/gpu_check_trainer.sh — the CUDA trainer on a real GPU, against the CPU reference (issue 8).
 # The one command for a GPU machine (prepared without a GPU; see trainer/README.md, "CUDA path"):
 #
-#   OUT=/some/dir bash scripts/gpu_check_trainer.sh          # build, parity, end to end, benchmark
+#   OUT=/some/dir bash tests/gpu/gpu_check_trainer.sh          # build, parity, end to end, benchmark
 #   NO_BENCH=1 ...                                           # skip the benchmark (bench/bench_train_gpu.sh)
 #   BUILD_ONLY=1 ...                                         # build the CUDA tree and the checkers only
 #   SKIP_MAKE=1 ...                                          # checkers only, their CPU objects compiled here
 #                                                            # (what tests/py/test_train_cuda_check.py runs)
-# On a machine without the project's libraries, first `source scripts/gpu_env.sh` (scripts/gpu_carry.sh
+# On a machine without the project's libraries, first `source tests/gpu/gpu_env.sh` (tests/gpu/gpu_carry.sh
 # prepares what it unpacks).
 #
 # 1. make CUDA=1 BUILD=build-cuda all (if it fails the checkers are still built and run: they need only
@@ -55,7 +55,7 @@ if [ $made = 1 ]; then OBJ=build-cuda/obj
 else  # only what the checkers need: the CPU twins and error.c, compiled into a temp folder
   OBJ=$(mktemp -d /tmp/dfm-gpu-train-XXXXXX); trap 'rm -rf "$OBJ"' EXIT
   mkdir -p "$OBJ/trainer" "$OBJ/pipeline/common"
-  for f in trainer/ops.c trainer/adamw.c trainer/model.c trainer/stack.c pipeline/common/error.c; do
+  for f in trainer/ops.c trainer/adamw.c trainer/model.c trainer/stack.c common/error.c; do
     ${CC:-cc} -std=c11 -O2 -fopenmp -D_GNU_SOURCE -I. -Ipipeline $(pkg-config --cflags openblas 2>/dev/null) \
       -c "$f" -o "$OBJ/${f%.c}.o" >> "$BLOG" 2>&1 ||
       { say "FAIL: compiling $f (see build.log; needs OpenBLAS headers and OpenMP)"; tail -20 "$BLOG" | tee -a "$LOG"; exit 2; }
@@ -69,11 +69,11 @@ build_checker() {  # name macro sources...
   "${NV[@]}" -D"$macro" "$@" -o "$BIN/$name" "${LINK[@]}" >> "$BLOG" 2>&1 ||
     { say "FAIL: building $name (see build.log)"; tail -30 "$BLOG" | tee -a "$LOG"; worse 2; return 1; }
 }
-CPU_OPS=("$OBJ/trainer/ops.o" "$OBJ/trainer/adamw.o" "$OBJ/pipeline/common/error.o")
-build_checker ops_cuda_check DFM_OPS_CUDA_CHECK_MAIN trainer/ops_cuda_check.cu trainer/ops_cuda.cu "${CPU_OPS[@]}"
-build_checker attention_check DFM_ATTN_CUDA_CHECK_MAIN trainer/attention_cuda_check.cu trainer/attention_cuda.cu \
+CPU_OPS=("$OBJ/trainer/ops.o" "$OBJ/trainer/adamw.o" "$OBJ/common/error.o")
+build_checker ops_cuda_check DFM_OPS_CUDA_CHECK_MAIN tests/cuda/ops_cuda_check.cu trainer/ops_cuda.cu "${CPU_OPS[@]}"
+build_checker attention_check DFM_ATTN_CUDA_CHECK_MAIN tests/cuda/attention_cuda_check.cu trainer/attention_cuda.cu \
   "${CPU_OPS[@]}"
-build_checker model_cuda_check DFM_MODEL_CUDA_CHECK_MAIN trainer/model_cuda_check.cu trainer/model_cuda.cu \
+build_checker model_cuda_check DFM_MODEL_CUDA_CHECK_MAIN tests/cuda/model_cuda_check.cu trainer/model_cuda.cu \
   trainer/stack_cuda.cu trainer/attention_cuda.cu trainer/ops_cuda.cu "$OBJ/trainer/model.o" "$OBJ/trainer/stack.o" \
   "${CPU_OPS[@]}"
 [ "${BUILD_ONLY:-0}" = 1 ] && { say "built the checkers in $BIN (BUILD_ONLY=1: not run)"; exit $status; }

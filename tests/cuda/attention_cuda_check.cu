@@ -30,7 +30,7 @@ extern "C" {
 }
 #include "trainer/attention_cuda.h"
 #define CHECK_SEED 0x2545F4914F6CDD1Dull
-#include "trainer/check_common.h"
+#include "tests/cuda/check_common.h"
 
 #define TOL_FP32 1e-5
 #define GUARD 64                 // floats after each device output that no kernel may touch

@@ -1,6 +1,6 @@
-#include "fault.h"
+#include "common/fault.h"
 
-#include "log.h"
+#include "common/log.h"
 
 #include <mpi.h>
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """make_tokenizer_golden.py — golden encode/decode cases for dfm's tokenizer, made with HF `tokenizers`.
 
-    $DFM_PYTHON scripts/make_tokenizer_golden.py [--cache /var/cache/dfm] [--out tests/data/tokenizer]
-    $DFM_PYTHON scripts/make_tokenizer_golden.py --check     # regenerate in memory, compare, exit 1 on drift
+    $DFM_PYTHON tests/ref/make_tokenizer_golden.py [--cache /var/cache/dfm] [--out tests/data/tokenizer]
+    $DFM_PYTHON tests/ref/make_tokenizer_golden.py --check     # regenerate in memory, compare, exit 1 on drift
 
 Writes one JSONL file per tokenizer (tests/data/tokenizer/<name>.golden.jsonl). Line 1 is a header:
     {"golden": 1, "tokenizer": "qwen2.5", "sha256": <tokenizer.json sha256>,

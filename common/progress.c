@@ -1,6 +1,6 @@
-#include "progress.h"
+#include "common/progress.h"
 
-#include "log.h"
+#include "common/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,9 +5,9 @@ Nothing here shares code with the C implementation: the safetensors file is pars
 tokenisation is Hugging Face `tokenizers` itself, and the forward pass is a padded-batch BERT with an
 attention mask in float64 (the C code packs sequences without padding and computes in float32).
 
-    $DFM_PYTHON scripts/encoder_reference.py texts  --n 256 --out texts.jsonl   # real 32-token chunk texts
-    $DFM_PYTHON scripts/encoder_reference.py golden [--out tests/data/encoder/wordpiece.golden.jsonl] [--check]
-    $DFM_PYTHON scripts/encoder_reference.py embed  --texts texts.jsonl --out ref.npy [--max-len N]
+    $DFM_PYTHON tests/ref/encoder_reference.py texts  --n 256 --out texts.jsonl   # real 32-token chunk texts
+    $DFM_PYTHON tests/ref/encoder_reference.py golden [--out tests/data/encoder/wordpiece.golden.jsonl] [--check]
+    $DFM_PYTHON tests/ref/encoder_reference.py embed  --texts texts.jsonl --out ref.npy [--max-len N]
 
 "Real chunk texts" are made the way `dfm chunk` + `dfm encode` make them: GCIDE documents tokenised with
 the LM tokenizer ($DFM_TOKENIZER, Qwen2.5 by default), cut into 32-token chunks, each decoded back to text.

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# scripts/gpu_env.sh — SOURCE this (bash) on a GPU machine that has no network, from the repository root:
+# tests/gpu/gpu_env.sh — SOURCE this (bash) on a GPU machine that has no network, from the repository root:
 #
-#   source scripts/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train
+#   source tests/gpu/gpu_env.sh && make CUDA=1 BUILD=build-cuda build-cuda/dfm-train
 #
-# It makes the libraries and tools that scripts/gpu_carry.sh packed into .gpu-carry/ (the `run` tool's
+# It makes the libraries and tools that tests/gpu/gpu_carry.sh packed into .gpu-carry/ (the `run` tool's
 # carry: [".gpu-carry"]) usable WITHOUT installing anything into /: for each unit of .gpu-carry/manifest.tsv
 # it first asks the machine (pkg-config --exists, a tool on PATH, the sonames in the linker cache); what the
 # machine has is used as is, the rest is unpacked (dpkg-deb -x, else Python) into a private prefix
@@ -70,7 +70,7 @@ _dfm_gpu_env() {
       done <"$m"
       for deb in "${!unpack[@]}"; do
         f=$carry/debs/$deb
-        [ -f "$f" ] || { _dfm_say "missing $f (re-run scripts/gpu_carry.sh)"; rc=1; continue; }
+        [ -f "$f" ] || { _dfm_say "missing $f (re-run tests/gpu/gpu_carry.sh)"; rc=1; continue; }
         if command -v dpkg-deb >/dev/null; then
           dpkg-deb -x "$f" "$P/root" || { _dfm_say "dpkg-deb -x $deb failed"; rc=1; }
         elif [ -n "$python" ]; then   # no dpkg: an .deb is an ar archive holding data.tar.{xz,gz,zst}
@@ -112,12 +112,12 @@ EOF
       if grep -qx faiss "$P/units" && [ -f "$carry"/faiss_c-1.7.3.tar.gz ]; then
         tar -C "$P" -xzf "$carry"/faiss_c-1.7.3.tar.gz || { _dfm_say "cannot unpack faiss_c-1.7.3.tar.gz"; rc=1; }
       elif grep -qx faiss "$P/units"; then
-        _dfm_say "missing $carry/faiss_c-1.7.3.tar.gz (re-run scripts/gpu_carry.sh)"; rc=1
+        _dfm_say "missing $carry/faiss_c-1.7.3.tar.gz (re-run tests/gpu/gpu_carry.sh)"; rc=1
       fi
       [ $rc = 0 ] && echo "$sum" >"$P/.stamp"
     fi
   else
-    _dfm_say "no $m: run 'bash scripts/gpu_carry.sh' here and name .gpu-carry in the run's carry list"
+    _dfm_say "no $m: run 'bash tests/gpu/gpu_carry.sh' here and name .gpu-carry in the run's carry list"
     rc=1
   fi
 

@@ -10,7 +10,7 @@
 #ifndef DFM_PROGRESS_H
 #define DFM_PROGRESS_H
 
-#include "mpiutil.h"
+#include "common/mpiutil.h"
 
 #include <stdint.h>
 
