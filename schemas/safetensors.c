@@ -101,13 +101,15 @@ static int parse_entry(dfm_safetensors *st, const char *name, json_t *v, dfm_st_
                         "%s: tensor \"%s\": data_offsets end %llu is beyond the data buffer (%llu bytes). HINT: the "
                         "file is truncated or corrupt; fetch it again",
                         path, name, (unsigned long long)e, (unsigned long long)st->data_bytes);
-    uint64_t want = t->numel * dfm_st_dtype_size(t->dtype);
-    if (t->end - t->begin != want) {
+    /* numel may be up to 2^62 and the dtype 8 bytes: the product is taken in 128 bits so that a huge shape
+     * claiming a few bytes of storage cannot wrap around to match them */
+    unsigned __int128 want = (unsigned __int128)t->numel * dfm_st_dtype_size(t->dtype);
+    if ((unsigned __int128)(t->end - t->begin) != want) {
         char sh[256];
         shape_str(sh, sizeof sh, t->ndim, t->shape);
         return DFM_FAIL(DFM_EFORMAT, "%s: tensor \"%s\": %llu bytes in data_offsets but dtype %s shape %s needs %llu",
                         path, name, (unsigned long long)(t->end - t->begin), dfm_st_dtype_name(t->dtype), sh,
-                        (unsigned long long)want);
+                        want > UINT64_MAX ? UINT64_MAX : (unsigned long long)want);
     }
     t->data = st->data + t->begin;
     t->file = st;

@@ -532,6 +532,16 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
             return LFAIL(lc, DFM_EFORMAT, "added_tokens[%zu]: needs an integer \"id\" and a string \"content\"", i);
         if ((uint32_t)json_integer_value(id) + 1 > max_id) max_id = (uint32_t)json_integer_value(id) + 1;
     }
+    /* The id tables are indexed by id, so their size must be bounded by what the file holds, not by the
+     * largest id it claims: one added token with id 2^31-1 would otherwise allocate and zero ~50 GB. Real
+     * tokenizers number their entries densely (Qwen2.5, Llama-3: every id below the count is used); a few
+     * holes are allowed. */
+    size_t n_entries = json_object_size(vocab) + json_array_size(added);
+    uint64_t id_bound = 2 * (uint64_t)n_entries + 1024;
+    if (max_id > id_bound)
+        return LFAIL(lc, DFM_EFORMAT, "token id %u is far beyond the %zu entries of model.vocab and added_tokens "
+                     "(ids must stay below 2 x entries + 1024 = %llu). HINT: the file is corrupt or crafted; use "
+                     "the tokenizer.json published with the model", max_id - 1, n_entries, (unsigned long long)id_bound);
     DFM_TRY(grow_ids(tok, max_id));
     size_t n_vocab = 0;
     json_object_foreach(vocab, k, v) {

@@ -186,6 +186,15 @@ static void test_reject_bad_offsets(void **state) {
     p = write_raw("sz.safetensors", ~0ull, "{\"a\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,4]}}", 4);
     assert_int_equal(open_rc(p, "needs 6"), DFM_EFORMAT);
     free(p);
+    /* a huge shape whose byte count wraps around 2^64 to the 0 bytes it claims */
+    p = write_raw("wrap.safetensors", ~0ull,
+                  "{\"a\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,0]}}", 0);
+    assert_int_equal(open_rc(p, "needs"), DFM_EFORMAT);
+    free(p);
+    p = write_raw("wrap8.safetensors", ~0ull,
+                  "{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,0]}}", 0);
+    assert_int_equal(open_rc(p, "needs"), DFM_EFORMAT);
+    free(p);
     /* begin > end */
     p = write_raw("be.safetensors", ~0ull, "{\"a\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4);
     assert_int_equal(open_rc(p, "begin <= end"), DFM_EFORMAT);

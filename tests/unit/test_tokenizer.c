@@ -559,6 +559,12 @@ static void test_errors(void **state) {
     load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Removed\"},"
                 "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
                 DFM_EUNSUPPORTED, "Removed", "pre_tokenizer");
+    /* an id far beyond the entries the file holds is refused before any table is sized by it */
+    load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB
+                ",\"merges\":[]},\"added_tokens\":[{\"id\":2147483647,\"content\":\"<x>\"}]}",
+                DFM_EFORMAT, "far beyond", "2147483647");
+    load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":5000000}"
+                ",\"merges\":[]}}", DFM_EFORMAT, "far beyond", "5000000");
 }
 
 /* Merges as "a b" strings and as [a, b] pairs give the same model; ignore_merges=true emits a
