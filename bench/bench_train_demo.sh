@@ -16,7 +16,7 @@ THREADS=${THREADS:-2} PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-300}
 T=${T:-128} L=${L:-16}
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-demo-train-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
 if [ -z "${DATA:-}" ]; then
-  "$DFM_TRAIN" synth --out "$W/data" --vocab 512 --topics 16 --seq-len "$T" --chunk-len "$L" --seqs 800 \
+  "$DFM_TRAIN" synth --out "$W/data" --vocab 512 --keys 16 --seq-len "$T" --chunk-len "$L" --seqs 800 \
     --slots 4 --d-mem 32
   DATA=$W/data/tokens.bin TARGETS=$W/data/targets.bin
 fi
