@@ -1,5 +1,6 @@
-/* dfm-train — the DFM trainer (CPU fp32 reference path): pretrain a small backbone, train the DFM
- * memory modules on top of a frozen one, evaluate, generate. 'dfm-train COMMAND --help' for each. */
+/* dfm-train — the DFM trainer (CPU fp32 reference; CUDA engine with --device cuda): pretrain a small
+ * backbone, train the DFM memory modules on top of a frozen one, evaluate, generate. 'dfm-train COMMAND
+ * --help' for each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@ static const command commands[] = {
 };
 
 static void usage(FILE *out) {
-    fprintf(out, "dfm-train — Deep Fusion Memory trainer (CPU fp32 reference)\n\nusage: dfm-train COMMAND [options]\n\n"
+    fprintf(out, "dfm-train — Deep Fusion Memory trainer (CPU fp32 reference; CUDA engine with --device cuda)\n\nusage: dfm-train COMMAND [options]\n\n"
                  "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);

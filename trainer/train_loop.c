@@ -1,0 +1,355 @@
+/* train_loop.c — the training loop and held-out evaluation (see train_loop.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/mpiutil.h"
+#include "trainer/adamw.h"
+#include "trainer/checkpoint.h"
+#include "trainer/flops.h"
+#include "trainer/model_config.h"
+#include "trainer/model_setup.h"
+#include "trainer/train_loop.h"
+
+/* ---- evaluation -------------------------------------------------------------------------------------- */
+int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
+                    long max_batches, int modes, EvalResult *r) {
+    memset(r, 0, sizeof *r);
+    int T = ds->T, L = m->dc.enabled ? m->dc.chunk_len : T, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
+    int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
+    size_t S = (size_t)B * NC * K;
+    int use_t = m->dc.enabled && ds->tgt;
+    float *tmem = use_t ? malloc(S * d * sizeof(float)) : NULL;
+    uint8_t *tmask = use_t ? malloc(S) : NULL;
+    size_t *idx = malloc(B * sizeof(size_t));
+    int rc = DFM_OK;
+    long nb = (long)(count / B);
+    if (max_batches > 0 && nb > max_batches) nb = max_batches;
+    if (nb < 1) {
+        rc = DFM_FAIL(DFM_EARG, "held-out split of %zu sequences is smaller than one batch of %d. HINT: --val-seqs",
+                      count, B);
+        nb = 0;
+    }
+    for (long i = 0; i < nb && !rc; i++) {
+        for (int b = 0; b < B; b++) idx[b] = first + (size_t)i * B + b;
+        rc = pf ? prefetch_data_batch(pf, idx, B, L, inp, tgt, tmem, tmask)
+                : data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
+        if (rc) break;
+        if (!m->dc.enabled) {
+            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
+            r->ce_none += m->ce;
+            continue;
+        }
+        rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, 0, 1.0f);
+        r->ce_pred += m->ce;
+        r->mse += m->mse;
+        r->cos += m->cos;
+        if (!rc && (modes & 2)) {
+            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
+            r->ce_none += m->ce;
+        }
+        if (!rc && (modes & 4) && use_t) {
+            rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_TARGET, 0, 1.0f);
+            r->ce_target += m->ce;
+        }
+    }
+    if (nb > 0) {
+        r->ce_pred /= nb;
+        r->ce_none /= nb;
+        r->ce_target /= nb;
+        r->mse /= nb;
+        r->cos /= nb;
+    }
+    r->n_batches = nb;
+    free(inp), free(tgt), free(tmem), free(tmask), free(idx);
+    return rc;
+}
+
+void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t) {
+    if (m->dc.enabled) {
+        char tbuf[32] = "n/a (no targets)";
+        if (has_t) snprintf(tbuf, sizeof tbuf, "%.4f", e->ce_target);
+        DFM_LOG_I("eval step %ld (%ld batches): CE predicted memory %.4f | fusion off %.4f | target memory %s | "
+                  "MSE %.4f | cosine %.4f",
+                  step, e->n_batches, e->ce_pred, e->ce_none, tbuf, e->mse, e->cos);
+    } else {
+        DFM_LOG_I("eval step %ld (%ld batches): CE %.4f (ppl %.2f)", step, e->n_batches, e->ce_none, exp(e->ce_none));
+    }
+    if (logf) {
+        if (m->dc.enabled)
+            fprintf(logf,
+                    "{\"step\": %ld, \"eval\": {\"ce_pred\": %.6f, \"ce_none\": %.6f, \"ce_target\": %.6f, \"mse\": %.6f, "
+                    "\"cos\": %.6f, \"batches\": %ld}}\n",
+                    step, e->ce_pred, e->ce_none, has_t ? e->ce_target : NAN, e->mse, e->cos, e->n_batches);
+        else
+            fprintf(logf, "{\"step\": %ld, \"eval\": {\"ce\": %.6f, \"batches\": %ld}}\n", step, e->ce_none,
+                    e->n_batches);
+        fflush(logf);
+    }
+}
+
+/* ---- the training loop ---------------------------------------------------------------------------------- */
+/* Data parallel over MPI ranks: every rank draws the same global order; micro-batch a of a step takes
+ * sequences [(a*W + r)*B, (a*W + r + 1)*B) of the step's accum*W*B for rank r of W. Gradients are
+ * summed (engine_allreduce_grads: a fixed order for a fixed rank count) and divided by W, so a run on W
+ * ranks with batch B equals a single-rank run with batch W*B up to the summation order.
+ * A loader thread (prefetch.h) reads batches ahead; the next micro-batch's copy to the device is started
+ * before the current one's backward, so it overlaps compute. "stall" in the log is the fraction of the
+ * step spent waiting for data. */
+
+/* One training run's state. */
+typedef struct {
+    DfmModel *m;
+    DataSet *ds;
+    const TrainOpts *o;
+    dfm_mpi mp;
+    EngineOptions eo;
+    Engine *en;
+    Loader ld;
+    Prefetcher *pf;
+    PrefetchBatch *cur; /* staged on the device for the next forward, or NULL */
+    FILE *logf;         /* rank 0's JSONL log, or NULL */
+    AdamWConfig ac;
+    int B, T, L, use_t;
+    size_t ntrain, nval, np;
+    long step0;
+    uint64_t done_epoch, done_pos; /* loader position after the last consumed batch */
+    double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
+} Trainer;
+
+/* One optimizer step's figures. */
+typedef struct {
+    double loss, ce, mse, grad_norm, stall;
+} StepStats;
+
+static json_t *run_config(const DfmModel *m, const TrainOpts *o) {
+    return json_pack("{s:o, s:o, s:o, s:o}", "backbone", backbone_config_to_hf(&m->bc), "dfm",
+                     dfm_config_to_json(&m->dc), "train", train_opts_json(o), "backbone_hash",
+                     m->dc.enabled ? setup_backbone_hash(m) : json_string("trained"));
+}
+
+/* peak FLOP/s for MFU: --peak-tflops, else the H100/H200 SXM dense figures on a GPU; 0 on the CPU */
+static double peak_flops(const TrainOpts *o, const EngineOptions *eo) {
+    if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
+    if (!eo->cuda) return 0.0;
+    return eo->bf16 ? 989.4e12 : 66.9e12;
+}
+
+/* --resume: parameters, AdamW moments and the loader position from the checkpoint, which must have been
+ * written with the same configuration and backbone. */
+static int trainer_resume(Trainer *t) {
+    const TrainOpts *o = t->o;
+    CkptInfo ci;
+    json_t *saved = NULL;
+    float *hp, *h1, *h2;
+    engine_host_state(t->en, &hp, &h1, &h2);
+    DFM_TRY(ckpt_load(o->resume, &ci, &saved, hp, h1, h2, t->np));
+    json_t *now = run_config(t->m, o);
+    const char *parts[4] = {"backbone", "dfm", "train", "backbone_hash"};
+    int rc = DFM_OK;
+    for (int i = 0; i < 4 && !rc; i++)
+        if (!json_equal(json_object_get(saved, parts[i]), json_object_get(now, parts[i])))
+            rc = DFM_FAIL(DFM_EMISMATCH, "%s was written with another %s configuration. HINT: resume with the "
+                          "same flags and backbone as the run that wrote it", o->resume, parts[i]);
+    json_decref(saved);
+    json_decref(now);
+    if (rc) return rc;
+    if ((int)ci.mode != t->m->dc.enabled)
+        return DFM_FAIL(DFM_EMISMATCH, "%s is a %s checkpoint", o->resume, ci.mode ? "DFM" : "pretraining");
+    DFM_TRY(engine_load_state(t->en));
+    t->step0 = (long)ci.step;
+    loader_seek(&t->ld, ci.epoch, ci.pos);
+    t->done_epoch = ci.epoch, t->done_pos = ci.pos;
+    DFM_LOG_I("resumed from %s at step %ld (epoch %llu, position %llu)", o->resume, t->step0,
+              (unsigned long long)ci.epoch, (unsigned long long)ci.pos);
+    return DFM_OK;
+}
+
+/* Stage the next prefetched micro-batch on the device; its wait for data is added to *stall. */
+static int stage_next(Trainer *t, double *stall) {
+    double waited = 0.0;
+    PrefetchBatch *nxt = NULL;
+    int rc = prefetch_next(t->pf, &nxt, &waited);
+    *stall += waited;
+    if (!rc) rc = engine_stage(t->en, nxt->inputs, nxt->targets, nxt->tmem, nxt->tmask, t->B, t->T);
+    t->cur = nxt;
+    return rc;
+}
+
+/* Forward and backward of --accum micro-batches, gradients summed over the ranks; the mean losses into s.
+ * more_after: a batch follows this step without an evaluation between (then the last micro-batch's
+ * backward overlaps the next one's copy). */
+static int accumulate(Trainer *t, int more_after, StepStats *s) {
+    const TrainOpts *o = t->o;
+    DfmModel *m = t->m;
+    int rc = engine_zero_grad(t->en);
+    for (int a = 0; a < o->accum && !rc; a++) {
+        if (!t->cur) { /* first micro-batch of the run (later ones were staged during the previous backward) */
+            if ((rc = stage_next(t, &s->stall))) break;
+        }
+        rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, m->dc.enabled ? MEM_PREDICTED : MEM_NONE, 1,
+                            1.0f / (float)o->accum);
+        t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
+        prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
+        t->cur = NULL;
+        /* (not across an evaluation: its forwards would consume the staged batch first) */
+        if (!rc && (a + 1 < o->accum || more_after)) rc = stage_next(t, &s->stall); /* overlaps this backward */
+        if (!rc) rc = engine_backward(t->en);
+        s->loss += m->loss / o->accum;
+        s->ce += m->ce / o->accum;
+        s->mse += m->mse / o->accum;
+    }
+    DFM_TRY(dfm_mpi_agree(&t->mp, rc));
+    int W = t->mp.size;
+    if (W > 1) {
+        double parts[3] = {s->loss, s->ce, s->mse};
+        DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        s->loss = parts[0] / W;
+        s->ce = parts[1] / W;
+        s->mse = parts[2] / W;
+    }
+    return DFM_OK;
+}
+
+/* One optimizer step: accumulate, clip the gradient norm, AdamW at the scheduled learning rate. */
+static int train_step(Trainer *t, long step, int more_after, StepStats *s) {
+    const TrainOpts *o = t->o;
+    memset(s, 0, sizeof *s);
+    DFM_TRY(accumulate(t, more_after, s));
+    DFM_TRY(engine_grad_norm(t->en, &s->grad_norm));
+    double gn = s->grad_norm;
+    if (!isfinite(gn)) return DFM_FAIL(DFM_ERANGE, "gradient norm is %f at step %ld. HINT: lower --lr", gn, step);
+    if (o->clip > 0 && gn > o->clip) DFM_TRY(engine_grad_scale(t->en, (float)(o->clip / gn)));
+    t->ac.lr = lr_schedule(step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr_frac);
+    return engine_adamw(t->en, &t->ac, step + 1);
+}
+
+/* The step's line in the log (rank 0) and in the JSONL log; dt: its seconds. */
+static void log_step(const Trainer *t, long step, const StepStats *s, double dt) {
+    const TrainOpts *o = t->o;
+    int W = t->mp.size;
+    double tps = (double)o->accum * W * t->B * t->T / dt;
+    double mfu = t->peak > 0 ? tps * t->fpt / (W * t->peak) : NAN;
+    char mfus[32] = "";
+    char mfus_json[32] = "null";
+    if (t->peak > 0) {
+        snprintf(mfus, sizeof mfus, " | MFU %.1f%%", 100.0 * mfu);
+        snprintf(mfus_json, sizeof mfus_json, "%.4f", mfu);
+    }
+    float lr = t->ac.lr;
+    if (t->mp.rank) {
+    } else if (t->m->dc.enabled)
+        DFM_LOG_I("step %5ld/%lld | loss %.4f (ce %.4f mse %.4f) | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% "
+                  "| %.0f ms",
+                  step + 1, (long long)o->steps, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, mfus,
+                  100.0 * s->stall / dt, dt * 1e3);
+    else
+        DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% | %.0f ms",
+                  step + 1, (long long)o->steps, s->loss, lr, s->grad_norm, tps, mfus, 100.0 * s->stall / dt, dt * 1e3);
+    if (t->logf) {
+        fprintf(t->logf,
+                "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s}\n",
+                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json);
+        fflush(t->logf);
+    }
+}
+
+/* Parameters back to the host (every rank: the final export reads them) and, on rank 0 unless
+ * --no-ckpt, OUT/ckpt_STEP.bin or OUT/ckpt_final.bin. */
+static int save_checkpoint(Trainer *t, long step, int last) {
+    float *hp, *h1, *h2;
+    DFM_TRY(engine_sync_host(t->en, &hp, &h1, &h2));
+    if (t->mp.rank != 0 || t->o->no_ckpt) return DFM_OK;
+    CkptInfo ci = {.mode = (uint32_t)t->m->dc.enabled, .step = (uint64_t)step + 1, .epoch = t->done_epoch,
+                   .pos = t->done_pos, .n_params = t->np};
+    char name[64];
+    snprintf(name, sizeof name, last ? "ckpt_final.bin" : "ckpt_%06ld.bin", step + 1);
+    char *cp = dfm_path_join(t->o->out, name);
+    json_t *cfg = run_config(t->m, t->o);
+    int rc = ckpt_save(cp, &ci, cfg, hp, h1, h2);
+    json_decref(cfg);
+    if (!rc) DFM_LOG_I("checkpoint %s", cp);
+    free(cp);
+    return rc;
+}
+
+/* The steps from t->step0 to --steps, with evaluations and checkpoints. */
+static int run_steps(Trainer *t) {
+    const TrainOpts *o = t->o;
+    int rc = DFM_OK;
+    for (long step = t->step0; step < o->steps && !rc; step++) {
+        double t0 = dfm_now();
+        int last = step + 1 == o->steps;
+        int eval_now = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
+        StepStats s;
+        if ((rc = train_step(t, step, !last && !eval_now, &s))) break;
+        log_step(t, step, &s, dfm_now() - t0);
+        if (eval_now) {
+            EvalResult e;
+            rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, 7, &e);
+            if (rc) break;
+            eval_print(t->logf, step + 1, t->m, &e, t->use_t);
+        }
+        if (last || (!o->no_ckpt && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0))
+            rc = save_checkpoint(t, step, last);
+    }
+    return rc;
+}
+
+/* Loader (and --resume), the prefetching threads, the log file; then the steps. */
+static int trainer_run(Trainer *t) {
+    const TrainOpts *o = t->o;
+    DfmModel *m = t->m;
+    model_trainable_params(m, &t->np);
+    DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
+    if (o->resume) DFM_TRY(trainer_resume(t));
+    PrefetchAllocator pa = engine_host_allocator(t->en);
+    int lt = o->loader_threads > 0 ? (int)o->loader_threads : (t->eo.cuda ? 4 : 1);
+    DFM_TRY(prefetch_start(&t->pf, t->ds, &t->ld, t->B, t->L, t->use_t, t->mp.rank, t->mp.size, (int)o->prefetch, lt,
+                           pa.alloc ? &pa : NULL));
+    char *logpath = o->log ? strdup(o->log) : dfm_path_join(o->out, "log.jsonl");
+    t->logf = t->mp.rank ? NULL : fopen(logpath, o->resume ? "a" : "w");
+    if (!t->logf && !t->mp.rank) DFM_LOG_W("cannot write the log %s; going on without it", logpath);
+    free(logpath);
+    t->ac = (AdamWConfig){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = (float)o->beta2, .eps = 1e-8f,
+                          .weight_decay = (float)o->wd};
+    t->fpt = model_train_flops_per_token(m, t->T);
+    t->peak = peak_flops(o, &t->eo);
+    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens on %d rank(s); %.7g GFLOP per token",
+              t->np, m->dc.enabled ? "DFM modules; backbone frozen" : "backbone", (long long)o->steps,
+              (long long)o->accum, t->B, t->T, t->mp.size, t->fpt / 1e9);
+    return run_steps(t);
+}
+
+int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
+    Trainer t;
+    memset(&t, 0, sizeof t);
+    t.m = m, t.ds = ds, t.o = o;
+    DFM_TRY(dfm_mpi_init(NULL, NULL, &t.mp));
+    *rank = t.mp.rank;
+    t.B = (int)o->batch, t.T = (int)o->seq_len, t.L = m->dc.enabled ? m->dc.chunk_len : t.T;
+    t.use_t = m->dc.enabled && ds->tgt;
+    t.nval = train_held_out(o, ds);
+    if (t.nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
+                                             "HINT: --val-seqs or more data", ds->n_seq, t.nval);
+    if (o->prefetch < 2) return DFM_FAIL(DFM_EARG, "--prefetch %lld: at least 2", (long long)o->prefetch);
+    t.ntrain = ds->n_seq - t.nval;
+    DFM_LOG_I("split: %zu training sequences, %zu held out (the last ones)", t.ntrain, t.nval);
+    DFM_TRY(train_engine_options(o, &t.eo));
+    int rc = dfm_mpi_agree(&t.mp, engine_create(m, &t.eo, &t.mp, &t.en));
+    if (!rc) {
+        DFM_LOG_I("engine: %s", engine_describe(t.en));
+        rc = trainer_run(&t);
+    }
+    if (t.logf) fclose(t.logf);
+    engine_free(t.en); /* first: it waits for the device, which may still read a staged pinned buffer */
+    prefetch_stop(t.pf);
+    loader_free(&t.ld);
+    return rc;
+}

@@ -1,0 +1,38 @@
+/* train_loop.h — dfm-train's training loop and held-out evaluation, written once against engine.h
+ * (CPU or CUDA) and data parallel over MPI ranks. */
+#ifndef DFM_TRAINER_TRAIN_LOOP_H
+#define DFM_TRAINER_TRAIN_LOOP_H
+
+#include <stdio.h>
+
+#include "trainer/data.h"
+#include "trainer/engine.h"
+#include "trainer/model.h"
+#include "trainer/prefetch.h"
+#include "trainer/train_opts.h"
+
+/* Mean held-out losses over n_batches batches. */
+typedef struct {
+    double ce_pred, ce_none, ce_target, mse, cos;
+    long n_batches;
+} EvalResult;
+
+/* Held-out evaluation of sequences [first, first + count) in batches of B (at most max_batches; <= 0 =
+ * all) on en's device. modes: bit 1 predicted memory, bit 2 fusion off, bit 4 target memory (when ds
+ * has targets); a pretraining model always gives ce_none. Data is read through pf's lock when loader
+ * threads run (pf may be NULL). DFM_EARG when count is smaller than one batch. */
+int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
+             long max_batches, int modes, EvalResult *r);
+
+/* Logs e at step, and appends it to logf as one JSON line when logf is not NULL. has_t: the data has
+ * targets (else ce_target is reported as n/a / NaN). */
+void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t);
+
+/* Trains m's trainable parameters (the DFM modules, or the whole backbone of a pretraining model) on
+ * ds for --steps optimizer steps, holding out the last train_held_out() sequences, evaluating every
+ * --eval-every steps and at the end, and writing checkpoints to --out (--ckpt-every, and
+ * ckpt_final.bin unless --no-ckpt) and the JSONL log. --resume continues bit-identically. On return
+ * m holds the final parameters on the host; *rank is this process's MPI rank (only rank 0 writes). */
+int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank);
+
+#endif
