@@ -165,9 +165,9 @@ sys.exit(1 if errors else 0)
 PY
 }
 
-DOCS=(README.md docs/ARCHITECTURE.md jobs/README.md encoder/README.md retriever/README.md)
-( cd "$DFM_ROOT" && check_names "${DOCS[@]/#/$DFM_ROOT/}" ) ||
-  fail "the docs above name commands or flags that the programs do not have"
+cd "$DFM_ROOT"
+DOCS=(README.md BENCHMARKS.md docs/ARCHITECTURE.md */README.md schemas/*.md)
+check_names "${DOCS[@]/#/$DFM_ROOT/}" || fail "the docs above name commands or flags that the programs do not have"
 ok "every command, flag and config key named in ${DOCS[*]} exists"
 
 # the check must be able to fail: a made-up command, flags and config keys, each reported
