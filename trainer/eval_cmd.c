@@ -11,6 +11,7 @@
 #include "trainer/commands.h"
 #include "trainer/model_setup.h"
 #include "trainer/train_loop.h"
+#include "trainer/vocab_map.h"
 
 /* The held-out split of ds on the engine --device selects; the result logged and printed. */
 static int eval_held_out(const TrainOpts *o, DfmModel *m, DataSet *ds) {
@@ -67,6 +68,7 @@ int cmd_eval(int argc, char **argv) {
     }
     if (!rc) train_set_threads(o.threads);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc) rc = vocab_map_apply_backbone(o.backbone, &ds);
     if (!rc && o.targets) rc = train_open_targets(&o, &ds);
     if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
     if (!rc) rc = setup_load_modules(m, o.modules);

@@ -10,6 +10,7 @@
 #include "trainer/commands.h"
 #include "trainer/generate.h"
 #include "trainer/model_setup.h"
+#include "trainer/vocab_map.h"
 
 static int parse_ids(const char *s, int **ids, int *n) {
     int cap = 16;
@@ -88,13 +89,16 @@ int cmd_generate(int argc, char **argv) {
         dfm_opts_free(opts);
         return 0;
     }
-    int *ids = NULL, n = 0;
+    int *ids = NULL, n = 0, compact = 0;
     dfm_tokenizer *tok = NULL;
     DfmModel *m = NULL;
+    VocabMap vm = {0};
     if (!rc && !o.backbone) rc = DFM_FAIL(DFM_EARG, "--backbone is required");
     if (!rc) train_set_threads(o.threads);
     if (!rc && tokenizer) rc = dfm_tokenizer_load(tokenizer, &tok);
     if (!rc) rc = prompt_ids(prompt_list, prompt, tok, &ids, &n);
+    if (!rc) rc = vocab_map_load(o.backbone, &vm, &compact); /* a compact-vocabulary backbone: ids in and out */
+    if (!rc && compact) rc = vocab_map_to_compact(&vm, ids, (size_t)n, "prompt");
     int L = (int)o.chunk_len;
     if (!rc && o.modules) {
         DfmConfig mc;
@@ -111,8 +115,10 @@ int cmd_generate(int argc, char **argv) {
         memcpy(seq, ids, n * sizeof(int));
         rc = generate_greedy(m, seq, n, total, T, (int)no_memory);
     }
+    if (!rc && compact) vocab_map_to_source(&vm, seq, (size_t)total);
     if (!rc) print_answer(seq, n, total, tok, prompt);
     free(seq), free(ids);
+    vocab_map_free(&vm);
     dfm_tokenizer_free(tok);
     model_free(m);
     dfm_opts_free(opts);

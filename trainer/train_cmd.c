@@ -12,12 +12,15 @@
 #include "trainer/hf_model.h"
 #include "trainer/model_setup.h"
 #include "trainer/train_loop.h"
+#include "trainer/vocab_map.h"
 
 int cmd_pretrain(int argc, char **argv) {
     TrainOpts o;
     memset(&o, 0, sizeof o);
+    int compact = 0;
     dfm_opt opts[] = {
         TRAIN_OPTS_COMMON(&o),
+        {"compact-vocab", DFM_OPT_FLAG, &compact, NULL, NULL, "train on the ids the data uses, numbered densely; the map is saved as OUT/model/vocab_map.bin (trainer/vocab_map.h)", 0},
         {"arch", DFM_OPT_STR, &o.arch, "qwen3", "NAME", "qwen3 (QK-norm) or llama", 0},
         {"layers", DFM_OPT_INT, &o.layers, "4", "N", "decoder layers", 0},
         {"hidden", DFM_OPT_INT, &o.hidden, "128", "C", "hidden size", 0},
@@ -44,11 +47,14 @@ int cmd_pretrain(int argc, char **argv) {
     memset(&ds, 0, sizeof ds);
     DfmModel *m = NULL;
     BackboneConfig bc;
+    VocabMap vm = {0};
     int rank = 0;
     if (!rc && !o.data) rc = DFM_FAIL(DFM_EARG, "--data is required");
     if (!rc) train_set_threads(o.threads);
     if (!rc) rc = dfm_mkdir_p(o.out);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc && compact) rc = vocab_map_compact_data(&ds, &vm);
+    if (!rc && compact && !o.vocab) o.vocab = vm.n; /* exactly the ids used: no row that maps back to nothing */
     if (!rc) rc = setup_pretrain_config(&o, &ds, &bc);
     if (!rc) {
         DfmConfig dc;
@@ -65,10 +71,12 @@ int cmd_pretrain(int argc, char **argv) {
     if (!rc && rank == 0) {
         char *dir = dfm_path_join(o.out, "model");
         rc = hf_save_backbone(m, dir);
+        if (!rc && compact) rc = vocab_map_save(&vm, dir);
         if (!rc) DFM_LOG_I("saved the backbone as a Hugging Face folder: %s", dir);
         free(dir);
     }
     model_free(m);
+    vocab_map_free(&vm);
     data_close(&ds);
     dfm_opts_free(opts);
     return rc;
@@ -105,6 +113,7 @@ int cmd_train(int argc, char **argv) {
     if (!rc) train_set_threads(o.threads);
     if (!rc) rc = dfm_mkdir_p(o.out);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc) rc = vocab_map_apply_backbone(o.backbone, &ds);
     if (!rc) rc = train_open_targets(&o, &ds);
     if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
     if (!rc && (uint32_t)m->bc.vocab_size <= ds.max_token)
