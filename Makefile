@@ -45,7 +45,8 @@ FAISS_LIB ?= /usr/lib/x86_64-linux-gnu/libfaiss.a
 FAISS_C_INCLUDE ?= /usr/include
 
 INCS := -I$(ROOT) -I$(FAISS_C_INCLUDE)
-CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -D_GNU_SOURCE -fPIC -MMD -MP \
+# -Wno-missing-field-initializers: option-table rows (common/opts.h) leave out the limits they do not use
+CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation -D_GNU_SOURCE -fPIC -MMD -MP \
           -pthread -fopenmp $(INCS) $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) $(PKG_LIBS) -lgomp -lstdc++ -lm -pthread
 LDFLAGS := $(SANFLAGS) -fopenmp

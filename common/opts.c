@@ -18,36 +18,104 @@ static int opt_count(const dfm_opt *o) {
     return n;
 }
 
-static int set_from_text(dfm_opt *o, const char *val, const char *origin) {
+/* An integer with an optional k/M/G suffix (--block 64k); 0 when the whole text is one. */
+static int parse_int(const char *val, long long *out) {
     char *end = NULL;
+    errno = 0;
+    long long v = strtoll(val, &end, 0);
+    if (end && *end && !errno) {
+        long long mul = (*end == 'k' || *end == 'K') ? 1000LL : (*end == 'M') ? 1000000LL : (*end == 'G') ? 1000000000LL : 0;
+        if (mul && end[1] == 0) { v *= mul; end++; }
+    }
+    if (errno || !end || *end || end == val) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_double(const char *val, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (errno || !end || *end || end == val) return -1;
+    *out = v;
+    return 0;
+}
+
+/* What the table allows for o, for messages and --help ("1 to 64", "at least 1", "one of cpu|cuda"); ""
+ * when it declares nothing. */
+static const char *limits_text(const dfm_opt *o, char *buf, size_t n) {
+    if (o->choices) snprintf(buf, n, "one of %s", o->choices);
+    else if (o->min && o->max) snprintf(buf, n, "%s to %s", o->min, o->max);
+    else if (o->min) snprintf(buf, n, "at least %s", o->min);
+    else if (o->max) snprintf(buf, n, "at most %s", o->max);
+    else buf[0] = 0;
+    return buf;
+}
+
+/* The table's limits fit the option's type and parse. */
+static int check_table(const dfm_opt *o) {
+    int numeric = o->type == DFM_OPT_INT || o->type == DFM_OPT_DOUBLE;
+    long long i;
+    double d;
+    if ((o->min || o->max) && !numeric)
+        return DFM_FAIL(DFM_EINTERNAL, "option table: --%s has min/max but is not a number", o->name);
+    if (o->choices && o->type != DFM_OPT_STR)
+        return DFM_FAIL(DFM_EINTERNAL, "option table: --%s has choices but is not a string", o->name);
+    const char *b[2] = {o->min, o->max};
+    for (int k = 0; k < 2; k++)
+        if (b[k] && (o->type == DFM_OPT_INT ? parse_int(b[k], &i) : parse_double(b[k], &d)))
+            return DFM_FAIL(DFM_EINTERNAL, "option table: --%s has a bound '%s' that does not parse", o->name, b[k]);
+    return DFM_OK;
+}
+
+static int is_choice(const char *choices, const char *val) {
+    size_t n = strlen(val);
+    for (const char *c = choices; c; c = strchr(c, '|'), c = c ? c + 1 : NULL)
+        if (!strncmp(c, val, n) && (c[n] == '|' || c[n] == 0)) return 1;
+    return 0;
+}
+
+/* The value o now holds (set from text val) against the table's limits (check_table has passed). */
+static int check_limits(const dfm_opt *o, const char *val, const char *origin) {
+    int ok = 1;
+    if (o->type == DFM_OPT_STR && o->choices) ok = is_choice(o->choices, val);
+    if (o->type == DFM_OPT_INT) {
+        long long v = *(int64_t *)o->dest, b;
+        if (o->min && !parse_int(o->min, &b) && v < b) ok = 0;
+        if (o->max && !parse_int(o->max, &b) && v > b) ok = 0;
+    }
+    if (o->type == DFM_OPT_DOUBLE) {
+        double v = *(double *)o->dest, b;
+        if (o->min && !parse_double(o->min, &b) && !(v >= b)) ok = 0;
+        if (o->max && !parse_double(o->max, &b) && !(v <= b)) ok = 0;
+    }
+    if (ok) return DFM_OK;
+    char lim[160];
+    return DFM_FAIL(DFM_EARG, "--%s %s (%s): allowed %s", o->name, val, origin, limits_text(o, lim, sizeof lim));
+}
+
+static int set_from_text(dfm_opt *o, const char *val, const char *origin) {
     switch (o->type) {
     case DFM_OPT_STR: {
         char **d = o->dest;
         free(*d);
         *d = strdup(val);
         if (!*d) return DFM_FAIL(DFM_ENOMEM, "no memory");
-        return DFM_OK;
+        return check_limits(o, val, origin);
     }
     case DFM_OPT_INT: {
-        errno = 0;
-        long long v = strtoll(val, &end, 0);
-        /* accept k/M/G suffixes: --block 64k */
-        if (end && *end && !errno) {
-            long long mul = (*end == 'k' || *end == 'K') ? 1000LL : (*end == 'M') ? 1000000LL : (*end == 'G') ? 1000000000LL : 0;
-            if (mul && end[1] == 0) { v *= mul; end++; }
-        }
-        if (errno || !end || *end || end == val)
+        long long v;
+        if (parse_int(val, &v))
             return DFM_FAIL(DFM_EARG, "--%s expects an integer, got '%s' (%s)", o->name, val, origin);
         *(int64_t *)o->dest = v;
-        return DFM_OK;
+        return check_limits(o, val, origin);
     }
     case DFM_OPT_DOUBLE: {
-        errno = 0;
-        double v = strtod(val, &end);
-        if (errno || !end || *end || end == val)
+        double v;
+        if (parse_double(val, &v))
             return DFM_FAIL(DFM_EARG, "--%s expects a number, got '%s' (%s)", o->name, val, origin);
         *(double *)o->dest = v;
-        return DFM_OK;
+        return check_limits(o, val, origin);
     }
     case DFM_OPT_FLAG:
         if (!strcmp(val, "1") || !strcmp(val, "true")) *(int *)o->dest = 1;
@@ -122,8 +190,11 @@ static void print_help(const char *prog, const char *usage, const char *summary,
         char left[96];
         snprintf(left, sizeof left, "--%s%s%s", o->name, o->type == DFM_OPT_FLAG ? "" : " ",
                  o->type == DFM_OPT_FLAG ? "" : (o->metavar ? o->metavar : "X"));
+        char lim[160];
+        limits_text(o, lim, sizeof lim);
         printf("  %-28s %s", left, o->help ? o->help : "");
-        if (o->def && o->type != DFM_OPT_FLAG) printf(" (default: %s)", o->def);
+        if (o->def && o->type != DFM_OPT_FLAG) printf(" (default: %s%s%s)", o->def, lim[0] ? "; " : "", lim);
+        else if (lim[0]) printf(" (%s)", lim);
         printf("\n");
     }
     printf("  %-28s %s\n  %-28s %s\n", "--config FILE", "JSON file of options (flags on the command line win)",
@@ -159,6 +230,7 @@ static int parse(const char *prog, const char *usage, const char *summary, dfm_o
         else if (o->type == DFM_OPT_INT) *(int64_t *)o->dest = 0;
         else if (o->type == DFM_OPT_DOUBLE) *(double *)o->dest = 0;
         else *(int *)o->dest = 0;
+        if ((rc = check_table(o))) return rc;
         if (o->def && (rc = set_from_text(o, o->def, "default"))) return rc;
     }
     /* first pass: --help and --config */

@@ -31,6 +31,11 @@ typedef struct {
     const char *metavar; /* e.g. "N", "FILE" */
     const char *help;
     int no_manifest;     /* 1: keep out of the manifest's config (paths of no consequence, verbosity) */
+    /* Declared limits, checked on every value the option takes (default, config file, command line) and
+     * shown by --help; give them by name after the fields above: {..., 0, .min = "1", .max = "64"}. */
+    const char *min, *max; /* INT, DOUBLE: inclusive bounds, as text in the flag's own syntax ("1", "4G",
+                            * "0.5"); NULL = unbounded on that side */
+    const char *choices;   /* STR: the allowed values separated by '|' ("cpu|cuda"); NULL = any */
 } dfm_opt;
 
 /* A positive return: --help was printed; the caller exits 0. */
@@ -39,8 +44,9 @@ typedef struct {
 /* Parse. prog is the subcommand name ("chunk"), usage the text after "dfm chunk" in the usage line,
  * summary one paragraph. Positional arguments are returned in *pos (pointers into argv; *npos of
  * them; free *pos with free()). *effective (may be NULL) receives a new JSON object of every option
- * that is set. Returns DFM_OK, DFM_OPTS_HELP or DFM_EARG (message names the flag and the fix); on any
- * return but DFM_OK nothing is left allocated. */
+ * that is set. Returns DFM_OK, DFM_OPTS_HELP or DFM_EARG (message names the flag, the value, where it
+ * came from and what is allowed); DFM_EINTERNAL for a table whose limits do not fit an option's type
+ * or do not parse. On any return but DFM_OK nothing is left allocated. */
 int dfm_opts_parse(const char *prog, const char *usage, const char *summary, dfm_opt *opts, int argc,
                    char **argv, char ***pos, int *npos, json_t **effective);
 

@@ -93,6 +93,100 @@ static void test_opts_defaults_config_cmdline(void **state) {
     free(cfg);
 }
 
+/* Parse argv (NULL-terminated) with opts; the return code. */
+static int parse_argv(dfm_opt *opts, char **argv) {
+    int argc = 0;
+    while (argv[argc]) argc++;
+    int rc = dfm_opts_parse("stage", NULL, NULL, opts, argc, argv, NULL, NULL, NULL);
+    dfm_opts_free(opts);
+    return rc;
+}
+
+/* A value out of the declared limits is DFM_EARG naming flag, value and range, from the command line
+ * and from a config file; the bounds themselves and values inside pass. */
+static void test_opts_limits(void **state) {
+    char *dev = NULL;
+    int64_t k = 0, blk = 0;
+    double r = 0;
+    dfm_opt opts[] = {
+        {"k", DFM_OPT_INT, &k, "16", "K", "neighbours", 0, .min = "1", .max = "64"},
+        {"block", DFM_OPT_INT, &blk, "4k", "N", "block", 0, .min = "1k"},
+        {"recall", DFM_OPT_DOUBLE, &r, "0", "R", "recall", 0, .min = "0", .max = "1"},
+        {"device", DFM_OPT_STR, &dev, "cpu", "DEV", "where", 0, .choices = "cpu|cuda|auto"},
+        {0},
+    };
+    const char *ok[][2] = {{"--k", "1"}, {"--k", "64"}, {"--block", "1000"}, {"--recall", "1"}, {"--recall", "0"},
+                           {"--device", "cuda"}, {"--device", "auto"}, {"--device", "cpu"}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        char *argv[] = {"stage", (char *)ok[i][0], (char *)ok[i][1], NULL};
+        assert_int_equal(parse_argv(opts, argv), DFM_OK);
+    }
+    const char *bad[][3] = {{"--k", "0", "1 to 64"},         {"--k", "65", "1 to 64"},
+                            {"--block", "999", "at least 1k"}, {"--recall", "1.5", "0 to 1"},
+                            {"--recall", "-0.1", "0 to 1"},    {"--recall", "nan", "0 to 1"},
+                            {"--device", "gpu", "one of cpu|cuda|auto"}, {"--device", "cu", "one of cpu|cuda|auto"},
+                            {"--device", "cudaa", "one of"},  {"--device", "", "one of"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *argv[] = {"stage", (char *)bad[i][0], (char *)bad[i][1], NULL};
+        assert_int_equal(parse_argv(opts, argv), DFM_EARG);
+        char want[64];
+        snprintf(want, sizeof want, "%s %s (command line)", bad[i][0], bad[i][1]);
+        assert_non_null(strstr(dfm_last_error(), want));
+        assert_non_null(strstr(dfm_last_error(), bad[i][2]));
+    }
+    /* a config file's value is checked too, and named by the file */
+    char *cfg = dfm_path_join(tmpdir, "limits.json");
+    FILE *f = fopen(cfg, "w");
+    fprintf(f, "{\"stage\": {\"k\": 100}}");
+    fclose(f);
+    char *argv[] = {"stage", "--config", cfg, NULL};
+    assert_int_equal(parse_argv(opts, argv), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "--k 100"));
+    assert_non_null(strstr(dfm_last_error(), cfg));
+    free(cfg);
+    /* a default outside its own limits, or limits on the wrong type, are table errors */
+    int64_t z = 0;
+    char *s = NULL;
+    dfm_opt bad_default[] = {{"z", DFM_OPT_INT, &z, "0", "N", "z", 0, .min = "1"}, {0}};
+    char *none[] = {"stage", NULL};
+    assert_int_equal(parse_argv(bad_default, none), DFM_EARG);
+    dfm_opt bad_type[] = {{"s", DFM_OPT_STR, &s, NULL, "S", "s", 0, .min = "1"}, {0}};
+    assert_int_equal(parse_argv(bad_type, none), DFM_EINTERNAL);
+    dfm_opt bad_bound[] = {{"z", DFM_OPT_INT, &z, NULL, "N", "z", 0, .max = "ten"}, {0}};
+    assert_int_equal(parse_argv(bad_bound, none), DFM_EINTERNAL);
+    dfm_opt bad_choices[] = {{"z", DFM_OPT_INT, &z, NULL, "N", "z", 0, .choices = "1|2"}, {0}};
+    assert_int_equal(parse_argv(bad_choices, none), DFM_EINTERNAL);
+}
+
+/* --help shows the declared limits next to the default. */
+static void test_opts_help_shows_limits(void **state) {
+    char *dev = NULL;
+    int64_t k = 0;
+    dfm_opt opts[] = {
+        {"k", DFM_OPT_INT, &k, "16", "K", "neighbours", 0, .min = "1", .max = "64"},
+        {"device", DFM_OPT_STR, &dev, NULL, "DEV", "where", 0, .choices = "cpu|cuda"},
+        {0},
+    };
+    char *out = dfm_path_join(tmpdir, "help.txt");
+    fflush(stdout);
+    int saved = dup(1);
+    assert_non_null(freopen(out, "w", stdout));
+    char *argv[] = {"stage", "--help", NULL};
+    int rc = dfm_opts_parse("stage", NULL, NULL, opts, 2, argv, NULL, NULL, NULL);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    assert_int_equal(rc, DFM_OPTS_HELP);
+    char text[2048] = "";
+    FILE *f = fopen(out, "r");
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    free(out);
+    assert_non_null(strstr(text, "neighbours (default: 16; 1 to 64)"));
+    assert_non_null(strstr(text, "where (one of cpu|cuda)"));
+}
+
 static void test_atomic_file_commit_and_abort(void **state) {
     char *p = dfm_path_join(tmpdir, "a.bin");
     dfm_atomic_file f;
@@ -157,6 +251,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_message_has_place),
         cmocka_unit_test(test_opts_defaults_config_cmdline),
+        cmocka_unit_test(test_opts_limits),
+        cmocka_unit_test(test_opts_help_shows_limits),
         cmocka_unit_test(test_atomic_file_commit_and_abort),
         cmocka_unit_test(test_file_size_limit_is_nospace),
         cmocka_unit_test(test_hashes),
