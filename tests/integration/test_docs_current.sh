@@ -4,7 +4,8 @@
 #  2. every `dfm X` / `dfm-train X` command, every --flag and every key of a JSON config named in the
 #     README and the other hand-written docs exists in the --help of the program that takes it
 #     (build/dfm, build/dfm-train, jobs/submit.sh, jobs/submit_train.sh);
-#  3. the name check fails on a made-up command, flag and config key (so it can fail).
+#  3. no doc points at an issue number or at a file outside the repository;
+#  4. the checks of 2 and 3 fail on made-up commands, flags, config keys and references.
 source "$(dirname "$0")/lib.sh"
 : "${DFM_TRAIN:?run through tests/run.sh (DFM_TRAIN unset)}"
 
@@ -169,6 +170,15 @@ cd "$DFM_ROOT"
 DOCS=(README.md BENCHMARKS.md docs/ARCHITECTURE.md */README.md schemas/*.md)
 check_names "${DOCS[@]/#/$DFM_ROOT/}" || fail "the docs above name commands or flags that the programs do not have"
 ok "every command, flag and config key named in ${DOCS[*]} exists"
+
+# docs stand on their own: no issue numbers, no design files or folders outside the repository
+OUTSIDE='[Ii]ssue #?[0-9]|\(#[0-9]+\)|design\.md|design §|\.\./shared|/work/'
+refs=$(grep -nE "$OUTSIDE" "${DOCS[@]}" docs/COMMANDS.md || true)
+[ -z "$refs" ] || fail "docs point at issue numbers or files outside the repository:
+$refs"
+printf 'see issue 7 and design.md\n' > "$WORK/outside.md"
+grep -qE "$OUTSIDE" "$WORK/outside.md" || fail "the outside-reference pattern misses 'issue 7'"
+ok "no doc points at an issue number or a file outside the repository"
 
 # the check must be able to fail: a made-up command, flags and config keys, each reported
 cat > "$WORK/bad.md" <<'EOF'
