@@ -93,8 +93,6 @@ def check_segment(where, seg):
                         err(where, f"'{prog} {s}': {prog} has no command {s}")
                 subs = [s for s in subs if s in programs[prog]]
                 toks = toks[1:]
-            elif toks and toks[0].startswith("-"):
-                subs = [""]
             check_flags(where, toks, prog, subs)
         elif prog == "jobs/submit_train.sh" and "--" in toks:
             j = toks.index("--")
