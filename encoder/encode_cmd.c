@@ -40,8 +40,7 @@ typedef struct {
 static int parse_device(const char *s, int *dev) {
     if (!s || !strcmp(s, "auto")) *dev = dfm_encoder_cuda_available() ? DFM_DEVICE_CUDA : DFM_DEVICE_CPU;
     else if (!strcmp(s, "cpu")) *dev = DFM_DEVICE_CPU;
-    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *dev = DFM_DEVICE_CUDA;
-    else return DFM_FAIL(DFM_EARG, "--device %s: use cpu, cuda or auto", s);
+    else *dev = DFM_DEVICE_CUDA; /* the table allows auto, cpu and cuda */
     return DFM_OK;
 }
 
@@ -49,7 +48,6 @@ static int open_encoder(const encode_opts *o, int device, dfm_encoder **enc) {
     int compute;
     if (o->compute) {
         compute = dfm_emb_dtype_parse(o->compute);
-        if (compute < 0) return DFM_FAIL(DFM_EARG, "--compute %s: use fp32, fp16 or bf16", o->compute);
     } else {
         compute = device == DFM_DEVICE_CUDA ? DFM_COMPUTE_F16 : DFM_COMPUTE_F32;
     }
@@ -384,12 +382,12 @@ int dfm_cmd_encode(int argc, char **argv) {
     if (!def_model || !*def_model) def_model = "/var/cache/dfm/models/all-MiniLM-L6-v2";
     dfm_opt table[] = {
         {"model", DFM_OPT_STR, &o.model, def_model, "DIR", "BERT-family sentence-transformers model folder (env DFM_MODEL)", 0},
-        {"device", DFM_OPT_STR, &o.device, "auto", "DEV", "cpu, cuda, or auto (cuda when a GPU is visible)", 1},
-        {"dtype", DFM_OPT_STR, &o.dtype, "fp32", "T", "stored embedding dtype: fp32, fp16 or bf16", 0},
-        {"compute", DFM_OPT_STR, &o.compute, NULL, "T", "compute precision: fp32 (CPU), fp16/bf16/fp32 (CUDA; default fp16)", 1},
-        {"batch", DFM_OPT_INT, &o.batch, "0", "N", "texts per forward batch, length-bucketed (0: 64 on the CPU, 1024 on CUDA)", 1},
-        {"block-chunks", DFM_OPT_INT, &o.block_chunks, "65536", "B", "chunks per embedding block file", 0},
-        {"window", DFM_OPT_INT, &o.window, "4096", "N", "chunks decoded, sorted by length and encoded together", 0},
+        {"device", DFM_OPT_STR, &o.device, "auto", "DEV", "where to encode (auto: cuda when a GPU is visible)", 1, .choices = "auto|cpu|cuda"},
+        {"dtype", DFM_OPT_STR, &o.dtype, "fp32", "T", "stored embedding dtype", 0, .choices = "fp32|fp16|bf16"},
+        {"compute", DFM_OPT_STR, &o.compute, NULL, "T", "compute precision: fp32 (CPU), fp16/bf16/fp32 (CUDA; default fp16)", 1, .choices = "fp32|fp16|bf16"},
+        {"batch", DFM_OPT_INT, &o.batch, "0", "N", "texts per forward batch, length-bucketed (0: 64 on the CPU, 1024 on CUDA)", 1, .min = "0", .max = "65536"},
+        {"block-chunks", DFM_OPT_INT, &o.block_chunks, "65536", "B", "chunks per embedding block file", 0, .min = "1", .max = "4294967296"},
+        {"window", DFM_OPT_INT, &o.window, "4096", "N", "chunks decoded, sorted by length and encoded together", 0, .min = "1", .max = "1048576"},
         {"max-len", DFM_OPT_INT, &o.max_len, "0", "N", "token limit per text (default: the model's max_seq_length)", 0},
         {"tokenizer", DFM_OPT_STR, &o.tokenizer, NULL, "FILE", "LM tokenizer.json (default: the one the chunk stage used)", 1},
         {"texts", DFM_OPT_STR, &o.texts, NULL, "FILE", "instead of a run: embed the \"text\" of each JSONL line", 1},
@@ -416,11 +414,7 @@ int dfm_cmd_encode(int argc, char **argv) {
     }
     int device = 0, dtype = 0;
     if (!rc) rc = parse_device(o.device, &device);
-    if (!rc && (dtype = dfm_emb_dtype_parse(o.dtype)) < 0) rc = DFM_FAIL(DFM_EARG, "--dtype %s: use fp32, fp16 or bf16", o.dtype);
-    if (!rc && (o.batch < 0 || o.batch > 65536)) rc = DFM_FAIL(DFM_EARG, "--batch %lld must be in 0..65536", (long long)o.batch);
-    if (!rc && (o.block_chunks < 1 || o.block_chunks > (1ll << 32)))
-        rc = DFM_FAIL(DFM_EARG, "--block-chunks %lld must be in 1..2^32", (long long)o.block_chunks);
-    if (!rc && (o.window < 1 || o.window > (1 << 20))) rc = DFM_FAIL(DFM_EARG, "--window %lld must be in 1..2^20", (long long)o.window);
+    if (!rc) dtype = dfm_emb_dtype_parse(o.dtype);
     if (!rc && o.texts) {
         if (m.rank == 0) rc = encode_texts(&o, device, dtype);
     } else if (!rc) {

@@ -59,11 +59,10 @@ static void sources_close(run_sources *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int parse_metric(const char *s, int allow_unset) {
-    if (!s || !*s) return allow_unset ? -1 : -2;
-    if (!strcmp(s, "ip")) return DFM_METRIC_IP;
-    if (!strcmp(s, "l2")) return DFM_METRIC_L2;
-    return -2;
+/* --metric (the tables allow ip and l2); -1 when unset */
+static int parse_metric(const char *s) {
+    if (!s) return -1;
+    return !strcmp(s, "l2") ? DFM_METRIC_L2 : DFM_METRIC_IP;
 }
 
 /* drop stages that depend on `stage` (they are stale once it is redone) */
@@ -94,9 +93,9 @@ int dfm_cmd_index(int argc, char **argv) {
     int64_t mem = 0, train = 0, seed = 0;
     dfm_opt table[] = {
         {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"); auto: choose from N and --index-memory", 0},
-        {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0},
-        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0},
-        {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0},
+        {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0, .choices = "ip|l2"},
+        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0, .min = "0"},
+        {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0, .min = "0"},
         {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the training sample", 0},
         {0},
     };
@@ -113,10 +112,8 @@ int dfm_cmd_index(int argc, char **argv) {
         dfm_mpi_finalize();
         return 0;
     }
-    int metric = parse_metric(metric_s, 0);
+    int metric = parse_metric(metric_s);
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm index RUN [options] (see --help)");
-    if (!rc && metric < 0) rc = DFM_FAIL(DFM_EARG, "--metric %s: use ip or l2", metric_s);
-    if (!rc && (mem < 0 || train < 0)) rc = DFM_FAIL(DFM_EARG, "--index-memory and --train-sample must not be negative");
     const char *run = npos ? pos[0] : NULL;
     if (!rc) rc = sources_open(run, &src);
     rc = dfm_mpi_agree(&m, rc);
@@ -146,16 +143,16 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     int64_t k = 0, margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
     double target = 0;
     dfm_opt table[] = {
-        {"k", DFM_OPT_INT, &k, "16", "K", "neighbours per chunk (1..64)", 0},
-        {"margin", DFM_OPT_INT, &margin, "16", "M", "extra candidates fetched per shard before exclusions (k' = K + M)", 0},
-        {"exclude", DFM_OPT_STR, &exclude_s, "sequence", "POLICY", "none | self | sequence | document (see retriever/topk.h)", 0},
-        {"query-window", DFM_OPT_INT, &window, "1", "W", "the query is the mean of the W preceding chunks of the sequence (renormalised)", 0},
-        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "queries per rank per round (bounds memory)", 0},
-        {"metric", DFM_OPT_STR, &metric_s, NULL, "ip|l2", "check the index's metric (default: use it)", 0},
-        {"nprobe", DFM_OPT_INT, &nprobe, "0", "N", "IVF lists visited per query (0: FAISS default, or tuned)", 0},
-        {"ef-search", DFM_OPT_INT, &ef, "0", "N", "HNSW search depth (0: FAISS default, or tuned)", 0},
-        {"target-recall", DFM_OPT_DOUBLE, &target, "0", "R", "tune nprobe / efSearch to reach recall@K >= R on held-out queries", 0},
-        {"measure-recall", DFM_OPT_INT, &measure, "0", "N", "measure recall@K against brute force on N sampled queries", 0},
+        {"k", DFM_OPT_INT, &k, "16", "K", "neighbours per chunk (the neighbour mask is 64 bits)", 0, .min = "1", .max = "64"},
+        {"margin", DFM_OPT_INT, &margin, "16", "M", "extra candidates fetched per shard before exclusions (k' = K + M)", 0, .min = "0", .max = "4096"},
+        {"exclude", DFM_OPT_STR, &exclude_s, "sequence", "POLICY", "neighbours excluded by id (see retriever/topk.h)", 0, .choices = "none|self|sequence|document"},
+        {"query-window", DFM_OPT_INT, &window, "1", "W", "the query is the mean of the W preceding chunks of the sequence (renormalised)", 0, .min = "1", .max = "1024"},
+        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "queries per rank per round (bounds memory)", 0, .min = "1", .max = "1048576"},
+        {"metric", DFM_OPT_STR, &metric_s, NULL, "ip|l2", "check the index's metric (default: use it)", 0, .choices = "ip|l2"},
+        {"nprobe", DFM_OPT_INT, &nprobe, "0", "N", "IVF lists visited per query (0: FAISS default, or tuned)", 0, .min = "0"},
+        {"ef-search", DFM_OPT_INT, &ef, "0", "N", "HNSW search depth (0: FAISS default, or tuned)", 0, .min = "0"},
+        {"target-recall", DFM_OPT_DOUBLE, &target, "0", "R", "tune nprobe / efSearch to reach recall@K >= R on held-out queries", 0, .min = "0", .max = "1"},
+        {"measure-recall", DFM_OPT_INT, &measure, "0", "N", "measure recall@K against brute force on N sampled queries", 0, .min = "0"},
         {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the sampled queries", 0},
         {0},
     };
@@ -172,16 +169,8 @@ int dfm_cmd_retrieve(int argc, char **argv) {
         dfm_mpi_finalize();
         return 0;
     }
-    int excl = dfm_exclude_parse(exclude_s), metric = parse_metric(metric_s, 1);
+    int excl = dfm_exclude_parse(exclude_s), metric = parse_metric(metric_s);
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm retrieve RUN [options] (see --help)");
-    if (!rc && (k < 1 || k > DFM_NBR_MAX_K)) rc = DFM_FAIL(DFM_EARG, "--k %lld: K must be 1..64 (the neighbour mask is 64 bits)", (long long)k);
-    if (!rc && excl < 0) rc = DFM_FAIL(DFM_EARG, "--exclude %s: use none, self, sequence or document", exclude_s);
-    if (!rc && metric == -2) rc = DFM_FAIL(DFM_EARG, "--metric %s: use ip or l2", metric_s);
-    if (!rc && (margin < 0 || margin > 4096)) rc = DFM_FAIL(DFM_EARG, "--margin %lld out of range", (long long)margin);
-    if (!rc && (window < 1 || window > 1024)) rc = DFM_FAIL(DFM_EARG, "--query-window %lld must be 1..1024", (long long)window);
-    if (!rc && (qblock < 1 || qblock > (1 << 20))) rc = DFM_FAIL(DFM_EARG, "--query-block %lld must be 1..1048576", (long long)qblock);
-    if (!rc && (nprobe < 0 || ef < 0 || measure < 0)) rc = DFM_FAIL(DFM_EARG, "--nprobe, --ef-search, --measure-recall must not be negative");
-    if (!rc && (target < 0 || target > 1)) rc = DFM_FAIL(DFM_EARG, "--target-recall %g must be in (0, 1]", target);
     const char *run = npos ? pos[0] : NULL;
     if (!rc) rc = sources_open(run, &src);
     if (!rc) rc = dfm_manifest_load(run, 0, &man);
@@ -281,16 +270,16 @@ int dfm_cmd_estimate(int argc, char **argv) {
     char *factory = NULL, *tdtype = NULL;
     int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0, tokens = 0, chunk_len = 0;
     dfm_opt table[] = {
-        {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0},
+        {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0, .min = "1"},
         {"tokens", DFM_OPT_INT, &tokens, "0", "N", "corpus size in LM tokens, when no chunk stage has run (0: from the manifest or the inputs)", 0},
-        {"chunk-len", DFM_OPT_INT, &chunk_len, "32", "L", "as for dfm chunk (used with --tokens)", 0},
+        {"chunk-len", DFM_OPT_INT, &chunk_len, "32", "L", "as for dfm chunk (used with --tokens)", 0, .min = "1", .max = "4096"},
         {"index", DFM_OPT_STR, &factory, "auto", "STR", "as for dfm index", 0},
-        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "as for dfm index", 0},
-        {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0},
-        {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0},
-        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0},
+        {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "as for dfm index", 0, .min = "0"},
+        {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0, .min = "0"},
+        {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0, .min = "1", .max = "64"},
+        {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0, .min = "1", .max = "1048576"},
         {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension (0: from the manifest, else 384)", 0},
-        {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings (fp32, fp16, bf16)", 0},
+        {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings", 0, .choices = "fp32|fp16|bf16"},
         {0},
     };
     char **pos = NULL, *run = NULL;
@@ -304,8 +293,6 @@ int dfm_cmd_estimate(int argc, char **argv) {
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN|CONFIG [options]");
-    if (!rc && (ranks < 1 || k < 1 || k > 64 || qblock < 1 || chunk_len < 1))
-        rc = DFM_FAIL(DFM_EARG, "--ranks, --k (1..64), --query-block, --chunk-len must be positive");
     long long n = -1, n_tokens = -1;
     if (!rc) rc = estimate_sizes(pos[0], tokens, chunk_len, &man, &run, &n, &n_tokens);
     json_t *enc = rc ? NULL : dfm_manifest_stage(man, "encode");
@@ -313,7 +300,6 @@ int dfm_cmd_estimate(int argc, char **argv) {
     const char *edt = enc ? json_string_value(json_object_get(enc, "dtype")) : NULL;
     if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: pass --dim");
     int tdt = dfm_emb_dtype_parse(tdtype);
-    if (!rc && tdt < 0) rc = DFM_FAIL(DFM_EARG, "--target-dtype %s: use fp32, fp16 or bf16", tdtype);
     dfm_index_plan plan;
     if (!rc) rc = dfm_index_plan_make(factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)mem, DFM_METRIC_IP, (uint64_t)train, &plan);
     if (!rc) {

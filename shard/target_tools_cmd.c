@@ -210,7 +210,7 @@ int dfm_cmd_verify(int argc, char **argv) {
         {"tokens-run", DFM_OPT_STR, &tokens_run, NULL, "RUN", "check the targets against this run's upstream stages (default: RUN)", 0},
         {"recompute", DFM_OPT_DOUBLE, &recompute, "0", "F", "re-run retrieval for a fraction of chunks (not available yet; see --recompute-records)", 0},
         {"recompute-records", DFM_OPT_DOUBLE, &recompute_records, "0", "F",
-         "rebuild a random fraction F of the records from RUN/retrieve and RUN/encode and compare them bit for bit", 0},
+         "rebuild a random fraction F of the records from RUN/retrieve and RUN/encode and compare them bit for bit", 0, .min = "0", .max = "1"},
         {"seed", DFM_OPT_INT, &seed, "1", "N", "sample seed of --recompute-records", 0},
         {0},
     };
@@ -234,7 +234,6 @@ int dfm_cmd_verify(int argc, char **argv) {
     if (!rc && recompute > 0)
         rc = DFM_FAIL(DFM_EUNSUPPORTED, "--recompute (re-running retrieval) is not implemented yet. HINT: --recompute-records F rebuilds "
                       "records from the stored neighbours and embeddings; --compare checks against a second run of the pipeline");
-    if (!rc && (recompute_records < 0 || recompute_records > 1)) rc = DFM_FAIL(DFM_EARG, "--recompute-records %g must be in [0, 1]", recompute_records);
     dfm_target_open_opts oo = {.tokens_run = tokens_run};
     if (!rc) rc = dfm_target_reader_open(pos[0], &oo, &r);
     if (!rc && compare) rc = dfm_target_reader_open(compare, NULL, &rb);

@@ -25,20 +25,20 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     wt_opts o;
     memset(&o, 0, sizeof o);
     dfm_opt table[] = {
-        {"target-shards", DFM_OPT_INT, &o.shards, "4", "N", "number of output shards (fixed id ranges; independent of the ranks)", 0},
-        {"dtype", DFM_OPT_STR, &o.dtype, "fp16", "T", "stored embedding type: fp32, fp16 or bf16 (round to nearest even)", 0},
-        {"store", DFM_OPT_STR, &o.store, "embeddings", "S", "embeddings (K x d per record) or ids (ids + scores, one table per shard)", 0},
-        {"shuffle", DFM_OPT_STR, &o.shuffle, "auto", "M", "byte-shuffle embeddings before zstd: yes, no, auto (yes for fp32 and bf16, where it pays; no for fp16, where it does not)", 0},
-        {"zstd-level", DFM_OPT_INT, &o.level, "3", "N", "zstd compression level (1..19)", 0},
-        {"block-queries", DFM_OPT_INT, &o.block, "1024", "N", "queries per exchange round (bounds memory: N*K*d floats)", 1},
-        {"batch-records", DFM_OPT_INT, &o.batch, "512", "N", "records per LMDB transaction", 1},
-        {"map-bytes", DFM_OPT_INT, &o.map_bytes, "0", "B", "initial LMDB map size (0 = estimate; grown when full)", 1},
+        {"target-shards", DFM_OPT_INT, &o.shards, "4", "N", "number of output shards (fixed id ranges; independent of the ranks)", 0, .min = "1", .max = "99999"},
+        {"dtype", DFM_OPT_STR, &o.dtype, "fp16", "T", "stored embedding type (bf16: rounded to nearest even)", 0, .choices = "fp32|fp16|bf16"},
+        {"store", DFM_OPT_STR, &o.store, "embeddings", "S", "embeddings (K x d per record) or ids (ids + scores, one table per shard)", 0, .choices = "embeddings|ids"},
+        {"shuffle", DFM_OPT_STR, &o.shuffle, "auto", "M", "byte-shuffle embeddings before zstd (auto: yes for fp32 and bf16, where it pays; no for fp16, where it does not)", 0, .choices = "yes|no|auto"},
+        {"zstd-level", DFM_OPT_INT, &o.level, "3", "N", "zstd compression level", 0, .min = "1", .max = "19"},
+        {"block-queries", DFM_OPT_INT, &o.block, "1024", "N", "queries per exchange round (bounds memory: N*K*d floats)", 1, .min = "1", .max = "1048576"},
+        {"batch-records", DFM_OPT_INT, &o.batch, "512", "N", "records per LMDB transaction", 1, .min = "1", .max = "1048576"},
+        {"map-bytes", DFM_OPT_INT, &o.map_bytes, "0", "B", "initial LMDB map size (0 = estimate; grown when full)", 1, .min = "0"},
         {"force", DFM_OPT_FLAG, &o.force, NULL, NULL, "rebuild shards that are already complete", 1},
-        {"threads", DFM_OPT_INT, &o.threads, "1", "N", "encoding (zstd) threads per rank; records do not depend on it", 1},
+        {"threads", DFM_OPT_INT, &o.threads, "1", "N", "encoding (zstd) threads per rank; records do not depend on it", 1, .min = "1", .max = "256"},
         {"synthetic", DFM_OPT_INT, &o.synthetic, "0", "N", "tests/benchmarks: N synthetic chunks instead of the retrieve stage", 1},
-        {"k", DFM_OPT_INT, &o.k, "16", "K", "with --synthetic: neighbours per chunk", 1},
-        {"d", DFM_OPT_INT, &o.d, "384", "D", "with --synthetic: embedding width", 1},
-        {"seq-chunks", DFM_OPT_INT, &o.seq_chunks, "8", "N", "with --synthetic: chunks per training sequence", 1},
+        {"k", DFM_OPT_INT, &o.k, "16", "K", "with --synthetic: neighbours per chunk", 1, .min = "1", .max = "64"},
+        {"d", DFM_OPT_INT, &o.d, "384", "D", "with --synthetic: embedding width", 1, .min = "1", .max = "65536"},
+        {"seq-chunks", DFM_OPT_INT, &o.seq_chunks, "8", "N", "with --synthetic: chunks per training sequence", 1, .min = "0"},
         {"seed", DFM_OPT_INT, &o.seed, "1", "N", "with --synthetic: data seed", 1},
         {0},
     };
@@ -68,15 +68,6 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     dfm_target_build_config bc = {0};
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm write-targets RUN [options] (see --help)");
     if (!rc) rc = dfm_dtype_parse(o.dtype, &bc.rec.dtype);
-    if (!rc && strcmp(o.store, "embeddings") && strcmp(o.store, "ids"))
-        rc = DFM_FAIL(DFM_EARG, "--store %s: use 'embeddings' or 'ids'", o.store);
-    if (!rc && strcmp(o.shuffle, "yes") && strcmp(o.shuffle, "no") && strcmp(o.shuffle, "auto"))
-        rc = DFM_FAIL(DFM_EARG, "--shuffle %s: use yes, no or auto", o.shuffle);
-    if (!rc && (o.shards < 1 || o.shards > 99999)) rc = DFM_FAIL(DFM_EARG, "--target-shards %lld must be in 1..99999", (long long)o.shards);
-    if (!rc && (o.level < 1 || o.level > 19)) rc = DFM_FAIL(DFM_EARG, "--zstd-level %lld must be in 1..19", (long long)o.level);
-    if (!rc && (o.threads < 1 || o.threads > 256)) rc = DFM_FAIL(DFM_EARG, "--threads %lld must be in 1..256", (long long)o.threads);
-    if (!rc && (o.block < 1 || o.block > (1 << 20) || o.batch < 1 || o.batch > (1 << 20) || o.map_bytes < 0))
-        rc = DFM_FAIL(DFM_EARG, "--block-queries and --batch-records must be in 1..1048576, --map-bytes >= 0");
     if (!rc) {
         bc.n_shards = (uint32_t)o.shards;
         bc.rec.ids_only = !strcmp(o.store, "ids");
@@ -91,8 +82,6 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     rc = dfm_mpi_agree(&m, rc);
     /* the data source */
     if (!rc && o.synthetic) {
-        if (o.k < 1 || o.k > 64 || o.d < 1 || o.d > 65536 || o.seq_chunks < 0)
-            rc = DFM_FAIL(DFM_EARG, "--synthetic needs --k in 1..64, --d in 1..65536, --seq-chunks >= 0");
         syn = (dfm_target_synth){.n_chunks = (uint64_t)o.synthetic, .k = (uint32_t)o.k, .d = (uint32_t)o.d,
                                  .seq_chunks = (uint32_t)o.seq_chunks, .seed = (uint64_t)o.seed};
         dfm_target_synth_source(&syn, m.rank, m.size, &src);

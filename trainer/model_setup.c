@@ -14,7 +14,6 @@
 
 int setup_pretrain_config(const TrainOpts *o, const DataSet *ds, BackboneConfig *bc) {
     memset(bc, 0, sizeof *bc);
-    if (strcmp(o->arch, "qwen3") && strcmp(o->arch, "llama")) return DFM_FAIL(DFM_EARG, "--arch %s: qwen3 or llama", o->arch);
     snprintf(bc->arch, sizeof bc->arch, "%s", !strcmp(o->arch, "llama") ? "LlamaForCausalLM" : "Qwen3ForCausalLM");
     bc->vocab_size = o->vocab > 0 ? (int)o->vocab : (int)((ds->max_token + 1 + 63) / 64 * 64);
     if ((uint32_t)bc->vocab_size <= ds->max_token)
@@ -48,8 +47,6 @@ static int dfm_config_from_opts(const TrainOpts *o, const BackboneConfig *bc, in
     if (o->proj_hidden > 0) dc->proj_hidden = (int)o->proj_hidden;
     if (o->fusion) DFM_TRY(dfm_parse_fusion_layers(o->fusion, dc));
     if (o->xattn_heads > 0) dc->xattn_heads = (int)o->xattn_heads;
-    if (strcmp(o->gate, "head") && strcmp(o->gate, "channel"))
-        return DFM_FAIL(DFM_EARG, "--gate %s: use head or channel", o->gate);
     dc->gate_per_channel = !strcmp(o->gate, "channel");
     dc->gate_bias = (float)o->gate_bias;
     dc->mse_weight = (float)o->mse_weight;

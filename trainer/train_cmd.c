@@ -21,7 +21,7 @@ int cmd_pretrain(int argc, char **argv) {
     dfm_opt opts[] = {
         TRAIN_OPTS_COMMON(&o),
         {"compact-vocab", DFM_OPT_FLAG, &compact, NULL, NULL, "train on the ids the data uses, numbered densely; the map is saved as OUT/model/vocab_map.bin (trainer/vocab_map.h)", 0},
-        {"arch", DFM_OPT_STR, &o.arch, "qwen3", "NAME", "qwen3 (QK-norm) or llama", 0},
+        {"arch", DFM_OPT_STR, &o.arch, "qwen3", "NAME", "qwen3 (QK-norm) or llama", 0, .choices = "qwen3|llama"},
         {"layers", DFM_OPT_INT, &o.layers, "4", "N", "decoder layers", 0},
         {"hidden", DFM_OPT_INT, &o.hidden, "128", "C", "hidden size", 0},
         {"heads", DFM_OPT_INT, &o.heads, "4", "N", "attention heads", 0},

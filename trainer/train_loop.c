@@ -338,7 +338,6 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     t.nval = train_held_out(o, ds);
     if (t.nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
                                              "HINT: --val-seqs or more data", ds->n_seq, t.nval);
-    if (o->prefetch < 2) return DFM_FAIL(DFM_EARG, "--prefetch %lld: at least 2", (long long)o->prefetch);
     t.ntrain = ds->n_seq - t.nval;
     DFM_LOG_I("split: %zu training sequences, %zu held out (the last ones)", t.ntrain, t.nval);
     DFM_TRY(train_engine_options(o, &t.eo));

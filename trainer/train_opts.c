@@ -24,12 +24,6 @@ json_t *train_opts_json(const TrainOpts *o) {
 
 int train_engine_options(const TrainOpts *o, EngineOptions *eo) {
     memset(eo, 0, sizeof *eo);
-    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
-        return DFM_FAIL(DFM_EARG, "--device %s: use cpu or cuda", o->device);
-    if (strcmp(o->precision, "bf16") && strcmp(o->precision, "fp32"))
-        return DFM_FAIL(DFM_EARG, "--precision %s: use bf16 or fp32", o->precision);
-    if (strcmp(o->attention, "flash") && strcmp(o->attention, "reference") && strcmp(o->attention, "auto"))
-        return DFM_FAIL(DFM_EARG, "--attention %s: use auto, flash or reference", o->attention);
     eo->cuda = !strcmp(o->device, "cuda");
     eo->bf16 = eo->cuda && !strcmp(o->precision, "bf16");
     eo->flash = !strcmp(o->attention, "auto") ? -1 : !strcmp(o->attention, "flash");

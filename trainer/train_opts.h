@@ -50,11 +50,11 @@ typedef struct {
     {"resume", DFM_OPT_STR, &(o)->resume, NULL, "FILE", "continue from a checkpoint (bit-identical)", 0},     \
     {"log", DFM_OPT_STR, &(o)->log, NULL, "FILE", "JSONL log (default OUT/log.jsonl)", 1},                     \
     {"threads", DFM_OPT_INT, &(o)->threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1},               \
-    {"device", DFM_OPT_STR, &(o)->device, "cpu", "DEV", "cpu (fp32 reference) or cuda (needs a CUDA build)", 1}, \
-    {"precision", DFM_OPT_STR, &(o)->precision, "bf16", "P", "cuda: bf16 (bf16 GEMMs; frozen backbone held in bf16) or fp32", 1}, \
+    {"device", DFM_OPT_STR, &(o)->device, "cpu", "DEV", "cpu (fp32 reference) or cuda (needs a CUDA build)", 1, .choices = "cpu|cuda"}, \
+    {"precision", DFM_OPT_STR, &(o)->precision, "bf16", "P", "cuda: bf16 (bf16 GEMMs; frozen backbone held in bf16) or fp32", 1, .choices = "bf16|fp32"}, \
     {"gpu", DFM_OPT_INT, &(o)->gpu, "-1", "N", "cuda: device index (-1 = node-local rank mod visible GPUs)", 1}, \
-    {"attention", DFM_OPT_STR, &(o)->attention, "auto", "KIND", "cuda: flash (no T x T matrix, fp32), reference (T x T kept, cuBLAS GEMMs) or auto (reference while it fits)", 1}, \
-    {"prefetch", DFM_OPT_INT, &(o)->prefetch, "6", "N", "micro-batches read ahead by the loader threads (>= 2)", 1}, \
+    {"attention", DFM_OPT_STR, &(o)->attention, "auto", "KIND", "cuda: flash (no T x T matrix, fp32), reference (T x T kept, cuBLAS GEMMs) or auto (reference while it fits)", 1, .choices = "auto|flash|reference"}, \
+    {"prefetch", DFM_OPT_INT, &(o)->prefetch, "6", "N", "micro-batches read ahead by the loader threads", 1, .min = "2"}, \
     {"loader-threads", DFM_OPT_INT, &(o)->loader_threads, "0", "N", "threads reading batches (0 = 1 on the CPU, 4 with cuda)", 1}, \
     {"no-ckpt", DFM_OPT_FLAG, &(o)->no_ckpt, NULL, NULL, "write no checkpoint, not even the final one (benchmarks)", 1}, \
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
@@ -71,7 +71,7 @@ typedef struct {
     {"proj-hidden", DFM_OPT_INT, &(o)->proj_hidden, "0", "H", "projector hidden width (0 = 2C)", 0},         \
     {"fusion-layers", DFM_OPT_STR, &(o)->fusion, NULL, "LIST", "0-based decoder layers followed by a fusion block (default scaled from 9,16,24,31 of 32)", 0}, \
     {"xattn-heads", DFM_OPT_INT, &(o)->xattn_heads, "0", "N", "cross-attention heads (0 = the decoder's)", 0}, \
-    {"gate", DFM_OPT_STR, &(o)->gate, "head", "KIND", "fusion gate per head or per channel", 0},             \
+    {"gate", DFM_OPT_STR, &(o)->gate, "head", "KIND", "fusion gate per head or per channel", 0, .choices = "head|channel"},             \
     {"gate-bias", DFM_OPT_DOUBLE, &(o)->gate_bias, "0", "X", "initial gate bias (paper: 0 is best)", 0},      \
     {"mse-weight", DFM_OPT_DOUBLE, &(o)->mse_weight, "1.0", "X", "weight of the slot MSE in the loss", 0},    \
     {"fuse-first-chunk", DFM_OPT_FLAG, &(o)->fuse_first, NULL, NULL, "also fuse the placeholder-based memory into chunk 0", 0}, \

@@ -757,12 +757,12 @@ int dfm_cmd_audit(int argc, char **argv) {
     dfm_opt opts[] = {
         {"out", DFM_OPT_STR, &out, NULL, "DIR", "write audit.json, audit.md, audit.svg here (default RUN/audit)", 1},
         {"token-level-sample", DFM_OPT_INT, &a.sample, "2", "N",
-         "sequences of the run's corpus on which to build and search a real token-level datastore and the chunk-level one (0: skip)", 0},
-        {"token-k", DFM_OPT_INT, &a.k_token, "1024", "k", "neighbours per token-level query (kNN-LM, Memory Decoder, MLP Memory: 1024)", 0},
-        {"token-key-dim", DFM_OPT_INT, &a.key_dim, "4096", "D", "token-level key width: the LM hidden size (4096 for a 7B model)", 0},
-        {"extrapolate-tokens", DFM_OPT_DOUBLE, &a.large, "5e9", "T", "the large corpus to extrapolate both pipelines to", 0},
+         "sequences of the run's corpus on which to build and search a real token-level datastore and the chunk-level one (0: skip)", 0, .min = "0"},
+        {"token-k", DFM_OPT_INT, &a.k_token, "1024", "k", "neighbours per token-level query (kNN-LM, Memory Decoder, MLP Memory: 1024)", 0, .min = "1", .max = "65536"},
+        {"token-key-dim", DFM_OPT_INT, &a.key_dim, "4096", "D", "token-level key width: the LM hidden size (4096 for a 7B model)", 0, .min = "1", .max = "65536"},
+        {"extrapolate-tokens", DFM_OPT_DOUBLE, &a.large, "5e9", "T", "the large corpus to extrapolate both pipelines to", 0, .min = "1"},
         {"seed", DFM_OPT_INT, &a.seed, "1234", "S", "seed of the sample and of the keys", 0},
-        {"threads", DFM_OPT_INT, &a.threads, "1", "N", "OpenMP threads for the measured searches, both sides alike (0: OpenMP's default)", 0},
+        {"threads", DFM_OPT_INT, &a.threads, "1", "N", "OpenMP threads for the measured searches, both sides alike (0: OpenMP's default)", 0, .min = "0"},
         {"compare", DFM_OPT_FLAG, &compare, NULL, NULL, "dfm audit --compare RUN_A RUN_B: check that two runs' counts and target records agree", 1},
         {0},
     };
@@ -782,10 +782,6 @@ int dfm_cmd_audit(int argc, char **argv) {
     }
     if (npos != 1) {
         rc = DFM_FAIL(DFM_EARG, "usage: dfm audit RUN [--out DIR] [--token-level-sample N]");
-        goto done;
-    }
-    if (a.sample < 0 || a.threads < 0 || a.k_token <= 0 || a.key_dim <= 0 || a.key_dim > 65536 || a.k_token > 65536 || !(a.large > 0)) {
-        rc = DFM_FAIL(DFM_EARG, "--token-level-sample and --threads must be >= 0, --token-k and --token-key-dim in 1..65536, --extrapolate-tokens > 0");
         goto done;
     }
     a.run = pos[0];

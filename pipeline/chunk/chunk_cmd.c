@@ -240,7 +240,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
     chunk_opts o;
     dfm_opt table[] = {
         {"tokenizer", DFM_OPT_STR, &o.tokenizer, getenv("DFM_TOKENIZER"), "FILE", "the LM's Hugging Face tokenizer.json (env DFM_TOKENIZER)", 0},
-        {"chunk-len", DFM_OPT_INT, &o.chunk_len, "32", "L", "tokens per chunk", 0},
+        {"chunk-len", DFM_OPT_INT, &o.chunk_len, "32", "L", "tokens per chunk", 0, .min = "1", .max = "4096"},
         {"seq-len", DFM_OPT_INT, &o.seq_len, "1024", "S", "tokens per training sequence, a multiple of L", 0},
         {"text-field", DFM_OPT_STR, &o.text_field, "text", "NAME", "JSONL field holding the text", 0},
         {"doc-aligned", DFM_OPT_FLAG, &o.doc_aligned, NULL, NULL, "pad every document to a chunk boundary (padding masked)", 0},
@@ -272,7 +272,6 @@ int dfm_cmd_chunk(int argc, char **argv) {
     double t_start = dfm_now(), t_tok = 0, t_xchg = 0, t_write = 0;
     if (!rc && npos < 2) rc = DFM_FAIL(DFM_EARG, "usage: dfm chunk RUN INPUT... (see --help)");
     if (!rc && !o.tokenizer) rc = DFM_FAIL(DFM_EARG, "no tokenizer: pass --tokenizer FILE (a Hugging Face tokenizer.json) or set DFM_TOKENIZER");
-    if (!rc && (o.chunk_len < 1 || o.chunk_len > 4096)) rc = DFM_FAIL(DFM_EARG, "--chunk-len %lld must be in 1..4096", (long long)o.chunk_len);
     if (!rc && (o.seq_len < o.chunk_len || o.seq_len % o.chunk_len))
         rc = DFM_FAIL(DFM_EARG, "--seq-len %lld must be a positive multiple of --chunk-len %lld", (long long)o.seq_len, (long long)o.chunk_len);
     if (!rc && o.threads < 1) o.threads = 1;
