@@ -5,7 +5,8 @@
 #     README and the other hand-written docs exists in the --help of the program that takes it
 #     (build/dfm, build/dfm-train, jobs/submit.sh, jobs/submit_train.sh);
 #  3. no doc points at an issue number or at a file outside the repository;
-#  4. the checks of 2 and 3 fail on made-up commands, flags, config keys and references.
+#  4. every #include keeps to the floor plan of docs/ARCHITECTURE.md, and tests/ imports nothing of bench/;
+#  5. each check fails on a planted break (made-up names, references, includes).
 source "$(dirname "$0")/lib.sh"
 : "${DFM_TRAIN:?run through tests/run.sh (DFM_TRAIN unset)}"
 
@@ -177,6 +178,40 @@ $refs"
 printf 'see issue 7 and design.md\n' > "$WORK/outside.md"
 grep -qE "$OUTSIDE" "$WORK/outside.md" || fail "the outside-reference pattern misses 'issue 7'"
 ok "no doc points at an issue number or a file outside the repository"
+
+# the floor plan of docs/ARCHITECTURE.md: what each folder's #include "..." may name, and no code under
+# tests/ that imports or includes from bench/
+floor_rule() {
+  case $1 in
+    common) echo '^common/' ;;
+    schemas) echo '^(common|schemas)/' ;;
+    pipeline|encoder|retriever|shard) echo '^(common|schemas|pipeline|encoder|retriever|shard)/' ;;
+    trainer) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^pipeline/tokenizer/tokenizer\.h$' ;;
+    tests) echo '^(common|schemas|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
+  esac
+}
+floor_breaks() {  # FOLDER...: each include outside its floor's rule, as FILE:LINE: #include "..."
+  local d f n inc re
+  for d in "$@"; do
+    re=$(floor_rule "${d%%/*}")
+    while IFS=: read -r f n inc; do
+      inc=${inc#*\"}; inc=${inc%%\"*}
+      [[ $inc != */* || $inc =~ $re ]] || echo "$f:$n: #include \"$inc\""
+    done < <(find "$d" -name '*.[ch]' -o -name '*.cu' -o -name '*.def' | sort |
+             xargs -r grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' /dev/null)
+  done
+  find "$@" -name '*.py' | sort | xargs -r grep -nE '^[^#]*(sys\.path[^#]*bench|^(from|import) bench)' /dev/null || true
+}
+breaks=$(floor_breaks common schemas pipeline encoder retriever shard trainer tests)
+[ -z "$breaks" ] || fail "includes that break the floor plan of docs/ARCHITECTURE.md:
+$breaks"
+mkdir -p "$WORK/schemas" "$WORK/tests"
+printf '#include "common/error.h"\n#include "shard/target_reader.h"\n' > "$WORK/schemas/x.c"
+printf 'import sys\nsys.path.insert(0, "bench")\n' > "$WORK/tests/x.py"
+breaks=$(cd "$WORK" && floor_breaks schemas tests)
+[ "$(grep -c . <<<"$breaks")" = 2 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" ||
+  fail "the floor check missed a planted break: $breaks"
+ok "every include stays on its floor (docs/ARCHITECTURE.md)"
 
 # the check must be able to fail: a made-up command, flags and config keys, each reported
 cat > "$WORK/bad.md" <<'EOF'
