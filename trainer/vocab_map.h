@@ -7,13 +7,7 @@
  * the model, and every command that reads tokens for that backbone (train, eval) maps them to compact ids;
  * generate maps the prompt in and the answer back out.
  *
- * MODEL_DIR/vocab_map.bin, little-endian:
- *   32-byte header: char magic[8] "DFMVMAP1"; u32 version (1); u32 n (compact ids); u32 source_vocab
- *   (largest source id + 1); u32 reserved (0); u64 checksum (XXH3-64 of the payload)
- *   payload: n u32 source ids, strictly increasing (compact id i = payload[i])
- * MODEL_DIR/config.json then carries "dfm_vocab_map": {"file": "vocab_map.bin", "compact_ids": n,
- * "source_vocab": source_vocab, "note": ...}: a Hugging Face loader sees a model whose token ids are
- * compact, and must map through the file.
+ * The file (MODEL_DIR/vocab_map.bin) and its note in config.json: schemas/vocab_map.md.
  */
 #ifndef DFM_TRAINER_VOCAB_MAP_H
 #define DFM_TRAINER_VOCAB_MAP_H
