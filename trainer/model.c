@@ -42,6 +42,7 @@ void dfm_config_defaults(DfmConfig *dc, const BackboneConfig *bc) {
     dc->gate_bias = 0.0f;
     dc->mse_weight = 1.0f;
     dc->fuse_first_chunk = 0;
+    dc->mem_align = MEM_ALIGN_NEXT;
     dc->init_std = 0.02f;
 }
 
@@ -73,6 +74,9 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc) {
     if (dc->n_fusion < 1 || dc->n_fusion > DFM_MAX_FUSION)
         return DFM_FAIL(DFM_EARG, "need 1..%d fusion layers, got %d. HINT: --fusion-layers 1,3", DFM_MAX_FUSION,
                         dc->n_fusion);
+    if (dc->mem_align != MEM_ALIGN_SAME && dc->mem_align != MEM_ALIGN_NEXT)
+        return DFM_FAIL(DFM_EARG, "memory alignment %d: use next (%d) or same (%d). HINT: --memory-align",
+                        dc->mem_align, MEM_ALIGN_NEXT, MEM_ALIGN_SAME);
     if (dc->pred_input_layer < 0 || dc->pred_input_layer > dc->fusion_layers[0])
         return DFM_FAIL(DFM_EARG, "predictor input layer %d must be in [0, %d] (frozen states below the first "
                         "fusion block). HINT: --pred-input-layer", dc->pred_input_layer, dc->fusion_layers[0]);
@@ -509,7 +513,7 @@ static void fusion_forward(DfmModel *m, int f, float *out, const float *h) {
     matmul_forward(v.q, v.xn, v.wq, NULL, N, C, C);
     matmul_forward(v.km, m->mem, v.wk, NULL, S, C, C);
     matmul_forward(v.vm, m->mem, v.wv, NULL, S, C, C);
-    crossattn_forward(v.y, v.p, v.q, v.km, v.vm, m->slot_mask, B, T, L, K, nhx, C / nhx);
+    crossattn_forward(v.y, v.p, v.q, v.km, v.vm, m->slot_mask, B, T, L, m->dc.mem_align, K, nhx, C / nhx);
     matmul_forward(v.o, v.y, v.wo, NULL, N, C, C);
     matmul_forward(v.gl, h, v.wg, v.bg, N, C, G);
     gate_forward(out, v.g, v.gl, h, v.o, N, C, G);
@@ -531,7 +535,8 @@ static void fusion_backward(DfmModel *m, int f, float *dh, const float *dout, co
     vec_zero(d_q, NCs);
     vec_zero(m->d_fu_kv, SC);
     vec_zero(m->d_fu_kv2, SC);
-    crossattn_backward(d_q, m->d_fu_kv, m->d_fu_kv2, d_y, v.p, v.q, v.km, v.vm, B, T, L, K, nhx, C / nhx);
+    crossattn_backward(d_q, m->d_fu_kv, m->d_fu_kv2, d_y, v.p, v.q, v.km, v.vm, B, T, L, m->dc.mem_align, K, nhx,
+                       C / nhx);
     matmul_backward(m->d_mem, gv.wk, NULL, m->d_fu_kv, m->mem, v.wk, S, C, C);
     matmul_backward(m->d_mem, gv.wv, NULL, m->d_fu_kv2, m->mem, v.wv, S, C, C);
     vec_zero(d_xn, NCs);

@@ -11,7 +11,9 @@
  *   over the NC chunk positions (RoPE by chunk index), final RMSNorm, Linear P→K·d with bias.
  * - Projector (shared by all fusion blocks): LayerNorm(d) → Linear(d→H) → GELU(erf) → Linear(H→C).
  * - Fusion block after decoder layer f (0-based): x = RMSNorm(h); q = Wq x; k = Wk M; v = Wv M;
- *   every token attends (xattn_heads heads, no biases) to the K slots of its own chunk; o = Wo·attn;
+ *   token s attends (xattn_heads heads, no biases) to the K slots of chunk (s + 1) / L, the chunk of the
+ *   token it predicts (mem_align = MEM_ALIGN_NEXT; the sequence's last token attends nothing), or of its
+ *   own chunk s / L (MEM_ALIGN_SAME); o = Wo·attn;
  *   g = sigmoid(Wg h + bg) with G = xattn_heads (per head: channel c uses gate c / (C/G)) or G = C
  *   (per channel); h ← h + g ⊙ o. Wg starts at 0, bg at gate_bias. A chunk whose slots are all
  *   masked (chunk 0 unless fuse_first_chunk; padded target slots) gets no update.
@@ -60,6 +62,8 @@ typedef struct {
     int fuse_first_chunk; /* 1: chunk 0 also fuses its (placeholder-based) predicted memory */
     int pred_input_layer; /* predictor input pooled from: 0 = the input embeddings, k = the hidden state
                              after decoder layer k-1 (frozen: k <= fusion_layers[0]) */
+    int mem_align;        /* which chunk's memory token s attends: MEM_ALIGN_NEXT (default) chunk (s+1)/L,
+                             the chunk of the token it predicts; MEM_ALIGN_SAME chunk s/L (the old rule) */
     float init_std;
 } DfmConfig;
 
@@ -87,6 +91,8 @@ typedef struct {
 } DfmParams;
 
 enum { MEM_NONE = 0, MEM_PREDICTED = 1, MEM_TARGET = 2 };
+/* DfmConfig.mem_align; the value is the row shift crossattn_forward takes */
+enum { MEM_ALIGN_SAME = 0, MEM_ALIGN_NEXT = 1 };
 
 /* A named view of one parameter tensor (for safetensors, checkpoints, debug dumps). */
 typedef struct {

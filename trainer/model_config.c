@@ -112,13 +112,15 @@ static json_t *stack_to_json(const StackConfig *s) {
 json_t *dfm_config_to_json(const DfmConfig *dc) {
     json_t *fl = json_array();
     for (int i = 0; i < dc->n_fusion; i++) json_array_append_new(fl, json_integer(dc->fusion_layers[i]));
-    return json_pack("{s:b, s:i, s:i, s:i, s:o, s:i, s:o, s:i, s:s, s:f, s:f, s:b, s:f, s:i}", "enabled", dc->enabled,
+    json_t *j = json_pack("{s:b, s:i, s:i, s:i, s:o, s:i, s:o, s:i, s:s, s:f, s:f, s:b, s:f, s:i}", "enabled", dc->enabled,
                      "chunk_len", dc->chunk_len, "n_slots", dc->n_slots, "d_mem", dc->d_mem, "predictor",
                      stack_to_json(&dc->pred), "proj_hidden", dc->proj_hidden, "fusion_layers", fl, "xattn_heads",
                      dc->xattn_heads, "gate", dc->gate_per_channel ? "channel" : "head", "gate_bias",
                      (double)dc->gate_bias, "mse_weight", (double)dc->mse_weight, "fuse_first_chunk",
                      dc->fuse_first_chunk, "init_std", (double)dc->init_std, "pred_input_layer",
                      dc->pred_input_layer);
+    json_object_set_new(j, "memory_align", json_string(dc->mem_align == MEM_ALIGN_NEXT ? "next" : "same"));
+    return j;
 }
 
 int dfm_config_from_json(json_t *j, DfmConfig *dc) {
@@ -149,6 +151,11 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
     dc->gate_per_channel = !strcmp(gate, "channel");
     json_t *pil = json_object_get(j, "pred_input_layer"); /* optional: 0 (input embeddings) when absent */
     dc->pred_input_layer = json_is_integer(pil) ? (int)json_integer_value(pil) : 0;
+    /* optional: configurations written before the alignment choice existed used the same chunk */
+    const char *al = json_string_value(json_object_get(j, "memory_align"));
+    if (al && strcmp(al, "next") && strcmp(al, "same"))
+        return DFM_FAIL(DFM_EFORMAT, "DFM config: memory_align \"%s\" is neither next nor same", al);
+    dc->mem_align = al && !strcmp(al, "next") ? MEM_ALIGN_NEXT : MEM_ALIGN_SAME;
     if (!json_is_array(fl) || json_array_size(fl) > DFM_MAX_FUSION)
         return DFM_FAIL(DFM_EFORMAT, "DFM config: fusion_layers must be a list of at most %d", DFM_MAX_FUSION);
     dc->n_fusion = (int)json_array_size(fl);

@@ -526,7 +526,8 @@ static int fusion_forward_cuda(DfmModelCuda *mc, int f, float *out, const float 
     DFM_TRY(matmul_forward_cuda(v.q, v.xn, v.wq, NULL, N, C, C, ctx));
     DFM_TRY(matmul_forward_cuda(v.km, m->mem, v.wk, NULL, S, C, C, ctx));
     DFM_TRY(matmul_forward_cuda(v.vm, m->mem, v.wv, NULL, S, C, C, ctx));
-    DFM_TRY(crossattn_forward_cuda(v.y, v.p, v.q, v.km, v.vm, m->slot_mask, B, T, L, K, nhx, C / nhx, ctx->stream));
+    DFM_TRY(crossattn_forward_cuda(v.y, v.p, v.q, v.km, v.vm, m->slot_mask, B, T, L, m->dc.mem_align, K, nhx, C / nhx,
+                                   ctx->stream));
     DFM_TRY(matmul_forward_cuda(v.o, v.y, v.wo, NULL, N, C, C, ctx));
     DFM_TRY(matmul_forward_cuda(v.gl, h, v.wg, v.bg, N, C, G, ctx));
     return gate_forward_cuda(out, v.g, v.gl, h, v.o, N, C, G, ctx->stream);
@@ -551,7 +552,8 @@ static int fusion_backward_cuda(DfmModelCuda *mc, int f, float *dh, const float 
     DFM_TRY(vec_zero_cuda(d_q, NCs, st));
     DFM_TRY(vec_zero_cuda(m->d_fu_kv, SC, st));
     DFM_TRY(vec_zero_cuda(m->d_fu_kv2, SC, st));
-    DFM_TRY(crossattn_backward_cuda(d_q, m->d_fu_kv, m->d_fu_kv2, d_y, v.p, v.q, v.km, v.vm, B, T, L, K, nhx, C / nhx,
+    DFM_TRY(crossattn_backward_cuda(d_q, m->d_fu_kv, m->d_fu_kv2, d_y, v.p, v.q, v.km, v.vm, B, T, L, m->dc.mem_align, K,
+                                    nhx, C / nhx,
                                     st));
     DFM_TRY(matmul_backward_cuda(m->d_mem, gv.wk, NULL, m->d_fu_kv, m->mem, v.wk, S, C, C, ctx));
     DFM_TRY(matmul_backward_cuda(m->d_mem, gv.wv, NULL, m->d_fu_kv2, m->mem, v.wv, S, C, C, ctx));

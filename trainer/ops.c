@@ -308,20 +308,20 @@ void gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
 
 /* ---- chunk cross-attention + gate ---------------------------------------------------------------- */
 void crossattn_forward(float *out, float *p, const float *q, const float *km, const float *vm,
-                       const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd) {
+                       const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh, int hd) {
     int NC = T / L;
     size_t C = (size_t)nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for if ((size_t)B * T * C * K > 262144)
     for (int r = 0; r < B * T; r++) {
-        int b = r / T, c = (r % T) / L;
+        int b = r / T, c = (r % T + shift) / L;
         size_t m0 = ((size_t)b * NC + c) * K;
         for (int h = 0; h < nh; h++) {
             const float *qr = q + (size_t)r * C + (size_t)h * hd;
             float *pr = p + ((size_t)r * nh + h) * K;
             float *o = out + (size_t)r * C + (size_t)h * hd;
             float mx = -INFINITY;
-            for (int j = 0; j < K; j++) {
+            for (int j = 0; j < K && c < NC; j++) { /* c == NC: the chunk after the sequence, no memory */
                 if (!slot_mask[m0 + j]) continue;
                 const float *kj = km + (m0 + j) * C + (size_t)h * hd;
                 float s = 0.0f;
@@ -352,16 +352,17 @@ void crossattn_forward(float *out, float *p, const float *q, const float *km, co
 }
 
 void crossattn_backward(float *dq, float *dkm, float *dvm, const float *dout, const float *p, const float *q,
-                        const float *km, const float *vm, int B, int T, int L, int K, int nh, int hd) {
+                        const float *km, const float *vm, int B, int T, int L, int shift, int K, int nh, int hd) {
     int NC = T / L;
     size_t C = (size_t)nh * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    /* parallel over (b, chunk): the L tokens of a chunk write the same memory rows */
+    /* parallel over (b, chunk): the L rows attending a chunk write the same memory rows */
 #pragma omp parallel for collapse(2) if ((size_t)B * T * C * K > 262144)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < NC; c++) {
             size_t m0 = ((size_t)b * NC + c) * K;
-            for (int s = c * L; s < (c + 1) * L; s++) {
+            int s0 = c * L - shift, s1 = (c + 1) * L - shift;
+            for (int s = s0 < 0 ? 0 : s0; s < s1; s++) {
                 size_t r = (size_t)b * T + s;
                 for (int h = 0; h < nh; h++) {
                     const float *pr = p + (r * nh + h) * K;

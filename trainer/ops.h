@@ -62,14 +62,17 @@ void swiglu_backward(float *dgate, float *dup, const float *dout, const float *g
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *dout, const float *inp, size_t n);
 
-/* Chunk cross-attention: token row t = b*T + s attends to the K memory rows of its chunk c = s / L,
- * km/vm rows (b*NC + c)*K + j, with NC = T / L. Heads: nh of size hd (nh*hd = C). slot_mask[B*NC*K]
- * (1 = attend); a chunk with no unmasked slot gives out = 0 and p = 0 (no update).
+/* Chunk cross-attention: token row t = b*T + s attends to the K memory rows of chunk c = (s + shift) / L,
+ * km/vm rows (b*NC + c)*K + j, with NC = T / L. shift = 0: the chunk the token sits in; shift = 1: the
+ * chunk its next token (the one it predicts) sits in, so a chunk's last token already reads the next
+ * chunk's memory (which depends only on earlier chunks), and the sequence's last token, whose chunk
+ * would be NC, gets no update. 0 <= shift < L. Heads: nh of size hd (nh*hd = C). slot_mask[B*NC*K]
+ * (1 = attend); a row with no unmasked slot gives out = 0 and p = 0 (no update).
  * p[B*T, nh, K] keeps probabilities. */
 void crossattn_forward(float *out, float *p, const float *q, const float *km, const float *vm,
-                       const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd);
+                       const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh, int hd);
 void crossattn_backward(float *dq, float *dkm, float *dvm, const float *dout, const float *p, const float *q,
-                        const float *km, const float *vm, int B, int T, int L, int K, int nh, int hd);
+                        const float *km, const float *vm, int B, int T, int L, int shift, int K, int nh, int hd);
 
 /* Gated residual: out = h + g_expand * o, g[N, G] with G = 1 gate per head (G = nh, channel c uses
  * gate c / (C/G)) or per channel (G = C). gl is the gate pre-activation; g = sigmoid(gl). */

@@ -672,19 +672,19 @@ extern "C" int gelu_backward_cuda(float *dinp, const float *dout, const float *i
 // ---- chunk cross-attention + gate -------------------------------------------------------------------
 // one warp per (token row r, head h); scores go through p (lane 0 writes, __syncwarp orders them)
 __global__ void crossattn_forward_kernel(float *out, float *p, const float *q, const float *km, const float *vm,
-                                         const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd,
-                                         float scale) {
+                                         const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh,
+                                         int hd, float scale) {
     size_t w = blockIdx.x * (size_t)ROW_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (w >= (size_t)B * T * nh) return;
     int h = (int)(w % nh);
     size_t r = w / nh;
-    int b = (int)(r / T), c = (int)((r % T) / L), NC = T / L;
+    int b = (int)(r / T), c = (int)((r % T + shift) / L), NC = T / L;
     size_t C = (size_t)nh * hd, m0 = ((size_t)b * NC + c) * K;
     const float *qr = q + r * C + (size_t)h * hd;
     float *pr = p + w * K, *o = out + r * C + (size_t)h * hd;
     float mx = -INFINITY;
-    for (int j = 0; j < K; j++) {
+    for (int j = 0; j < K && c < NC; j++) {  // c == NC: the chunk after the sequence, no memory
         if (!slot_mask[m0 + j]) continue;
         const float *kj = km + (m0 + j) * C + (size_t)h * hd;
         float s = 0.0f;
@@ -715,16 +715,21 @@ __global__ void crossattn_forward_kernel(float *out, float *p, const float *q, c
 }
 // warp per (r, h): ds[r,h,j] = p (dp_j - sum_j p dp) scale into scratch; dq += sum_j ds_j k_j
 __global__ void crossattn_dq_kernel(float *dq, float *ds, const float *dout, const float *p, const float *km,
-                                    const float *vm, int B, int T, int L, int K, int nh, int hd, float scale) {
+                                    const float *vm, int B, int T, int L, int shift, int K, int nh, int hd,
+                                    float scale) {
     size_t w = blockIdx.x * (size_t)ROW_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (w >= (size_t)B * T * nh) return;
     int h = (int)(w % nh);
     size_t r = w / nh;
-    int b = (int)(r / T), c = (int)((r % T) / L), NC = T / L;
-    size_t C = (size_t)nh * hd, m0 = ((size_t)b * NC + c) * K;
-    const float *pr = p + w * K, *dor = dout + r * C + (size_t)h * hd;
+    int b = (int)(r / T), c = (int)((r % T + shift) / L), NC = T / L;
+    const float *pr = p + w * K, *dor = dout + r * ((size_t)nh * hd) + (size_t)h * hd;
     float *dsr = ds + w * K;
+    if (c >= NC) {  // attends nothing (p = 0): no gradient
+        for (int j = lane; j < K; j += 32) dsr[j] = 0.0f;
+        return;
+    }
+    size_t C = (size_t)nh * hd, m0 = ((size_t)b * NC + c) * K;
     float pdp = 0.0f;
     for (int j = 0; j < K; j++) {
         float acc = 0.0f;
@@ -747,7 +752,7 @@ __global__ void crossattn_dq_kernel(float *dq, float *ds, const float *dout, con
 }
 // thread per memory element (b, c, j, channel): the chunk's L tokens summed in order
 __global__ void crossattn_dkv_kernel(float *dkm, float *dvm, const float *ds, const float *p, const float *q,
-                                     const float *dout, int B, int T, int L, int K, int nh, int hd) {
+                                     const float *dout, int B, int T, int L, int shift, int K, int nh, int hd) {
     size_t C = (size_t)nh * hd, NC = T / L;
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * NC * K * C) return;
@@ -756,8 +761,9 @@ __global__ void crossattn_dkv_kernel(float *dkm, float *dvm, const float *ds, co
     size_t bc = mrow / K, b = bc / NC, c = bc % NC;
     int h = (int)(ch / hd);
     float sk = 0.0f, sv = 0.0f;
-    for (size_t s = c * L; s < (c + 1) * L; s++) {
-        size_t r = b * T + s, pi = (r * nh + h) * K + j;
+    long s0 = (long)(c * L) - shift, s1 = (long)((c + 1) * L) - shift;
+    for (long s = s0 < 0 ? 0 : s0; s < s1; s++) {
+        size_t r = b * T + (size_t)s, pi = (r * nh + h) * K + j;
         sk += ds[pi] * q[r * C + ch];
         sv += p[pi] * dout[r * C + ch];
     }
@@ -765,25 +771,26 @@ __global__ void crossattn_dkv_kernel(float *dkm, float *dvm, const float *ds, co
     if (dvm) dvm[idx] += sv;
 }
 extern "C" int crossattn_forward_cuda(float *out, float *p, const float *q, const float *km, const float *vm,
-                                      const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd,
-                                      cudaStream_t stream) {
+                                      const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh,
+                                      int hd, cudaStream_t stream) {
     crossattn_forward_kernel<<<blocks_for((size_t)B * T * nh, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
-        out, p, q, km, vm, slot_mask, B, T, L, K, nh, hd, 1.0f / sqrtf((float)hd));
+        out, p, q, km, vm, slot_mask, B, T, L, shift, K, nh, hd, 1.0f / sqrtf((float)hd));
     LAUNCH_CHECK("crossattn_forward_kernel");
     return DFM_OK;
 }
 extern "C" int crossattn_backward_cuda(float *dq, float *dkm, float *dvm, const float *dout, const float *p,
-                                       const float *q, const float *km, const float *vm, int B, int T, int L, int K,
-                                       int nh, int hd, cudaStream_t stream) {
+                                       const float *q, const float *km, const float *vm, int B, int T, int L,
+                                       int shift, int K, int nh, int hd, cudaStream_t stream) {
     float *ds = NULL;
     size_t nds = (size_t)B * T * nh * K;
     CUDA_CHECK(cudaMallocAsync((void **)&ds, (nds ? nds : 1) * sizeof(float), stream));
     crossattn_dq_kernel<<<blocks_for((size_t)B * T * nh, ROW_WARPS), 32 * ROW_WARPS, 0, stream>>>(
-        dq, ds, dout, p, km, vm, B, T, L, K, nh, hd, 1.0f / sqrtf((float)hd));
+        dq, ds, dout, p, km, vm, B, T, L, shift, K, nh, hd, 1.0f / sqrtf((float)hd));
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && (dkm || dvm)) {
         size_t n = (size_t)B * (T / L) * K * nh * hd;
-        crossattn_dkv_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dkm, dvm, ds, p, q, dout, B, T, L, K, nh, hd);
+        crossattn_dkv_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(dkm, dvm, ds, p, q, dout, B, T, L, shift, K, nh,
+                                                                           hd);
         e = cudaGetLastError();
     }
     cudaFreeAsync(ds, stream);

@@ -105,9 +105,10 @@ int gelu_backward_cuda(float *dinp, const float *dout, const float *inp, size_t 
 /* Chunk cross-attention (as crossattn_forward; slot_mask is device uint8). The backward allocates a
  * [B*T, nh, K] scratch with cudaMallocAsync on `stream`. */
 int crossattn_forward_cuda(float *out, float *p, const float *q, const float *km, const float *vm,
-                           const uint8_t *slot_mask, int B, int T, int L, int K, int nh, int hd, cudaStream_t stream);
+                           const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh, int hd,
+                           cudaStream_t stream);
 int crossattn_backward_cuda(float *dq, float *dkm, float *dvm, const float *dout, const float *p, const float *q,
-                            const float *km, const float *vm, int B, int T, int L, int K, int nh, int hd,
+                            const float *km, const float *vm, int B, int T, int L, int shift, int K, int nh, int hd,
                             cudaStream_t stream);
 
 /* Gated residual (as gate_forward / gate_backward; dh may be NULL). */

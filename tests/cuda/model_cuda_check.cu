@@ -116,6 +116,7 @@ static int run_variant(const Variant *va) {
         dc.gate_per_channel = va->per_channel;
         dc.fuse_first_chunk = va->fuse_first;
         dc.pred_input_layer = va->pred_input_layer;
+        dc.mem_align = va->per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;  // both alignments covered
         dc.mse_weight = 0.7f;
     }
     DfmModel *h = NULL;

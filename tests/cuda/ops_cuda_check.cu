@@ -281,18 +281,27 @@ static int check_fusion(cudaStream_t st) {
     float *q = hrand(nq, 1.0f), *km = hrand(nm, 1.0f), *vm = hrand(nm, 1.0f), *out = hnew(nq), *p = hnew(np);
     float *d_q = dnew(q, nq), *d_km = dnew(km, nm), *d_vm = dnew(vm, nm), *d_out = dnew(NULL, nq),
           *d_p = dnew(NULL, np);
-    crossattn_forward(out, p, q, km, vm, mask.data(), B, T, L, K, NH, HD);
-    GT(crossattn_forward_cuda(d_out, d_p, d_q, d_km, d_vm, d_mask, B, T, L, K, NH, HD, st));
-    GT(cmp("crossattn_forward.p", p, d_p, np, TOL_FP32));
-    GT(cmp("crossattn_forward.out", out, d_out, nq, TOL_FP32));
-    float *dout = hrand(nq, 1.0f), *dq = hrand(nq, 0.1f), *dkm = hrand(nm, 0.1f), *dvm = hrand(nm, 0.1f);
-    float *d_dout = dnew(dout, nq), *d_dq = dnew(dq, nq), *d_dkm = dnew(dkm, nm), *d_dvm = dnew(dvm, nm);
-    CT(h2d(d_p, p, np * sizeof(float)));
-    crossattn_backward(dq, dkm, dvm, dout, p, q, km, vm, B, T, L, K, NH, HD);
-    GT(crossattn_backward_cuda(d_dq, d_dkm, d_dvm, d_dout, d_p, d_q, d_km, d_vm, B, T, L, K, NH, HD, st));
-    GT(cmp("crossattn_backward.dq", dq, d_dq, nq, TOL_FP32));
-    GT(cmp("crossattn_backward.dkm", dkm, d_dkm, nm, TOL_FP32));
-    GT(cmp("crossattn_backward.dvm", dvm, d_dvm, nm, TOL_FP32));
+    float *dout = hrand(nq, 1.0f), *d_dout = dnew(dout, nq);
+    for (int shift : {0, 1}) {  // memory of the token's own chunk / of the chunk of the token it predicts
+        char nmf[64], nmp[64], nmq[64], nmk[64], nmv[64];
+        snprintf(nmp, sizeof nmp, "crossattn_forward.p (shift %d)", shift);
+        snprintf(nmf, sizeof nmf, "crossattn_forward.out (shift %d)", shift);
+        snprintf(nmq, sizeof nmq, "crossattn_backward.dq (shift %d)", shift);
+        snprintf(nmk, sizeof nmk, "crossattn_backward.dkm (shift %d)", shift);
+        snprintf(nmv, sizeof nmv, "crossattn_backward.dvm (shift %d)", shift);
+        crossattn_forward(out, p, q, km, vm, mask.data(), B, T, L, shift, K, NH, HD);
+        GT(crossattn_forward_cuda(d_out, d_p, d_q, d_km, d_vm, d_mask, B, T, L, shift, K, NH, HD, st));
+        GT(cmp(nmp, p, d_p, np, TOL_FP32));
+        GT(cmp(nmf, out, d_out, nq, TOL_FP32));
+        float *dq = hrand(nq, 0.1f), *dkm = hrand(nm, 0.1f), *dvm = hrand(nm, 0.1f);
+        float *d_dq = dnew(dq, nq), *d_dkm = dnew(dkm, nm), *d_dvm = dnew(dvm, nm);
+        CT(h2d(d_p, p, np * sizeof(float)));
+        crossattn_backward(dq, dkm, dvm, dout, p, q, km, vm, B, T, L, shift, K, NH, HD);
+        GT(crossattn_backward_cuda(d_dq, d_dkm, d_dvm, d_dout, d_p, d_q, d_km, d_vm, B, T, L, shift, K, NH, HD, st));
+        GT(cmp(nmq, dq, d_dq, nq, TOL_FP32));
+        GT(cmp(nmk, dkm, d_dkm, nm, TOL_FP32));
+        GT(cmp(nmv, dvm, d_dvm, nm, TOL_FP32));
+    }
 
     for (int G : {(int)NH, (int)C}) {
         char nmb[64];

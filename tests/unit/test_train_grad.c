@@ -218,17 +218,17 @@ static void test_attention(void **state) {
 typedef struct {
     float *out, *p, *q, *km, *vm, *R;
     uint8_t *mask;
-    int B, T, L, K, nh, hd;
+    int B, T, L, shift, K, nh, hd;
 } XCtx;
 static double x_loss(void *p) {
     XCtx *c = p;
-    crossattn_forward(c->out, c->p, c->q, c->km, c->vm, c->mask, c->B, c->T, c->L, c->K, c->nh, c->hd);
+    crossattn_forward(c->out, c->p, c->q, c->km, c->vm, c->mask, c->B, c->T, c->L, c->shift, c->K, c->nh, c->hd);
     return dotR(c->out, c->R, (size_t)c->B * c->T * c->nh * c->hd);
 }
-static void test_crossattn(void **state) {
+static void run_crossattn(int shift) {
     dfm_rng r;
     rng_seed(&r, 5);
-    XCtx c = {.B = 2, .T = 8, .L = 4, .K = 3, .nh = 2, .hd = 4};
+    XCtx c = {.B = 2, .T = 8, .L = 4, .shift = shift, .K = 3, .nh = 2, .hd = 4};
     int NC = 2, S = 2 * NC * 3, C = 8;
     size_t nq = (size_t)2 * 8 * C, nm = (size_t)S * C;
     c.q = randv(&r, nq, 1);
@@ -243,12 +243,28 @@ static void test_crossattn(void **state) {
     c.mask[2 * 3 + 1] = 0;                     /* sequence 1 chunk 0: one padded slot */
     float *dq = zerov(nq), *dk = zerov(nm), *dv = zerov(nm);
     x_loss(&c);
-    crossattn_backward(dq, dk, dv, c.R, c.p, c.q, c.km, c.vm, c.B, c.T, c.L, c.K, c.nh, c.hd);
-    for (int i = 0; i < 4 * C; i++) assert_true(c.out[i] == 0.0f); /* masked chunk: no update */
-    assert_true(check_grad("crossattn dq", c.q, nq, dq, x_loss, &c, 1e-2f, 200) < TOL);
-    assert_true(check_grad("crossattn dkm (masked slots)", c.km, nm, dk, x_loss, &c, 1e-2f, 200) < TOL);
-    assert_true(check_grad("crossattn dvm (masked slots)", c.vm, nm, dv, x_loss, &c, 1e-2f, 200) < TOL);
+    crossattn_backward(dq, dk, dv, c.R, c.p, c.q, c.km, c.vm, c.B, c.T, c.L, c.shift, c.K, c.nh, c.hd);
+    /* rows of sequence 0 that attend its masked chunk 0: no update; the row before it (shift 1) reads chunk 1 */
+    for (int i = 0; i < (4 - shift) * C; i++) assert_true(c.out[i] == 0.0f);
+    if (shift) {
+        double a = 0;
+        for (int i = 3 * C; i < 4 * C; i++) a += fabs(c.out[i]);
+        assert_true(a > 0.0);
+        for (int b = 0; b < 2; b++) /* a sequence's last row attends the chunk after it: nothing */
+            for (int i = 0; i < C; i++) assert_true(c.out[((size_t)b * 8 + 7) * C + i] == 0.0f);
+    }
+    char nm_q[64], nm_k[64], nm_v[64];
+    snprintf(nm_q, sizeof nm_q, "crossattn dq (shift %d)", shift);
+    snprintf(nm_k, sizeof nm_k, "crossattn dkm (shift %d, masked slots)", shift);
+    snprintf(nm_v, sizeof nm_v, "crossattn dvm (shift %d, masked slots)", shift);
+    assert_true(check_grad(nm_q, c.q, nq, dq, x_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad(nm_k, c.km, nm, dk, x_loss, &c, 1e-2f, 200) < TOL);
+    assert_true(check_grad(nm_v, c.vm, nm, dv, x_loss, &c, 1e-2f, 200) < TOL);
     free(c.q), free(c.km), free(c.vm), free(c.R), free(c.out), free(c.p), free(c.mask), free(dq), free(dk), free(dv);
+}
+static void test_crossattn(void **state) {
+    run_crossattn(MEM_ALIGN_SAME);
+    run_crossattn(MEM_ALIGN_NEXT);
 }
 
 typedef struct {
@@ -378,6 +394,7 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     dc.mse_weight = 0.5f;
     dc.init_std = 0.3f;
     dc.pred_input_layer = per_channel ? 1 : 0; /* predictor reads layer 0's output */
+    dc.mem_align = per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
     DfmModel *m = NULL;
     assert_int_equal(model_create(&bc, &dc, 2, 12, &m), 0);
     model_init_backbone_random(m, 11);
@@ -413,8 +430,9 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     model_zero_grad(m);
     assert_int_equal(model_forward(m, c.inp, c.tgt, c.tmem, c.tmask, 2, 12, MEM_PREDICTED, 1, 1.0f), 0);
     assert_int_equal(model_backward(m), 0);
-    printf("  [model %s, gate per %s, qk_norm %d, tied %d] loss %.6f (ce %.6f mse %.6f)\n",
-           pretrain ? "pretrain" : "dfm", per_channel ? "channel" : "head", qk_norm, tie, m->loss, m->ce, m->mse);
+    printf("  [model %s, gate per %s, qk_norm %d, tied %d, memory of the %s chunk] loss %.6f (ce %.6f mse %.6f)\n",
+           pretrain ? "pretrain" : "dfm", per_channel ? "channel" : "head", qk_norm, tie,
+           dc.mem_align == MEM_ALIGN_NEXT ? "next" : "same", m->loss, m->ce, m->mse);
     TensorView *gv = calloc(256, sizeof *gv);
     int n = pretrain ? model_backbone_tensors(m, views, 0) : model_dfm_tensors(m, views, 0);
     int ng = pretrain ? model_backbone_tensors(m, gv, 1) : model_dfm_tensors(m, gv, 1);
@@ -436,6 +454,150 @@ static void test_model_dfm_channel_gate(void **state) { run_model_check(0, 1, 0,
 static void test_model_pretrain(void **state) { run_model_check(1, 0, 1, 0); }
 static void test_model_pretrain_tied(void **state) { run_model_check(1, 0, 0, 1); }
 
+/* ---- no leak: nothing a position sees depends on a later token ----------------------------------------
+ * For every p, tokens at positions >= p are replaced; then the memory that any position r < p attends
+ * (chunk (r+1)/L, or r/L with the old alignment) and the final hidden state (hence the logits) of every
+ * r < p must not change: with predicted memory, and with target memory defined as the encoders define
+ * it (chunk i's target is a function of chunks < i only). A deliberately leaky target (chunk i's target
+ * read from chunk i itself) must be caught, so the check can fail. */
+enum { LK_T = 12, LK_L = 4, LK_NC = 3, LK_K = 3, LK_D = 5, LK_C = 8, LK_V = 23 };
+
+/* target slots of chunk i from the tokens of chunks < i (leaky: of chunks <= i); chunk 0 absent */
+static void leak_targets(const int *tok, const float *table, int leaky, float *tmem, uint8_t *tmask) {
+    for (int i = 0; i < LK_NC; i++)
+        for (int j = 0; j < LK_K; j++) {
+            float *t = tmem + ((size_t)i * LK_K + j) * LK_D;
+            int end = (leaky ? i + 1 : i) * LK_L;
+            for (int k = 0; k < LK_D; k++) {
+                double a = 0;
+                for (int s = 0; s < end; s++) a += table[((size_t)tok[s] * LK_K + j) * LK_D + k] * (1.0 + 0.1 * s);
+                t[k] = (float)tanh(a);
+            }
+            tmask[i * LK_K + j] = (uint8_t)(end > 0);
+        }
+}
+
+/* max |difference| over rows [0, p) of the final hidden state and over the memory rows those rows attend */
+static void leak_diff(DfmModel *m, const int *a, const int *b, const float *table, int leaky, int mode, int p,
+                      double *d_state, double *d_mem) {
+    int tga[LK_T], tgb[LK_T];
+    float ta[LK_NC * LK_K * LK_D], tb[LK_NC * LK_K * LK_D];
+    uint8_t ma[LK_NC * LK_K], mb[LK_NC * LK_K];
+    static float sa[LK_T * LK_C], mema[LK_NC * LK_K * LK_C];
+    for (int i = 0; i < LK_T; i++) tga[i] = a[(i + 1) % LK_T], tgb[i] = b[(i + 1) % LK_T];
+    leak_targets(a, table, leaky, ta, ma);
+    leak_targets(b, table, leaky, tb, mb);
+    assert_int_equal(model_forward(m, a, tga, ta, ma, 1, LK_T, mode, 0, 1.0f), 0);
+    memcpy(sa, m->lnf_out, sizeof sa);
+    memcpy(mema, m->mem, sizeof mema);
+    assert_int_equal(model_forward(m, b, tgb, tb, mb, 1, LK_T, mode, 0, 1.0f), 0);
+    *d_state = *d_mem = 0.0;
+    for (int r = 0; r < p; r++) {
+        for (int i = 0; i < LK_C; i++) *d_state = fmax(*d_state, fabs(sa[r * LK_C + i] - m->lnf_out[r * LK_C + i]));
+        int c = (r + m->dc.mem_align) / LK_L;
+        for (int k = 0; c < LK_NC && k < LK_K * LK_C; k++)
+            *d_mem = fmax(*d_mem, fabs(mema[(size_t)c * LK_K * LK_C + k] - m->mem[(size_t)c * LK_K * LK_C + k]));
+    }
+}
+
+static void test_no_leak(void **state) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    dfm_rng r;
+    rng_seed(&r, 77);
+    float *table = randv(&r, (size_t)LK_V * LK_K * LK_D, 0.5f);
+    for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
+        DfmConfig dc;
+        dfm_config_defaults(&dc, &bc);
+        dc.chunk_len = LK_L;
+        dc.n_slots = LK_K;
+        dc.d_mem = LK_D;
+        dc.pred = (StackConfig){.n_layers = 2, .hidden = 8, .n_heads = 2, .n_kv_heads = 2, .head_dim = 4, .ffn = 10,
+                                .eps = 1e-6f, .rope_theta = 10000.0f};
+        dc.proj_hidden = 7;
+        dc.n_fusion = 2;
+        dc.fusion_layers[0] = 0;
+        dc.fusion_layers[1] = 2;
+        dc.xattn_heads = 2;
+        dc.init_std = 0.3f;
+        dc.mem_align = align;
+        DfmModel *m = NULL;
+        assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
+        model_init_backbone_random(m, 5);
+        scale_all(m->bb_memory, m->bb_num, 5.0f);
+        model_init_dfm_random(m, 6);
+        rng_normal(&r, m->dp.fu_bg, 2 * 2, 1.0f); /* open gates: memory changes the states visibly */
+        int a[LK_T], b[LK_T];
+        for (int i = 0; i < LK_T; i++) a[i] = rng_u32(&r) % LK_V;
+        double worst = 0.0, caught = 0.0;
+        for (int p = 1; p < LK_T; p++) {
+            memcpy(b, a, sizeof b);
+            for (int i = p; i < LK_T; i++) b[i] = (a[i] + 1 + rng_u32(&r) % (LK_V - 1)) % LK_V;
+            for (int mode = MEM_PREDICTED; mode <= MEM_TARGET; mode++) {
+                double ds, dm;
+                leak_diff(m, a, b, table, 0, mode, p, &ds, &dm);
+                worst = fmax(worst, fmax(ds, dm));
+                if (ds > 1e-6 || dm > 1e-6)
+                    printf("  LEAK: align %s, %s memory, tokens >= %d change rows < %d by %.3e (memory %.3e)\n",
+                           align ? "next" : "same", mode == MEM_TARGET ? "target" : "predicted", p, p, ds, dm);
+            }
+            double ds, dm; /* a leaky target definition must be detected */
+            leak_diff(m, a, b, table, 1, MEM_TARGET, p, &ds, &dm);
+            caught = fmax(caught, ds);
+        }
+        printf("  no leak, memory of the %s chunk: worst change of rows before the changed tokens %.3e; a leaky "
+               "target changes them by %.3e\n", align ? "next" : "same", worst, caught);
+        assert_true(worst <= 1e-6);
+        assert_true(caught > 1e-3);
+        model_free(m);
+    }
+    free(table);
+}
+
+/* The alignment itself: target memory of chunk 1 only reaches the rows attending it: with the next-chunk
+ * alignment, rows L-1 .. 2L-2 (the one predicting chunk 1's first token included); with the same-chunk
+ * alignment rows L .. 2L-1. */
+static void test_alignment_rows(void **state) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    dfm_rng r;
+    rng_seed(&r, 78);
+    for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
+        DfmConfig dc;
+        dfm_config_defaults(&dc, &bc);
+        dc.chunk_len = LK_L;
+        dc.n_slots = LK_K;
+        dc.d_mem = LK_D;
+        dc.proj_hidden = 7;
+        dc.n_fusion = 1;
+        dc.fusion_layers[0] = 2; /* the last layer: a row's state changes only through its own fusion */
+        dc.xattn_heads = 2;
+        dc.init_std = 0.3f;
+        dc.mem_align = align;
+        DfmModel *m = NULL;
+        assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
+        model_init_backbone_random(m, 5);
+        model_init_dfm_random(m, 6);
+        int tok[LK_T], tgt[LK_T];
+        for (int i = 0; i < LK_T; i++) tok[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+        float *tm = randv(&r, (size_t)LK_NC * LK_K * LK_D, 1.0f), *s0 = zerov((size_t)LK_T * LK_C);
+        uint8_t mask[LK_NC * LK_K];
+        memset(mask, 1, sizeof mask);
+        assert_int_equal(model_forward(m, tok, tgt, tm, mask, 1, LK_T, MEM_TARGET, 0, 1.0f), 0);
+        memcpy(s0, m->lnf_out, (size_t)LK_T * LK_C * sizeof(float));
+        for (int k = 0; k < LK_K * LK_D; k++) tm[LK_K * LK_D + k] += rng_f32(&r) - 0.5f; /* chunk 1's slots */
+        assert_int_equal(model_forward(m, tok, tgt, tm, mask, 1, LK_T, MEM_TARGET, 0, 1.0f), 0);
+        for (int row = 0; row < LK_T; row++) {
+            double d = 0;
+            for (int i = 0; i < LK_C; i++) d = fmax(d, fabs(s0[row * LK_C + i] - m->lnf_out[row * LK_C + i]));
+            int reads = (row + align) / LK_L == 1;
+            if (reads) assert_true(d > 1e-4);
+            else assert_true(d == 0.0);
+        }
+        free(tm);
+        free(s0);
+        model_free(m);
+    }
+}
+
 static void test_print_worst(void **state) {
     printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
     assert_true(g_worst < TOL);
@@ -448,7 +610,8 @@ int main(void) {
         cmocka_unit_test(test_crossattn),      cmocka_unit_test(test_gate),
         cmocka_unit_test(test_ce_mse),         cmocka_unit_test(test_model_dfm_head_gate),
         cmocka_unit_test(test_model_dfm_channel_gate), cmocka_unit_test(test_model_pretrain),
-        cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_print_worst),
+        cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_no_leak),
+        cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_print_worst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
