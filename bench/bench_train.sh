@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/bench_train.sh — CPU training step time and peak memory of dfm-train against the same model in
-# PyTorch (the independent implementation of tests/py/test_train_torch_parity.py, run in float32 with
-# autograd and torch.optim.AdamW), same shapes, same thread count, side by side.
+# PyTorch (tests/ref/dfm_torch.py, the parity test's model, run in float32 with autograd and
+# torch.optim.AdamW), same shapes, same thread count, side by side.
 #
 #   bash bench/bench_train.sh                 # defaults below
 #   THREADS=2 STEPS=10 HIDDEN=256 bash bench/bench_train.sh
@@ -32,10 +32,9 @@ COMMON=(--data "$W/data/tokens.bin" --seq-len "$T" --batch "$B" --steps "$STEPS"
 OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE} OMP_NUM_THREADS=$THREADS "$PY" - "$W" "$ROOT" "$THREADS" "$STEPS" "$B" "$T" <<'EOF' 2>/dev/null
 import json, os, resource, statistics, sys, time
 w, root, threads, steps, B, T = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-sys.path.insert(0, os.path.join(root, "tests", "py"))
+sys.path.insert(0, os.path.join(root, "tests", "ref"))
 import torch
-import test_train_torch_parity as ref
-ref.DT = torch.float32
+import dfm_torch as ref
 torch.set_num_threads(threads)
 
 def c_times(run):
@@ -67,11 +66,12 @@ def torch_times(mode):
         S = B * (T // dc["chunk_len"]) * dc["n_slots"]
         tm = torch.randn(S, dc["d_mem"], generator=g)
         tmask = torch.ones(S, dtype=torch.uint8)
+    model = ref.DfmTorch(bc, dc, attn="manual")
     times = []
     for i in range(steps):
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = ref.model_loss(P, (tok, tgt), bc, dc, tm, tmask)[0]
+        loss = model.forward(P, tok, tgt, tm, tmask)["loss"]
         loss.backward()
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)

@@ -133,7 +133,7 @@ spec() { # sets LAYERS HIDDEN HEADS KV HD FFN VOCAB T B and the DFM shape for ba
   PRED_LAYERS=2
   PRED_HIDDEN=$((HIDDEN < 256 ? HIDDEN : 256))
   PROJ_HIDDEN=$((2 * HIDDEN))
-  FUSION=$("$SPY" -c "import sys; sys.path.insert(0, 'bench'); import train_flops as t; \
+  FUSION=$("$SPY" -c "import sys; sys.path.insert(0, 'tests/ref'); import train_flops as t; \
 print(','.join(map(str, t.default_fusion_layers($LAYERS))))")
   SHAPE=(--arch qwen3 --layers "$LAYERS" --hidden "$HIDDEN" --heads "$HEADS" --kv-heads "$KV" --head-dim "$HD"
          --ffn "$FFN" --vocab "$VOCAB" --seq-len "$T" --batch "$B")
@@ -249,7 +249,7 @@ done
 export SPECS
 "$SPY" - <<'EOF'
 import json, os, statistics, sys, time
-sys.path.insert(0, "bench")
+sys.path.insert(0, "tests/ref")
 import train_flops as TF
 
 E = os.environ

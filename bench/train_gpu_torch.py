@@ -1,23 +1,12 @@
 #!/usr/bin/env python3
-"""train_gpu_torch.py — dfm-train's model in PyTorch, for a side-by-side speed benchmark (issue 8).
+"""train_gpu_torch.py — a timing harness: dfm-train's model in PyTorch (tests/ref/dfm_torch.py, the model the
+fp64 parity test checks against dfm-train) trained for a side-by-side speed benchmark.
 
-The same computation as trainer/model.h and trainer/stack.h, written independently of the parity test:
-  - backbone (Qwen3 style): embedding -> N x [RMSNorm -> q,k,v (GQA, no bias) -> per-head q/k RMSNorm
-    (--arch qwen3) -> RoPE (rotate_half) -> causal softmax attention -> o_proj -> residual; RMSNorm ->
-    SwiGLU -> residual] -> RMSNorm -> tied LM head -> mean next-token CE;
-  - DFM mode: the backbone frozen (bf16 weights, requires_grad False); predictor over chunk means of the
-    frozen input embeddings (chunk i gets chunk i-1's mean through Linear C->P, chunk 0 a learned
-    placeholder; causal decoder layers over chunks, RMSNorm, Linear P->K*d), shared projector
-    (LayerNorm(d) -> Linear d->H -> GELU(erf) -> Linear H->C), gated cross-attention fusion blocks after
-    the given layers (RMSNorm, q from tokens, k/v from the K projected slots of the token's own chunk,
-    o_proj, sigmoid gate per head (or channel) from the block's input; chunk 0 gets no update unless
-    --fuse-first-chunk), loss = CE + mse_weight * MSE(predicted slots, target slots of chunks >= 1).
-Implementation choices a PyTorch user would make: q/k/v and gate/up weights stored fused (one GEMM
-each, same arithmetic), F.scaled_dot_product_attention (causal; cross-attention batched per chunk),
-bf16 autocast over fp32 master weights, fused AdamW over the trainable parameters, gradient clipping
-at 1.0 (dfm-train clips too), torch.compile per decoder layer / fusion block / memory path / LM head
-(--compile; falls back to eager with a note when it is missing or fails).
-Random weights and random (learnable: a per-sequence affine token recurrence) data of the given shapes.
+What the harness chooses: bf16 autocast over fp32 master weights with the frozen backbone stored in bf16
+(--dtype), the attention implementation (--attn sdpa|manual), torch.compile (--compile; falls back to
+eager with a note when it is missing or fails), fused AdamW over the trainable parameters, gradient
+clipping at 1.0 (dfm-train clips too). Random weights and random (learnable: a per-sequence affine token
+recurrence) data of the given shapes.
 
 Prints one JSON line (the last line of stdout): impl, mode, params, trainable, tokens_per_step,
 ms_per_step (median over the timed steps), tok_per_s, flops_per_token (tests/ref/train_flops.py), mfu,
@@ -42,180 +31,11 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ref"))
+import dfm_torch as DT  # noqa: E402
 import train_flops as TF  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
-
-
-# ---- the model's pieces (plain functions; compiled wrappers are made in build_fns) ------------------------
-def rmsnorm(x, w, eps):
-    xf = x.float()
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.float()).to(x.dtype)
-
-
-def rope_tables(T, hd, theta, device):
-    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
-    ang = torch.outer(torch.arange(T, dtype=torch.float32, device=device), inv)
-    ang = torch.cat([ang, ang], dim=-1)  # [T, hd], HF layout
-    return ang.cos(), ang.sin()
-
-
-def apply_rope(x, cos, sin):
-    # x [B, T, H, hd]; Hugging Face rotate_half
-    cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
-    h = x.shape[-1] // 2
-    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-    return x * cos + rot * sin
-
-
-def attention(q, k, v, causal, mode, gqa_ok):
-    """q [B, nh, Tq, hd], k/v [B, nkv, Tk, hd] -> [B, nh, Tq, hd]."""
-    nh, nkv = q.shape[1], k.shape[1]
-    if mode == "sdpa" and HAS_SDPA:
-        if nh != nkv and gqa_ok:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        if nh != nkv:
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    if nh != nkv:
-        k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-    s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
-    if causal:
-        Tq, Tk = q.shape[2], k.shape[2]
-        m = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
-        s = s.masked_fill(~m, float("-inf"))
-    p = s.float().softmax(-1).to(v.dtype)
-    return p @ v
-
-
-def make_layer_fn(nh, nkv, hd, eps, qk_norm, attn_mode, gqa_ok):
-    def layer(x, w, cos, sin):
-        B, T, _ = x.shape
-        h = rmsnorm(x, w["ln1"], eps)
-        qkv = F.linear(h, w["wqkv"])
-        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-        q, k, v = q.view(B, T, nh, hd), k.view(B, T, nkv, hd), v.view(B, T, nkv, hd)
-        if qk_norm:
-            q, k = rmsnorm(q, w["qn"], eps), rmsnorm(k, w["kn"], eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), True, attn_mode, gqa_ok)
-        y = y.transpose(1, 2).reshape(B, T, nh * hd)
-        x = x + F.linear(y, w["wo"])
-        h = rmsnorm(x, w["ln2"], eps)
-        g, u = F.linear(h, w["wgu"]).chunk(2, dim=-1)
-        return x + F.linear(F.silu(g) * u, w["wdown"])
-    return layer
-
-
-def make_fusion_fn(nhx, L, G, eps, attn_mode):
-    def fusion(h, M, w, tmask):
-        # h [B,T,C]; M [B,NC,K,C]; tmask [T,1]: 0 for tokens of chunks without memory (chunk 0)
-        B, T, C = h.shape
-        NC, K, hdx = T // L, M.shape[2], C // nhx
-        xn = rmsnorm(h, w["ln"], eps)
-        q = F.linear(xn, w["wq"]).view(B, NC, L, nhx, hdx).permute(0, 1, 3, 2, 4).reshape(B * NC, nhx, L, hdx)
-        k = F.linear(M, w["wk"]).view(B, NC, K, nhx, hdx).permute(0, 1, 3, 2, 4).reshape(B * NC, nhx, K, hdx)
-        v = F.linear(M, w["wv"]).view(B, NC, K, nhx, hdx).permute(0, 1, 3, 2, 4).reshape(B * NC, nhx, K, hdx)
-        y = attention(q, k, v, False, attn_mode, True)
-        y = y.view(B, NC, nhx, L, hdx).permute(0, 1, 3, 2, 4).reshape(B, T, C)
-        o = F.linear(y, w["wo"])
-        g = torch.sigmoid(F.linear(h, w["wg"], w["bg"]))  # [B,T,G]
-        upd = (o.view(B, T, G, C // G) * g.unsqueeze(-1)).view(B, T, C) * tmask.to(o.dtype)
-        return h + upd.to(h.dtype)
-    return fusion
-
-
-def make_memory_fn(c, pred_layer):
-    L, K, d, P = c["chunk_len"], c["slots"], c["d_mem"], c["pred_hidden"]
-    eps = 1e-6
-
-    def memory(src, tgt, tgt_mask, w, pcos, psin):
-        # src [B,T,C] frozen states; tgt [B,NC,K,d] fp32; tgt_mask [B,NC,K] fp32 (1 = valid target)
-        B, T, C = src.shape
-        NC = T // L
-        pool = src.detach().float().view(B, NC, L, C).mean(2)
-        u = F.linear(pool[:, :-1], w["win"], w["bin"])
-        x = torch.cat([w["ph"].to(u.dtype).view(1, 1, P).expand(B, 1, P), u], dim=1)
-        for lw in w["layers"]:
-            x = pred_layer(x, lw, pcos, psin)
-        x = rmsnorm(x, w["lnf"], eps)
-        slots = F.linear(x, w["wout"], w["bout"]).view(B, NC, K, d)
-        m = F.layer_norm(slots.float(), (d,), w["plnw"], w["plnb"], 1e-5)
-        m = F.gelu(F.linear(m, w["w1"], w["b1"]))
-        M = F.linear(m, w["w2"], w["b2"])
-        diff = (slots.float() - tgt).pow(2) * tgt_mask.unsqueeze(-1)
-        mse = diff.sum() / (tgt_mask.sum() * d)
-        return M, mse
-    return memory
-
-
-def make_head_fn(eps):
-    def head_ce(x, lnf, wh, targets):
-        h = rmsnorm(x, lnf, eps)
-        logits = F.linear(h, wh)
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1), ignore_index=-1)
-    return head_ce
-
-
-# ---- parameters ----------------------------------------------------------------------------------------------
-def _normal(shape, std, dev, dt):
-    return (torch.randn(*shape, device=dev, dtype=torch.float32) * std).to(dt)
-
-
-def init_backbone(c, dev, dt):
-    C, V, hd, nh, nkv, Fh = c["hidden"], c["vocab"], c["head_dim"], c["heads"], c["kv_heads"], c["ffn"]
-    ones = lambda n: torch.ones(n, device=dev, dtype=dt)  # noqa: E731
-    bb = {"wte": _normal((V, C), 0.02, dev, dt), "lnf": ones(C), "layers": []}
-    for _ in range(c["layers"]):
-        bb["layers"].append({
-            "ln1": ones(C), "wqkv": _normal(((nh + 2 * nkv) * hd, C), 0.02, dev, dt),
-            "qn": ones(hd) if c["qk_norm"] else None, "kn": ones(hd) if c["qk_norm"] else None,
-            "wo": _normal((C, nh * hd), 0.02, dev, dt), "ln2": ones(C),
-            "wgu": _normal((2 * Fh, C), 0.02, dev, dt), "wdown": _normal((C, Fh), 0.02, dev, dt)})
-    bb["head"] = bb["wte"] if c["tied"] else _normal((V, C), 0.02, dev, dt)
-    return bb
-
-
-def init_dfm(c, dev):
-    C, P, K, d, H, G = c["hidden"], c["pred_hidden"], c["slots"], c["d_mem"], c["proj_hidden"], c["gates"]
-    ph, phd = c["pred_heads"], c["pred_head_dim"]
-    f32 = torch.float32
-    z = lambda *s: torch.zeros(*s, device=dev, dtype=f32)  # noqa: E731
-    o = lambda *s: torch.ones(*s, device=dev, dtype=f32)  # noqa: E731
-    n = lambda *s: _normal(s, 0.02, dev, f32)  # noqa: E731
-    w = {"win": n(P, C), "bin": z(P), "ph": n(P), "layers": [], "lnf": o(P), "wout": n(K * d, P), "bout": z(K * d),
-         "plnw": o(d), "plnb": z(d), "w1": n(H, d), "b1": z(H), "w2": n(C, H), "b2": z(C), "fusion": []}
-    for _ in range(c["pred_layers"]):
-        w["layers"].append({"ln1": o(P), "wqkv": n(3 * ph * phd, P), "qn": None, "kn": None, "wo": n(P, ph * phd),
-                            "ln2": o(P), "wgu": n(2 * c["pred_ffn"], P), "wdown": n(P, c["pred_ffn"])})
-    for _ in c["fusion_layers"]:
-        w["fusion"].append({"ln": o(C), "wq": n(C, C), "wk": n(C, C), "wv": n(C, C), "wo": n(C, C),
-                            "wg": z(G, C), "bg": z(G)})
-    return w
-
-
-def tensors_of(tree):
-    """Every tensor of a nested dict/list, each once (tied weights)."""
-    out, seen = [], set()
-
-    def walk(t):
-        if isinstance(t, dict):
-            for k in sorted(t):
-                walk(t[k])
-        elif isinstance(t, list):
-            for x in t:
-                walk(x)
-        elif isinstance(t, torch.Tensor) and id(t) not in seen:
-            seen.add(id(t))
-            out.append(t)
-    walk(tree)
-    return out
 
 
 def _bf16_bytes(t):
@@ -275,18 +95,6 @@ def write_backbone(c, out_dir, seed):
 
 
 # ---- benchmark ---------------------------------------------------------------------------------------------------
-def sdpa_gqa_ok(dev, dt):
-    if not HAS_SDPA:
-        return False
-    try:
-        q = torch.zeros(1, 4, 8, 16, device=dev, dtype=dt)
-        k = torch.zeros(1, 2, 8, 16, device=dev, dtype=dt)
-        F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True)
-        return True
-    except Exception:  # TypeError (no enable_gqa) or a backend refusal
-        return False
-
-
 def make_data(c, n, dev, seed):
     """n batches of tokens [B,T] and targets [B,T] (a per-sequence affine recurrence mod V: learnable) and,
     in DFM mode, target slots [B,NC,K,d] that depend on the chunk (learnable through the predictor)."""
@@ -315,75 +123,31 @@ def make_data(c, n, dev, seed):
 
 
 class Model:
+    """The parameters (dfm-train's names), which of them train, and the compiled or eager DfmTorch."""
+
     def __init__(self, c, a, dev):
         self.c, self.dev = c, dev
         self.bf16 = a.dtype == "bf16"
         pre = c["mode"] == "pretrain"
+        self.bc, self.dc = DT.configs_from_flops(dict(c, mse_weight=a.mse_weight))
         bb_dt = torch.float32 if (pre or not self.bf16) else torch.bfloat16
         torch.manual_seed(a.seed)
-        self.bb = init_backbone(c, dev, bb_dt)
-        self.dp = init_dfm(c, dev) if not pre else None
-        self.trainable = tensors_of(self.bb) if pre else tensors_of(self.dp)
-        for t in tensors_of(self.bb):
-            t.requires_grad_(pre)
-        if not pre:
-            for t in self.trainable:
-                t.requires_grad_(True)
-        self.cos, self.sin = rope_tables(c["seq_len"], c["head_dim"], 10000.0, dev)
-        if not pre:
-            NC = c["seq_len"] // c["chunk_len"]
-            self.pcos, self.psin = rope_tables(NC, c["pred_head_dim"], 10000.0, dev)
-            tm = torch.ones(c["seq_len"], 1, device=dev)
-            if not c["fuse_first_chunk"]:
-                tm[:c["chunk_len"]] = 0
-            self.tmask = tm
-        self.attn = a.attn
-        self.gqa_ok = a.attn == "sdpa" and sdpa_gqa_ok(dev, torch.bfloat16 if self.bf16 else torch.float32)
-        self.mse_weight = a.mse_weight
-        self.compile_mode = a.compile_mode
+        self.P = DT.random_params(self.bc, self.dc, dev, bb_dt, torch.float32)
+        names = [k for k in self.P if pre or k.startswith("dfm.")]
+        for k, t in self.P.items():
+            t.requires_grad_(k in names)
+        self.trainable = [self.P[k] for k in names]
+        self.attn, self.compile_mode = a.attn, a.compile_mode
 
     def counts(self):
-        n_bb = sum(t.numel() for t in tensors_of(self.bb))
-        n_dp = sum(t.numel() for t in tensors_of(self.dp)) if self.dp else 0
-        return n_bb + n_dp, sum(t.numel() for t in self.trainable)
+        return sum(t.numel() for t in self.P.values()), sum(t.numel() for t in self.trainable)
 
     def build_fns(self, compile_):
-        c = self.c
-        fns = {"layer": make_layer_fn(c["heads"], c["kv_heads"], c["head_dim"], 1e-6, c["qk_norm"], self.attn,
-                                      self.gqa_ok),
-               "head": make_head_fn(1e-6)}
-        if c["mode"] == "dfm":
-            pl = make_layer_fn(c["pred_heads"], c["pred_heads"], c["pred_head_dim"], 1e-6, False, self.attn, True)
-            fns["memory"] = make_memory_fn(c, pl)
-            fns["fusion"] = make_fusion_fn(c["xattn_heads"], c["chunk_len"], c["gates"], 1e-6, self.attn)
-        if compile_:
-            kw = {"dynamic": False}
-            if self.compile_mode and self.compile_mode != "default":
-                kw["mode"] = self.compile_mode
-            fns = {k: torch.compile(f, **kw) for k, f in fns.items()}
-        self.fns = fns
+        self.model = DT.DfmTorch(self.bc, self.dc, attn=self.attn, compile=compile_, compile_mode=self.compile_mode)
 
     def loss(self, batch):
-        c, f, bb = self.c, self.fns, self.bb
-        x = F.embedding(batch["tok"], bb["wte"])
-        if c["mode"] == "pretrain":
-            for w in bb["layers"]:
-                x = f["layer"](x, w, self.cos, self.sin)
-            ce = f["head"](x, bb["lnf"], bb["head"], batch["tgt"])
-            return ce, ce, None
-        fl, pil = c["fusion_layers"], c["pred_input_layer"]
-        src = x if pil == 0 else None
-        M = mse = None
-        for l, w in enumerate(bb["layers"]):
-            x = f["layer"](x, w, self.cos, self.sin)
-            if l + 1 == pil:
-                src = x
-            if l in fl:
-                if M is None:
-                    M, mse = f["memory"](src, batch["tmem"], batch["tmask"], self.dp, self.pcos, self.psin)
-                x = f["fusion"](x, M, self.dp["fusion"][fl.index(l)], self.tmask)
-        ce = f["head"](x, bb["lnf"], bb["head"], batch["tgt"])
-        return ce + self.mse_weight * mse, ce, mse
+        r = self.model.forward(self.P, batch["tok"], batch["tgt"], batch.get("tmem"), batch.get("tmask"))
+        return r["loss"], r["ce"], (r["mse"] if self.c["mode"] == "dfm" else None)
 
 
 def make_optimizer(params, lr, dev):
@@ -406,12 +170,8 @@ def clip(params, max_norm):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
 
 
-def attn_label(a, c, m):
-    if a.attn != "sdpa" or not HAS_SDPA:
-        return "manual"
-    if c["kv_heads"] == c["heads"]:
-        return "sdpa"
-    return "sdpa enable_gqa" if m.gqa_ok else "sdpa (k/v repeated)"
+def attn_label(a):
+    return "sdpa (k/v repeated for GQA)" if a.attn == "sdpa" and DT.HAS_SDPA else "manual"
 
 
 def run(a, c, res):
@@ -431,8 +191,8 @@ def run(a, c, res):
     if (n_all, n_train) != (pc["params"], pc["trainable"]):
         res["note"].append("parameter count %d/%d differs from train_flops.py's %d/%d"
                            % (n_all, n_train, pc["params"], pc["trainable"]))
-    res["attn"] = attn_label(a, c, m)
-    if a.attn == "sdpa" and not HAS_SDPA:
+    res["attn"] = attn_label(a)
+    if a.attn == "sdpa" and not DT.HAS_SDPA:
         res["note"].append("torch %s has no scaled_dot_product_attention: manual attention" % torch.__version__)
     use_compile = bool(a.compile)
     if use_compile and not hasattr(torch, "compile"):
@@ -481,29 +241,22 @@ def run(a, c, res):
         t0 = time.perf_counter()
         if i > 0 or not res["compiled"]:
             lo, ce, mse = step(batch)
-        else:  # the first step compiles: on failure retry without enable_gqa, then eager
-            fallbacks = ([(True, False)] if m.gqa_ok else []) + [(False, m.gqa_ok)]
-            while True:
-                try:
-                    lo, ce, mse = step(batch)
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if not fallbacks or isinstance(e, torch.cuda.OutOfMemoryError):
-                        raise
-                    comp, gqa = fallbacks.pop(0)
-                    msg = ("%s: %s" % (type(e).__name__, e)).strip().splitlines()
-                    res["note"].append("torch.compile%s failed (%s): %s" % (
-                        " with enable_gqa" if m.gqa_ok else "", msg[0][:300] if msg else "?",
-                        "compiled with k/v repeated instead" if comp else "eager"))
-                    print("train_gpu_torch: %s" % res["note"][-1], file=sys.stderr)
-                    import torch._dynamo as dyn
-                    dyn.reset()
-                    m.gqa_ok = gqa
-                    m.build_fns(comp)
-                    res["compiled"] = comp
-                    res["attn"] = attn_label(a, c, m)
-                    sync()
-                    t0 = time.perf_counter()
+        else:  # the first step compiles: on failure, eager
+            try:
+                lo, ce, mse = step(batch)
+            except Exception as e:  # noqa: BLE001
+                if isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                msg = ("%s: %s" % (type(e).__name__, e)).strip().splitlines()
+                res["note"].append("torch.compile failed (%s): eager" % (msg[0][:300] if msg else "?"))
+                print("train_gpu_torch: %s" % res["note"][-1], file=sys.stderr)
+                import torch._dynamo as dyn
+                dyn.reset()
+                m.build_fns(False)
+                res["compiled"] = False
+                sync()
+                t0 = time.perf_counter()
+                lo, ce, mse = step(batch)
         sync()
         ms = (time.perf_counter() - t0) * 1e3
         times.append(ms)
