@@ -97,6 +97,10 @@ static void gen_topic(const SynthConfig *c, dfm_rng *r, SynthData *s, int *fav, 
 static void gen_keyed(const SynthConfig *c, dfm_rng *r, SynthData *s, int *sets, int *next, float *kemb,
                       uint8_t *seen) {
     int V = c->vocab, N = c->keys, M = c->key_tokens, L = c->chunk_len, K = c->slots, d = c->d_mem;
+    /* the memory side (key embeddings, slot noise) has its own stream, so tokens and keys do not depend
+     * on K, d or the noise */
+    dfm_rng rn;
+    rng_seed(&rn, c->seed ^ 0x5eed5107ull);
     for (int k = 0; k < N; k++) { /* M distinct ids per key */
         memset(seen, 0, (size_t)V);
         for (int j = 0; j < M; j++) {
@@ -106,7 +110,7 @@ static void gen_keyed(const SynthConfig *c, dfm_rng *r, SynthData *s, int *sets,
             seen[t] = 1;
             sets[k * M + j] = t;
         }
-        rng_normal(r, kemb + (size_t)k * d, d, 1.0f);
+        rng_normal(&rn, kemb + (size_t)k * d, d, 1.0f);
         normalize(kemb + (size_t)k * d, d);
     }
     /* one cycle through all keys in a random order: no short cycle the backbone could count along.
@@ -130,7 +134,7 @@ static void gen_keyed(const SynthConfig *c, dfm_rng *r, SynthData *s, int *sets,
                 rng_f32(r) < c->key_share ? (uint32_t)sets[z * M + rng_u32(r) % (uint32_t)M] : rng_u32(r) % (uint32_t)V;
         for (int k = 0; k < K; k++) {
             float *e = s->emb + (ch * K + k) * d;
-            rng_normal(r, noise, d, c->noise / sqrtf((float)d));
+            rng_normal(&rn, noise, d, c->noise / sqrtf((float)d));
             for (int i = 0; i < d; i++) e[i] = kemb[(size_t)z * d + i] + noise[i];
             normalize(e, d);
         }

@@ -19,7 +19,9 @@
  *   keyed-random  as keyed, but every key is uniform and independent: nothing before chunk c predicts
  *           it, so only the target memory (retrieval at inference) can help. Tests the fusion path alone.
  *
- * Deterministic: the same config gives the same bytes.
+ * Deterministic: the same config gives the same bytes. In the keyed modes tokens and keys do not depend on K,
+ * d or the noise (the memory side draws from its own stream), so corpora that differ only in their target
+ * shape share one backbone; keyed and keyed-random corpora of one seed share the key sets.
  */
 #ifndef DFM_TRAINER_SYNTH_H
 #define DFM_TRAINER_SYNTH_H
