@@ -59,7 +59,8 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     dc.mse_weight = 0.7f;
     dc.init_std = 0.2f;
     dc.pred_input_layer = channel ? 1 : 0; /* dfm-channel: predictor reads layer 0's output */
-    dc.mem_align = channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT; /* both alignments */
+    dc.mem_align = channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT; /* both alignments, both loss scales */
+    dc.pred_loss = channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     int B = 2, T = 16, N = B * T, NC = T / dc.chunk_len, S = B * NC * dc.n_slots;
     DfmModel *m = NULL;
     DFM_TRY(model_create(&bc, &dc, B, T, &m));
@@ -88,8 +89,13 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     tgt[3] = tgt[N - 5] = -1; /* padding positions: no target */
     rng_normal(&r, tmem, (size_t)S * dc.d_mem, 1.0f);
     for (int i = 0; i < S; i++) tmask[i] = (i / dc.n_slots) % NC != 0 && (rng_u32(&r) % 5 != 0);
+    /* dfm-head trains with teacher forcing: some chunks fuse their target memory (in.mem_src) */
+    uint8_t src[64]; /* B * NC = 8 */
+    for (int i = 0; i < B * NC; i++) src[i] = (uint8_t)(!pretrain && !channel && i % 3 == 1);
+    int mode = pretrain || channel ? MEM_PREDICTED : MEM_MIXED;
+    int rc = mode == MEM_MIXED ? model_set_memory_mix(m, src, B * NC) : DFM_OK;
     model_zero_grad(m);
-    int rc = model_forward(m, tok, tgt, pretrain ? NULL : tmem, pretrain ? NULL : tmask, B, T, MEM_PREDICTED, 1, 1.0f);
+    if (!rc) rc = model_forward(m, tok, tgt, pretrain ? NULL : tmem, pretrain ? NULL : tmask, B, T, mode, 1, 1.0f);
     if (!rc) rc = model_backward(m);
     if (rc) goto done;
 
@@ -113,6 +119,7 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     if (!pretrain) {
         dump_add(&d, "in.tgt_mem", DFM_ST_F32, tmem, 2, S, dc.d_mem, 0);
         dump_add(&d, "in.tgt_mask", DFM_ST_U8, tmask, 1, S, 0, 0);
+        if (mode == MEM_MIXED) dump_add(&d, "in.mem_src", DFM_ST_U8, src, 2, B, NC, 0);
         dump_add(&d, "act.slots", DFM_ST_F32, m->slots, 2, S, dc.d_mem, 0);
         dump_add(&d, "act.mem", DFM_ST_F32, m->mem, 2, S, bc.dec.hidden, 0);
     }

@@ -262,6 +262,14 @@ int engine_forward(Engine *e, const int *inputs, const int *targets, const float
     return model_forward(e->m, inputs, targets, tmem, tmask, B, T, mem_mode, train, grad_scale);
 }
 
+int engine_row_losses(Engine *e, float *out) {
+#ifdef DFM_HAVE_CUDA
+    if (e->mc) return model_cuda_row_losses(e->mc, out);
+#endif
+    memcpy(out, e->m->row_losses, (size_t)e->m->B * e->m->T * sizeof(float));
+    return DFM_OK;
+}
+
 int engine_backward(Engine *e) {
 #ifdef DFM_HAVE_CUDA
     if (e->mc) return model_backward_cuda(e->mc);

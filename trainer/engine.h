@@ -44,6 +44,8 @@ int engine_stage(Engine *e, const int *inputs, const int *targets, const float *
 /* model_forward on the engine's device (results in m: ce, mse, cos, loss). inputs NULL: the staged batch. */
 int engine_forward(Engine *e, const int *inputs, const int *targets, const float *tmem, const uint8_t *tmask, int B,
                    int T, int mem_mode, int train, float grad_scale);
+/* The per-row CE of the last forward (B*T floats; 0 where the target is -1) into host out. */
+int engine_row_losses(Engine *e, float *out);
 int engine_backward(Engine *e);
 int engine_zero_grad(Engine *e);
 

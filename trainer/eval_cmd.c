@@ -28,9 +28,12 @@ static int eval_held_out(const TrainOpts *o, DfmModel *m, DataSet *ds) {
     engine_free(en);
     if (rc) return rc;
     eval_print(NULL, 0, m, &e, ds->tgt != NULL);
-    printf("{\"ce_pred\": %.6f, \"ce_none\": %.6f, \"ce_target\": %.6f, \"mse\": %.6f, \"cos\": %.6f, "
-           "\"batches\": %ld}\n",
-           e.ce_pred, e.ce_none, ds->tgt ? e.ce_target : NAN, e.mse, e.cos, e.n_batches);
+    json_t *j = eval_json(m, &e, ds->tgt != NULL);
+    char *txt = json_dumps(j, JSON_PRESERVE_ORDER);
+    if (txt) printf("%s\n", txt);
+    free(txt);
+    json_decref(j);
+    eval_result_free(&e);
     return DFM_OK;
 }
 

@@ -43,6 +43,10 @@ void dfm_config_defaults(DfmConfig *dc, const BackboneConfig *bc) {
     dc->mse_weight = 1.0f;
     dc->fuse_first_chunk = 0;
     dc->mem_align = MEM_ALIGN_NEXT;
+    dc->fusion_memory = FUSION_MEM_PREDICTED;
+    dc->tf_prob = 0.5f;
+    dc->tf_decay = 0;
+    dc->pred_loss = PRED_LOSS_MSE;
     dc->init_std = 0.02f;
 }
 
@@ -77,6 +81,12 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc) {
     if (dc->mem_align != MEM_ALIGN_SAME && dc->mem_align != MEM_ALIGN_NEXT)
         return DFM_FAIL(DFM_EARG, "memory alignment %d: use next (%d) or same (%d). HINT: --memory-align",
                         dc->mem_align, MEM_ALIGN_NEXT, MEM_ALIGN_SAME);
+    if (dc->fusion_memory < FUSION_MEM_PREDICTED || dc->fusion_memory > FUSION_MEM_MIXED || !(dc->tf_prob >= 0.0f) ||
+        dc->tf_prob > 1.0f)
+        return DFM_FAIL(DFM_EARG, "fusion memory %d with probability %g: use predicted, target or mixed:P with P in "
+                        "[0, 1]. HINT: --fusion-memory", dc->fusion_memory, (double)dc->tf_prob);
+    if (dc->pred_loss != PRED_LOSS_MSE && dc->pred_loss != PRED_LOSS_MSE_ELEM)
+        return DFM_FAIL(DFM_EARG, "predictor loss %d: use mse or mse_elem. HINT: --pred-loss", dc->pred_loss);
     if (dc->pred_input_layer < 0 || dc->pred_input_layer > dc->fusion_layers[0])
         return DFM_FAIL(DFM_EARG, "predictor input layer %d must be in [0, %d] (frozen states below the first "
                         "fusion block). HINT: --pred-input-layer", dc->pred_input_layer, dc->fusion_layers[0]);
@@ -315,7 +325,11 @@ int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int
            prope = dc->enabled ? (size_t)(maxT / dc->chunk_len) * dc->pred.head_dim / 2 : 0;
     m->act_num = host_acts ? model_carve_acts(m, NULL, CE_ROWS_BLOCK, 0) : 2 * (rope + prope);
     m->act_memory = calloc(m->act_num ? m->act_num : 1, sizeof(float));
-    if (!m->bb_memory || (dc->enabled && !m->dfm_memory) || !m->grad_memory || !m->act_memory) {
+    size_t nchunks = dc->enabled ? (size_t)maxB * (maxT / dc->chunk_len) : 1;
+    m->mem_src = calloc(nchunks, 1);
+    m->mix_src = calloc(nchunks, 1);
+    if (!m->bb_memory || (dc->enabled && !m->dfm_memory) || !m->grad_memory || !m->act_memory || !m->mem_src ||
+        !m->mix_src) {
         size_t total = (m->bb_num + m->dfm_num + m->grad_num + m->act_num) * 4;
         model_free(m);
         return DFM_FAIL(DFM_ENOMEM, "model needs %.1f MiB (params, grads, activations for %d x %d). "
@@ -349,6 +363,8 @@ void model_free(DfmModel *m) {
     free(m->dfm_memory);
     free(m->grad_memory);
     free(m->act_memory);
+    free(m->mem_src);
+    free(m->mix_src);
     free(m);
 }
 
@@ -552,23 +568,73 @@ int model_fusion_after(const DfmModel *m, int l) {
     return -1;
 }
 
+/* ---- teacher forcing, loss scale, per-position CE ---------------------------------------------------- */
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+void model_memory_mix_draw(uint8_t *src, const size_t *seq, int B, int NC, double p, uint64_t seed) {
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < NC; c++) {
+            uint64_t h = mix64(mix64(seed ^ mix64((uint64_t)seq[b])) + (uint64_t)c);
+            src[(size_t)b * NC + c] = (double)(h >> 11) * 0x1.0p-53 < p;
+        }
+}
+
+int model_set_memory_mix(DfmModel *m, const uint8_t *src, int n) {
+    if (!m->dc.enabled || n <= 0 || n > m->maxB * (m->maxT / m->dc.chunk_len))
+        return DFM_FAIL(DFM_EARG, "memory mix of %d chunks: the model takes 1..%d (DFM mode only)", n,
+                        m->maxB * (m->maxT / m->dc.chunk_len));
+    memcpy(m->mix_src, src, (size_t)n);
+    return DFM_OK;
+}
+
+int model_memory_sources(DfmModel *m, int B, int NC, int mem_mode) {
+    int n = 0;
+    for (int i = 0; i < B * NC; i++) {
+        m->mem_src[i] = (uint8_t)(mem_mode == MEM_TARGET || (mem_mode == MEM_MIXED && m->mix_src[i]));
+        n += m->mem_src[i];
+    }
+    return n;
+}
+
+double model_pred_loss_scale(const DfmConfig *dc) { return dc->pred_loss == PRED_LOSS_MSE ? (double)dc->d_mem : 1.0; }
+
+void model_ce_by_position(const float *row_losses, const int *targets, int B, int T, int L, double *sum,
+                          long *count) {
+    for (int i = 0; i < B * T; i++) {
+        if (targets[i] < 0) continue;
+        int j = (i % T + 1) % L;
+        sum[j] += row_losses[i];
+        count[j]++;
+    }
+}
+
 /* Predictor (when predicting or when targets allow an MSE), the memory fed to the projector and its
- * slot mask, the projector, and MSE / cosine against the targets. Runs right before fusion block 0. */
+ * slot mask (each chunk's predicted or target slots, m->mem_src), the projector, and MSE / cosine
+ * against the targets. Runs right before fusion block 0. */
 static void prepare_memory(DfmModel *m, int B, int T, int mem_mode) {
     const DfmConfig *dc = &m->dc;
     int L = dc->chunk_len, NCc = T / L, K = dc->n_slots, d = dc->d_mem;
     int S = B * NCc * K;
     if (mem_mode == MEM_PREDICTED || m->have_targets) predictor_forward(m, B, T);
-    if (mem_mode == MEM_PREDICTED) {
-        memcpy(m->mem_in, m->slots, (size_t)S * d * sizeof(float));
-        for (int b = 0; b < B; b++)
-            for (int c = 0; c < NCc; c++)
-                memset(m->slot_mask + ((size_t)b * NCc + c) * K, (c > 0 || dc->fuse_first_chunk) ? 1 : 0, K);
-    } else if (mem_mode == MEM_TARGET) {
-        memcpy(m->mem_in, m->tgt_mem, (size_t)S * d * sizeof(float));
-        memcpy(m->slot_mask, m->tgt_mask, S);
+    model_memory_sources(m, B, NCc, mem_mode);
+    if (mem_mode != MEM_NONE) {
+        for (int i = 0; i < B * NCc; i++) {
+            size_t r0 = (size_t)i * K;
+            if (m->mem_src[i]) {
+                memcpy(m->mem_in + r0 * d, m->tgt_mem + r0 * d, (size_t)K * d * sizeof(float));
+                memcpy(m->slot_mask + r0, m->tgt_mask + r0, K);
+            } else {
+                memcpy(m->mem_in + r0 * d, m->slots + r0 * d, (size_t)K * d * sizeof(float));
+                memset(m->slot_mask + r0, (i % NCc > 0 || dc->fuse_first_chunk) ? 1 : 0, K);
+            }
+        }
+        projector_forward(m, S);
     }
-    if (mem_mode != MEM_NONE) projector_forward(m, S);
     if (!m->have_targets) return;
     m->mse = mse_forward_backward(NULL, m->slots, m->tgt_mem, m->tgt_mask, S, d, 0.0f);
     double cs = 0.0;
@@ -596,10 +662,10 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
         return DFM_FAIL(DFM_EARG, "batch %d x %d does not fit the model's %d x %d (chunk %d)", B, T, m->maxB,
                         m->maxT, dc->chunk_len);
     if (!dc->enabled) mem_mode = MEM_NONE;
-    if (mem_mode == MEM_TARGET && (!tgt_mem || !tgt_mask))
-        return DFM_FAIL(DFM_EARG, "target-memory forward needs target slots and mask");
-    if (train && dc->enabled && mem_mode != MEM_PREDICTED)
-        return DFM_FAIL(DFM_EARG, "training forward must use predicted memory");
+    if ((mem_mode == MEM_TARGET || mem_mode == MEM_MIXED) && (!tgt_mem || !tgt_mask))
+        return DFM_FAIL(DFM_EARG, "target-memory forward needs target slots and mask. HINT: --targets");
+    if (train && dc->enabled && mem_mode == MEM_NONE)
+        return DFM_FAIL(DFM_EARG, "a training forward must fuse memory (predicted, target or mixed)");
     int V = bc->vocab_size, C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
     int n_valid = 0;
     for (int i = 0; i < N; i++) {
@@ -654,7 +720,7 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
                                             0.0f, m->ce_scratch);
     }
     m->ce = ce_sum / denom;
-    m->loss = m->ce + (dc->enabled && m->have_targets ? dc->mse_weight * m->mse : 0.0);
+    m->loss = m->ce + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
     return DFM_OK;
 }
 
@@ -700,9 +766,13 @@ int model_backward(DfmModel *m) {
     /* memory path: projector, MSE, predictor */
     vec_zero(m->d_slots, (size_t)S * dc->d_mem);
     projector_backward(m, S);
+    /* a chunk that fused its target passes nothing to the predictor through the projector */
+    size_t Kd = (size_t)dc->n_slots * dc->d_mem;
+    for (int i = 0; i < B * (T / dc->chunk_len); i++)
+        if (m->mem_src[i]) vec_zero(m->d_slots + i * Kd, Kd);
     if (m->have_targets)
         mse_forward_backward(m->d_slots, m->slots, m->tgt_mem, m->tgt_mask, S, dc->d_mem,
-                             (float)(dc->mse_weight * m->grad_scale));
+                             (float)(dc->mse_weight * model_pred_loss_scale(dc) * m->grad_scale));
     predictor_backward(m, B, T);
     return DFM_OK;
 }

@@ -17,8 +17,12 @@
  *   g = sigmoid(Wg h + bg) with G = xattn_heads (per head: channel c uses gate c / (C/G)) or G = C
  *   (per channel); h ← h + g ⊙ o. Wg starts at 0, bg at gate_bias. A chunk whose slots are all
  *   masked (chunk 0 unless fuse_first_chunk; padded target slots) gets no update.
- * - Loss = mean CE over the B·T next tokens that have a target (-1 = padding) + mse_weight · MSE(pred, target) over valid target slots
- *   (chunk 0's target is absent: its mask is 0).
+ * - Loss = mean CE over the B·T next tokens that have a target (-1 = padding) + mse_weight · predictor loss,
+ *   the squared error of predicted vs target slots summed over d and averaged over valid target slots
+ *   (pred_loss = PRED_LOSS_MSE; PRED_LOSS_MSE_ELEM averages over the K·d elements instead). Chunk 0's
+ *   target is absent: its mask is 0. The reported mse is always the per-element mean.
+ * - Teacher forcing: a chunk may fuse its target slots instead of the predicted ones (MEM_TARGET, or per
+ *   chunk with MEM_MIXED); no gradient reaches the predictor through such a chunk, only through the MSE.
  *
  * Pretraining mode (dfm.enabled = 0): no DFM modules, the backbone is trainable.
  * Parameters: backbone in one allocation (BackboneParams), DFM modules in another (DfmParams); the
@@ -64,6 +68,12 @@ typedef struct {
                              after decoder layer k-1 (frozen: k <= fusion_layers[0]) */
     int mem_align;        /* which chunk's memory token s attends: MEM_ALIGN_NEXT (default) chunk (s+1)/L,
                              the chunk of the token it predicts; MEM_ALIGN_SAME chunk s/L (the old rule) */
+    int fusion_memory;    /* the memory fusion trains on: FUSION_MEM_PREDICTED, _TARGET or _MIXED (teacher
+                             forcing: each chunk takes its target with probability tf_prob) */
+    float tf_prob;        /* FUSION_MEM_MIXED: the probability at step 0 */
+    int tf_decay;         /* FUSION_MEM_MIXED: 1 = tf_prob decays linearly to 0 at the last step */
+    int pred_loss;        /* PRED_LOSS_MSE (default): squared error summed over d, mean over valid slots;
+                             PRED_LOSS_MSE_ELEM: mean over the K*d elements of valid slots (~1/d smaller) */
     float init_std;
 } DfmConfig;
 
@@ -90,7 +100,11 @@ typedef struct {
     float *fu_wg, *fu_bg;                          /* [NF, G, C], [NF, G] */
 } DfmParams;
 
-enum { MEM_NONE = 0, MEM_PREDICTED = 1, MEM_TARGET = 2 };
+/* Memory a forward fuses: none (fusion off), predicted, target, or per chunk (MEM_MIXED: the sources set
+ * by model_set_memory_mix). */
+enum { MEM_NONE = 0, MEM_PREDICTED = 1, MEM_TARGET = 2, MEM_MIXED = 3 };
+enum { FUSION_MEM_PREDICTED = 0, FUSION_MEM_TARGET = 1, FUSION_MEM_MIXED = 2 };
+enum { PRED_LOSS_MSE_ELEM = 0, PRED_LOSS_MSE = 1 };
 /* DfmConfig.mem_align; the value is the row shift crossattn_forward takes */
 enum { MEM_ALIGN_SAME = 0, MEM_ALIGN_NEXT = 1 };
 
@@ -146,6 +160,8 @@ struct DfmModel {
     float *mem;                             /* [S, C] projected memory M */
     uint8_t *slot_mask;                     /* [S] attended slots in the current forward */
     uint8_t *tgt_mask;                      /* [S] valid target slots */
+    uint8_t *mem_src;                       /* [B*NC] 1 = the chunk fused its target memory (last forward) */
+    uint8_t *mix_src;                       /* [maxB*NC] the sources of the next MEM_MIXED forward */
     float *tgt_mem;                         /* [S, d] */
     float *fu_xn, *fu_rstd, *fu_q, *fu_km, *fu_vm, *fu_p, *fu_y, *fu_o, *fu_gl, *fu_g;
     /* backward buffers */
@@ -207,12 +223,27 @@ void model_init_dfm_random(DfmModel *m, uint64_t seed);
 
 /* Forward over B x T tokens (T a multiple of L when DFM is on). targets[B*T] are next tokens; -1
  * marks a position without a target (padding), left out of the CE and its mean.
- * mem_mode: MEM_PREDICTED, MEM_TARGET (tgt_mem required) or MEM_NONE (fusion off).
+ * mem_mode: MEM_PREDICTED, MEM_TARGET or MEM_MIXED (tgt_mem required) or MEM_NONE (fusion off).
  * tgt_mem [B*NC*K*d] / tgt_mask [B*NC*K] may be NULL (then MSE is not computed).
- * train = 1 (MEM_PREDICTED or pretraining) also computes the LM-head part of the backward, scaled
+ * train = 1 (any mode but MEM_NONE, or pretraining) also computes the LM-head part of the backward, scaled
  * by grad_scale (1/accumulation steps); model_backward then finishes it. Sets m->ce/mse/cos/loss. */
 int model_forward(DfmModel *m, const int *inputs, const int *targets, const float *tgt_mem,
                   const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale);
+/* Teacher forcing. model_memory_mix_draw fills src[B*NC] (1 = the chunk fuses its target memory) with
+ * independent draws of probability p, a pure function of (seed, seq[b], chunk): the same sequence gets
+ * the same draws whatever its batch row or rank. model_set_memory_mix stores src[n] (n = B*NC of the forwards
+ * to come) for the next MEM_MIXED forwards (the CUDA model reads it from its host model too). model_memory_sources gives
+ * the sources of a forward of mode mem_mode into m->mem_src and returns how many chunks take targets. */
+void model_memory_mix_draw(uint8_t *src, const size_t *seq, int B, int NC, double p, uint64_t seed);
+int model_set_memory_mix(DfmModel *m, const uint8_t *src, int n);
+int model_memory_sources(DfmModel *m, int B, int NC, int mem_mode);
+/* The weight of the per-element MSE in the predictor loss: d_mem (PRED_LOSS_MSE) or 1. */
+double model_pred_loss_scale(const DfmConfig *dc);
+/* Per-position CE: adds row_losses[B*T] of rows with a target to sum[j] / count[j], j = the position of the
+ * predicted token inside its chunk ((s + 1) % L for row s; j = 0 is a chunk's first token). */
+void model_ce_by_position(const float *row_losses, const int *targets, int B, int T, int L, double *sum,
+                          long *count);
+
 /* Accumulate the gradients of the last train forward into the gradient block. */
 int model_backward(DfmModel *m);
 void model_zero_grad(DfmModel *m);

@@ -120,6 +120,13 @@ json_t *dfm_config_to_json(const DfmConfig *dc) {
                      dc->fuse_first_chunk, "init_std", (double)dc->init_std, "pred_input_layer",
                      dc->pred_input_layer);
     json_object_set_new(j, "memory_align", json_string(dc->mem_align == MEM_ALIGN_NEXT ? "next" : "same"));
+    const char *fm[] = {"predicted", "target", "mixed"};
+    json_object_set_new(j, "fusion_memory", json_string(fm[dc->fusion_memory]));
+    if (dc->fusion_memory == FUSION_MEM_MIXED) {
+        json_object_set_new(j, "teacher_forcing_p", json_real(dc->tf_prob));
+        json_object_set_new(j, "teacher_forcing_decay", json_boolean(dc->tf_decay));
+    }
+    json_object_set_new(j, "pred_loss", json_string(dc->pred_loss == PRED_LOSS_MSE ? "mse" : "mse_elem"));
     return j;
 }
 
@@ -156,10 +163,38 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
     if (al && strcmp(al, "next") && strcmp(al, "same"))
         return DFM_FAIL(DFM_EFORMAT, "DFM config: memory_align \"%s\" is neither next nor same", al);
     dc->mem_align = al && !strcmp(al, "next") ? MEM_ALIGN_NEXT : MEM_ALIGN_SAME;
+    /* optional, likewise: trained on predicted memory, loss averaged over the K*d elements */
+    const char *fm = json_string_value(json_object_get(j, "fusion_memory"));
+    dc->fusion_memory = FUSION_MEM_PREDICTED;
+    if (fm) DFM_TRY(dfm_parse_fusion_memory(fm, dc));
+    json_t *tp = json_object_get(j, "teacher_forcing_p");
+    if (json_is_number(tp)) dc->tf_prob = (float)json_number_value(tp);
+    dc->tf_decay = json_is_true(json_object_get(j, "teacher_forcing_decay"));
+    const char *pl = json_string_value(json_object_get(j, "pred_loss"));
+    if (pl && strcmp(pl, "mse") && strcmp(pl, "mse_elem"))
+        return DFM_FAIL(DFM_EFORMAT, "DFM config: pred_loss \"%s\" is neither mse nor mse_elem", pl);
+    dc->pred_loss = pl && !strcmp(pl, "mse") ? PRED_LOSS_MSE : PRED_LOSS_MSE_ELEM;
     if (!json_is_array(fl) || json_array_size(fl) > DFM_MAX_FUSION)
         return DFM_FAIL(DFM_EFORMAT, "DFM config: fusion_layers must be a list of at most %d", DFM_MAX_FUSION);
     dc->n_fusion = (int)json_array_size(fl);
     for (int i = 0; i < dc->n_fusion; i++) dc->fusion_layers[i] = (int)json_integer_value(json_array_get(fl, i));
+    return DFM_OK;
+}
+
+int dfm_parse_fusion_memory(const char *s, DfmConfig *dc) {
+    if (!strcmp(s, "predicted") || !strcmp(s, "target")) {
+        dc->fusion_memory = !strcmp(s, "target") ? FUSION_MEM_TARGET : FUSION_MEM_PREDICTED;
+        return DFM_OK;
+    }
+    char *end = NULL;
+    double p = !strncmp(s, "mixed:", 6) ? strtod(s + 6, &end) : -1.0;
+    int decay = end && !strcmp(end, ":decay");
+    if (p < 0.0 || p > 1.0 || !end || end == s + 6 || (*end && !decay))
+        return DFM_FAIL(DFM_EARG, "--fusion-memory \"%s\": use predicted, target, mixed:P or mixed:P:decay with P in "
+                        "[0, 1] (e.g. mixed:0.5)", s);
+    dc->fusion_memory = FUSION_MEM_MIXED;
+    dc->tf_prob = (float)p;
+    dc->tf_decay = decay;
     return DFM_OK;
 }
 

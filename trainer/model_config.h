@@ -22,6 +22,9 @@ json_t *backbone_config_to_hf(const BackboneConfig *bc);
 json_t *dfm_config_to_json(const DfmConfig *dc);
 int dfm_config_from_json(json_t *j, DfmConfig *dc);
 
+/* Parse --fusion-memory: "predicted", "target", "mixed:P" (each chunk fuses its target with probability P)
+ * or "mixed:P:decay" (P decays linearly to 0 at the last step) into dc->fusion_memory / tf_prob / tf_decay. */
+int dfm_parse_fusion_memory(const char *s, DfmConfig *dc);
 /* Parse "9,16,24,31" into dc->fusion_layers / n_fusion. */
 int dfm_parse_fusion_layers(const char *s, DfmConfig *dc);
 

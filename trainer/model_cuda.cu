@@ -46,6 +46,8 @@ struct DfmModelCuda {
     int stage_head, stage_count;     // oldest staged slot, number staged
     float *cos_dev;                  // [S] per-slot cosine
     float *cos_host;                 // pinned [S]
+    uint8_t *src_host;               // pinned [maxB*NC]: the host model's mem_src of the forward, copied up
+    int n_target_chunks;             // chunks of the last forward that fused their target memory
     int n_tvalid;                    // valid target slots of the batch in the model
     ModelCudaMemory mem;
 };
@@ -53,12 +55,22 @@ struct DfmModelCuda {
 namespace {
 
 // ---- small model-specific kernels ---------------------------------------------------------------------
-// slot mask of predicted memory: chunk c of each sequence attends its K slots iff c > 0 or fuse_first
-__global__ void predicted_mask_kernel(uint8_t *mask, int B, int NC, int K, int fuse_first) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= B * NC * K) return;
-    int c = (i / K) % NC;
-    mask[i] = (c > 0 || fuse_first) ? 1 : 0;
+// model.c's prepare_memory loop: each chunk's slots (predicted, or its target when src says so) and slot mask
+// (predicted: chunk c attends its K slots iff c > 0 or fuse_first; target: the target mask)
+__global__ void memory_in_kernel(float *mem_in, uint8_t *slot_mask, const float *slots, const float *tgt,
+                                 const uint8_t *tgt_mask, const uint8_t *src, int NC, int K, int d, int fuse_first,
+                                 size_t n) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx >= n) return;
+    size_t s = idx / d, chunk = s / K;
+    int t = src[chunk];
+    mem_in[idx] = t ? tgt[idx] : slots[idx];
+    if (idx % d == 0) slot_mask[s] = t ? tgt_mask[s] : (uint8_t)((chunk % NC) > 0 || fuse_first);
+}
+// no gradient to the predictor through a chunk that fused its target: d_slots rows of those chunks = 0
+__global__ void zero_target_chunks_kernel(float *d_slots, const uint8_t *src, size_t Kd, size_t n) {
+    size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (idx < n && src[idx / Kd]) d_slots[idx] = 0.0f;
 }
 // row b*NC of x (chunk 0 of each sequence) = placeholder
 __global__ void placeholder_forward_kernel(float *x, const float *ph, int B, int NC, int P) {
@@ -250,8 +262,11 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
             R(DFM_CUDA_STATUS(cudaEventCreateWithFlags(&s->consumed, cudaEventDisableTiming)));
         }
         if (S) {
+            size_t nch = S / host->dc.n_slots;
             R(dmalloc((void **)&mc->cos_dev, S * sizeof(float), "slot cosines", &mc->mem.staging));
             R(DFM_CUDA_STATUS(cudaMallocHost((void **)&mc->cos_host, S * sizeof(float))));
+            R(dmalloc((void **)&d->mem_src, nch, "memory sources", &mc->mem.staging));
+            R(DFM_CUDA_STATUS(cudaMallocHost((void **)&mc->src_host, nch)));
         }
     }
     R(model_cuda_upload_params(mc));
@@ -286,6 +301,8 @@ extern "C" void model_cuda_free(DfmModelCuda *mc) {
     }
     cudaFree(mc->cos_dev);
     if (mc->cos_host) cudaFreeHost(mc->cos_host);
+    cudaFree(d->mem_src);
+    if (mc->src_host) cudaFreeHost(mc->src_host);
     if (mc->copy_stream) cudaStreamDestroy(mc->copy_stream);
     ops_cuda_free(&mc->ctx);
     free(mc);
@@ -358,6 +375,11 @@ extern "C" float *model_cuda_trainable_params(DfmModelCuda *mc, size_t *n) {
     return mc->d.dc.enabled ? mc->d.dfm_memory : mc->d.bb_memory;
 }
 extern "C" float *model_cuda_trainable_grads(DfmModelCuda *mc) { return mc->d.grad_memory; }
+extern "C" int model_cuda_row_losses(DfmModelCuda *mc, float *out) {
+    CUDA_CHECK(cudaStreamSynchronize(mc->ctx.stream));
+    CUDA_CHECK(cudaMemcpy(out, mc->d.row_losses, (size_t)mc->d.B * mc->d.T * sizeof(float), cudaMemcpyDeviceToHost));
+    return DFM_OK;
+}
 extern "C" void *model_cuda_context(DfmModelCuda *mc) { return &mc->ctx; }
 
 extern "C" int model_zero_grad_cuda(DfmModelCuda *mc) {
@@ -570,15 +592,17 @@ static int prepare_memory_cuda(DfmModelCuda *mc, int B, int T, int mem_mode) {
     int L = dc->chunk_len, NCc = T / L, K = dc->n_slots, d = dc->d_mem;
     int S = B * NCc * K;
     if (mem_mode == MEM_PREDICTED || h->have_targets) DFM_TRY(predictor_forward_cuda(mc, B, T));
-    if (mem_mode == MEM_PREDICTED) {
-        CUDA_CHECK(cudaMemcpyAsync(m->mem_in, m->slots, (size_t)S * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        predicted_mask_kernel<<<blocks_for(S, 256), 256, 0, st>>>(m->slot_mask, B, NCc, K, dc->fuse_first_chunk);
-        LAUNCH_CHECK("predicted_mask_kernel");
-    } else if (mem_mode == MEM_TARGET) {
-        CUDA_CHECK(cudaMemcpyAsync(m->mem_in, m->tgt_mem, (size_t)S * d * sizeof(float), cudaMemcpyDeviceToDevice, st));
-        CUDA_CHECK(cudaMemcpyAsync(m->slot_mask, m->tgt_mask, S, cudaMemcpyDeviceToDevice, st));
+    mc->n_target_chunks = model_memory_sources(h, B, NCc, mem_mode);
+    if (mem_mode != MEM_NONE) {
+        // the pinned buffer is free again: the previous forward's CE synchronised the stream after its copy
+        memcpy(mc->src_host, h->mem_src, (size_t)B * NCc);
+        CUDA_CHECK(cudaMemcpyAsync(m->mem_src, mc->src_host, (size_t)B * NCc, cudaMemcpyHostToDevice, st));
+        memory_in_kernel<<<blocks_for((size_t)S * d, 256), 256, 0, st>>>(m->mem_in, m->slot_mask, m->slots, m->tgt_mem,
+                                                                         m->tgt_mask, m->mem_src, NCc, K, d,
+                                                                         dc->fuse_first_chunk, (size_t)S * d);
+        LAUNCH_CHECK("memory_in_kernel");
+        DFM_TRY(projector_forward_cuda(mc, S));
     }
-    if (mem_mode != MEM_NONE) DFM_TRY(projector_forward_cuda(mc, S));
     if (!h->have_targets) return DFM_OK;
     DFM_TRY(mse_forward_backward_cuda(&h->mse, NULL, m->slots, m->tgt_mem, m->tgt_mask, S, d, 0.0f, &mc->ctx));
     slot_cos_kernel<<<blocks_for((size_t)S * 32, 128), 128, 0, st>>>(mc->cos_dev, m->slots, m->tgt_mem, m->tgt_mask, S, d);
@@ -596,13 +620,13 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
     OpsCudaContext *ctx = &mc->ctx;
     cudaStream_t st = ctx->stream;
     if (!dc->enabled) mem_mode = MEM_NONE;
-    if (train && dc->enabled && mem_mode != MEM_PREDICTED)
-        return DFM_FAIL(DFM_EARG, "training forward must use predicted memory");
+    if (train && dc->enabled && mem_mode == MEM_NONE)
+        return DFM_FAIL(DFM_EARG, "a training forward must fuse memory (predicted, target or mixed)");
     if (inputs && mc->stage_count)  // batches are consumed in order: this one would take the staged one's place
         return DFM_FAIL(DFM_EARG, "model_forward_cuda with inputs while a batch is staged: forward that one first");
     if (inputs) DFM_TRY(model_cuda_stage(mc, inputs, targets, tgt_mem, tgt_mask, B, T));
-    if (mem_mode == MEM_TARGET && !mc->stage[mc->stage_head].have_t)
-        return DFM_FAIL(DFM_EARG, "target-memory forward needs target slots and mask");
+    if ((mem_mode == MEM_TARGET || mem_mode == MEM_MIXED) && !mc->stage[mc->stage_head].have_t)
+        return DFM_FAIL(DFM_EARG, "target-memory forward needs target slots and mask. HINT: --targets");
     DFM_TRY(consume_stage(mc, B, T));
     int V = bc->vocab_size, C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
     int denom = h->n_valid ? h->n_valid : 1;
@@ -653,7 +677,7 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
         h->cos = mc->n_tvalid ? cs / mc->n_tvalid : 0.0;
     }
     h->ce = ce_sum / denom;
-    h->loss = h->ce + (dc->enabled && h->have_targets ? dc->mse_weight * h->mse : 0.0);
+    h->loss = h->ce + (dc->enabled && h->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * h->mse : 0.0);
     m->have_targets = h->have_targets;
     return DFM_OK;
 }
@@ -700,10 +724,16 @@ extern "C" int model_backward_cuda(DfmModelCuda *mc) {
     if (pretrain) return embedding_backward_cuda(bg->wte, d, m->inputs, N, C, st);
     DFM_TRY(vec_zero_cuda(m->d_slots, (size_t)S * dc->d_mem, st));
     DFM_TRY(projector_backward_cuda(mc, S));
+    if (mc->n_target_chunks) {  // chunks that fused their target pass nothing to the predictor this way
+        size_t n = (size_t)S * dc->d_mem;
+        zero_target_chunks_kernel<<<blocks_for(n, 256), 256, 0, st>>>(m->d_slots, m->mem_src,
+                                                                      (size_t)dc->n_slots * dc->d_mem, n);
+        LAUNCH_CHECK("zero_target_chunks_kernel");
+    }
     if (m->have_targets) {
         double unused;
         DFM_TRY(mse_forward_backward_cuda(&unused, m->d_slots, m->slots, m->tgt_mem, m->tgt_mask, S, dc->d_mem,
-                                          (float)(dc->mse_weight * m->grad_scale), ctx));
+                                          (float)(dc->mse_weight * model_pred_loss_scale(dc) * m->grad_scale), ctx));
     }
     return predictor_backward_cuda(mc, B, T);
 }

@@ -82,6 +82,9 @@ int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int *targets, 
 int model_backward_cuda(DfmModelCuda *mc);
 int model_zero_grad_cuda(DfmModelCuda *mc);
 
+/* The per-row CE of the last forward (B*T floats, 0 where the target is -1) into host out. */
+int model_cuda_row_losses(DfmModelCuda *mc, float *out);
+
 /* Device pointers to the trainable block (n = grad_num) and its gradients, and the model's context
  * (an OpsCudaContext *, for the optimizer kernels). */
 float *model_cuda_trainable_params(DfmModelCuda *mc, size_t *n);

@@ -53,6 +53,9 @@ static int dfm_config_from_opts(const TrainOpts *o, const BackboneConfig *bc, in
     dc->fuse_first_chunk = (int)o->fuse_first;
     dc->init_std = (float)o->init_std;
     dc->pred_input_layer = (int)o->pred_input_layer;
+    dc->mem_align = o->memory_align && !strcmp(o->memory_align, "same") ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
+    dc->pred_loss = o->pred_loss && !strcmp(o->pred_loss, "mse_elem") ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
+    if (o->fusion_memory) DFM_TRY(dfm_parse_fusion_memory(o->fusion_memory, dc));
     return DFM_OK;
 }
 

@@ -16,17 +16,39 @@
 #include "trainer/train_loop.h"
 
 /* ---- evaluation -------------------------------------------------------------------------------------- */
+void eval_result_free(EvalResult *r) {
+    for (int i = 0; i < 3; i++) free(r->pos[i]), r->pos[i] = NULL;
+}
+
+/* one forward of the held-out batch; its CE into *ce and, per position, into pos[2L] (sums, counts) */
+static int eval_forward(Engine *en, DfmModel *m, const int *inp, const int *tgt, const float *tmem,
+                        const uint8_t *tmask, int B, int T, int mode, float *rows, double *pos, double *ce) {
+    DFM_TRY(engine_forward(en, inp, tgt, tmem, tmask, B, T, mode, 0, 1.0f));
+    *ce += m->ce;
+    if (!m->dc.enabled) return DFM_OK;
+    int L = m->dc.chunk_len;
+    long cnt[L];
+    memset(cnt, 0, sizeof cnt);
+    DFM_TRY(engine_row_losses(en, rows));
+    model_ce_by_position(rows, tgt, B, T, L, pos, cnt);
+    for (int j = 0; j < L; j++) pos[L + j] += (double)cnt[j];
+    return DFM_OK;
+}
+
 int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
-                    long max_batches, int modes, EvalResult *r) {
+             long max_batches, int modes, EvalResult *r) {
     memset(r, 0, sizeof *r);
     int T = ds->T, L = m->dc.enabled ? m->dc.chunk_len : T, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
     int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
     size_t S = (size_t)B * NC * K;
     int use_t = m->dc.enabled && ds->tgt;
-    float *tmem = use_t ? malloc(S * d * sizeof(float)) : NULL;
+    float *tmem = use_t ? malloc(S * d * sizeof(float)) : NULL, *rows = malloc((size_t)B * T * sizeof(float));
     uint8_t *tmask = use_t ? malloc(S) : NULL;
     size_t *idx = malloc(B * sizeof(size_t));
-    int rc = DFM_OK;
+    int rc = DFM_OK, run[3] = {1, (modes & 2) != 0, (modes & 4) && use_t};
+    r->L = L;
+    for (int i = 0; i < 3 && m->dc.enabled; i++)
+        if (run[i] && !(r->pos[i] = calloc(2 * (size_t)L, sizeof(double)))) rc = DFM_FAIL(DFM_ENOMEM, "eval");
     long nb = (long)(count / B);
     if (max_batches > 0 && nb > max_batches) nb = max_batches;
     if (nb < 1) {
@@ -40,22 +62,17 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
                 : data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
         if (rc) break;
         if (!m->dc.enabled) {
-            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
-            r->ce_none += m->ce;
+            rc = eval_forward(en, m, inp, tgt, NULL, NULL, B, T, MEM_NONE, rows, NULL, &r->ce_none);
             continue;
         }
-        rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, 0, 1.0f);
-        r->ce_pred += m->ce;
+        rc = eval_forward(en, m, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, rows, r->pos[EVAL_PRED], &r->ce_pred);
         r->mse += m->mse;
         r->cos += m->cos;
-        if (!rc && (modes & 2)) {
-            rc = engine_forward(en, inp, tgt, NULL, NULL, B, T, MEM_NONE, 0, 1.0f);
-            r->ce_none += m->ce;
-        }
-        if (!rc && (modes & 4) && use_t) {
-            rc = engine_forward(en, inp, tgt, tmem, tmask, B, T, MEM_TARGET, 0, 1.0f);
-            r->ce_target += m->ce;
-        }
+        if (!rc && run[EVAL_NONE])
+            rc = eval_forward(en, m, inp, tgt, NULL, NULL, B, T, MEM_NONE, rows, r->pos[EVAL_NONE], &r->ce_none);
+        if (!rc && run[EVAL_TARGET])
+            rc = eval_forward(en, m, inp, tgt, tmem, tmask, B, T, MEM_TARGET, rows, r->pos[EVAL_TARGET],
+                              &r->ce_target);
     }
     if (nb > 0) {
         r->ce_pred /= nb;
@@ -64,30 +81,66 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
         r->mse /= nb;
         r->cos /= nb;
     }
+    for (int i = 0; i < 3; i++) /* sums and counts -> means */
+        for (int j = 0; r->pos[i] && j < L; j++)
+            r->pos[i][j] = r->pos[i][L + j] > 0 ? r->pos[i][j] / r->pos[i][L + j] : NAN;
     r->n_batches = nb;
-    free(inp), free(tgt), free(tmem), free(tmask), free(idx);
+    if (rc) eval_result_free(r);
+    free(inp), free(tgt), free(tmem), free(tmask), free(idx), free(rows);
     return rc;
+}
+
+/* a number rounded to 6 decimals, or null (JSON has no NaN) */
+static json_t *num(double x) { return isfinite(x) ? json_real(round(x * 1e6) / 1e6) : json_null(); }
+
+static json_t *pos_json(const EvalResult *e, int i) {
+    json_t *a = json_array();
+    for (int j = 0; j < e->L; j++) json_array_append_new(a, num(e->pos[i][j]));
+    return a;
+}
+
+json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t) {
+    if (!m->dc.enabled) return json_pack("{s:o, s:I}", "ce", num(e->ce_none), "batches", (json_int_t)e->n_batches);
+    json_t *j = json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:b}", "ce_pred", num(e->ce_pred), "ce_none",
+                          num(e->ce_none), "ce_target", has_t ? num(e->ce_target) : json_null(), "mse", num(e->mse),
+                          "cos", num(e->cos), "batches", (json_int_t)e->n_batches, "trained_with_target",
+                          m->dc.fusion_memory != FUSION_MEM_PREDICTED);
+    const char *keys[3] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target"};
+    for (int i = 0; i < 3; i++)
+        if (e->pos[i]) json_object_set_new(j, keys[i], pos_json(e, i));
+    return j;
 }
 
 void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t) {
     if (m->dc.enabled) {
-        char tbuf[32] = "n/a (no targets)";
-        if (has_t) snprintf(tbuf, sizeof tbuf, "%.4f", e->ce_target);
-        DFM_LOG_I("eval step %ld (%ld batches): CE predicted memory %.4f | fusion off %.4f | target memory %s | "
-                  "MSE %.4f | cosine %.4f",
-                  step, e->n_batches, e->ce_pred, e->ce_none, tbuf, e->mse, e->cos);
+        char tbuf[160] = "n/a (no targets)";
+        if (has_t)
+            snprintf(tbuf, sizeof tbuf, "%.4f (%s)", e->ce_target,
+                     m->dc.fusion_memory != FUSION_MEM_PREDICTED
+                         ? "trained with it: retrieval at inference, a RETRO-like bound"
+                         : "trained on predicted memory only: out of distribution, no bound");
+        DFM_LOG_I("eval step %ld (%ld batches): CE fusion off %.4f | predicted memory (DFM at inference, no "
+                  "retrieval) %.4f | target memory through this model %s | MSE %.4f | cosine %.4f",
+                  step, e->n_batches, e->ce_none, e->ce_pred, tbuf, e->mse, e->cos);
+        const char *names[3] = {"predicted", "fusion off", "target"};
+        for (int i = 0; i < 3; i++) {
+            if (!e->pos[i]) continue;
+            char line[4096];
+            int n = snprintf(line, sizeof line, "eval step %ld: CE by position in the chunk (0 = its first token), "
+                             "%s:", step, names[i]);
+            for (int j = 0; j < e->L && n < (int)sizeof line - 16; j++)
+                n += snprintf(line + n, sizeof line - n, " %.3f", e->pos[i][j]);
+            DFM_LOG_I("%s", line);
+        }
     } else {
         DFM_LOG_I("eval step %ld (%ld batches): CE %.4f (ppl %.2f)", step, e->n_batches, e->ce_none, exp(e->ce_none));
     }
     if (logf) {
-        if (m->dc.enabled)
-            fprintf(logf,
-                    "{\"step\": %ld, \"eval\": {\"ce_pred\": %.6f, \"ce_none\": %.6f, \"ce_target\": %.6f, \"mse\": %.6f, "
-                    "\"cos\": %.6f, \"batches\": %ld}}\n",
-                    step, e->ce_pred, e->ce_none, has_t ? e->ce_target : NAN, e->mse, e->cos, e->n_batches);
-        else
-            fprintf(logf, "{\"step\": %ld, \"eval\": {\"ce\": %.6f, \"batches\": %ld}}\n", step, e->ce_none,
-                    e->n_batches);
+        json_t *j = json_pack("{s:I, s:o}", "step", (json_int_t)step, "eval", eval_json(m, e, has_t));
+        char *txt = json_dumps(j, JSON_PRESERVE_ORDER);
+        if (txt) fprintf(logf, "%s\n", txt);
+        free(txt);
+        json_decref(j);
         fflush(logf);
     }
 }
@@ -119,6 +172,7 @@ typedef struct {
     long step0;
     uint64_t done_epoch, done_pos; /* loader position after the last consumed batch */
     double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
+    uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
 } Trainer;
 
 /* One optimizer step's figures. */
@@ -180,10 +234,24 @@ static int stage_next(Trainer *t, double *stall) {
     return rc;
 }
 
+/* The memory this step's forward of the staged batch t->cur fuses (--fusion-memory). mixed:P: each chunk
+ * its target with probability P (falling linearly to 0 at the last step with :decay), drawn from (--seed,
+ * step, sequence index, chunk) alone: resumed runs and any rank split draw the same. */
+static int train_memory_mode(Trainer *t, long step) {
+    const DfmConfig *dc = &t->m->dc;
+    if (dc->fusion_memory == FUSION_MEM_PREDICTED) return MEM_PREDICTED;
+    if (dc->fusion_memory == FUSION_MEM_TARGET) return MEM_TARGET;
+    double p = dc->tf_prob * (dc->tf_decay ? 1.0 - (double)step / (double)t->o->steps : 1.0);
+    int NC = t->T / t->L;
+    model_memory_mix_draw(t->mix, t->cur->idx, t->B, NC, p, (uint64_t)t->o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step);
+    model_set_memory_mix(t->m, t->mix, t->B * NC);
+    return MEM_MIXED;
+}
+
 /* Forward and backward of --accum micro-batches, gradients summed over the ranks; the mean losses into s.
  * more_after: a batch follows this step without an evaluation between (then the last micro-batch's
  * backward overlaps the next one's copy). */
-static int accumulate(Trainer *t, int more_after, StepStats *s) {
+static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
     const TrainOpts *o = t->o;
     DfmModel *m = t->m;
     int rc = engine_zero_grad(t->en);
@@ -191,8 +259,8 @@ static int accumulate(Trainer *t, int more_after, StepStats *s) {
         if (!t->cur) { /* first micro-batch of the run (later ones were staged during the previous backward) */
             if ((rc = stage_next(t, &s->stall))) break;
         }
-        rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, m->dc.enabled ? MEM_PREDICTED : MEM_NONE, 1,
-                            1.0f / (float)o->accum);
+        int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
+        rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
         t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
         prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
         t->cur = NULL;
@@ -220,7 +288,7 @@ static int accumulate(Trainer *t, int more_after, StepStats *s) {
 static int train_step(Trainer *t, long step, int more_after, StepStats *s) {
     const TrainOpts *o = t->o;
     memset(s, 0, sizeof *s);
-    DFM_TRY(accumulate(t, more_after, s));
+    DFM_TRY(accumulate(t, step, more_after, s));
     DFM_TRY(engine_grad_norm(t->en, &s->grad_norm));
     double gn = s->grad_norm;
     if (!isfinite(gn)) return DFM_FAIL(DFM_ERANGE, "gradient norm is %f at step %ld. HINT: lower --lr", gn, step);
@@ -295,6 +363,7 @@ static int run_steps(Trainer *t) {
             rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, 7, &e);
             if (rc) break;
             eval_print(t->logf, step + 1, t->m, &e, t->use_t);
+            eval_result_free(&e);
         }
         if (last || (!o->no_ckpt && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0))
             rc = save_checkpoint(t, step, last);
@@ -307,6 +376,8 @@ static int trainer_run(Trainer *t) {
     const TrainOpts *o = t->o;
     DfmModel *m = t->m;
     model_trainable_params(m, &t->np);
+    if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
+        return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
     if (o->resume) DFM_TRY(trainer_resume(t));
     PrefetchAllocator pa = engine_host_allocator(t->en);
@@ -335,6 +406,9 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     *rank = t.mp.rank;
     t.B = (int)o->batch, t.T = (int)o->seq_len, t.L = m->dc.enabled ? m->dc.chunk_len : t.T;
     t.use_t = m->dc.enabled && ds->tgt;
+    if (m->dc.enabled && m->dc.fusion_memory != FUSION_MEM_PREDICTED && !t.use_t)
+        return DFM_FAIL(DFM_EARG, "--fusion-memory target or mixed trains on the target memory. HINT: --targets");
+
     t.nval = train_held_out(o, ds);
     if (t.nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
                                              "HINT: --val-seqs or more data", ds->n_seq, t.nval);
@@ -350,5 +424,6 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     engine_free(t.en); /* first: it waits for the device, which may still read a staged pinned buffer */
     prefetch_stop(t.pf);
     loader_free(&t.ld);
+    free(t.mix);
     return rc;
 }

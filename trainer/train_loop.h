@@ -3,6 +3,7 @@
 #ifndef DFM_TRAINER_TRAIN_LOOP_H
 #define DFM_TRAINER_TRAIN_LOOP_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "trainer/data.h"
@@ -11,11 +12,17 @@
 #include "trainer/prefetch.h"
 #include "trainer/train_opts.h"
 
-/* Mean held-out losses over n_batches batches. */
+/* Mean held-out losses over n_batches batches, and the CE by position of the predicted token inside its
+ * chunk (model_ce_by_position; j = 0 is a chunk's first token) for each mode: pos[EVAL_PRED / _NONE /
+ * _TARGET][j], j < L (NULL when the mode did not run). eval_result_free releases them. */
+enum { EVAL_PRED = 0, EVAL_NONE = 1, EVAL_TARGET = 2 };
 typedef struct {
     double ce_pred, ce_none, ce_target, mse, cos;
     long n_batches;
+    int L;
+    double *pos[3];
 } EvalResult;
+void eval_result_free(EvalResult *r);
 
 /* Held-out evaluation of sequences [first, first + count) in batches of B (at most max_batches; <= 0 =
  * all) on en's device. modes: bit 1 predicted memory, bit 2 fusion off, bit 4 target memory (when ds
@@ -24,9 +31,14 @@ typedef struct {
 int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
              long max_batches, int modes, EvalResult *r);
 
-/* Logs e at step, and appends it to logf as one JSON line when logf is not NULL. has_t: the data has
- * targets (else ce_target is reported as n/a / NaN). */
+/* Logs e at step, each mode named for what it is (target memory is a retrieval bound only for modules
+ * trained with it), and appends {"step", "eval": eval_json} to logf as one JSON line when logf is not
+ * NULL. has_t: the data has targets (else ce_target is reported as n/a / NaN). */
 void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t);
+/* The evaluation as a JSON object: ce_pred, ce_none, ce_target (NaN without targets), mse, cos, batches,
+ * trained_with_target (the modules saw target memory in training), ce_pos_pred / ce_pos_none /
+ * ce_pos_target (per-position CE lists); a pretraining model: ce, batches. */
+json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t);
 
 /* Trains m's trainable parameters (the DFM modules, or the whole backbone of a pretraining model) on
  * ds for --steps optimizer steps, holding out the last train_held_out() sequences, evaluating every

@@ -14,6 +14,7 @@
 
 typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
+    char *memory_align, *fusion_memory, *pred_loss;
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
@@ -59,6 +60,9 @@ typedef struct {
     {"no-ckpt", DFM_OPT_FLAG, &(o)->no_ckpt, NULL, NULL, "write no checkpoint, not even the final one (benchmarks)", 1}, \
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
 
+/* --fusion-memory's default: see "Teacher forcing" in trainer/README.md for the measurement behind it */
+#define TRAIN_FUSION_MEMORY_DEFAULT "predicted"
+
 /* Option-table rows of the DFM modules' shape (train, eval, generate). */
 #define TRAIN_OPTS_DFM(o)                                                                                              \
     {"chunk-len", DFM_OPT_INT, &(o)->chunk_len, "32", "L", "tokens per chunk", 0},                            \
@@ -73,7 +77,10 @@ typedef struct {
     {"xattn-heads", DFM_OPT_INT, &(o)->xattn_heads, "0", "N", "cross-attention heads (0 = the decoder's)", 0}, \
     {"gate", DFM_OPT_STR, &(o)->gate, "head", "KIND", "fusion gate per head or per channel", 0, .choices = "head|channel"},             \
     {"gate-bias", DFM_OPT_DOUBLE, &(o)->gate_bias, "0", "X", "initial gate bias (paper: 0 is best)", 0},      \
-    {"mse-weight", DFM_OPT_DOUBLE, &(o)->mse_weight, "1.0", "X", "weight of the slot MSE in the loss", 0},    \
+    {"mse-weight", DFM_OPT_DOUBLE, &(o)->mse_weight, "1.0", "X", "weight of the predictor loss (--pred-loss) in the loss", 0}, \
+    {"pred-loss", DFM_OPT_STR, &(o)->pred_loss, "mse", "KIND", "predictor loss: mse (squared error summed over d, mean over valid slots) or mse_elem (mean over the K*d elements: 1/d of it)", 0, .choices = "mse|mse_elem"}, \
+    {"memory-align", DFM_OPT_STR, &(o)->memory_align, "next", "A", "memory a token attends: next (of the chunk holding the token it predicts) or same (of its own chunk: ablation)", 0, .choices = "next|same"}, \
+    {"fusion-memory", DFM_OPT_STR, &(o)->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT, "M", "memory fusion trains on: predicted, target (teacher forcing), mixed:P (each chunk its target with probability P) or mixed:P:decay (P falls linearly to 0 by the last step)", 0}, \
     {"fuse-first-chunk", DFM_OPT_FLAG, &(o)->fuse_first, NULL, NULL, "also fuse the placeholder-based memory into chunk 0", 0}, \
     {"init-std", DFM_OPT_DOUBLE, &(o)->init_std, "0.02", "X", "std of the DFM modules' initial weights", 0}
 

@@ -117,6 +117,7 @@ static int run_variant(const Variant *va) {
         dc.fuse_first_chunk = va->fuse_first;
         dc.pred_input_layer = va->pred_input_layer;
         dc.mem_align = va->per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;  // both alignments covered
+        dc.pred_loss = va->per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;  // both loss scales
         dc.mse_weight = 0.7f;
     }
     DfmModel *h = NULL;
@@ -146,7 +147,14 @@ static int run_variant(const Variant *va) {
     for (size_t s = 0; s < S; s++) tmask[s] = ((s / K) % NC != 0) && (rng_u32(&r) % 5 != 0);
     const float *tm = va->dfm ? tmem.data() : NULL;
     const uint8_t *tk = va->dfm ? tmask.data() : NULL;
-    int mode = va->dfm ? MEM_PREDICTED : MEM_NONE;
+    // per-head DFM variants train with teacher forcing: every third chunk fuses its target memory (the CPU
+    // and the GPU model read the draws from the host model)
+    int mode = !va->dfm ? MEM_NONE : va->per_channel ? MEM_PREDICTED : MEM_MIXED;
+    if (mode == MEM_MIXED) {
+        std::vector<uint8_t> src((size_t)B * NC);
+        for (size_t i = 0; i < src.size(); i++) src[i] = i % 3 == 1;
+        GT(model_set_memory_mix(h, src.data(), B * NC));
+    }
     double lt = va->bf16 ? 1e-2 : 1e-5;
 
     // CPU: one training forward/backward (grad_scale 0.5), eval modes

@@ -361,11 +361,11 @@ typedef struct {
     int *inp, *tgt;
     float *tmem;
     uint8_t *tmask;
-    int B, T;
+    int B, T, mode;
 } ModelCtx;
 static double model_loss(void *p) {
     ModelCtx *c = p;
-    int rc = model_forward(c->m, c->inp, c->tgt, c->tmem, c->tmask, c->B, c->T, MEM_PREDICTED, 0, 1.0f);
+    int rc = model_forward(c->m, c->inp, c->tgt, c->tmem, c->tmask, c->B, c->T, c->mode, 0, 1.0f);
     assert_int_equal(rc, 0);
     return c->m->loss;
 }
@@ -395,6 +395,7 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     dc.init_std = 0.3f;
     dc.pred_input_layer = per_channel ? 1 : 0; /* predictor reads layer 0's output */
     dc.mem_align = per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
+    dc.pred_loss = per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     DfmModel *m = NULL;
     assert_int_equal(model_create(&bc, &dc, 2, 12, &m), 0);
     model_init_backbone_random(m, 11);
@@ -416,7 +417,12 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
         rng_normal(&r, m->dp.pred_bin, 8, 0.3f);
         rng_normal(&r, m->dp.proj_b1, 7, 0.3f);
     }
-    ModelCtx c = {.m = m, .B = 2, .T = 12};
+    /* per-head variant: teacher forcing, chunks 1 of sequence 0 and 2 of sequence 1 fuse their targets */
+    ModelCtx c = {.m = m, .B = 2, .T = 12, .mode = !pretrain && !per_channel ? MEM_MIXED : MEM_PREDICTED};
+    if (c.mode == MEM_MIXED) {
+        const uint8_t src[6] = {0, 1, 0, 0, 0, 1};
+        assert_int_equal(model_set_memory_mix(m, src, 6), 0);
+    }
     int N = 24, S = 2 * 3 * 3;
     c.inp = malloc(N * sizeof(int));
     c.tgt = malloc(N * sizeof(int));
@@ -428,11 +434,12 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     c.tmask[4 * 3 + 2] = 0;                                 /* one padded slot */
 
     model_zero_grad(m);
-    assert_int_equal(model_forward(m, c.inp, c.tgt, c.tmem, c.tmask, 2, 12, MEM_PREDICTED, 1, 1.0f), 0);
+    assert_int_equal(model_forward(m, c.inp, c.tgt, c.tmem, c.tmask, 2, 12, c.mode, 1, 1.0f), 0);
     assert_int_equal(model_backward(m), 0);
-    printf("  [model %s, gate per %s, qk_norm %d, tied %d, memory of the %s chunk] loss %.6f (ce %.6f mse %.6f)\n",
-           pretrain ? "pretrain" : "dfm", per_channel ? "channel" : "head", qk_norm, tie,
-           dc.mem_align == MEM_ALIGN_NEXT ? "next" : "same", m->loss, m->ce, m->mse);
+    printf("  [model %s, gate per %s, qk_norm %d, tied %d, memory of the %s chunk, %s memory, %s] loss %.6f (ce %.6f "
+           "mse %.6f)\n", pretrain ? "pretrain" : "dfm", per_channel ? "channel" : "head", qk_norm, tie,
+           dc.mem_align == MEM_ALIGN_NEXT ? "next" : "same", c.mode == MEM_MIXED ? "mixed" : "predicted",
+           dc.pred_loss == PRED_LOSS_MSE ? "mse" : "mse_elem", m->loss, m->ce, m->mse);
     TensorView *gv = calloc(256, sizeof *gv);
     int n = pretrain ? model_backbone_tensors(m, views, 0) : model_dfm_tensors(m, views, 0);
     int ng = pretrain ? model_backbone_tensors(m, gv, 1) : model_dfm_tensors(m, gv, 1);
@@ -598,6 +605,55 @@ static void test_alignment_rows(void **state) {
     }
 }
 
+/* Teacher forcing: with every chunk fusing its target and no MSE, nothing reaches the predictor (the
+ * projector and fusion still learn); the per-chunk draws are a function of (seed, sequence, chunk) with the
+ * asked frequency. */
+static void test_teacher_forcing(void **state) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    DfmConfig dc;
+    dfm_config_defaults(&dc, &bc);
+    dc.chunk_len = LK_L;
+    dc.n_slots = LK_K;
+    dc.d_mem = LK_D;
+    dc.proj_hidden = 7;
+    dc.xattn_heads = 2;
+    dc.mse_weight = 0.0f;
+    DfmModel *m = NULL;
+    assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
+    model_init_backbone_random(m, 5);
+    model_init_dfm_random(m, 6);
+    dfm_rng r;
+    rng_seed(&r, 79);
+    int tok[LK_T], tgt[LK_T];
+    for (int i = 0; i < LK_T; i++) tok[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+    float *tm = randv(&r, (size_t)LK_NC * LK_K * LK_D, 1.0f);
+    uint8_t mask[LK_NC * LK_K];
+    memset(mask, 1, sizeof mask);
+    for (int mode = MEM_PREDICTED; mode <= MEM_TARGET; mode++) {
+        model_zero_grad(m);
+        assert_int_equal(model_forward(m, tok, tgt, tm, mask, 1, LK_T, mode, 1, 1.0f), 0);
+        assert_int_equal(model_backward(m), 0);
+        size_t npred = (size_t)(m->dp_grad.proj_lnw - m->dp_grad.pred_win), nall = m->grad_num;
+        double gp = 0, go = 0;
+        for (size_t i = 0; i < npred; i++) gp += fabs(m->dp_grad.pred_win[i]);
+        for (size_t i = npred; i < nall; i++) go += fabs(m->dp_grad.pred_win[i]);
+        printf("  %s memory, no MSE: |grad| predictor %.3e, projector + fusion %.3e\n",
+               mode == MEM_TARGET ? "target" : "predicted", gp, go);
+        assert_true(go > 0.0);
+        if (mode == MEM_TARGET) assert_true(gp == 0.0);
+        else assert_true(gp > 0.0);
+    }
+    size_t seq[4] = {7, 3, 7, 1000};
+    uint8_t src[4 * 50];
+    model_memory_mix_draw(src, seq, 4, 50, 0.3, 42);
+    assert_memory_equal(src, src + 100, 50); /* sequence 7 twice: the same draws */
+    int n = 0;
+    for (int i = 0; i < 200; i++) n += src[i];
+    assert_true(n > 30 && n < 90); /* p = 0.3 of 200 */
+    free(tm);
+    model_free(m);
+}
+
 static void test_print_worst(void **state) {
     printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
     assert_true(g_worst < TOL);
@@ -611,7 +667,8 @@ int main(void) {
         cmocka_unit_test(test_ce_mse),         cmocka_unit_test(test_model_dfm_head_gate),
         cmocka_unit_test(test_model_dfm_channel_gate), cmocka_unit_test(test_model_pretrain),
         cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_no_leak),
-        cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_print_worst),
+        cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_teacher_forcing),
+        cmocka_unit_test(test_print_worst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
