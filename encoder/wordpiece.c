@@ -1,16 +1,21 @@
 /* wordpiece.c — BertNormalizer + BertPreTokenizer + WordPiece, matching Hugging Face `tokenizers`.
  * See wordpiece.h. The Unicode rules mirror tokenizers/src/normalizers/bert.rs and
  * pre_tokenizers/bert.rs:
- *   clean_text:   drop U+0000, U+FFFD and "other" chars (Cc Cf Cs Co Cn) except \t \n \r;
- *                 map White_Space chars to ' '
- *   chinese:      ' ' c ' ' for c in the CJK ideograph blocks (is_chinese_char)
- *   strip_accents NFD, then drop Mn
+ *   clean_text:   drop U+0000, U+FFFD and "other" chars except \t \n \r; map White_Space chars to ' '
+ *   chinese:      ' ' c ' ' for c in the CJK ideograph blocks (is_chinese_char); c is then normalised
+ *                 like any other character (a CJK compatibility ideograph decomposes under NFD)
+ *   strip_accents NFD, then drop non-spacing marks
+ * "Other", punctuation and non-spacing marks are the classes `tokenizers` itself uses, generated from it
+ * into wordpiece_tables.h: they come from an older Unicode table than utf8proc's, and unassigned code
+ * points (Cn) are not "other" there (they reach WordPiece and become [UNK]). NFD and lowercase follow
+ * current Unicode through utf8proc, as `tokenizers` does through Rust's own tables.
  *   lowercase:    per-char full lowercase (char::to_lowercase)
  *   pre-tokenize: split on White_Space (dropped) and on punctuation (ASCII punctuation or P*), kept
  *                 as one-char words
  *   WordPiece:    words over max_input_chars_per_word chars -> [UNK]; greedy longest match, "##"
  *                 before non-initial pieces; any unmatched remainder -> the whole word is [UNK]. */
 #include "encoder/wordpiece.h"
+#include "encoder/wordpiece_tables.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -330,11 +335,20 @@ static int is_ws(int32_t c) {
     return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
            c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
-static int is_other(int32_t c) {
-    int cat = utf8proc_category(c);
-    return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_CS ||
-           cat == UTF8PROC_CATEGORY_CO || cat == UTF8PROC_CATEGORY_CN;
+/* c in one of a sorted table's inclusive ranges (binary search) */
+static int in_ranges(const int32_t (*r)[2], size_t n, int32_t c) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
 }
+#define IN_TABLE(t, c) in_ranges(t, sizeof t / sizeof t[0], c)
+static int is_other(int32_t c) { return IN_TABLE(wp_other_ranges, c); }
+static int is_mark(int32_t c) { return IN_TABLE(wp_mark_ranges, c); }
 static int is_chinese(int32_t c) {
     return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
            (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
@@ -342,8 +356,7 @@ static int is_chinese(int32_t c) {
 }
 static int is_punct(int32_t c) {
     if (c < 128) return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
-    int cat = utf8proc_category(c);
-    return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO;
+    return IN_TABLE(wp_punct_ranges, c);
 }
 
 /* Decode UTF-8 (invalid sequences -> U+FFFD, one per maximal invalid prefix as utf8proc_iterate
@@ -363,6 +376,38 @@ static int decode_utf8(const char *s, size_t len, i32buf *out) {
     return DFM_OK;
 }
 
+/* Accent stripping and lowercasing of one character, appended to out. */
+static int normalize_char(const dfm_wordpiece *wp, int32_t c, i32buf *out) {
+    if (wp->strip_accents && c >= 0x80) {
+        utf8proc_int32_t d[32];
+        int last = 0;
+        utf8proc_ssize_t k = utf8proc_decompose_char(c, d, 32, UTF8PROC_DECOMPOSE, &last);
+        if (k > 0 && k <= 32) {
+            for (int j = 0; j < k; j++) {
+                if (is_mark(d[j])) continue;
+                int32_t x = wp->lowercase ? utf8proc_tolower(d[j]) : d[j];
+                if (wp->lowercase && d[j] == 0x130) {
+                    DFM_TRY(push(out, 'i'));
+                    x = 0x307;
+                }
+                DFM_TRY(push(out, x));
+            }
+            return DFM_OK;
+        }
+    }
+    if (wp->lowercase) {
+        if (c == 0x130) { /* the one unconditional multi-char lowercase mapping */
+            DFM_TRY(push(out, 'i'));
+            c = 0x307;
+        } else if (c >= 'A' && c <= 'Z') {
+            c += 32;
+        } else if (c >= 0x80) {
+            c = utf8proc_tolower(c);
+        }
+    }
+    return push(out, c);
+}
+
 /* Normalise code points in[0..n) into out (BertNormalizer). */
 static int normalize(const dfm_wordpiece *wp, const int32_t *in, int n, i32buf *out) {
     for (int i = 0; i < n; i++) {
@@ -371,44 +416,13 @@ static int normalize(const dfm_wordpiece *wp, const int32_t *in, int n, i32buf *
             if (c == 0 || c == 0xFFFD || (c != '\t' && c != '\n' && c != '\r' && is_other(c))) continue;
             if (is_ws(c)) c = ' ';
         }
-        if (wp->chinese && is_chinese(c)) {
-            DFM_TRY(push(out, ' '));
-            DFM_TRY(push(out, c));
-            DFM_TRY(push(out, ' '));
-            continue;
-        }
-        if (wp->strip_accents && c >= 0x80) {
-            utf8proc_int32_t d[32];
-            int last = 0;
-            utf8proc_ssize_t k = utf8proc_decompose_char(c, d, 32, UTF8PROC_DECOMPOSE, &last);
-            if (k > 0 && k <= 32) {
-                for (int j = 0; j < k; j++) {
-                    if (utf8proc_category(d[j]) == UTF8PROC_CATEGORY_MN) continue;
-                    int32_t x = wp->lowercase ? utf8proc_tolower(d[j]) : d[j];
-                    if (wp->lowercase && d[j] == 0x130) {
-                        DFM_TRY(push(out, 'i'));
-                        x = 0x307;
-                    }
-                    DFM_TRY(push(out, x));
-                }
-                continue;
-            }
-        }
-        if (wp->lowercase) {
-            if (c == 0x130) { /* the one unconditional multi-char lowercase mapping */
-                DFM_TRY(push(out, 'i'));
-                c = 0x307;
-            } else if (c >= 'A' && c <= 'Z') {
-                c += 32;
-            } else if (c >= 0x80) {
-                c = utf8proc_tolower(c);
-            }
-        }
-        DFM_TRY(push(out, c));
+        int pad = wp->chinese && is_chinese(c);
+        if (pad) DFM_TRY(push(out, ' '));
+        DFM_TRY(normalize_char(wp, c, out));
+        if (pad) DFM_TRY(push(out, ' '));
     }
     return DFM_OK;
 }
-
 /* WordPiece one word (code points w[0..n)); appends pieces. */
 static int wordpiece_word(const dfm_wordpiece *wp, const int32_t *w, int n, i32buf *ids, char *scratch) {
     if (n > wp->max_chars) return push(ids, wp->unk);
