@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/manifest.h"
 #include "retriever/index.h"
 #include "schemas/neighbor_shard.h"
 
@@ -14,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 /* ---- counted ---------------------------------------------------------------------------------- */
 
@@ -324,4 +326,25 @@ int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar
     int rc = dfm_write_file_atomic(path, b.p, b.n);
     free(b.p);
     return rc;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------------- */
+
+const char *const dfm_audit_stages[DFM_AUDIT_N_STAGES] = {"chunk", "encode", "index", "retrieve", "targets"};
+
+int dfm_audit_config_hash(json_t *m, char out[33]) {
+    json_t *all = json_object();
+    if (!all) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (int i = 0; i < DFM_AUDIT_N_STAGES; i++) {
+        json_t *s = dfm_manifest_stage(m, dfm_audit_stages[i]);
+        json_t *c = s ? json_object_get(s, "config") : NULL;
+        json_object_set(all, dfm_audit_stages[i], c ? c : json_null());
+    }
+    char *txt = json_dumps(all, JSON_SORT_KEYS | JSON_COMPACT);
+    json_decref(all);
+    if (!txt) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    XXH128_hash_t h = XXH3_128bits(txt, strlen(txt));
+    free(txt);
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    return DFM_OK;
 }

@@ -8,7 +8,7 @@
  *   measured  a real token-level baseline and the chunk-level side built the same way on the same
  *             N sequences of the run's corpus, same FAISS index family and metric, same machine
  *             (dfm_audit_measure_side), then extrapolated to the whole corpus and a large one;
- *   report    audit.json, audit.md and audit.svg in RUN/audit/ (dfm_audit_write_svg and audit_cmd.c).
+ *   report    audit.json, audit.md and audit.svg in RUN/audit/ (dfm_audit_run, dfm_audit_write_svg).
  *
  * Spec of audit.json: schemas/audit.md.
  */
@@ -17,6 +17,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include <jansson.h>
 
 /* ---- counted ---------------------------------------------------------------------------------- */
 
@@ -103,12 +105,42 @@ typedef struct {
 /* Write an SVG bar chart (log10 scale, chunk- vs token-level bars per group) atomically to path. */
 int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars);
 
-/* ---- helpers shared with the command ----------------------------------------------------------- */
+/* ---- helpers --------------------------------------------------------------------------------------- */
 
 /* "1.23 k", "4.56 M", "7.89 G" ... into buf (engineering prefixes, 3 significant digits). */
 const char *dfm_audit_human(double v, char *buf, size_t n);
 
-/* The `dfm audit` subcommand. */
-int dfm_cmd_audit(int argc, char **argv);
+/* The stages an audit reads, in pipeline order: chunk, encode, index, retrieve, targets. */
+#define DFM_AUDIT_N_STAGES 5
+extern const char *const dfm_audit_stages[DFM_AUDIT_N_STAGES];
+
+/* XXH3-128 of the stages' configs in manifest (keys sorted, compact JSON) as 32 hex digits into out.
+ * DFM_ENOMEM. */
+int dfm_audit_config_hash(json_t *manifest, char out[33]);
+
+/* ---- the report (audit_report.c) and the comparison (audit_compare.c) --------------------------------
+ * One process, no MPI: the audit reads a finished run. */
+
+typedef struct {
+    const char *run;     /* the run folder: chunk, index and retrieve complete */
+    const char *out_dir; /* where audit.json, audit.md and audit.svg go */
+    int64_t sample;      /* sequences to measure on (0: no measured part) */
+    int64_t k_token;     /* neighbours per token-level query */
+    int64_t key_dim;     /* token-level key width (the LM hidden size) */
+    int64_t seed;        /* of the sample and of the keys */
+    int64_t threads;     /* OpenMP threads for the measured searches (0: OpenMP's default) */
+    double large;        /* the large corpus, in tokens, to extrapolate both pipelines to */
+} dfm_audit_config;
+
+/* The report of cfg->run: count (the run's manifest, dfm_audit_count), measure (cfg->sample sequences,
+ * dfm_audit_measure_side for both sides), extrapolate (to the corpus and to cfg->large tokens), render
+ * (audit.json, audit.md, audit.svg written atomically; a summary on stdout). DFM_ESTATE when a needed
+ * stage is not complete; the errors of the parts. */
+int dfm_audit_run(const dfm_audit_config *cfg);
+
+/* Reproducibility: the rank-independent counts of two runs' manifests are equal and, when both have
+ * targets, every target record is byte-identical. Prints the result; DFM_EMISMATCH names the first
+ * difference. */
+int dfm_audit_compare(const char *run_a, const char *run_b);
 
 #endif

@@ -1,0 +1,818 @@
+/* audit_report.c — `dfm audit RUN`: count (the manifest), measure (a sample), extrapolate, render
+ * (audit.json, audit.md, audit.svg). See audit.h. */
+#include "pipeline/audit/audit.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/manifest.h"
+#include "common/version.h"
+#include "retriever/index.h"
+#include "schemas/chunk_shard.h"
+#include "schemas/neighbor_shard.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+/* ---- manifest access -------------------------------------------------------------------------- */
+
+/* stage.path1[.path2] as a number, or -1 when absent */
+static double mnum(json_t *m, const char *stage, const char *obj, const char *key) {
+    json_t *s = dfm_manifest_stage(m, stage);
+    if (!s) return -1;
+    json_t *o = obj ? json_object_get(s, obj) : s;
+    json_t *v = o ? json_object_get(o, key) : NULL;
+    return json_is_number(v) ? json_number_value(v) : -1;
+}
+static const char *mstr(json_t *m, const char *stage, const char *obj, const char *key) {
+    json_t *s = dfm_manifest_stage(m, stage);
+    if (!s) return NULL;
+    json_t *o = obj ? json_object_get(s, obj) : s;
+    json_t *v = o ? json_object_get(o, key) : NULL;
+    return json_is_string(v) ? json_string_value(v) : NULL;
+}
+static uint64_t u64(double v) { return v > 0 ? (uint64_t)llround(v) : 0; }
+
+
+/* ---- the measured sample ---------------------------------------------------------------------- */
+
+typedef struct {
+    uint64_t n_seq_total;      /* sequences in the run */
+    uint64_t n_seq;            /* sampled */
+    uint64_t *seq_first;       /* first chunk id of each sampled sequence */
+    uint64_t tokens, chunks;   /* in the sample (real tokens; chunk slots) */
+    uint64_t *tok_seed, n_tok; /* token-level keys (one per real token) */
+    uint64_t *chk_seed, n_chk; /* chunk-level keys (one per non-empty chunk) */
+    uint64_t *tok_q, n_tok_q;  /* token-level queries: every token */
+    uint64_t *chk_q, n_chk_q;  /* chunk-level queries: non-empty chunks that are not a sequence's first */
+} sample_t;
+
+static void sample_free(sample_t *s) {
+    free(s->seq_first);
+    free(s->tok_seed);
+    free(s->chk_seed);
+    free(s->tok_q);
+    free(s->chk_q);
+    memset(s, 0, sizeof *s);
+}
+
+/* N sequences spread over the run (seeded stratified pick), their keys' seeds and the query lists. */
+static int sample_build(const char *run, uint64_t want, uint64_t seed, sample_t *s) {
+    memset(s, 0, sizeof *s);
+    dfm_chunk_set *set = NULL;
+    DFM_TRY(dfm_chunk_set_open(run, &set));
+    int rc = DFM_OK;
+    uint64_t *starts = NULL, *pick = NULL;
+    uint64_t n_starts = 0;
+    starts = malloc(sizeof(uint64_t) * (set->n_chunks + 1));
+    if (!starts) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        goto done;
+    }
+    for (uint64_t c = 0; c < set->n_chunks; c++) {
+        const dfm_chunk_meta *meta;
+        const uint32_t *tok;
+        if ((rc = dfm_chunk_set_get(set, c, &meta, &tok))) goto done;
+        if ((meta->flags & DFM_CHUNK_SEQ_START) || c == 0) starts[n_starts++] = c;
+    }
+    starts[n_starts] = set->n_chunks; /* sentinel: end of the last sequence */
+    s->n_seq_total = n_starts;
+    s->n_seq = want < n_starts ? want : n_starts;
+    pick = malloc(sizeof(uint64_t) * (s->n_seq ? s->n_seq : 1));
+    s->seq_first = malloc(sizeof(uint64_t) * (s->n_seq ? s->n_seq : 1));
+    if (!pick || !s->seq_first) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        goto done;
+    }
+    dfm_sample_ids(n_starts, s->n_seq, seed, pick);
+    uint64_t slots = 0;
+    for (uint64_t i = 0; i < s->n_seq; i++) slots += starts[pick[i] + 1] - starts[pick[i]];
+    uint64_t L = set->chunk_len;
+    s->tok_seed = malloc(sizeof(uint64_t) * (slots * L + 1));
+    s->tok_q = malloc(sizeof(uint64_t) * (slots * L + 1));
+    s->chk_seed = malloc(sizeof(uint64_t) * (slots + 1));
+    s->chk_q = malloc(sizeof(uint64_t) * (slots + 1));
+    if (!s->tok_seed || !s->tok_q || !s->chk_seed || !s->chk_q) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory for a sample of %llu chunks", (unsigned long long)slots);
+        goto done;
+    }
+    for (uint64_t i = 0; i < s->n_seq; i++) {
+        uint64_t a = starts[pick[i]], b = starts[pick[i] + 1];
+        s->seq_first[i] = a;
+        uint32_t prev = UINT32_MAX;
+        for (uint64_t c = a; c < b; c++) {
+            const dfm_chunk_meta *meta;
+            const uint32_t *tok;
+            if ((rc = dfm_chunk_set_get(set, c, &meta, &tok))) goto done;
+            s->chunks++;
+            for (uint32_t t = 0; t < meta->n_valid; t++) {
+                /* a token's key stands for its hidden state: a function of its context, here (previous, token) */
+                uint32_t pair[2] = {prev, tok[t]};
+                s->tok_q[s->n_tok_q++] = s->n_tok;
+                s->tok_seed[s->n_tok++] = XXH3_64bits_withSeed(pair, sizeof pair, seed);
+                prev = tok[t];
+            }
+            s->tokens += meta->n_valid;
+            if (meta->n_valid) {
+                if (c != a) s->chk_q[s->n_chk_q++] = s->n_chk;
+                s->chk_seed[s->n_chk++] = XXH3_64bits_withSeed(tok, sizeof(uint32_t) * meta->n_valid, seed ^ 0x5eedull);
+            }
+        }
+    }
+done:
+    free(starts);
+    free(pick);
+    dfm_chunk_set_close(set);
+    if (rc) sample_free(s);
+    return rc;
+}
+
+
+static int measure_both(const dfm_audit_config *a, const sample_t *smp, const char *factory, uint32_t metric, uint32_t enc_dim, uint32_t K,
+                        uint32_t margin, int64_t nprobe, dfm_audit_side *cs, dfm_audit_side *ts) {
+    DFM_LOG_I("audit: measuring on %llu of %llu sequences: %llu tokens, %llu chunks", (unsigned long long)smp->n_seq,
+              (unsigned long long)smp->n_seq_total, (unsigned long long)smp->tokens, (unsigned long long)smp->chunks);
+    dfm_audit_side_opts co = {factory, metric, enc_dim ? enc_dim : 384, K + margin, nprobe, 0};
+    DFM_TRY(dfm_audit_measure_side(&co, smp->chk_seed, smp->n_chk, smp->chk_q, smp->n_chk_q, cs));
+    DFM_LOG_I("audit: chunk level: %llu queries of k=%u over %llu keys (%s, dim %u): %.6f s", (unsigned long long)cs->queries, cs->k,
+              (unsigned long long)cs->keys, cs->factory, cs->dim, cs->search_s);
+    dfm_audit_side_opts to = {factory, metric, (uint32_t)a->key_dim, (uint32_t)a->k_token, nprobe, 0};
+    DFM_TRY(dfm_audit_measure_side(&to, smp->tok_seed, smp->n_tok, smp->tok_q, smp->n_tok_q, ts));
+    DFM_LOG_I("audit: token level: %llu queries of k=%u over %llu keys (%s, dim %u): %.6f s", (unsigned long long)ts->queries, ts->k,
+              (unsigned long long)ts->keys, ts->factory, ts->dim, ts->search_s);
+    return DFM_OK;
+}
+
+/* ---- JSON and text helpers -------------------------------------------------------------------- */
+
+static json_t *side_json(const dfm_audit_side *s, uint64_t sample_tokens) {
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:I, s:f, s:f}", "factory", s->factory, "index_choice",
+                     s->why, "key_dim", (json_int_t)s->dim, "k", (json_int_t)s->k, "keys", (json_int_t)s->keys, "queries",
+                     (json_int_t)s->queries, "index_bytes", (json_int_t)s->index_bytes, "results", (json_int_t)s->results, "build_s",
+                     s->build_s, "search_s", s->search_s, "s_per_query", s->s_per_query, "bytes_per_key", s->bytes_per_key,
+                     "search_repeats", (json_int_t)s->repeats, "search_s_per_token", sample_tokens ? s->search_s / (double)sample_tokens : 0.0, "index_bytes_per_token",
+                     sample_tokens ? (double)s->index_bytes / (double)sample_tokens : 0.0);
+}
+
+/* exponent of per-query search cost in the datastore size: exact Flat scans all keys (1), IVF with
+ * ~sqrt(N) lists and fixed nprobe scans ~sqrt(N) (0.5), HNSW grows ~log N (0: treated as constant) */
+static double cost_exponent(const char *factory) {
+    if (strstr(factory, "HNSW") && !strstr(factory, "IVF")) return 0;
+    if (strstr(factory, "IVF") || strstr(factory, "IMI")) return 0.5;
+    return 1;
+}
+
+typedef struct {
+    double tokens;
+    double q_chunk, q_token, items_chunk, items_token, keys_chunk, keys_token;
+    double bytes_chunk, bytes_token;
+    double t_chunk_const, t_token_const;  /* constant per-query cost: lower bound */
+    double t_chunk_scaled, t_token_scaled; /* per-query cost grown with the datastore (cost_exponent) */
+} extrap_t;
+
+static void extrapolate(double T, double q_per_tok, double keys_per_tok, uint32_t K, uint32_t k_tok, const dfm_audit_side *c,
+                        const dfm_audit_side *t, extrap_t *e) {
+    memset(e, 0, sizeof *e);
+    e->tokens = T;
+    e->q_chunk = T * q_per_tok;
+    e->q_token = T;
+    e->items_chunk = e->q_chunk * K;
+    e->items_token = T * k_tok;
+    e->keys_chunk = T * keys_per_tok;
+    e->keys_token = T;
+    if (c && t) {
+        e->bytes_chunk = e->keys_chunk * c->bytes_per_key;
+        e->bytes_token = e->keys_token * t->bytes_per_key;
+        e->t_chunk_const = e->q_chunk * c->s_per_query;
+        e->t_token_const = e->q_token * t->s_per_query;
+        double gc = c->keys ? pow(e->keys_chunk / (double)c->keys, cost_exponent(c->factory)) : 1;
+        double gt = t->keys ? pow(e->keys_token / (double)t->keys, cost_exponent(t->factory)) : 1;
+        e->t_chunk_scaled = e->t_chunk_const * (gc > 1 ? gc : 1);
+        e->t_token_scaled = e->t_token_const * (gt > 1 ? gt : 1);
+    }
+}
+
+static json_t *extrap_json(const char *name, const extrap_t *e, int measured) {
+    json_t *o = json_pack("{s:s, s:f, s:{s:f, s:f, s:f}, s:{s:f, s:f, s:f}, s:{s:f, s:f}}", "name", name, "tokens", e->tokens, "chunk_level",
+                          "queries", e->q_chunk, "items", e->items_chunk, "keys", e->keys_chunk, "token_level", "queries", e->q_token,
+                          "items", e->items_token, "keys", e->keys_token, "savings", "queries", 1 - e->q_chunk / e->q_token, "items",
+                          1 - e->items_chunk / e->items_token);
+    if (o && measured) {
+        json_t *cl = json_object_get(o, "chunk_level"), *tl = json_object_get(o, "token_level"), *sv = json_object_get(o, "savings");
+        json_object_set_new(cl, "index_bytes", json_real(e->bytes_chunk));
+        json_object_set_new(cl, "search_s_constant", json_real(e->t_chunk_const));
+        json_object_set_new(cl, "search_s_scaled", json_real(e->t_chunk_scaled));
+        json_object_set_new(tl, "index_bytes", json_real(e->bytes_token));
+        json_object_set_new(tl, "search_s_constant", json_real(e->t_token_const));
+        json_object_set_new(tl, "search_s_scaled", json_real(e->t_token_scaled));
+        json_object_set_new(sv, "index_bytes", json_real(1 - e->bytes_chunk / e->bytes_token));
+        json_object_set_new(sv, "search_s_constant", json_real(1 - e->t_chunk_const / e->t_token_const));
+        json_object_set_new(sv, "search_s_scaled", json_real(1 - e->t_chunk_scaled / e->t_token_scaled));
+    }
+    return o;
+}
+
+static const char *H(double v, char *b) { return dfm_audit_human(v, b, 32); }
+static const char *secs(double s, char *b) {
+    if (s < 1e-3) snprintf(b, 32, "%.3g µs", s * 1e6);
+    else if (s < 1) snprintf(b, 32, "%.3g ms", s * 1e3);
+    else if (s < 100) snprintf(b, 32, "%.3g s", s);
+    else if (s < 3600) snprintf(b, 32, "%.0f s", s);
+    else if (s < 86400 * 3) snprintf(b, 32, "%.3g h", s / 3600);
+    else if (s < 86400 * 365.25 * 3) snprintf(b, 32, "%.3g days", s / 86400);
+    else snprintf(b, 32, "%.3g years", s / (86400 * 365.25));
+    return b;
+}
+static const char *bytes(double v, char *b) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    while (v >= 1024 && i < 6) v /= 1024, i++;
+    snprintf(b, 32, i ? "%.3g %s" : "%.0f %s", v, u[i]);
+    return b;
+}
+static double pct(double x) { return 100.0 * x; }
+
+
+/* ---- one report's figures -------------------------------------------------------------------- */
+
+typedef struct {
+    const dfm_audit_config *a;
+    json_t *m; /* the run's manifest */
+    int have_targets, have_encode;
+    /* configuration */
+    uint32_t L, S, K, margin, enc_dim, metric;
+    int64_t nprobe;
+    const char *exclude, *factory, *metric_s, *index_req, *index_why;
+    /* counts */
+    uint64_t documents, tokens, pad_tokens, chunks, sequences, queries, no_query, fetched, excluded, kept, padded, re_search,
+        vectors, index_bytes, nbr_bytes, records, raw_bytes, stored_bytes;
+    double t_stage[DFM_AUDIT_N_STAGES], t_total, t_search;
+    dfm_audit_counted ct;
+    char chash[33];
+    /* measured */
+    int measured, threads_used;
+    sample_t smp;
+    dfm_audit_side cs, ts;
+    /* extrapolated */
+    double q_per_tok, keys_per_tok;
+    extrap_t ex[2];
+    /* where and when */
+    char cpu[256], host[128], when[32];
+} audit_ctx;
+
+/* count: the run's configuration, counts and timings from its manifest (index and retrieve complete),
+ * the counted savings and the config hash */
+static int audit_count(audit_ctx *x) {
+    const char *run = x->a->run;
+    DFM_TRY(dfm_manifest_load(run, 0, &x->m));
+    json_t *m = x->m;
+    for (int i = 0; i < 4; i++)
+        if (i != 1) DFM_TRY(dfm_manifest_require_complete(m, dfm_audit_stages[i], run));
+    x->have_targets = dfm_manifest_require_complete(m, "targets", run) == DFM_OK;
+    x->have_encode = dfm_manifest_require_complete(m, "encode", run) == DFM_OK;
+    dfm_error_clear();
+
+    /* configuration */
+    x->L = (uint32_t)u64(mnum(m, "chunk", "config", "chunk-len"));
+    x->S = (uint32_t)u64(mnum(m, "chunk", "config", "seq-len"));
+    x->K = (uint32_t)u64(mnum(m, "retrieve", "config", "k"));
+    x->margin = (uint32_t)u64(mnum(m, "retrieve", "config", "margin"));
+    x->nprobe = (int64_t)u64(mnum(m, "retrieve", "config", "nprobe"));
+    x->exclude = mstr(m, "retrieve", "config", "exclude");
+    x->factory = mstr(m, "index", NULL, "factory");
+    x->metric_s = mstr(m, "index", NULL, "metric");
+    x->index_req = mstr(m, "index", "config", "index");
+    json_t *choice = json_object_get(dfm_manifest_stage(m, "index"), "choice");
+    x->index_why = choice ? json_string_value(json_object_get(choice, "why")) : NULL;
+    x->enc_dim = (uint32_t)u64(mnum(m, "index", NULL, "dim"));
+    x->metric = x->metric_s && !strcmp(x->metric_s, "l2") ? DFM_METRIC_L2 : DFM_METRIC_IP;
+    if (!x->factory) x->factory = "IDMap,Flat";
+
+    /* counts */
+    x->documents = u64(mnum(m, "chunk", "counts", "documents"));
+    x->tokens = u64(mnum(m, "chunk", "counts", "tokens"));
+    x->pad_tokens = u64(mnum(m, "chunk", "counts", "pad_tokens"));
+    x->chunks = u64(mnum(m, "chunk", "counts", "chunks"));
+    x->sequences = u64(mnum(m, "chunk", "counts", "sequences"));
+    x->queries = u64(mnum(m, "retrieve", "counts", "queries"));
+    x->no_query = u64(mnum(m, "retrieve", "counts", "no_query_rows"));
+    x->fetched = u64(mnum(m, "retrieve", "counts", "candidates_fetched"));
+    x->excluded = u64(mnum(m, "retrieve", "counts", "excluded"));
+    x->kept = u64(mnum(m, "retrieve", "counts", "items_kept"));
+    x->padded = u64(mnum(m, "retrieve", "counts", "padded_slots"));
+    x->re_search = u64(mnum(m, "retrieve", "counts", "re_searches"));
+    x->vectors = u64(mnum(m, "index", "counts", "vectors"));
+    x->index_bytes = u64(mnum(m, "index", "counts", "bytes"));
+    x->nbr_bytes = u64(mnum(m, "retrieve", "counts", "bytes"));
+    x->records = u64(mnum(m, "targets", "counts", "records"));
+    x->raw_bytes = u64(mnum(m, "targets", "counts", "raw_bytes"));
+    x->stored_bytes = u64(mnum(m, "targets", "counts", "stored_bytes"));
+    for (int i = 0; i < DFM_AUDIT_N_STAGES; i++) {
+        x->t_stage[i] = mnum(m, dfm_audit_stages[i], "timings", "total_s");
+        if (x->t_stage[i] > 0) x->t_total += x->t_stage[i];
+    }
+    x->t_search = mnum(m, "retrieve", "timings", "search_s");
+
+    dfm_audit_counts_in in = {x->L, x->K, (uint32_t)x->a->k_token, x->chunks, x->tokens, x->queries, x->kept, x->fetched};
+    DFM_TRY(dfm_audit_count(&in, &x->ct));
+    return dfm_audit_config_hash(m, x->chash);
+}
+
+/* measure: both datastores built and searched on a sample of the run's sequences (--token-level-sample) */
+static int audit_measure(audit_ctx *x) {
+    const dfm_audit_config *a = x->a;
+    x->threads_used = omp_get_max_threads();
+    if (a->sample <= 0) return DFM_OK;
+    /* one thread by default: on a shared, loaded machine a parallel region waits for its slowest
+     * descheduled thread, which would swamp the small chunk-level searches with scheduler noise */
+    int prev_threads = omp_get_max_threads();
+    if (a->threads > 0) omp_set_num_threads((int)a->threads);
+    x->threads_used = omp_get_max_threads();
+    int rc = sample_build(a->run, (uint64_t)a->sample, (uint64_t)a->seed, &x->smp);
+    if (!rc) rc = measure_both(a, &x->smp, x->factory, x->metric, x->enc_dim, x->K, x->margin, x->nprobe, &x->cs, &x->ts);
+    omp_set_num_threads(prev_threads);
+    if (!rc) x->measured = 1;
+    return rc;
+}
+
+/* extrapolate: the run's own query and key rates per token, to the corpus and to --extrapolate-tokens */
+static void audit_extrapolate(audit_ctx *x) {
+    const dfm_audit_side *c = x->measured ? &x->cs : NULL, *t = x->measured ? &x->ts : NULL;
+    x->q_per_tok = x->tokens ? (double)x->queries / (double)x->tokens : 0;
+    x->keys_per_tok = x->tokens ? (double)(x->vectors ? x->vectors : x->chunks) / (double)x->tokens : 0;
+    extrapolate((double)x->tokens, x->q_per_tok, x->keys_per_tok, x->K, (uint32_t)x->a->k_token, c, t, &x->ex[0]);
+    extrapolate(x->a->large, x->q_per_tok, x->keys_per_tok, x->K, (uint32_t)x->a->k_token, c, t, &x->ex[1]);
+}
+
+/* the machine and the time, for the report */
+static void audit_environment(audit_ctx *x) {
+    snprintf(x->cpu, sizeof x->cpu, "unknown");
+    snprintf(x->host, sizeof x->host, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+            snprintf(x->cpu, sizeof x->cpu, "%s", strchr(line, ':') + 2);
+            x->cpu[strcspn(x->cpu, "\n")] = 0;
+            break;
+        }
+    if (f) fclose(f);
+    gethostname(x->host, sizeof x->host - 1);
+    time_t now = time(NULL);
+    strftime(x->when, sizeof x->when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+}
+
+/* render, audit.json: identity, configuration, the run's counts and timings, the counted savings (NULL: no memory) */
+static json_t *json_run(const audit_ctx *x) {
+    const dfm_audit_config *a = x->a;
+    json_t *m = x->m;
+    int have_targets = x->have_targets;
+    uint32_t L = x->L;
+    uint32_t S = x->S;
+    uint32_t K = x->K;
+    uint32_t margin = x->margin;
+    uint32_t enc_dim = x->enc_dim;
+    int64_t nprobe = x->nprobe;
+    const char *exclude = x->exclude;
+    const char *factory = x->factory;
+    const char *metric_s = x->metric_s;
+    const char *index_req = x->index_req;
+    const char *index_why = x->index_why;
+    const double *t_stage = x->t_stage;
+    double t_total = x->t_total;
+    double t_search = x->t_search;
+    const dfm_audit_counted *ct = &x->ct;
+    const char *chash = x->chash;
+    const char *when = x->when;
+    uint64_t documents = x->documents;
+    uint64_t tokens = x->tokens;
+    uint64_t pad_tokens = x->pad_tokens;
+    uint64_t chunks = x->chunks;
+    uint64_t sequences = x->sequences;
+    uint64_t queries = x->queries;
+    uint64_t no_query = x->no_query;
+    uint64_t fetched = x->fetched;
+    uint64_t excluded = x->excluded;
+    uint64_t kept = x->kept;
+    uint64_t padded = x->padded;
+    uint64_t re_search = x->re_search;
+    uint64_t vectors = x->vectors;
+    uint64_t index_bytes = x->index_bytes;
+    uint64_t nbr_bytes = x->nbr_bytes;
+    uint64_t records = x->records;
+    uint64_t raw_bytes = x->raw_bytes;
+    uint64_t stored_bytes = x->stored_bytes;
+    json_t *chunk_stage = dfm_manifest_stage(m, "chunk");
+    json_t *tgt_fmt = have_targets ? json_object_get(dfm_manifest_stage(m, "targets"), "format") : NULL;
+    json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 1, "dfm_version", DFM_VERSION, "created_utc",
+                  when, "run", a->run, "config_hash", chash, "inputs",
+                  json_object_get(chunk_stage, "inputs") ? json_object_get(chunk_stage, "inputs") : json_null(), "upstream",
+                  tgt_fmt && json_object_get(tgt_fmt, "upstream") ? json_object_get(tgt_fmt, "upstream") : json_null());
+    if (!J) return NULL;
+    json_object_set_new(J, "config",
+                        json_pack("{s:I, s:I, s:I, s:I, s:s?, s:s, s:s, s:s?, s:s?, s:I, s:I, s:I, s:I}", "chunk_len", (json_int_t)L,
+                                  "seq_len", (json_int_t)S, "k", (json_int_t)K, "margin", (json_int_t)margin, "exclude", exclude,
+                                  "index_factory", factory, "index_metric", metric_s ? metric_s : "ip", "index_requested", index_req,
+                                  "index_why", index_why, "nprobe", (json_int_t)nprobe, "encoder_dim", (json_int_t)enc_dim,
+                                  "token_k", (json_int_t)a->k_token, "token_key_dim", (json_int_t)a->key_dim));
+    json_object_set_new(J, "run_counts",
+                        json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "documents",
+                                  (json_int_t)documents, "tokens", (json_int_t)tokens, "pad_tokens", (json_int_t)pad_tokens, "chunks",
+                                  (json_int_t)chunks, "sequences", (json_int_t)sequences, "queries", (json_int_t)queries,
+                                  "no_query_rows", (json_int_t)no_query, "candidates_fetched", (json_int_t)fetched, "excluded",
+                                  (json_int_t)excluded, "re_searches", (json_int_t)re_search, "items_kept", (json_int_t)kept,
+                                  "padded_slots", (json_int_t)padded, "index_vectors", (json_int_t)vectors, "index_bytes",
+                                  (json_int_t)index_bytes, "neighbor_bytes", (json_int_t)nbr_bytes, "target_records",
+                                  (json_int_t)records, "target_stored_bytes", (json_int_t)stored_bytes));
+    json_object_set_new(json_object_get(J, "run_counts"), "target_raw_bytes", json_integer((json_int_t)raw_bytes));
+    json_t *tj = json_object();
+    for (int i = 0; i < DFM_AUDIT_N_STAGES; i++) json_object_set_new(tj, dfm_audit_stages[i], t_stage[i] >= 0 ? json_real(t_stage[i]) : json_null());
+    json_object_set_new(tj, "retrieve_search", t_search >= 0 ? json_real(t_search) : json_null());
+    json_object_set_new(tj, "total", json_real(t_total));
+    json_object_set_new(J, "timings_s", tj);
+    json_object_set_new(
+        J, "counted",
+        json_pack("{s:f, s:f, s:{s:I, s:I, s:I, s:I, s:f, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}}", "query_saving_formula",
+                  ct->query_saving_formula, "item_saving_formula", ct->item_saving_formula, "per_chunk", "chunk_queries",
+                  (json_int_t)ct->chunk_queries, "token_queries", (json_int_t)ct->token_slot_queries, "chunk_items",
+                  (json_int_t)ct->chunk_items, "token_items", (json_int_t)ct->token_slot_items, "query_saving", ct->query_saving_per_chunk,
+                  "item_saving", ct->item_saving_per_chunk, "as_run", "chunk_queries", (json_int_t)queries, "token_queries",
+                  (json_int_t)ct->token_queries, "chunk_items_kept", (json_int_t)kept, "chunk_candidates_fetched", (json_int_t)fetched,
+                  "token_items", (json_int_t)ct->token_items, "no_query_rows", (json_int_t)no_query, "query_saving",
+                  ct->query_saving_run, "item_saving", ct->item_saving_run, "candidate_saving", ct->candidate_saving_run));
+    return J;
+}
+
+/* render, audit.json: the measured part */
+static json_t *json_measured(const audit_ctx *x) {
+    const dfm_audit_config *a = x->a;
+    uint32_t L = x->L;
+    int threads_used = x->threads_used;
+    const sample_t *smp = &x->smp;
+    const dfm_audit_side *cs = &x->cs;
+    const dfm_audit_side *ts = &x->ts;
+    const char *cpu = x->cpu;
+    const char *host = x->host;
+    json_t *mj = json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:s, s:s, s:i, s:s}", "sample", "sequences", (json_int_t)smp->n_seq,
+                           "sequences_in_run", (json_int_t)smp->n_seq_total, "tokens", (json_int_t)smp->tokens, "chunks",
+                           (json_int_t)smp->chunks, "token_pad_slots", (json_int_t)(smp->chunks * L - smp->tokens), "seed",
+                           (json_int_t)a->seed, "cpu", cpu, "host", host, "threads", threads_used, "keys",
+                           "seeded pseudo-random unit vectors (token level: from each (previous token, token) pair; chunk level: "
+                           "from each chunk's tokens); their values carry no meaning: what is measured is the cost (build time, "
+                           "search time per query, index bytes) of a datastore and queries of these sizes, widths, k and index type");
+    json_t *first = json_array();
+    for (uint64_t i = 0; i < smp->n_seq; i++) json_array_append_new(first, json_integer((json_int_t)smp->seq_first[i]));
+    json_object_set_new(json_object_get(mj, "sample"), "first_chunks", first);
+    json_object_set_new(mj, "chunk_level", side_json(cs, smp->tokens));
+    json_object_set_new(mj, "token_level", side_json(ts, smp->tokens));
+    json_object_set_new(mj, "savings",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f}", "queries", 1 - (double)cs->queries / (double)ts->queries, "items_fetched",
+                                  1 - (double)cs->queries * cs->k / ((double)ts->queries * ts->k), "search_time",
+                                  ts->search_s > 0 ? 1 - cs->search_s / ts->search_s : 0.0, "index_bytes",
+                                  1 - (double)cs->index_bytes / (double)ts->index_bytes, "build_time",
+                                  ts->build_s > 0 ? 1 - cs->build_s / ts->build_s : 0.0));
+    json_object_set_new(mj, "ratios_token_over_chunk",
+                        json_pack("{s:f, s:f, s:f, s:f}", "queries", (double)ts->queries / (double)(cs->queries ? cs->queries : 1),
+                                  "search_time", cs->search_s > 0 ? ts->search_s / cs->search_s : 0.0, "index_bytes",
+                                  (double)ts->index_bytes / (double)(cs->index_bytes ? cs->index_bytes : 1), "s_per_query",
+                                  cs->s_per_query > 0 ? ts->s_per_query / cs->s_per_query : 0.0));
+    return mj;
+}
+
+/* render: audit.json as a new object (NULL: no memory) */
+static json_t *render_json(const audit_ctx *x) {
+    json_t *J = json_run(x);
+    if (!J) return NULL;
+    json_object_set_new(J, "measured", x->measured ? json_measured(x) : json_null());
+    json_t *ej = json_array();
+    json_array_append_new(ej, extrap_json("corpus", &x->ex[0], x->measured));
+    json_array_append_new(ej, extrap_json("large", &x->ex[1], x->measured));
+    json_object_set_new(J, "extrapolated", ej);
+    json_object_set_new(J, "scaling_model",
+                        json_string("search_s_constant = queries x measured seconds per query (a lower bound: the per-query cost of "
+                                    "the sample's small datastore); search_s_scaled also grows the per-query cost with the datastore: "
+                                    "linearly for exact Flat, with sqrt(N) for IVF (sqrt(N) lists, fixed nprobe), not at all for HNSW"));
+    return J;
+}
+
+/* render: the bar chart audit.svg */
+static int render_svg(const audit_ctx *x, const char *path) {
+    const dfm_audit_config *a = x->a;
+    uint32_t L = x->L;
+    uint32_t K = x->K;
+    const dfm_audit_counted *ct = &x->ct;
+    int measured = x->measured;
+    const extrap_t *ex = x->ex;
+    uint64_t tokens = x->tokens;
+    uint64_t queries = x->queries;
+    uint64_t kept = x->kept;
+    dfm_audit_bar bars[4] = {
+        {"queries", "whole corpus", (double)queries, (double)tokens},
+        {"items", "kept, whole corpus", (double)kept, (double)ct->token_items},
+        {"search time", measured ? "s, corpus, measured/query" : "s (not measured)", measured ? ex[0].t_chunk_const : 0,
+         measured ? ex[0].t_token_const : 0},
+        {"index storage", measured ? "bytes, corpus" : "bytes (not measured)", measured ? ex[0].bytes_chunk : 0,
+         measured ? ex[0].bytes_token : 0},
+    };
+    char title[256];
+    snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", L, K,
+             (long long)a->k_token, H((double)tokens, (char[32]){0}));
+    return dfm_audit_write_svg(path, title, bars, 4);
+}
+
+/* render, audit.md: title, inputs, chart, the claim counted */
+static void md_counted(FILE *mf, const audit_ctx *x) {
+    const dfm_audit_config *a = x->a;
+    json_t *m = x->m;
+    uint32_t L = x->L;
+    uint32_t K = x->K;
+    uint32_t margin = x->margin;
+    const dfm_audit_counted *ct = &x->ct;
+    const char *chash = x->chash;
+    const char *when = x->when;
+    uint64_t pad_tokens = x->pad_tokens;
+    uint64_t chunks = x->chunks;
+    uint64_t sequences = x->sequences;
+    uint64_t queries = x->queries;
+    uint64_t no_query = x->no_query;
+    uint64_t fetched = x->fetched;
+    uint64_t kept = x->kept;
+    uint64_t padded = x->padded;
+    char b1[32];
+    json_t *chunk_stage = dfm_manifest_stage(m, "chunk");
+    fprintf(mf, "# Retrieval-cost audit of `%s`\n\n", a->run);
+    fprintf(mf, "dfm %s, %s. Config hash `%s` (XXH3-128 of the stages' configs in manifest.json).", DFM_VERSION, when, chash);
+    json_t *inputs = json_object_get(chunk_stage, "inputs");
+    size_t ii;
+    json_t *inp;
+    json_array_foreach(inputs, ii, inp) fprintf(mf, " Input `%s` (%s bytes, xxh128 `%s`).", json_string_value(json_object_get(inp, "path")),
+                                                H(json_number_value(json_object_get(inp, "bytes")), b1),
+                                                json_string_value(json_object_get(inp, "xxh128")) ? json_string_value(json_object_get(inp, "xxh128")) : "?");
+    fprintf(mf, "\n\n![chart](audit.svg)\n\n");
+    fprintf(mf, "## The claim, counted\n\n");
+    fprintf(mf, "DFM retrieves once per chunk of L = %u tokens and keeps K = %u neighbours; a token-level method (kNN-LM, Memory "
+                "Decoder, MLP Memory) retrieves once per token and keeps k = %lld.\n\n", L, K, (long long)a->k_token);
+    fprintf(mf, "| | chunk level | token level | saving | formula |\n|---|---:|---:|---:|---:|\n");
+    fprintf(mf, "| queries, per chunk slot (one per chunk vs one per token slot) | %llu | %llu | **%.4f %%** | 1 − 1/%u = %.4f %% |\n",
+            (unsigned long long)ct->chunk_queries, (unsigned long long)ct->token_slot_queries, pct(ct->query_saving_per_chunk), L,
+            pct(ct->query_saving_formula));
+    fprintf(mf, "| items, per chunk slot (K vs L·k) | %llu | %llu | **%.4f %%** | 1 − %u/(%u·%lld) = %.4f %% |\n",
+            (unsigned long long)ct->chunk_items, (unsigned long long)ct->token_slot_items, pct(ct->item_saving_per_chunk), K, L,
+            (long long)a->k_token, pct(ct->item_saving_formula));
+    fprintf(mf, "| queries as issued by the run (vs one per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)queries,
+            (unsigned long long)ct->token_queries, pct(ct->query_saving_run));
+    fprintf(mf, "| items kept by the run (vs k per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)kept,
+            (unsigned long long)ct->token_items, pct(ct->item_saving_run));
+    fprintf(mf, "| candidates fetched by the run (K + margin = %u per query, before exclusions) | %llu | %llu | %.4f %% | |\n\n",
+            K + margin, (unsigned long long)fetched, (unsigned long long)ct->token_items, pct(ct->candidate_saving_run));
+    fprintf(mf, "The per-chunk rows are the formulas applied to the run's %llu chunks and equal them exactly. The run's own "
+                "figures differ because %llu chunks issue no query (the first chunk of each of the %llu sequences has no "
+                "preceding context; empty chunks have no embedding), %llu of the %llu token slots are padding (a token-level "
+                "method would not query them), and %llu slots were padded after exclusions. Candidates fetched include the "
+                "margin that over-fetching for exclusions costs; a token-level method that removes its self-match pays a "
+                "similar margin, not counted here.\n\n",
+            (unsigned long long)chunks, (unsigned long long)no_query, (unsigned long long)sequences, (unsigned long long)pad_tokens,
+            (unsigned long long)(chunks * L), (unsigned long long)padded);
+}
+
+/* render, audit.md: the run's settings, counts and timings */
+static void md_run(FILE *mf, const audit_ctx *x) {
+    int have_targets = x->have_targets;
+    int have_encode = x->have_encode;
+    uint32_t L = x->L;
+    uint32_t S = x->S;
+    uint32_t K = x->K;
+    uint32_t margin = x->margin;
+    uint32_t enc_dim = x->enc_dim;
+    int64_t nprobe = x->nprobe;
+    const char *exclude = x->exclude;
+    const char *factory = x->factory;
+    const char *metric_s = x->metric_s;
+    const char *index_why = x->index_why;
+    const double *t_stage = x->t_stage;
+    double t_total = x->t_total;
+    double t_search = x->t_search;
+    uint64_t documents = x->documents;
+    uint64_t tokens = x->tokens;
+    uint64_t pad_tokens = x->pad_tokens;
+    uint64_t chunks = x->chunks;
+    uint64_t sequences = x->sequences;
+    uint64_t queries = x->queries;
+    uint64_t fetched = x->fetched;
+    uint64_t excluded = x->excluded;
+    uint64_t kept = x->kept;
+    uint64_t padded = x->padded;
+    uint64_t vectors = x->vectors;
+    uint64_t index_bytes = x->index_bytes;
+    uint64_t nbr_bytes = x->nbr_bytes;
+    uint64_t records = x->records;
+    uint64_t raw_bytes = x->raw_bytes;
+    uint64_t stored_bytes = x->stored_bytes;
+    char b1[32], b2[32], b3[32];
+    fprintf(mf, "## The run\n\n| setting | value |\n|---|---|\n");
+    fprintf(mf, "| chunk length L / sequence length S | %u / %u |\n| K / margin | %u / %u |\n| exclusion | %s |\n", L, S, K, margin,
+            exclude ? exclude : "?");
+    fprintf(mf, "| index | `%s`, metric %s, dim %u%s%s%s |\n| nprobe | %lld |\n\n", factory, metric_s ? metric_s : "ip", enc_dim,
+            index_why ? " (" : "", index_why ? index_why : "", index_why ? ")" : "", (long long)nprobe);
+    fprintf(mf, "| stage | count | time |\n|---|---|---:|\n");
+    fprintf(mf, "| chunk | %llu documents, %llu tokens (+%llu padding), %llu chunks, %llu sequences | %s |\n", (unsigned long long)documents,
+            (unsigned long long)tokens, (unsigned long long)pad_tokens, (unsigned long long)chunks, (unsigned long long)sequences,
+            secs(t_stage[0] > 0 ? t_stage[0] : 0, b1));
+    fprintf(mf, "| encode | %s | %s |\n", have_encode ? "every chunk embedded once (the query of a chunk is its predecessor's embedding)" : "not complete",
+            secs(t_stage[1] > 0 ? t_stage[1] : 0, b1));
+    fprintf(mf, "| index | %llu vectors, %s | %s |\n", (unsigned long long)vectors, bytes((double)index_bytes, b2),
+            secs(t_stage[2] > 0 ? t_stage[2] : 0, b1));
+    fprintf(mf, "| retrieve | %llu queries, %llu candidates fetched, %llu excluded, %llu kept, %llu padded; neighbours %s | %s (search %s) |\n",
+            (unsigned long long)queries, (unsigned long long)fetched, (unsigned long long)excluded, (unsigned long long)kept,
+            (unsigned long long)padded, bytes((double)nbr_bytes, b2), secs(t_stage[3] > 0 ? t_stage[3] : 0, b1),
+            secs(t_search > 0 ? t_search : 0, b3));
+    if (have_targets)
+        fprintf(mf, "| targets | %llu records, %s raw, %s stored (%.1f bytes per token) | %s |\n", (unsigned long long)records,
+                bytes((double)raw_bytes, b2), bytes((double)stored_bytes, b3), tokens ? (double)stored_bytes / (double)tokens : 0.0,
+                secs(t_stage[4] > 0 ? t_stage[4] : 0, b1));
+    fprintf(mf, "| total | | %s |\n\n", secs(t_total, b1));
+}
+
+/* render, audit.md: the measured comparison */
+static void md_measured(FILE *mf, const audit_ctx *x) {
+    const dfm_audit_counted *ct = &x->ct;
+    int measured = x->measured;
+    int threads_used = x->threads_used;
+    const sample_t *smp = &x->smp;
+    const dfm_audit_side *cs = &x->cs;
+    const dfm_audit_side *ts = &x->ts;
+    const char *cpu = x->cpu;
+    const char *host = x->host;
+    char b1[32], b2[32];
+    if (measured) {
+        fprintf(mf, "## Measured on this machine\n\n");
+        fprintf(mf, "%llu of the run's %llu sequences (%llu tokens, %llu chunks), both datastores built and searched here, one after "
+                    "the other, with %d OpenMP thread(s) (--threads) on %s (%s).\n\n",
+                (unsigned long long)smp->n_seq, (unsigned long long)smp->n_seq_total, (unsigned long long)smp->tokens,
+                (unsigned long long)smp->chunks, threads_used, cpu, host);
+        fprintf(mf, "| | chunk level | token level | token / chunk |\n|---|---:|---:|---:|\n");
+        fprintf(mf, "| index | `%s` | `%s` | |\n", cs->factory, ts->factory);
+        fprintf(mf, "| key width | %u (the run's encoder) | %u (LM hidden size) | |\n", cs->dim, ts->dim);
+        fprintf(mf, "| keys | %llu | %llu | %.1f× |\n", (unsigned long long)cs->keys, (unsigned long long)ts->keys,
+                (double)ts->keys / (double)cs->keys);
+        fprintf(mf, "| queries | %llu | %llu | %.1f× |\n", (unsigned long long)cs->queries, (unsigned long long)ts->queries,
+                (double)ts->queries / (double)(cs->queries ? cs->queries : 1));
+        fprintf(mf, "| k per query | %u (K + margin) | %u | |\n", cs->k, ts->k);
+        fprintf(mf, "| build (keys, train, add) | %s | %s | |\n", secs(cs->build_s, b1), secs(ts->build_s, b2));
+        fprintf(mf, "| search, all queries | %s | %s | %.1f× |\n", secs(cs->search_s, b1), secs(ts->search_s, b2),
+                cs->search_s > 0 ? ts->search_s / cs->search_s : 0.0);
+        fprintf(mf, "| time per query | %s | %s | %.1f× |\n", secs(cs->s_per_query, b1), secs(ts->s_per_query, b2),
+                cs->s_per_query > 0 ? ts->s_per_query / cs->s_per_query : 0.0);
+        fprintf(mf, "| search time per corpus token | %s | %s | |\n", secs(cs->search_s / (double)smp->tokens, b1),
+                secs(ts->search_s / (double)smp->tokens, b2));
+        fprintf(mf, "| index size | %s | %s | %.1f× |\n", bytes((double)cs->index_bytes, b1), bytes((double)ts->index_bytes, b2),
+                (double)ts->index_bytes / (double)(cs->index_bytes ? cs->index_bytes : 1));
+        fprintf(mf, "| index bytes per corpus token | %.1f | %.1f | |\n\n", (double)cs->index_bytes / (double)smp->tokens,
+                (double)ts->index_bytes / (double)smp->tokens);
+        fprintf(mf, "| saving (chunk vs token) | counted (formula) | measured on the sample |\n|---|---:|---:|\n");
+        fprintf(mf, "| queries | %.4f %% | %.4f %% |\n", pct(ct->query_saving_formula), pct(1 - (double)cs->queries / (double)ts->queries));
+        fprintf(mf, "| items (fetched per query × queries) | %.4f %% | %.4f %% |\n", pct(ct->item_saving_formula),
+                pct(1 - (double)cs->queries * cs->k / ((double)ts->queries * ts->k)));
+        fprintf(mf, "| search time | — | %.4f %% |\n", pct(ts->search_s > 0 ? 1 - cs->search_s / ts->search_s : 0));
+        fprintf(mf, "| index bytes | — | %.4f %% |\n\n", pct(1 - (double)cs->index_bytes / (double)ts->index_bytes));
+        fprintf(mf, "Chunk-level items here are the K + margin candidates each query fetches, so the measured item saving is "
+                    "below the formula's K-per-chunk figure by that margin. Index choice: chunk level — %s; token level — %s.\n\n",
+                cs->why, ts->why);
+        fprintf(mf, "**What the keys are.** Both datastores hold seeded pseudo-random unit vectors (token level: one per "
+                    "token, drawn from its (previous token, token) pair; chunk level: one per chunk, drawn from its tokens). They "
+                    "are not hidden states or embeddings and neighbours found among them mean nothing; the audit measures cost: "
+                    "build time, time per query, index size, at the sizes, widths, k and index type each method needs.\n\n");
+    } else {
+        fprintf(mf, "## Measured\n\nNot run (use `--token-level-sample N`).\n\n");
+    }
+}
+
+/* render, audit.md: extrapolation and how to read the report */
+static void md_extrapolated(FILE *mf, const audit_ctx *x) {
+    json_t *m = x->m;
+    double t_search = x->t_search;
+    int measured = x->measured;
+    const dfm_audit_side *cs = &x->cs;
+    const dfm_audit_side *ts = &x->ts;
+    double q_per_tok = x->q_per_tok;
+    double keys_per_tok = x->keys_per_tok;
+    const extrap_t *ex = x->ex;
+    uint64_t queries = x->queries;
+    char b1[32], b2[32], b3[32], b4[32];
+    fprintf(mf, "## Extrapolated\n\nQueries and keys per token are the run's (%.5f queries and %.5f keys per token at chunk level; 1 and "
+                "1 at token level).%s\n\n",
+            q_per_tok, keys_per_tok,
+            measured ? " Search time: *constant* = queries × the measured time per query (a lower bound: the sample's datastore is "
+                       "small); *scaled* also grows each query's cost with the datastore (linearly for exact Flat, √N for IVF)."
+                     : "");
+    fprintf(mf, "| corpus | | chunk level | token level | saving |\n|---|---|---:|---:|---:|\n");
+    for (int i = 0; i < 2; i++) {
+        const extrap_t *e = &ex[i];
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s (%s tokens)", i ? "large" : "this corpus", H(e->tokens, b4));
+        fprintf(mf, "| %s | queries | %s | %s | %.4f %% |\n", nm, H(e->q_chunk, b1), H(e->q_token, b2), pct(1 - e->q_chunk / e->q_token));
+        fprintf(mf, "| | items | %s | %s | %.4f %% |\n", H(e->items_chunk, b1), H(e->items_token, b2),
+                pct(1 - e->items_chunk / e->items_token));
+        if (measured) {
+            fprintf(mf, "| | index size | %s | %s | %.4f %% |\n", bytes(e->bytes_chunk, b1), bytes(e->bytes_token, b2),
+                    pct(1 - e->bytes_chunk / e->bytes_token));
+            fprintf(mf, "| | search time, constant | %s | %s | %.4f %% |\n", secs(e->t_chunk_const, b1), secs(e->t_token_const, b2),
+                    pct(1 - e->t_chunk_const / e->t_token_const));
+            fprintf(mf, "| | search time, scaled | %s | %s | %.4f %% |\n", secs(e->t_chunk_scaled, b1), secs(e->t_token_scaled, b2),
+                    pct(1 - e->t_chunk_scaled / e->t_token_scaled));
+        }
+    }
+    if (measured && (cost_exponent(cs->factory) >= 1 || cost_exponent(ts->factory) >= 1))
+        fprintf(mf, "\nAn exact Flat index scans every key per query, so its *scaled* time grows with the square of the corpus; "
+                    "at large scale a real run would use IVF or HNSW (`dfm index` chooses IVF above %llu vectors). The scaled Flat "
+                    "figures show why, not what such a run would cost; the *constant* rows are the lower bound.\n",
+                DFM_INDEX_FLAT_MAX);
+    if (measured && t_search > 0 && queries)
+        fprintf(mf, "\nFor reference, the run itself searched its whole corpus in %s (%s per query on %d ranks), against %s per query "
+                    "measured here on the sample.\n",
+                secs(t_search, b1), secs(t_search / (double)queries, b2), (int)mnum(m, "retrieve", NULL, "ranks"),
+                secs(cs->s_per_query, b3));
+    fprintf(mf, "\n## How to read this\n\n"
+                "- *Counted* savings are arithmetic on the run's manifest; the per-chunk rows must equal the formulas "
+                "1 − 1/L and 1 − K/(L·k) exactly — if they do not, the run is not what its config says.\n"
+                "- *Measured* figures are wall-clock times and serialised index sizes from this machine; compare the two "
+                "columns with each other, not with other machines. A small sample makes per-query times optimistic for both.\n"
+                "- The token-level method's real cost is higher than shown: its keys are LM hidden states that need a forward "
+                "pass of the LM over the whole corpus, which is not counted.\n"
+                "- `audit.json` holds every figure (schemas/audit.md); `dfm audit --compare RUN_A RUN_B` checks two runs agree.\n");
+}
+
+/* the summary on stdout; paths: audit.json, audit.md, audit.svg */
+static void print_summary(const audit_ctx *x, char *const paths[3]) {
+    const dfm_audit_config *a = x->a;
+    uint32_t L = x->L;
+    const dfm_audit_counted *ct = &x->ct;
+    int measured = x->measured;
+    const sample_t *smp = &x->smp;
+    const dfm_audit_side *cs = &x->cs;
+    const dfm_audit_side *ts = &x->ts;
+    const extrap_t *ex = x->ex;
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("audit: %s\n", a->out_dir);
+    printf("  counted  queries %.4f %% fewer (1 - 1/%u = %.4f %%; as issued %.4f %%), items %.4f %% fewer (formula %.4f %%; as kept %.4f %%)\n",
+           pct(ct->query_saving_per_chunk), L, pct(ct->query_saving_formula), pct(ct->query_saving_run), pct(ct->item_saving_per_chunk),
+           pct(ct->item_saving_formula), pct(ct->item_saving_run));
+    if (measured)
+        printf("  measured on %llu tokens: search %s (chunk) vs %s (token), index %s vs %s; corpus extrapolation %s vs %s\n",
+               (unsigned long long)smp->tokens, secs(cs->search_s, b1), secs(ts->search_s, b2), bytes((double)cs->index_bytes, b3),
+               bytes((double)ts->index_bytes, b4), secs(ex[0].t_chunk_const, (char[32]){0}), secs(ex[0].t_token_const, (char[32]){0}));
+    printf("  report %s, chart %s, data %s\n", paths[1], paths[2], paths[0]);
+}
+
+/* render: audit.json, audit.svg and audit.md into the output folder, then the summary */
+static int audit_render(const audit_ctx *x) {
+    const char *dir = x->a->out_dir;
+    DFM_TRY(dfm_mkdir_p(dir));
+    char *paths[3] = {dfm_path_join(dir, "audit.json"), dfm_path_join(dir, "audit.md"), dfm_path_join(dir, "audit.svg")};
+    char *txt = NULL, *md = NULL;
+    size_t md_n = 0;
+    json_t *J = render_json(x);
+    int rc = paths[0] && paths[1] && paths[2] && J ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc && !(txt = json_dumps(J, JSON_INDENT(2) | JSON_REAL_PRECISION(17)))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) rc = dfm_write_file_atomic(paths[0], txt, strlen(txt));
+    if (!rc) rc = render_svg(x, paths[2]);
+    FILE *mf = rc ? NULL : open_memstream(&md, &md_n);
+    if (!rc && !mf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) {
+        md_counted(mf, x);
+        md_run(mf, x);
+        md_measured(mf, x);
+        md_extrapolated(mf, x);
+        fclose(mf);
+        rc = dfm_write_file_atomic(paths[1], md, md_n);
+    }
+    if (!rc) print_summary(x, paths);
+    free(txt);
+    free(md);
+    json_decref(J);
+    for (int i = 0; i < 3; i++) free(paths[i]);
+    return rc;
+}
+
+int dfm_audit_run(const dfm_audit_config *cfg) {
+    audit_ctx x;
+    memset(&x, 0, sizeof x);
+    x.a = cfg;
+    int rc = audit_count(&x);
+    if (!rc) rc = audit_measure(&x);
+    if (!rc) {
+        audit_extrapolate(&x);
+        audit_environment(&x);
+        rc = audit_render(&x);
+    }
+    json_decref(x.m);
+    sample_free(&x.smp);
+    return rc;
+}
