@@ -219,7 +219,7 @@ static int handle_json_line(const dfm_input *f, int fi, const char *line, size_t
     while (a < len && (line[a] == ' ' || line[a] == '\t' || line[a] == '\r')) a++;
     if (a == len) return DFM_OK; /* blank line: no document */
     json_error_t e;
-    json_t *j = json_loadb(line, len, 0, &e);
+    json_t *j = json_loadb(line, len, JSON_ALLOW_NUL, &e); /* "\u0000" is valid JSON, and web crawls hold it */
     char what[400];
     if (!j) {
         snprintf(what, sizeof what, "malformed JSON line: %s (column %d)", e.text, e.column);

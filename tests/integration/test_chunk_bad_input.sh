@@ -56,6 +56,14 @@ assert c["documents"] == 2, c      # "real text" and utf8.jsonl's "ok"
 print("counts", c)
 PY
 ok "skipped and empty documents counted"
+# "\u0000" is valid JSON (web crawls hold it): chunked, with the ids HF `tokenizers` gives the same text
+printf '{"text": "nul \\u0000 inside a document"}\n' > "$WORK/nul.jsonl"
+C "$WORK/r14" "$WORK/nul.jsonl" >/dev/null 2>&1 || fail "a JSON line with \\u0000 was refused"
+got=$("$DFM" chunk-dump "$WORK/r14" | head -1 | sed 's/.* : //' | cut -d' ' -f1-7)
+want=$("$DFM_PYTHON" -c 'import sys; from tokenizers import Tokenizer
+print(*Tokenizer.from_file(sys.argv[1]).encode("nul \u0000 inside a document", add_special_tokens=False).ids)' "$T")
+[ "$got" = "$want" ] || fail "ids of a document with NUL: dfm '$got', tokenizers '$want'"
+ok "NUL inside a JSON string chunked as tokenizers encodes it"
 # a rank's failure stops all ranks with the message, not a hang
 expect_fail 'malformed.jsonl' timeout 60 mpirun -np 3 "$DFM" chunk "$WORK/r12" "$WORK/good.jsonl" "$WORK/malformed.jsonl" --tokenizer "$T"
 expect_fail 'multiple of --chunk-len' "$DFM" chunk "$WORK/r13" "$WORK/good.jsonl" --tokenizer "$T" --seq-len 100
