@@ -74,7 +74,18 @@ static int load_config(const char *dir, dfm_bert_config *c) {
         goto done;
     }
     json_t *eps = json_object_get(root, "layer_norm_eps");
-    c->ln_eps = json_is_number(eps) ? (float)json_number_value(eps) : 1e-12f;
+    if (eps && !json_is_number(eps)) {
+        rc = DFM_FAIL(DFM_EFORMAT, "%s: field \"layer_norm_eps\" must be a number", file);
+        goto done;
+    }
+    double e = eps ? json_number_value(eps) : 1e-12;
+    /* eps <= 0 lets a constant row divide by zero (NaN embeddings); eps >= 1 is no layer norm at all */
+    if (!(e > 0 && e < 1) || (float)e == 0.0f) {
+        rc = DFM_FAIL(DFM_ERANGE, "%s: layer_norm_eps %g is outside (0, 1) (BERT models use 1e-12). HINT: the "
+                      "config.json is corrupt or not the one published with the model", file, e);
+        goto done;
+    }
+    c->ln_eps = (float)e;
     const char *act = json_string_value(json_object_get(root, "hidden_act"));
     if (act && strcmp(act, "gelu")) {
         rc = DFM_FAIL(DFM_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (only \"gelu\", the erf form)", file, act);
@@ -200,9 +211,23 @@ static int load_weights(dfm_encoder *enc, const char *dir) {
     if (!dfm_safetensors_find(st, "embeddings.word_embeddings.weight") &&
         dfm_safetensors_find(st, "bert.embeddings.word_embeddings.weight"))
         pfx = "bert.";
+    /* config.json's sizes (each up to 2^24) are claims: the weights they imply must be stored in the file,
+     * at 2 bytes or more each, before anything is allocated for them (128-bit arithmetic: no wrap-around) */
+    unsigned __int128 H1 = (unsigned)c->hidden, F1 = (unsigned)c->inter;
+    unsigned __int128 per_layer = 3 * H1 * H1 + 3 * H1 + H1 * H1 + H1 + 2 * H1 + F1 * H1 + F1 + H1 * F1 + H1 + 2 * H1;
+    unsigned __int128 n128 = (unsigned)c->vocab * H1 + (unsigned)c->max_pos * H1 + (unsigned)c->type_vocab * H1 +
+                             2 * H1 + per_layer * (unsigned)c->layers;
+    if (n128 * 2 > st->data_bytes) {
+        rc = DFM_FAIL(DFM_EFORMAT, "%s: its config.json (hidden_size %d, num_hidden_layers %d, intermediate_size %d, "
+                      "vocab_size %d) implies %.3g weights, more than the %llu data bytes of the file can hold. HINT: "
+                      "config.json and model.safetensors do not belong together", file, c->hidden, c->layers, c->inter,
+                      c->vocab, (double)n128, (unsigned long long)st->data_bytes);
+        dfm_safetensors_close(st);
+        free(file);
+        return rc;
+    }
+    size_t n = (size_t)n128;
     int64_t H = c->hidden, FF = c->inter;
-    size_t per_layer = 3 * H * H + 3 * H + H * H + H + 2 * H + FF * H + FF + H * FF + H + 2 * H;
-    size_t n = (size_t)c->vocab * H + (size_t)c->max_pos * H + (size_t)c->type_vocab * H + 2 * H + per_layer * c->layers;
     dfm_bert_weights *w = &enc->w;
     w->mem = malloc(n * sizeof(float));
     w->layer = calloc(c->layers, sizeof *w->layer);

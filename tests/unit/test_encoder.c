@@ -254,6 +254,24 @@ static void test_bad_models(void **state) {
     put("config.json", "{\"architectures\": [\"BertModel\"], \"model_type\": \"bert\", \"hidden_size\": 8}");
     assert_int_equal(load_tiny(), DFM_EFORMAT);
     expect_msg("num_hidden_layers", "config.json");
+    /* layer_norm_eps out of (0, 1): NaN embeddings otherwise */
+    const char *eps_bad[] = {"-1", "0", "1e-60", "2", "\"x\""};
+    for (size_t i = 0; i < sizeof eps_bad / sizeof *eps_bad; i++) {
+        char cfg[600];
+        snprintf(cfg, sizeof cfg,
+                 "{\"architectures\": [\"BertModel\"], \"model_type\": \"bert\", \"hidden_size\": 8, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 2, \"intermediate_size\": 16, \"vocab_size\": 12, \"layer_norm_eps\": %s}",
+                 eps_bad[i]);
+        put("config.json", cfg);
+        assert_int_not_equal(load_tiny(), DFM_OK);
+        expect_msg("layer_norm_eps", "config.json");
+    }
+    /* sizes whose weights the file cannot hold are refused before anything is allocated for them */
+    put("config.json", "{\"architectures\": [\"BertModel\"], \"model_type\": \"bert\", \"hidden_size\": 16777216,"
+        " \"num_hidden_layers\": 16777216, \"num_attention_heads\": 2, \"intermediate_size\": 16777216,"
+        " \"vocab_size\": 16777216}");
+    assert_int_equal(load_tiny(), DFM_EFORMAT);
+    expect_msg("data bytes", "do not belong together");
     put("config.json", good_config);
     /* weights of another shape than the config: names file, tensor, both shapes */
     write_tiny_weights(6, TL, 0);
