@@ -7,6 +7,7 @@
 #include "schemas/safetensors.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,8 +86,24 @@ int dfm_emb_writer_open(const char *path, const dfm_emb_header *hdr, dfm_emb_wri
     return DFM_OK;
 }
 
+/* Index of the first value in x[0..cnt) that is not finite or not below lim in magnitude, or cnt. */
+static size_t first_bad_value(const float *x, size_t cnt, float lim) {
+    for (size_t k = 0; k < cnt; k++)
+        if (!(fabsf(x[k]) < lim)) return k; /* NaN compares false */
+    return cnt;
+}
+
 int dfm_emb_writer_add(dfm_emb_writer *w, const float *rows, size_t n) {
     size_t dim = w->hdr.dim, es = dfm_emb_dtype_size(w->hdr.dtype);
+    /* every vector stored is finite, also after rounding to fp16 (largest finite value 65504) */
+    float lim = w->hdr.dtype == DFM_EMB_F16 ? 65520.0f : INFINITY;
+    size_t bad = first_bad_value(rows, n * dim, lim);
+    if (bad < n * dim)
+        return DFM_FAIL(DFM_EFORMAT, "%s: the embedding of chunk %llu has a non-finite value (%g at dimension %zu%s). "
+                        "HINT: the encoder's weights or config.json are corrupt (NaN/Inf weights, a bad "
+                        "layer_norm_eps); nothing non-finite is ever stored",
+                        w->f.path, (unsigned long long)(w->hdr.first_chunk + w->hdr.n_rows + bad / dim),
+                        (double)rows[bad], bad % dim, isfinite(rows[bad]) ? ", beyond fp16's range" : "");
     const void *src = rows;
     if (w->hdr.dtype != DFM_EMB_F32) {
         if (n > w->buf_rows) {
@@ -222,6 +239,13 @@ int dfm_emb_shard_rows_f32(const dfm_emb_shard *s, uint64_t i, uint64_t n, float
             out[k] = s->hdr.dtype == DFM_EMB_F16 ? dfm_f16_to_f32(v) : dfm_bf16_to_f32(v);
         }
     }
+    size_t bad = first_bad_value(out, cnt, INFINITY);
+    if (bad < cnt)
+        return DFM_FAIL(DFM_EFORMAT, "%s: the embedding of chunk %llu holds a non-finite value at dimension %llu. "
+                        "HINT: the block was written by a tool that does not check its vectors, or damaged; "
+                        "re-run 'dfm encode --force'",
+                        s->path, (unsigned long long)(s->hdr.first_chunk + i + bad / s->hdr.dim),
+                        (unsigned long long)(bad % s->hdr.dim));
     return DFM_OK;
 }
 

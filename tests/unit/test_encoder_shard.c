@@ -221,11 +221,50 @@ static void test_set(void **state) {
     assert_int_equal(dfm_emb_set_open(tmpdir, &set), DFM_ESTATE);
 }
 
+/* Nothing non-finite is stored (NaN, Inf, or beyond fp16's range in an fp16 block), and a block that holds
+ * such a value anyway (written by another tool) is refused when its rows are read. */
+static void test_finite_only(void **state) {
+    for (uint32_t dt = 0; dt < 3; dt++) {
+        const float bad[] = {NAN, INFINITY, -INFINITY, 1e5f};
+        for (int b = 0; b < 4; b++) {
+            if (b == 3 && dt != DFM_EMB_F16) continue; /* 1e5 is finite in fp32 and bf16 */
+            char *p = dfm_path_join(tmpdir, "nan.bin");
+            dfm_emb_header h = {.dim = DIM, .dtype = dt, .first_chunk = 64};
+            dfm_emb_writer *w;
+            unlink(p);
+            assert_int_equal(dfm_emb_writer_open(p, &h, &w), DFM_OK);
+            float v[3 * DIM];
+            fill(v, 64, 3);
+            assert_int_equal(dfm_emb_writer_add(w, v, 1), DFM_OK);
+            v[DIM + 2] = bad[b]; /* chunk 65 (the first row of this call is chunk 65) */
+            assert_int_equal(dfm_emb_writer_add(w, v + DIM, 2), DFM_EFORMAT);
+            assert_non_null(strstr(dfm_last_error(), "chunk 65"));
+            assert_non_null(strstr(dfm_last_error(), "non-finite"));
+            dfm_emb_writer_abort(w);
+            assert_int_equal(dfm_path_exists(p), 0);
+            free(p);
+        }
+    }
+    /* a stored NaN: plant it in an fp32 block's payload and read with the checksum bypassed */
+    char *p = write_block("plant.bin", DFM_EMB_F32, 10, 4);
+    float nan = NAN;
+    corrupt(p, DFM_EMB_HEADER_BYTES + (2 * DIM + 1) * 4, &nan, 4);
+    dfm_emb_shard *s;
+    assert_int_equal(dfm_emb_shard_open_nocheck(p, &s), DFM_OK);
+    float got[4 * DIM];
+    assert_int_equal(dfm_emb_shard_rows_f32(s, 0, 2, got), DFM_OK);
+    assert_int_equal(dfm_emb_shard_rows_f32(s, 0, 4, got), DFM_EFORMAT);
+    assert_non_null(strstr(dfm_last_error(), "chunk 12"));
+    dfm_emb_shard_close(s);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_rejects),
         cmocka_unit_test(test_set),
+        cmocka_unit_test(test_finite_only),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
