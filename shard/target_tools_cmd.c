@@ -1,52 +1,10 @@
-/* target_tools_cmd.c — `dfm inspect RUN --chunk ID` and `dfm verify RUN [--compare RUN_B]`. */
+/* target_tools_cmd.c — `dfm inspect RUN --chunk ID` and `dfm verify RUN [--compare RUN_B]`: flags, then
+ * target_check.h. */
 #include "common/error.h"
-#include "common/fsutil.h"
-#include "common/manifest.h"
 #include "common/opts.h"
-#include "schemas/chunk_shard.h"
-#include "shard/target_layout.h"
-#include "shard/target_reader.h"
-#include "shard/target_source.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "shard/target_check.h"
 
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-
-typedef struct {
-    int64_t *ids;
-    float *scores, *emb;
-    dfm_trec t;
-} rec_buf;
-
-static int rec_buf_init(rec_buf *b, const dfm_target_info *inf) {
-    b->ids = malloc(sizeof(int64_t) * inf->k);
-    b->scores = malloc(sizeof(float) * inf->k);
-    b->emb = malloc(sizeof(float) * inf->k * inf->d);
-    b->t = (dfm_trec){.ids = b->ids, .scores = b->scores, .emb = b->emb};
-    return b->ids && b->scores && b->emb ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
-}
-
-static void rec_buf_free(rec_buf *b) {
-    free(b->ids);
-    free(b->scores);
-    free(b->emb);
-}
-
-/* ---- inspect ---------------------------------------------------------------------------------- */
-static char *chunk_text(const dfm_chunk_set *cs, const dfm_tokenizer *tok, uint64_t id) {
-    const dfm_chunk_meta *meta;
-    const uint32_t *toks;
-    char *text = NULL;
-    size_t len;
-    if (!cs || !tok || dfm_chunk_set_get(cs, id, &meta, &toks) || dfm_tokenizer_decode(tok, toks, meta->n_valid, 0, &text, &len)) {
-        dfm_error_clear();
-        return NULL;
-    }
-    for (char *p = text; *p; p++)
-        if (*p == '\n' || *p == '\t') *p = ' ';
-    return text;
-}
 
 int dfm_cmd_inspect(int argc, char **argv) {
     int64_t chunk = -1, nvals = 4;
@@ -69,136 +27,11 @@ int dfm_cmd_inspect(int argc, char **argv) {
         dfm_opts_free(table);
         return 0;
     }
-    dfm_target_reader *r = NULL;
-    dfm_chunk_set *cs = NULL;
-    dfm_tokenizer *tok = NULL;
-    json_t *man = NULL;
-    rec_buf b = {0};
     if (!rc && (npos != 1 || chunk < 0)) rc = DFM_FAIL(DFM_EARG, "usage: dfm inspect RUN --chunk ID");
-    dfm_target_open_opts oo = {.prefetch = -1};
-    if (!rc) rc = dfm_target_reader_open(pos[0], &oo, &r);
-    if (!rc) rc = rec_buf_init(&b, dfm_target_reader_info(r));
-    if (!rc) rc = dfm_target_reader_get(r, (uint64_t)chunk, &b.t);
-    if (!rc) {
-        /* texts are a bonus: a run without chunks (synthetic) or tokenizer prints none */
-        if (dfm_manifest_load(pos[0], 0, &man) == DFM_OK && dfm_manifest_stage(man, "chunk")) {
-            const char *tp = tokenizer ? tokenizer
-                                       : json_string_value(json_object_get(json_object_get(dfm_manifest_stage(man, "chunk"), "tokenizer"), "path"));
-            if (tp && dfm_tokenizer_load(tp, &tok) == DFM_OK) (void)dfm_chunk_set_open(pos[0], &cs);
-        }
-        dfm_error_clear();
-        const dfm_target_info *inf = dfm_target_reader_info(r);
-        const dfm_trec *t = &b.t;
-        printf("chunk %llu  K %u  d %u  dtype %s  store %s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
-               inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings",
-               (t->flags & DFM_TREC_F_SEQ_START) ? " SEQ_START" : "", (t->flags & DFM_TREC_F_EMPTY) ? " EMPTY" : "",
-               (t->flags & DFM_TREC_F_SHUFFLE) ? " SHUFFLE" : "", (unsigned long long)t->mask, __builtin_popcountll(t->mask));
-        char *q = chunk_text(cs, tok, t->chunk_id);
-        if (q) printf("query chunk text: %s\n", q);
-        free(q);
-        if (t->chunk_id > 0) {
-            char *prev = chunk_text(cs, tok, t->chunk_id - 1);
-            if (prev) printf("preceding chunk (the query's context): %s\n", prev);
-            free(prev);
-        }
-        for (uint32_t i = 0; i < inf->k; i++) {
-            int valid = (int)((t->mask >> i) & 1u);
-            printf("  rank %2u  %s  id %10lld  score %+.6f  emb [", i, valid ? "valid " : "masked", (long long)t->ids[i], t->scores[i]);
-            for (int64_t j = 0; j < nvals && j < (int64_t)inf->d; j++) printf("%s%+.5f", j ? ", " : "", t->emb[(size_t)i * inf->d + j]);
-            printf("%s]\n", nvals < (int64_t)inf->d ? ", ..." : "");
-            if (valid) {
-                char *nt = chunk_text(cs, tok, (uint64_t)t->ids[i]);
-                if (nt) printf("           text: %s\n", nt);
-                free(nt);
-            }
-        }
-    }
-    rec_buf_free(&b);
-    dfm_target_reader_close(r);
-    dfm_chunk_set_close(cs);
-    dfm_tokenizer_free(tok);
-    json_decref(man);
+    if (!rc) rc = dfm_target_inspect(pos[0], (uint64_t)chunk, nvals, tokenizer);
     free(pos);
     dfm_opts_free(table);
     return rc;
-}
-
-/* Rebuild a sample of records from the run's stored neighbours (RUN/retrieve) and embeddings
- * (RUN/encode), exactly as write-targets does, and compare them with the stored ones decoded. */
-static int rebuild_sample(dfm_target_reader *r, const char *run, double fraction, uint64_t seed, uint64_t *checked) {
-    const dfm_target_info *inf = dfm_target_reader_info(r);
-    dfm_mpi solo = {.rank = 0, .size = 1, .comm = MPI_COMM_NULL};
-    dfm_target_real *real = NULL;
-    dfm_target_source src;
-    dfm_target_synth syn = {0};
-    json_t *man = NULL;
-    DFM_TRY(dfm_manifest_load(run, 0, &man));
-    json_t *sc_cfg = json_object_get(dfm_manifest_stage(man, "synthetic"), "config");
-    int rc = DFM_OK;
-    if (sc_cfg) { /* a synthetic run: its data comes from the generator */
-        syn = (dfm_target_synth){.n_chunks = (uint64_t)json_integer_value(json_object_get(sc_cfg, "n_chunks")),
-                                 .k = (uint32_t)json_integer_value(json_object_get(sc_cfg, "k")),
-                                 .d = (uint32_t)json_integer_value(json_object_get(sc_cfg, "d")),
-                                 .seq_chunks = (uint32_t)json_integer_value(json_object_get(sc_cfg, "seq_chunks")),
-                                 .seed = (uint64_t)json_integer_value(json_object_get(sc_cfg, "seed"))};
-        dfm_target_synth_source(&syn, 0, 1, &src);
-    } else {
-        rc = dfm_target_real_open(&solo, run, &real, &src);
-    }
-    json_decref(man);
-    DFM_TRY(rc);
-    if (src.n_chunks != inf->n_chunks || src.k != inf->k || src.d != inf->d)
-        rc = DFM_FAIL(DFM_EMISMATCH, "%s: the retrieve/encode stages have %llu chunks, K %u, d %u; the targets %llu, K %u, d %u", run,
-                      (unsigned long long)src.n_chunks, src.k, src.d, (unsigned long long)inf->n_chunks, inf->k, inf->d);
-    dfm_trec_params p = {.k = inf->k, .d = inf->d, .dtype = inf->dtype, .level = 1};
-    dfm_trec_codec *c = NULL;
-    if (!rc) rc = dfm_trec_codec_create(&p, &c);
-    size_t kd = (size_t)inf->k * inf->d, cap = dfm_trec_max_bytes(inf->k, inf->d, inf->dtype, 0);
-    int64_t ids[64], ids_a[64], ids_b[64];
-    float sc[64], sc_a[64], sc_b[64], *rows = malloc(sizeof(float) * kd), *emb_a = malloc(sizeof(float) * kd),
-                                      *emb_b = malloc(sizeof(float) * kd);
-    uint8_t *rec = malloc(cap);
-    if (!rc && (!rows || !emb_a || !emb_b || !rec)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1, thresh = (uint64_t)(fraction * 18446744073709551615.0);
-    for (uint64_t id = 0; !rc && id < inf->n_chunks; id++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        if (fraction < 1 && x > thresh) continue;
-        uint64_t mask;
-        uint8_t seq;
-        rc = src.neighbors(src.ctx, id, 1, ids, sc, &mask, &seq);
-        for (uint32_t i = 0; !rc && i < inf->k; i++) {
-            if (!((mask >> i) & 1u)) continue;
-            uint64_t nid = (uint64_t)ids[i];
-            rc = src.rows(src.ctx, &nid, 1, rows + (size_t)i * inf->d);
-        }
-        size_t n;
-        dfm_trec want = {.chunk_id = id, .flags = seq ? DFM_TREC_F_SEQ_START : 0, .mask = mask, .ids = ids, .scores = sc, .emb = rows};
-        dfm_trec a = {.ids = ids_a, .scores = sc_a, .emb = emb_a}, b = {.ids = ids_b, .scores = sc_b, .emb = emb_b};
-        if (!rc) rc = dfm_trec_encode(c, &want, rec, cap, &n);
-        if (!rc) rc = dfm_trec_decode(c, rec, n, &a, NULL, NULL);
-        if (!rc) rc = dfm_target_reader_get(r, id, &b);
-        if (!rc && (a.mask != b.mask || (a.flags & DFM_TREC_F_SEQ_START) != (b.flags & DFM_TREC_F_SEQ_START) ||
-                    memcmp(ids_a, ids_b, 8 * inf->k) || memcmp(sc_a, sc_b, 4 * inf->k) || memcmp(emb_a, emb_b, sizeof(float) * kd)))
-            rc = DFM_FAIL(DFM_EMISMATCH, "shard %05llu key %016llx (chunk %llu): the stored record differs from the one rebuilt from "
-                          "%s/retrieve and %s/encode. HINT: the upstream stages changed after write-targets, or a bug; re-run 'dfm write-targets --force'",
-                          (unsigned long long)(id / inf->span), (unsigned long long)id, (unsigned long long)id, run, run);
-        if (!rc) (*checked)++;
-    }
-    free(rows);
-    free(emb_a);
-    free(emb_b);
-    free(rec);
-    dfm_trec_codec_free(c);
-    dfm_target_real_close(real);
-    return rc;
-}
-
-/* ---- verify ----------------------------------------------------------------------------------- */
-static int same_record(const dfm_target_info *inf, const dfm_trec *a, const dfm_trec *b) {
-    const uint32_t keep = DFM_TREC_F_SEQ_START | DFM_TREC_F_EMPTY;
-    return a->chunk_id == b->chunk_id && (a->flags & keep) == (b->flags & keep) && a->mask == b->mask &&
-           !memcmp(a->ids, b->ids, sizeof(int64_t) * inf->k) && !memcmp(a->scores, b->scores, sizeof(float) * inf->k) &&
-           !memcmp(a->emb, b->emb, sizeof(float) * inf->k * inf->d);
 }
 
 int dfm_cmd_verify(int argc, char **argv) {
@@ -226,96 +59,14 @@ int dfm_cmd_verify(int argc, char **argv) {
         dfm_opts_free(table);
         return 0;
     }
-    dfm_target_reader *r = NULL, *rb = NULL;
-    json_t *man = NULL;
-    rec_buf a = {0}, bb = {0};
-    uint64_t n = 0, seqs = 0, empty = 0, padded = 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm verify RUN [--compare RUN_B]");
     if (!rc && recompute > 0)
         rc = DFM_FAIL(DFM_EUNSUPPORTED, "--recompute (re-running retrieval) is not implemented yet. HINT: --recompute-records F rebuilds "
                       "records from the stored neighbours and embeddings; --compare checks against a second run of the pipeline");
-    dfm_target_open_opts oo = {.tokens_run = tokens_run};
-    if (!rc) rc = dfm_target_reader_open(pos[0], &oo, &r);
-    if (!rc && compare) rc = dfm_target_reader_open(compare, NULL, &rb);
-    const dfm_target_info *inf = r ? dfm_target_reader_info(r) : NULL;
-    if (!rc && rb) {
-        const dfm_target_info *ib = dfm_target_reader_info(rb);
-        if (ib->n_chunks != inf->n_chunks || ib->k != inf->k || ib->d != inf->d || ib->dtype != inf->dtype)
-            rc = DFM_FAIL(DFM_EMISMATCH, "%s has %llu chunks, K %u, d %u, %s; %s has %llu, K %u, d %u, %s", pos[0],
-                          (unsigned long long)inf->n_chunks, inf->k, inf->d, dfm_dtype_name(inf->dtype), compare,
-                          (unsigned long long)ib->n_chunks, ib->k, ib->d, dfm_dtype_name(ib->dtype));
-    }
-    if (!rc) rc = rec_buf_init(&a, inf);
-    if (!rc && rb) rc = rec_buf_init(&bb, inf);
-    while (!rc) {
-        int ra = dfm_target_reader_next(r, &a.t);
-        if (ra < 0) {
-            rc = ra;
-            break;
-        }
-        if (rb) {
-            int rbb = dfm_target_reader_next(rb, &bb.t);
-            if (rbb < 0) {
-                rc = rbb;
-                break;
-            }
-            if (ra != rbb) {
-                rc = DFM_FAIL(DFM_EMISMATCH, "%s and %s end at different records (%llu)", pos[0], compare, (unsigned long long)n);
-                break;
-            }
-            if (ra == DFM_OK && !same_record(inf, &a.t, &bb.t)) {
-                rc = DFM_FAIL(DFM_EMISMATCH, "shard %05llu key %016llx (chunk %llu) differs between %s and %s",
-                              (unsigned long long)(a.t.chunk_id / inf->span), (unsigned long long)a.t.chunk_id,
-                              (unsigned long long)a.t.chunk_id, pos[0], compare);
-                break;
-            }
-        }
-        if (ra == DFM_TARGET_END) break;
-        n++;
-        if (a.t.flags & DFM_TREC_F_SEQ_START) seqs++;
-        if (a.t.flags & DFM_TREC_F_EMPTY) empty++;
-        else padded += inf->k - (uint64_t)__builtin_popcountll(a.t.mask);
-    }
-    if (!rc) rc = dfm_manifest_load(pos[0], 0, &man);
     if (!rc) {
-        json_t *st = dfm_manifest_stage(man, "targets");
-        long long mrec = dfm_manifest_count(man, "targets", "records");
-        if (n != inf->n_chunks || (long long)n != mrec)
-            rc = DFM_FAIL(DFM_EFORMAT, "%s: read %llu records; the run has %llu chunks and the manifest counts %lld", pos[0],
-                          (unsigned long long)n, (unsigned long long)inf->n_chunks, mrec);
-        else if (dfm_manifest_count(man, "targets", "seq_starts") != (long long)seqs ||
-                 dfm_manifest_count(man, "targets", "empty_records") != (long long)empty ||
-                 dfm_manifest_count(man, "targets", "padded_slots") != (long long)padded)
-            rc = DFM_FAIL(DFM_EFORMAT, "%s: records hold %llu sequence starts, %llu empty records, %llu padded slots; the manifest says %lld, %lld, %lld",
-                          pos[0], (unsigned long long)seqs, (unsigned long long)empty, (unsigned long long)padded,
-                          dfm_manifest_count(man, "targets", "seq_starts"), dfm_manifest_count(man, "targets", "empty_records"),
-                          dfm_manifest_count(man, "targets", "padded_slots"));
-        json_t *outs = json_object_get(st, "outputs");
-        for (uint32_t s = 0; !rc && s < inf->n_shards; s++) {
-            json_t *o = json_array_get(outs, s);
-            char *dir = dfm_target_shard_dir(pos[0], s, 0);
-            dfm_target_shard_meta mt;
-            rc = dir ? dfm_target_meta_read(dir, &mt) : DFM_FAIL(DFM_ENOMEM, "no memory");
-            char sum[17];
-            snprintf(sum, sizeof sum, "%016llx", (unsigned long long)mt.records_checksum);
-            const char *ms = json_string_value(json_object_get(o, "records_checksum"));
-            if (!rc && (!ms || strcmp(ms, sum) != 0))
-                rc = DFM_FAIL(DFM_EMISMATCH, "shard %s: records checksum %s, the manifest lists %s", dir, sum, ms ? ms : "(none)");
-            free(dir);
-        }
+        dfm_target_verify_config vc = {compare, tokens_run, recompute_records, (uint64_t)seed};
+        rc = dfm_target_verify(pos[0], &vc);
     }
-    uint64_t rechecked = 0;
-    if (!rc && recompute_records > 0) rc = rebuild_sample(r, pos[0], recompute_records, (uint64_t)seed, &rechecked);
-    if (!rc && recompute_records > 0) printf("verify: %llu records rebuilt from the run's neighbours and embeddings: identical\n", (unsigned long long)rechecked);
-    if (!rc)
-        printf("verify: OK %s: %llu records in %u shards (%llu sequence starts, %llu empty, %llu padded slots), %s\n", pos[0],
-               (unsigned long long)n, inf->n_shards, (unsigned long long)seqs, (unsigned long long)empty, (unsigned long long)padded,
-               rb ? "identical to the compared run" : "checksums and keys in order");
-    rec_buf_free(&a);
-    rec_buf_free(&bb);
-    dfm_target_reader_close(r);
-    dfm_target_reader_close(rb);
-    json_decref(man);
     free(pos);
     dfm_opts_free(table);
     return rc;

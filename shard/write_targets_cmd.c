@@ -1,28 +1,17 @@
-/* write_targets_cmd.c — `dfm write-targets RUN`: target shards from the retrieve stage (MPI). */
+/* write_targets_cmd.c — `dfm write-targets RUN`: flags into a dfm_write_targets_config, then
+ * dfm_write_targets_run (write_targets.h). */
 #include "common/error.h"
-#include "common/fsutil.h"
-#include "common/log.h"
-#include "common/manifest.h"
 #include "common/mpiutil.h"
 #include "common/opts.h"
-#include "shard/target_build.h"
-#include "shard/target_source.h"
-#include "common/version.h"
+#include "shard/write_targets.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct {
-    int64_t shards, level, block, batch, map_bytes, synthetic, k, d, seq_chunks, seed, threads;
-    char *dtype, *store, *shuffle;
-    int force;
-} wt_opts;
 
 int dfm_cmd_write_targets(int argc, char **argv) {
     dfm_mpi m;
     DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
-    wt_opts o;
+    dfm_write_targets_config o;
     memset(&o, 0, sizeof o);
     dfm_opt table[] = {
         {"target-shards", DFM_OPT_INT, &o.shards, "4", "N", "number of output shards (fixed id ranges; independent of the ranks)", 0, .min = "1", .max = "99999"},
@@ -44,11 +33,7 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     };
     char **pos = NULL;
     int npos = 0;
-    json_t *cfg = NULL, *man = NULL, *upstream = NULL;
-    dfm_target_source src;
-    dfm_target_synth syn = {0};
-    dfm_target_real *real = NULL;
-    memset(&src, 0, sizeof src);
+    json_t *cfg = NULL;
     int rc = dfm_opts_parse("write-targets", "RUN",
                             "Write RUN/targets/shard-SSSSS/: one LMDB record per chunk with its K neighbours' exact stored "
                             "embeddings in rank order (zstd, checksummed). The owner of each query fetches the rows from the "
@@ -63,80 +48,10 @@ int dfm_cmd_write_targets(int argc, char **argv) {
         dfm_mpi_finalize();
         return 0;
     }
-    double t_start = dfm_now();
-    const char *run = npos >= 1 ? pos[0] : NULL;
-    dfm_target_build_config bc = {0};
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm write-targets RUN [options] (see --help)");
-    if (!rc) rc = dfm_dtype_parse(o.dtype, &bc.rec.dtype);
-    if (!rc) {
-        bc.n_shards = (uint32_t)o.shards;
-        bc.rec.ids_only = !strcmp(o.store, "ids");
-        bc.rec.shuffle = !strcmp(o.shuffle, "yes") || (!strcmp(o.shuffle, "auto") && bc.rec.dtype != DFM_DTYPE_FP16);
-        bc.rec.level = (int)o.level;
-        bc.block_queries = (uint32_t)o.block;
-        bc.batch_records = (uint32_t)o.batch;
-        bc.map_bytes = (uint64_t)o.map_bytes;
-        bc.force = o.force;
-        bc.threads = o.threads > 1 ? (uint32_t)o.threads : 1;
-    }
-    rc = dfm_mpi_agree(&m, rc);
-    /* the data source */
-    if (!rc && o.synthetic) {
-        syn = (dfm_target_synth){.n_chunks = (uint64_t)o.synthetic, .k = (uint32_t)o.k, .d = (uint32_t)o.d,
-                                 .seq_chunks = (uint32_t)o.seq_chunks, .seed = (uint64_t)o.seed};
-        dfm_target_synth_source(&syn, m.rank, m.size, &src);
-    } else if (!rc) {
-        rc = dfm_target_real_open(&m, run, &real, &src);
-    }
-    rc = dfm_mpi_agree(&m, rc);
-    if (!rc) {
-        bc.rec.k = src.k;
-        bc.rec.d = src.d;
-    }
-    /* rank 0: manifest, fingerprint; everyone: the fingerprint */
-    char fp[17] = {0};
-    if (!rc && m.rank == 0) {
-        if (o.synthetic) rc = dfm_mkdir_p(run);
-        if (!rc) rc = dfm_manifest_load(run, o.synthetic ? 1 : 0, &man);
-        if (!rc && o.synthetic) rc = dfm_target_synth_stage(man, &syn);
-        if (!rc) rc = dfm_target_stage_begin(man, run, cfg, &bc, src.n_chunks, m.size, fp);
-    }
-    rc = dfm_mpi_agree(&m, rc);
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Bcast(fp, 17, MPI_CHAR, 0, m.comm));
-    rc = dfm_mpi_agree(&m, rc);
-    dfm_target_build_stats bs = {0};
-    if (!rc) {
-        bc.fingerprint = fp;
-        rc = dfm_target_build(&m, run, &src, &bc, &bs);
-    }
-    /* totals into the manifest */
-    if (!rc) {
-        uint64_t loc[8] = {bs.shards_built, bs.shards_skipped, bs.records, bs.raw_bytes, bs.stored_bytes, bs.rows_requested,
-                           bs.exchange_bytes, bs.rounds}, tot[8];
-        double tl[3] = {bs.exchange_s, bs.encode_s, bs.write_s}, tmax[3];
-        rc = DFM_MPI_CHECK(MPI_Reduce(loc, tot, 8, MPI_UINT64_T, MPI_SUM, 0, m.comm));
-        if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(tl, tmax, 3, MPI_DOUBLE, MPI_MAX, 0, m.comm));
-        if (!rc && m.rank == 0) {
-            dfm_target_build_stats tb = {.shards_built = tot[0], .shards_skipped = tot[1], .rows_requested = tot[5],
-                                         .exchange_bytes = tot[6], .exchange_s = tmax[0], .encode_s = tmax[1], .write_s = tmax[2]};
-            rc = dfm_target_stage_finish(man, run, bc.n_shards, &tb, dfm_now() - t_start);
-            if (!rc) {
-                json_t *c = json_object_get(dfm_manifest_stage(man, "targets"), "counts");
-                double raw = (double)json_integer_value(json_object_get(c, "raw_bytes"));
-                double stored = (double)json_integer_value(json_object_get(c, "stored_bytes"));
-                printf("write-targets: %lld records in %u shards (%llu built, %llu complete already), %.1f MB raw, %.1f MB "
-                       "stored (ratio %.3f), %.2fs on %d rank%s\n",
-                       (long long)json_integer_value(json_object_get(c, "records")), bc.n_shards, (unsigned long long)tot[0],
-                       (unsigned long long)tot[1], raw / 1e6, stored / 1e6, raw > 0 ? stored / raw : 0.0, dfm_now() - t_start, m.size,
-                       m.size > 1 ? "s" : "");
-            }
-        }
-    }
-    rc = dfm_mpi_agree(&m, rc);
-    dfm_target_real_close(real);
-    json_decref(man);
+    if (!rc) rc = dfm_write_targets_run(&m, &o, pos[0], cfg);
+    else rc = dfm_mpi_agree(&m, rc);
     json_decref(cfg);
-    json_decref(upstream);
     free(pos);
     dfm_opts_free(table);
     dfm_mpi_finalize();
