@@ -371,118 +371,72 @@ static void audit_environment(audit_ctx *x) {
 
 /* render, audit.json: identity, configuration, the run's counts and timings, the counted savings (NULL: no memory) */
 static json_t *json_run(const audit_ctx *x) {
-    const dfm_audit_config *a = x->a;
-    json_t *m = x->m;
-    int have_targets = x->have_targets;
-    uint32_t L = x->L;
-    uint32_t S = x->S;
-    uint32_t K = x->K;
-    uint32_t margin = x->margin;
-    uint32_t enc_dim = x->enc_dim;
-    int64_t nprobe = x->nprobe;
-    const char *exclude = x->exclude;
-    const char *factory = x->factory;
-    const char *metric_s = x->metric_s;
-    const char *index_req = x->index_req;
-    const char *index_why = x->index_why;
-    const double *t_stage = x->t_stage;
-    double t_total = x->t_total;
-    double t_search = x->t_search;
-    const dfm_audit_counted *ct = &x->ct;
-    const char *chash = x->chash;
-    const char *when = x->when;
-    uint64_t documents = x->documents;
-    uint64_t tokens = x->tokens;
-    uint64_t pad_tokens = x->pad_tokens;
-    uint64_t chunks = x->chunks;
-    uint64_t sequences = x->sequences;
-    uint64_t queries = x->queries;
-    uint64_t no_query = x->no_query;
-    uint64_t fetched = x->fetched;
-    uint64_t excluded = x->excluded;
-    uint64_t kept = x->kept;
-    uint64_t padded = x->padded;
-    uint64_t re_search = x->re_search;
-    uint64_t vectors = x->vectors;
-    uint64_t index_bytes = x->index_bytes;
-    uint64_t nbr_bytes = x->nbr_bytes;
-    uint64_t records = x->records;
-    uint64_t raw_bytes = x->raw_bytes;
-    uint64_t stored_bytes = x->stored_bytes;
-    json_t *chunk_stage = dfm_manifest_stage(m, "chunk");
-    json_t *tgt_fmt = have_targets ? json_object_get(dfm_manifest_stage(m, "targets"), "format") : NULL;
+    json_t *chunk_stage = dfm_manifest_stage(x->m, "chunk");
+    json_t *tgt_fmt = x->have_targets ? json_object_get(dfm_manifest_stage(x->m, "targets"), "format") : NULL;
     json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 1, "dfm_version", DFM_VERSION, "created_utc",
-                  when, "run", a->run, "config_hash", chash, "inputs",
+                  x->when, "run", x->a->run, "config_hash", x->chash, "inputs",
                   json_object_get(chunk_stage, "inputs") ? json_object_get(chunk_stage, "inputs") : json_null(), "upstream",
                   tgt_fmt && json_object_get(tgt_fmt, "upstream") ? json_object_get(tgt_fmt, "upstream") : json_null());
     if (!J) return NULL;
     json_object_set_new(J, "config",
-                        json_pack("{s:I, s:I, s:I, s:I, s:s?, s:s, s:s, s:s?, s:s?, s:I, s:I, s:I, s:I}", "chunk_len", (json_int_t)L,
-                                  "seq_len", (json_int_t)S, "k", (json_int_t)K, "margin", (json_int_t)margin, "exclude", exclude,
-                                  "index_factory", factory, "index_metric", metric_s ? metric_s : "ip", "index_requested", index_req,
-                                  "index_why", index_why, "nprobe", (json_int_t)nprobe, "encoder_dim", (json_int_t)enc_dim,
-                                  "token_k", (json_int_t)a->k_token, "token_key_dim", (json_int_t)a->key_dim));
+                        json_pack("{s:I, s:I, s:I, s:I, s:s?, s:s, s:s, s:s?, s:s?, s:I, s:I, s:I, s:I}", "chunk_len", (json_int_t)x->L,
+                                  "seq_len", (json_int_t)x->S, "k", (json_int_t)x->K, "margin", (json_int_t)x->margin, "exclude", x->exclude,
+                                  "index_factory", x->factory, "index_metric", x->metric_s ? x->metric_s : "ip", "index_requested", x->index_req,
+                                  "index_why", x->index_why, "nprobe", (json_int_t)x->nprobe, "encoder_dim", (json_int_t)x->enc_dim,
+                                  "token_k", (json_int_t)x->a->k_token, "token_key_dim", (json_int_t)x->a->key_dim));
     json_object_set_new(J, "run_counts",
                         json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "documents",
-                                  (json_int_t)documents, "tokens", (json_int_t)tokens, "pad_tokens", (json_int_t)pad_tokens, "chunks",
-                                  (json_int_t)chunks, "sequences", (json_int_t)sequences, "queries", (json_int_t)queries,
-                                  "no_query_rows", (json_int_t)no_query, "candidates_fetched", (json_int_t)fetched, "excluded",
-                                  (json_int_t)excluded, "re_searches", (json_int_t)re_search, "items_kept", (json_int_t)kept,
-                                  "padded_slots", (json_int_t)padded, "index_vectors", (json_int_t)vectors, "index_bytes",
-                                  (json_int_t)index_bytes, "neighbor_bytes", (json_int_t)nbr_bytes, "target_records",
-                                  (json_int_t)records, "target_stored_bytes", (json_int_t)stored_bytes));
-    json_object_set_new(json_object_get(J, "run_counts"), "target_raw_bytes", json_integer((json_int_t)raw_bytes));
+                                  (json_int_t)x->documents, "tokens", (json_int_t)x->tokens, "pad_tokens", (json_int_t)x->pad_tokens, "chunks",
+                                  (json_int_t)x->chunks, "sequences", (json_int_t)x->sequences, "queries", (json_int_t)x->queries,
+                                  "no_query_rows", (json_int_t)x->no_query, "candidates_fetched", (json_int_t)x->fetched, "excluded",
+                                  (json_int_t)x->excluded, "re_searches", (json_int_t)x->re_search, "items_kept", (json_int_t)x->kept,
+                                  "padded_slots", (json_int_t)x->padded, "index_vectors", (json_int_t)x->vectors, "index_bytes",
+                                  (json_int_t)x->index_bytes, "neighbor_bytes", (json_int_t)x->nbr_bytes, "target_records",
+                                  (json_int_t)x->records, "target_stored_bytes", (json_int_t)x->stored_bytes));
+    json_object_set_new(json_object_get(J, "run_counts"), "target_raw_bytes", json_integer((json_int_t)x->raw_bytes));
     json_t *tj = json_object();
-    for (int i = 0; i < DFM_AUDIT_N_STAGES; i++) json_object_set_new(tj, dfm_audit_stages[i], t_stage[i] >= 0 ? json_real(t_stage[i]) : json_null());
-    json_object_set_new(tj, "retrieve_search", t_search >= 0 ? json_real(t_search) : json_null());
-    json_object_set_new(tj, "total", json_real(t_total));
+    for (int i = 0; i < DFM_AUDIT_N_STAGES; i++) json_object_set_new(tj, dfm_audit_stages[i], x->t_stage[i] >= 0 ? json_real(x->t_stage[i]) : json_null());
+    json_object_set_new(tj, "retrieve_search", x->t_search >= 0 ? json_real(x->t_search) : json_null());
+    json_object_set_new(tj, "total", json_real(x->t_total));
     json_object_set_new(J, "timings_s", tj);
     json_object_set_new(
         J, "counted",
         json_pack("{s:f, s:f, s:{s:I, s:I, s:I, s:I, s:f, s:f}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f}}", "query_saving_formula",
-                  ct->query_saving_formula, "item_saving_formula", ct->item_saving_formula, "per_chunk", "chunk_queries",
-                  (json_int_t)ct->chunk_queries, "token_queries", (json_int_t)ct->token_slot_queries, "chunk_items",
-                  (json_int_t)ct->chunk_items, "token_items", (json_int_t)ct->token_slot_items, "query_saving", ct->query_saving_per_chunk,
-                  "item_saving", ct->item_saving_per_chunk, "as_run", "chunk_queries", (json_int_t)queries, "token_queries",
-                  (json_int_t)ct->token_queries, "chunk_items_kept", (json_int_t)kept, "chunk_candidates_fetched", (json_int_t)fetched,
-                  "token_items", (json_int_t)ct->token_items, "no_query_rows", (json_int_t)no_query, "query_saving",
-                  ct->query_saving_run, "item_saving", ct->item_saving_run, "candidate_saving", ct->candidate_saving_run));
+                  x->ct.query_saving_formula, "item_saving_formula", x->ct.item_saving_formula, "per_chunk", "chunk_queries",
+                  (json_int_t)x->ct.chunk_queries, "token_queries", (json_int_t)x->ct.token_slot_queries, "chunk_items",
+                  (json_int_t)x->ct.chunk_items, "token_items", (json_int_t)x->ct.token_slot_items, "query_saving", x->ct.query_saving_per_chunk,
+                  "item_saving", x->ct.item_saving_per_chunk, "as_run", "chunk_queries", (json_int_t)x->queries, "token_queries",
+                  (json_int_t)x->ct.token_queries, "chunk_items_kept", (json_int_t)x->kept, "chunk_candidates_fetched", (json_int_t)x->fetched,
+                  "token_items", (json_int_t)x->ct.token_items, "no_query_rows", (json_int_t)x->no_query, "query_saving",
+                  x->ct.query_saving_run, "item_saving", x->ct.item_saving_run, "candidate_saving", x->ct.candidate_saving_run));
     return J;
 }
 
 /* render, audit.json: the measured part */
 static json_t *json_measured(const audit_ctx *x) {
-    const dfm_audit_config *a = x->a;
-    uint32_t L = x->L;
-    int threads_used = x->threads_used;
-    const sample_t *smp = &x->smp;
-    const dfm_audit_side *cs = &x->cs;
-    const dfm_audit_side *ts = &x->ts;
-    const char *cpu = x->cpu;
-    const char *host = x->host;
-    json_t *mj = json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:s, s:s, s:i, s:s}", "sample", "sequences", (json_int_t)smp->n_seq,
-                           "sequences_in_run", (json_int_t)smp->n_seq_total, "tokens", (json_int_t)smp->tokens, "chunks",
-                           (json_int_t)smp->chunks, "token_pad_slots", (json_int_t)(smp->chunks * L - smp->tokens), "seed",
-                           (json_int_t)a->seed, "cpu", cpu, "host", host, "threads", threads_used, "keys",
+    json_t *mj = json_pack("{s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:s, s:s, s:i, s:s}", "sample", "sequences", (json_int_t)x->smp.n_seq,
+                           "sequences_in_run", (json_int_t)x->smp.n_seq_total, "tokens", (json_int_t)x->smp.tokens, "chunks",
+                           (json_int_t)x->smp.chunks, "token_pad_slots", (json_int_t)(x->smp.chunks * x->L - x->smp.tokens), "seed",
+                           (json_int_t)x->a->seed, "cpu", x->cpu, "host", x->host, "threads", x->threads_used, "keys",
                            "seeded pseudo-random unit vectors (token level: from each (previous token, token) pair; chunk level: "
                            "from each chunk's tokens); their values carry no meaning: what is measured is the cost (build time, "
                            "search time per query, index bytes) of a datastore and queries of these sizes, widths, k and index type");
     json_t *first = json_array();
-    for (uint64_t i = 0; i < smp->n_seq; i++) json_array_append_new(first, json_integer((json_int_t)smp->seq_first[i]));
+    for (uint64_t i = 0; i < x->smp.n_seq; i++) json_array_append_new(first, json_integer((json_int_t)x->smp.seq_first[i]));
     json_object_set_new(json_object_get(mj, "sample"), "first_chunks", first);
-    json_object_set_new(mj, "chunk_level", side_json(cs, smp->tokens));
-    json_object_set_new(mj, "token_level", side_json(ts, smp->tokens));
+    json_object_set_new(mj, "chunk_level", side_json(&x->cs, x->smp.tokens));
+    json_object_set_new(mj, "token_level", side_json(&x->ts, x->smp.tokens));
     json_object_set_new(mj, "savings",
-                        json_pack("{s:f, s:f, s:f, s:f, s:f}", "queries", 1 - (double)cs->queries / (double)ts->queries, "items_fetched",
-                                  1 - (double)cs->queries * cs->k / ((double)ts->queries * ts->k), "search_time",
-                                  ts->search_s > 0 ? 1 - cs->search_s / ts->search_s : 0.0, "index_bytes",
-                                  1 - (double)cs->index_bytes / (double)ts->index_bytes, "build_time",
-                                  ts->build_s > 0 ? 1 - cs->build_s / ts->build_s : 0.0));
+                        json_pack("{s:f, s:f, s:f, s:f, s:f}", "queries", 1 - (double)x->cs.queries / (double)x->ts.queries, "items_fetched",
+                                  1 - (double)x->cs.queries * x->cs.k / ((double)x->ts.queries * x->ts.k), "search_time",
+                                  x->ts.search_s > 0 ? 1 - x->cs.search_s / x->ts.search_s : 0.0, "index_bytes",
+                                  1 - (double)x->cs.index_bytes / (double)x->ts.index_bytes, "build_time",
+                                  x->ts.build_s > 0 ? 1 - x->cs.build_s / x->ts.build_s : 0.0));
     json_object_set_new(mj, "ratios_token_over_chunk",
-                        json_pack("{s:f, s:f, s:f, s:f}", "queries", (double)ts->queries / (double)(cs->queries ? cs->queries : 1),
-                                  "search_time", cs->search_s > 0 ? ts->search_s / cs->search_s : 0.0, "index_bytes",
-                                  (double)ts->index_bytes / (double)(cs->index_bytes ? cs->index_bytes : 1), "s_per_query",
-                                  cs->s_per_query > 0 ? ts->s_per_query / cs->s_per_query : 0.0));
+                        json_pack("{s:f, s:f, s:f, s:f}", "queries", (double)x->ts.queries / (double)(x->cs.queries ? x->cs.queries : 1),
+                                  "search_time", x->cs.search_s > 0 ? x->ts.search_s / x->cs.search_s : 0.0, "index_bytes",
+                                  (double)x->ts.index_bytes / (double)(x->cs.index_bytes ? x->cs.index_bytes : 1), "s_per_query",
+                                  x->cs.s_per_query > 0 ? x->ts.s_per_query / x->cs.s_per_query : 0.0));
     return mj;
 }
 
@@ -504,51 +458,26 @@ static json_t *render_json(const audit_ctx *x) {
 
 /* render: the bar chart audit.svg */
 static int render_svg(const audit_ctx *x, const char *path) {
-    const dfm_audit_config *a = x->a;
-    uint32_t L = x->L;
-    uint32_t K = x->K;
-    const dfm_audit_counted *ct = &x->ct;
-    int measured = x->measured;
-    const extrap_t *ex = x->ex;
-    uint64_t tokens = x->tokens;
-    uint64_t queries = x->queries;
-    uint64_t kept = x->kept;
     dfm_audit_bar bars[4] = {
-        {"queries", "whole corpus", (double)queries, (double)tokens},
-        {"items", "kept, whole corpus", (double)kept, (double)ct->token_items},
-        {"search time", measured ? "s, corpus, measured/query" : "s (not measured)", measured ? ex[0].t_chunk_const : 0,
-         measured ? ex[0].t_token_const : 0},
-        {"index storage", measured ? "bytes, corpus" : "bytes (not measured)", measured ? ex[0].bytes_chunk : 0,
-         measured ? ex[0].bytes_token : 0},
+        {"queries", "whole corpus", (double)x->queries, (double)x->tokens},
+        {"items", "kept, whole corpus", (double)x->kept, (double)x->ct.token_items},
+        {"search time", x->measured ? "s, corpus, measured/query" : "s (not measured)", x->measured ? x->ex[0].t_chunk_const : 0,
+         x->measured ? x->ex[0].t_token_const : 0},
+        {"index storage", x->measured ? "bytes, corpus" : "bytes (not measured)", x->measured ? x->ex[0].bytes_chunk : 0,
+         x->measured ? x->ex[0].bytes_token : 0},
     };
     char title[256];
-    snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", L, K,
-             (long long)a->k_token, H((double)tokens, (char[32]){0}));
+    snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", x->L, x->K,
+             (long long)x->a->k_token, H((double)x->tokens, (char[32]){0}));
     return dfm_audit_write_svg(path, title, bars, 4);
 }
 
 /* render, audit.md: title, inputs, chart, the claim counted */
 static void md_counted(FILE *mf, const audit_ctx *x) {
-    const dfm_audit_config *a = x->a;
-    json_t *m = x->m;
-    uint32_t L = x->L;
-    uint32_t K = x->K;
-    uint32_t margin = x->margin;
-    const dfm_audit_counted *ct = &x->ct;
-    const char *chash = x->chash;
-    const char *when = x->when;
-    uint64_t pad_tokens = x->pad_tokens;
-    uint64_t chunks = x->chunks;
-    uint64_t sequences = x->sequences;
-    uint64_t queries = x->queries;
-    uint64_t no_query = x->no_query;
-    uint64_t fetched = x->fetched;
-    uint64_t kept = x->kept;
-    uint64_t padded = x->padded;
     char b1[32];
-    json_t *chunk_stage = dfm_manifest_stage(m, "chunk");
-    fprintf(mf, "# Retrieval-cost audit of `%s`\n\n", a->run);
-    fprintf(mf, "dfm %s, %s. Config hash `%s` (XXH3-128 of the stages' configs in manifest.json).", DFM_VERSION, when, chash);
+    json_t *chunk_stage = dfm_manifest_stage(x->m, "chunk");
+    fprintf(mf, "# Retrieval-cost audit of `%s`\n\n", x->a->run);
+    fprintf(mf, "dfm %s, %s. Config hash `%s` (XXH3-128 of the stages' configs in manifest.json).", DFM_VERSION, x->when, x->chash);
     json_t *inputs = json_object_get(chunk_stage, "inputs");
     size_t ii;
     json_t *inp;
@@ -558,133 +487,94 @@ static void md_counted(FILE *mf, const audit_ctx *x) {
     fprintf(mf, "\n\n![chart](audit.svg)\n\n");
     fprintf(mf, "## The claim, counted\n\n");
     fprintf(mf, "DFM retrieves once per chunk of L = %u tokens and keeps K = %u neighbours; a token-level method (kNN-LM, Memory "
-                "Decoder, MLP Memory) retrieves once per token and keeps k = %lld.\n\n", L, K, (long long)a->k_token);
+                "Decoder, MLP Memory) retrieves once per token and keeps k = %lld.\n\n", x->L, x->K, (long long)x->a->k_token);
     fprintf(mf, "| | chunk level | token level | saving | formula |\n|---|---:|---:|---:|---:|\n");
     fprintf(mf, "| queries, per chunk slot (one per chunk vs one per token slot) | %llu | %llu | **%.4f %%** | 1 − 1/%u = %.4f %% |\n",
-            (unsigned long long)ct->chunk_queries, (unsigned long long)ct->token_slot_queries, pct(ct->query_saving_per_chunk), L,
-            pct(ct->query_saving_formula));
+            (unsigned long long)x->ct.chunk_queries, (unsigned long long)x->ct.token_slot_queries, pct(x->ct.query_saving_per_chunk), x->L,
+            pct(x->ct.query_saving_formula));
     fprintf(mf, "| items, per chunk slot (K vs L·k) | %llu | %llu | **%.4f %%** | 1 − %u/(%u·%lld) = %.4f %% |\n",
-            (unsigned long long)ct->chunk_items, (unsigned long long)ct->token_slot_items, pct(ct->item_saving_per_chunk), K, L,
-            (long long)a->k_token, pct(ct->item_saving_formula));
-    fprintf(mf, "| queries as issued by the run (vs one per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)queries,
-            (unsigned long long)ct->token_queries, pct(ct->query_saving_run));
-    fprintf(mf, "| items kept by the run (vs k per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)kept,
-            (unsigned long long)ct->token_items, pct(ct->item_saving_run));
+            (unsigned long long)x->ct.chunk_items, (unsigned long long)x->ct.token_slot_items, pct(x->ct.item_saving_per_chunk), x->K, x->L,
+            (long long)x->a->k_token, pct(x->ct.item_saving_formula));
+    fprintf(mf, "| queries as issued by the run (vs one per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)x->queries,
+            (unsigned long long)x->ct.token_queries, pct(x->ct.query_saving_run));
+    fprintf(mf, "| items kept by the run (vs k per real token) | %llu | %llu | %.4f %% | |\n", (unsigned long long)x->kept,
+            (unsigned long long)x->ct.token_items, pct(x->ct.item_saving_run));
     fprintf(mf, "| candidates fetched by the run (K + margin = %u per query, before exclusions) | %llu | %llu | %.4f %% | |\n\n",
-            K + margin, (unsigned long long)fetched, (unsigned long long)ct->token_items, pct(ct->candidate_saving_run));
+            x->K + x->margin, (unsigned long long)x->fetched, (unsigned long long)x->ct.token_items, pct(x->ct.candidate_saving_run));
     fprintf(mf, "The per-chunk rows are the formulas applied to the run's %llu chunks and equal them exactly. The run's own "
                 "figures differ because %llu chunks issue no query (the first chunk of each of the %llu sequences has no "
                 "preceding context; empty chunks have no embedding), %llu of the %llu token slots are padding (a token-level "
                 "method would not query them), and %llu slots were padded after exclusions. Candidates fetched include the "
                 "margin that over-fetching for exclusions costs; a token-level method that removes its self-match pays a "
                 "similar margin, not counted here.\n\n",
-            (unsigned long long)chunks, (unsigned long long)no_query, (unsigned long long)sequences, (unsigned long long)pad_tokens,
-            (unsigned long long)(chunks * L), (unsigned long long)padded);
+            (unsigned long long)x->chunks, (unsigned long long)x->no_query, (unsigned long long)x->sequences, (unsigned long long)x->pad_tokens,
+            (unsigned long long)(x->chunks * x->L), (unsigned long long)x->padded);
 }
 
 /* render, audit.md: the run's settings, counts and timings */
 static void md_run(FILE *mf, const audit_ctx *x) {
-    int have_targets = x->have_targets;
-    int have_encode = x->have_encode;
-    uint32_t L = x->L;
-    uint32_t S = x->S;
-    uint32_t K = x->K;
-    uint32_t margin = x->margin;
-    uint32_t enc_dim = x->enc_dim;
-    int64_t nprobe = x->nprobe;
-    const char *exclude = x->exclude;
-    const char *factory = x->factory;
-    const char *metric_s = x->metric_s;
-    const char *index_why = x->index_why;
-    const double *t_stage = x->t_stage;
-    double t_total = x->t_total;
-    double t_search = x->t_search;
-    uint64_t documents = x->documents;
-    uint64_t tokens = x->tokens;
-    uint64_t pad_tokens = x->pad_tokens;
-    uint64_t chunks = x->chunks;
-    uint64_t sequences = x->sequences;
-    uint64_t queries = x->queries;
-    uint64_t fetched = x->fetched;
-    uint64_t excluded = x->excluded;
-    uint64_t kept = x->kept;
-    uint64_t padded = x->padded;
-    uint64_t vectors = x->vectors;
-    uint64_t index_bytes = x->index_bytes;
-    uint64_t nbr_bytes = x->nbr_bytes;
-    uint64_t records = x->records;
-    uint64_t raw_bytes = x->raw_bytes;
-    uint64_t stored_bytes = x->stored_bytes;
     char b1[32], b2[32], b3[32];
     fprintf(mf, "## The run\n\n| setting | value |\n|---|---|\n");
-    fprintf(mf, "| chunk length L / sequence length S | %u / %u |\n| K / margin | %u / %u |\n| exclusion | %s |\n", L, S, K, margin,
-            exclude ? exclude : "?");
-    fprintf(mf, "| index | `%s`, metric %s, dim %u%s%s%s |\n| nprobe | %lld |\n\n", factory, metric_s ? metric_s : "ip", enc_dim,
-            index_why ? " (" : "", index_why ? index_why : "", index_why ? ")" : "", (long long)nprobe);
+    fprintf(mf, "| chunk length L / sequence length S | %u / %u |\n| K / margin | %u / %u |\n| exclusion | %s |\n", x->L, x->S, x->K, x->margin,
+            x->exclude ? x->exclude : "?");
+    fprintf(mf, "| index | `%s`, metric %s, dim %u%s%s%s |\n| nprobe | %lld |\n\n", x->factory, x->metric_s ? x->metric_s : "ip", x->enc_dim,
+            x->index_why ? " (" : "", x->index_why ? x->index_why : "", x->index_why ? ")" : "", (long long)x->nprobe);
     fprintf(mf, "| stage | count | time |\n|---|---|---:|\n");
-    fprintf(mf, "| chunk | %llu documents, %llu tokens (+%llu padding), %llu chunks, %llu sequences | %s |\n", (unsigned long long)documents,
-            (unsigned long long)tokens, (unsigned long long)pad_tokens, (unsigned long long)chunks, (unsigned long long)sequences,
-            secs(t_stage[0] > 0 ? t_stage[0] : 0, b1));
-    fprintf(mf, "| encode | %s | %s |\n", have_encode ? "every chunk embedded once (the query of a chunk is its predecessor's embedding)" : "not complete",
-            secs(t_stage[1] > 0 ? t_stage[1] : 0, b1));
-    fprintf(mf, "| index | %llu vectors, %s | %s |\n", (unsigned long long)vectors, bytes((double)index_bytes, b2),
-            secs(t_stage[2] > 0 ? t_stage[2] : 0, b1));
+    fprintf(mf, "| chunk | %llu documents, %llu tokens (+%llu padding), %llu chunks, %llu sequences | %s |\n", (unsigned long long)x->documents,
+            (unsigned long long)x->tokens, (unsigned long long)x->pad_tokens, (unsigned long long)x->chunks, (unsigned long long)x->sequences,
+            secs(x->t_stage[0] > 0 ? x->t_stage[0] : 0, b1));
+    fprintf(mf, "| encode | %s | %s |\n", x->have_encode ? "every chunk embedded once (the query of a chunk is its predecessor's embedding)" : "not complete",
+            secs(x->t_stage[1] > 0 ? x->t_stage[1] : 0, b1));
+    fprintf(mf, "| index | %llu vectors, %s | %s |\n", (unsigned long long)x->vectors, bytes((double)x->index_bytes, b2),
+            secs(x->t_stage[2] > 0 ? x->t_stage[2] : 0, b1));
     fprintf(mf, "| retrieve | %llu queries, %llu candidates fetched, %llu excluded, %llu kept, %llu padded; neighbours %s | %s (search %s) |\n",
-            (unsigned long long)queries, (unsigned long long)fetched, (unsigned long long)excluded, (unsigned long long)kept,
-            (unsigned long long)padded, bytes((double)nbr_bytes, b2), secs(t_stage[3] > 0 ? t_stage[3] : 0, b1),
-            secs(t_search > 0 ? t_search : 0, b3));
-    if (have_targets)
-        fprintf(mf, "| targets | %llu records, %s raw, %s stored (%.1f bytes per token) | %s |\n", (unsigned long long)records,
-                bytes((double)raw_bytes, b2), bytes((double)stored_bytes, b3), tokens ? (double)stored_bytes / (double)tokens : 0.0,
-                secs(t_stage[4] > 0 ? t_stage[4] : 0, b1));
-    fprintf(mf, "| total | | %s |\n\n", secs(t_total, b1));
+            (unsigned long long)x->queries, (unsigned long long)x->fetched, (unsigned long long)x->excluded, (unsigned long long)x->kept,
+            (unsigned long long)x->padded, bytes((double)x->nbr_bytes, b2), secs(x->t_stage[3] > 0 ? x->t_stage[3] : 0, b1),
+            secs(x->t_search > 0 ? x->t_search : 0, b3));
+    if (x->have_targets)
+        fprintf(mf, "| targets | %llu records, %s raw, %s stored (%.1f bytes per token) | %s |\n", (unsigned long long)x->records,
+                bytes((double)x->raw_bytes, b2), bytes((double)x->stored_bytes, b3), x->tokens ? (double)x->stored_bytes / (double)x->tokens : 0.0,
+                secs(x->t_stage[4] > 0 ? x->t_stage[4] : 0, b1));
+    fprintf(mf, "| total | | %s |\n\n", secs(x->t_total, b1));
 }
 
 /* render, audit.md: the measured comparison */
 static void md_measured(FILE *mf, const audit_ctx *x) {
-    const dfm_audit_counted *ct = &x->ct;
-    int measured = x->measured;
-    int threads_used = x->threads_used;
-    const sample_t *smp = &x->smp;
-    const dfm_audit_side *cs = &x->cs;
-    const dfm_audit_side *ts = &x->ts;
-    const char *cpu = x->cpu;
-    const char *host = x->host;
     char b1[32], b2[32];
-    if (measured) {
+    if (x->measured) {
         fprintf(mf, "## Measured on this machine\n\n");
         fprintf(mf, "%llu of the run's %llu sequences (%llu tokens, %llu chunks), both datastores built and searched here, one after "
                     "the other, with %d OpenMP thread(s) (--threads) on %s (%s).\n\n",
-                (unsigned long long)smp->n_seq, (unsigned long long)smp->n_seq_total, (unsigned long long)smp->tokens,
-                (unsigned long long)smp->chunks, threads_used, cpu, host);
+                (unsigned long long)x->smp.n_seq, (unsigned long long)x->smp.n_seq_total, (unsigned long long)x->smp.tokens,
+                (unsigned long long)x->smp.chunks, x->threads_used, x->cpu, x->host);
         fprintf(mf, "| | chunk level | token level | token / chunk |\n|---|---:|---:|---:|\n");
-        fprintf(mf, "| index | `%s` | `%s` | |\n", cs->factory, ts->factory);
-        fprintf(mf, "| key width | %u (the run's encoder) | %u (LM hidden size) | |\n", cs->dim, ts->dim);
-        fprintf(mf, "| keys | %llu | %llu | %.1f× |\n", (unsigned long long)cs->keys, (unsigned long long)ts->keys,
-                (double)ts->keys / (double)cs->keys);
-        fprintf(mf, "| queries | %llu | %llu | %.1f× |\n", (unsigned long long)cs->queries, (unsigned long long)ts->queries,
-                (double)ts->queries / (double)(cs->queries ? cs->queries : 1));
-        fprintf(mf, "| k per query | %u (K + margin) | %u | |\n", cs->k, ts->k);
-        fprintf(mf, "| build (keys, train, add) | %s | %s | |\n", secs(cs->build_s, b1), secs(ts->build_s, b2));
-        fprintf(mf, "| search, all queries | %s | %s | %.1f× |\n", secs(cs->search_s, b1), secs(ts->search_s, b2),
-                cs->search_s > 0 ? ts->search_s / cs->search_s : 0.0);
-        fprintf(mf, "| time per query | %s | %s | %.1f× |\n", secs(cs->s_per_query, b1), secs(ts->s_per_query, b2),
-                cs->s_per_query > 0 ? ts->s_per_query / cs->s_per_query : 0.0);
-        fprintf(mf, "| search time per corpus token | %s | %s | |\n", secs(cs->search_s / (double)smp->tokens, b1),
-                secs(ts->search_s / (double)smp->tokens, b2));
-        fprintf(mf, "| index size | %s | %s | %.1f× |\n", bytes((double)cs->index_bytes, b1), bytes((double)ts->index_bytes, b2),
-                (double)ts->index_bytes / (double)(cs->index_bytes ? cs->index_bytes : 1));
-        fprintf(mf, "| index bytes per corpus token | %.1f | %.1f | |\n\n", (double)cs->index_bytes / (double)smp->tokens,
-                (double)ts->index_bytes / (double)smp->tokens);
+        fprintf(mf, "| index | `%s` | `%s` | |\n", x->cs.factory, x->ts.factory);
+        fprintf(mf, "| key width | %u (the run's encoder) | %u (LM hidden size) | |\n", x->cs.dim, x->ts.dim);
+        fprintf(mf, "| keys | %llu | %llu | %.1f× |\n", (unsigned long long)x->cs.keys, (unsigned long long)x->ts.keys,
+                (double)x->ts.keys / (double)x->cs.keys);
+        fprintf(mf, "| queries | %llu | %llu | %.1f× |\n", (unsigned long long)x->cs.queries, (unsigned long long)x->ts.queries,
+                (double)x->ts.queries / (double)(x->cs.queries ? x->cs.queries : 1));
+        fprintf(mf, "| k per query | %u (K + margin) | %u | |\n", x->cs.k, x->ts.k);
+        fprintf(mf, "| build (keys, train, add) | %s | %s | |\n", secs(x->cs.build_s, b1), secs(x->ts.build_s, b2));
+        fprintf(mf, "| search, all queries | %s | %s | %.1f× |\n", secs(x->cs.search_s, b1), secs(x->ts.search_s, b2),
+                x->cs.search_s > 0 ? x->ts.search_s / x->cs.search_s : 0.0);
+        fprintf(mf, "| time per query | %s | %s | %.1f× |\n", secs(x->cs.s_per_query, b1), secs(x->ts.s_per_query, b2),
+                x->cs.s_per_query > 0 ? x->ts.s_per_query / x->cs.s_per_query : 0.0);
+        fprintf(mf, "| search time per corpus token | %s | %s | |\n", secs(x->cs.search_s / (double)x->smp.tokens, b1),
+                secs(x->ts.search_s / (double)x->smp.tokens, b2));
+        fprintf(mf, "| index size | %s | %s | %.1f× |\n", bytes((double)x->cs.index_bytes, b1), bytes((double)x->ts.index_bytes, b2),
+                (double)x->ts.index_bytes / (double)(x->cs.index_bytes ? x->cs.index_bytes : 1));
+        fprintf(mf, "| index bytes per corpus token | %.1f | %.1f | |\n\n", (double)x->cs.index_bytes / (double)x->smp.tokens,
+                (double)x->ts.index_bytes / (double)x->smp.tokens);
         fprintf(mf, "| saving (chunk vs token) | counted (formula) | measured on the sample |\n|---|---:|---:|\n");
-        fprintf(mf, "| queries | %.4f %% | %.4f %% |\n", pct(ct->query_saving_formula), pct(1 - (double)cs->queries / (double)ts->queries));
-        fprintf(mf, "| items (fetched per query × queries) | %.4f %% | %.4f %% |\n", pct(ct->item_saving_formula),
-                pct(1 - (double)cs->queries * cs->k / ((double)ts->queries * ts->k)));
-        fprintf(mf, "| search time | — | %.4f %% |\n", pct(ts->search_s > 0 ? 1 - cs->search_s / ts->search_s : 0));
-        fprintf(mf, "| index bytes | — | %.4f %% |\n\n", pct(1 - (double)cs->index_bytes / (double)ts->index_bytes));
+        fprintf(mf, "| queries | %.4f %% | %.4f %% |\n", pct(x->ct.query_saving_formula), pct(1 - (double)x->cs.queries / (double)x->ts.queries));
+        fprintf(mf, "| items (fetched per query × queries) | %.4f %% | %.4f %% |\n", pct(x->ct.item_saving_formula),
+                pct(1 - (double)x->cs.queries * x->cs.k / ((double)x->ts.queries * x->ts.k)));
+        fprintf(mf, "| search time | — | %.4f %% |\n", pct(x->ts.search_s > 0 ? 1 - x->cs.search_s / x->ts.search_s : 0));
+        fprintf(mf, "| index bytes | — | %.4f %% |\n\n", pct(1 - (double)x->cs.index_bytes / (double)x->ts.index_bytes));
         fprintf(mf, "Chunk-level items here are the K + margin candidates each query fetches, so the measured item saving is "
                     "below the formula's K-per-chunk figure by that margin. Index choice: chunk level — %s; token level — %s.\n\n",
-                cs->why, ts->why);
+                x->cs.why, x->ts.why);
         fprintf(mf, "**What the keys are.** Both datastores hold seeded pseudo-random unit vectors (token level: one per "
                     "token, drawn from its (previous token, token) pair; chunk level: one per chunk, drawn from its tokens). They "
                     "are not hidden states or embeddings and neighbours found among them mean nothing; the audit measures cost: "
@@ -696,31 +586,22 @@ static void md_measured(FILE *mf, const audit_ctx *x) {
 
 /* render, audit.md: extrapolation and how to read the report */
 static void md_extrapolated(FILE *mf, const audit_ctx *x) {
-    json_t *m = x->m;
-    double t_search = x->t_search;
-    int measured = x->measured;
-    const dfm_audit_side *cs = &x->cs;
-    const dfm_audit_side *ts = &x->ts;
-    double q_per_tok = x->q_per_tok;
-    double keys_per_tok = x->keys_per_tok;
-    const extrap_t *ex = x->ex;
-    uint64_t queries = x->queries;
     char b1[32], b2[32], b3[32], b4[32];
     fprintf(mf, "## Extrapolated\n\nQueries and keys per token are the run's (%.5f queries and %.5f keys per token at chunk level; 1 and "
                 "1 at token level).%s\n\n",
-            q_per_tok, keys_per_tok,
-            measured ? " Search time: *constant* = queries × the measured time per query (a lower bound: the sample's datastore is "
+            x->q_per_tok, x->keys_per_tok,
+            x->measured ? " Search time: *constant* = queries × the measured time per query (a lower bound: the sample's datastore is "
                        "small); *scaled* also grows each query's cost with the datastore (linearly for exact Flat, √N for IVF)."
                      : "");
     fprintf(mf, "| corpus | | chunk level | token level | saving |\n|---|---|---:|---:|---:|\n");
     for (int i = 0; i < 2; i++) {
-        const extrap_t *e = &ex[i];
+        const extrap_t *e = &x->ex[i];
         char nm[64];
         snprintf(nm, sizeof nm, "%s (%s tokens)", i ? "large" : "this corpus", H(e->tokens, b4));
         fprintf(mf, "| %s | queries | %s | %s | %.4f %% |\n", nm, H(e->q_chunk, b1), H(e->q_token, b2), pct(1 - e->q_chunk / e->q_token));
         fprintf(mf, "| | items | %s | %s | %.4f %% |\n", H(e->items_chunk, b1), H(e->items_token, b2),
                 pct(1 - e->items_chunk / e->items_token));
-        if (measured) {
+        if (x->measured) {
             fprintf(mf, "| | index size | %s | %s | %.4f %% |\n", bytes(e->bytes_chunk, b1), bytes(e->bytes_token, b2),
                     pct(1 - e->bytes_chunk / e->bytes_token));
             fprintf(mf, "| | search time, constant | %s | %s | %.4f %% |\n", secs(e->t_chunk_const, b1), secs(e->t_token_const, b2),
@@ -729,16 +610,16 @@ static void md_extrapolated(FILE *mf, const audit_ctx *x) {
                     pct(1 - e->t_chunk_scaled / e->t_token_scaled));
         }
     }
-    if (measured && (cost_exponent(cs->factory) >= 1 || cost_exponent(ts->factory) >= 1))
+    if (x->measured && (cost_exponent(x->cs.factory) >= 1 || cost_exponent(x->ts.factory) >= 1))
         fprintf(mf, "\nAn exact Flat index scans every key per query, so its *scaled* time grows with the square of the corpus; "
                     "at large scale a real run would use IVF or HNSW (`dfm index` chooses IVF above %llu vectors). The scaled Flat "
                     "figures show why, not what such a run would cost; the *constant* rows are the lower bound.\n",
                 DFM_INDEX_FLAT_MAX);
-    if (measured && t_search > 0 && queries)
+    if (x->measured && x->t_search > 0 && x->queries)
         fprintf(mf, "\nFor reference, the run itself searched its whole corpus in %s (%s per query on %d ranks), against %s per query "
                     "measured here on the sample.\n",
-                secs(t_search, b1), secs(t_search / (double)queries, b2), (int)mnum(m, "retrieve", NULL, "ranks"),
-                secs(cs->s_per_query, b3));
+                secs(x->t_search, b1), secs(x->t_search / (double)x->queries, b2), (int)mnum(x->m, "retrieve", NULL, "ranks"),
+                secs(x->cs.s_per_query, b3));
     fprintf(mf, "\n## How to read this\n\n"
                 "- *Counted* savings are arithmetic on the run's manifest; the per-chunk rows must equal the formulas "
                 "1 − 1/L and 1 − K/(L·k) exactly — if they do not, the run is not what its config says.\n"
@@ -751,23 +632,15 @@ static void md_extrapolated(FILE *mf, const audit_ctx *x) {
 
 /* the summary on stdout; paths: audit.json, audit.md, audit.svg */
 static void print_summary(const audit_ctx *x, char *const paths[3]) {
-    const dfm_audit_config *a = x->a;
-    uint32_t L = x->L;
-    const dfm_audit_counted *ct = &x->ct;
-    int measured = x->measured;
-    const sample_t *smp = &x->smp;
-    const dfm_audit_side *cs = &x->cs;
-    const dfm_audit_side *ts = &x->ts;
-    const extrap_t *ex = x->ex;
     char b1[32], b2[32], b3[32], b4[32];
-    printf("audit: %s\n", a->out_dir);
+    printf("audit: %s\n", x->a->out_dir);
     printf("  counted  queries %.4f %% fewer (1 - 1/%u = %.4f %%; as issued %.4f %%), items %.4f %% fewer (formula %.4f %%; as kept %.4f %%)\n",
-           pct(ct->query_saving_per_chunk), L, pct(ct->query_saving_formula), pct(ct->query_saving_run), pct(ct->item_saving_per_chunk),
-           pct(ct->item_saving_formula), pct(ct->item_saving_run));
-    if (measured)
+           pct(x->ct.query_saving_per_chunk), x->L, pct(x->ct.query_saving_formula), pct(x->ct.query_saving_run), pct(x->ct.item_saving_per_chunk),
+           pct(x->ct.item_saving_formula), pct(x->ct.item_saving_run));
+    if (x->measured)
         printf("  measured on %llu tokens: search %s (chunk) vs %s (token), index %s vs %s; corpus extrapolation %s vs %s\n",
-               (unsigned long long)smp->tokens, secs(cs->search_s, b1), secs(ts->search_s, b2), bytes((double)cs->index_bytes, b3),
-               bytes((double)ts->index_bytes, b4), secs(ex[0].t_chunk_const, (char[32]){0}), secs(ex[0].t_token_const, (char[32]){0}));
+               (unsigned long long)x->smp.tokens, secs(x->cs.search_s, b1), secs(x->ts.search_s, b2), bytes((double)x->cs.index_bytes, b3),
+               bytes((double)x->ts.index_bytes, b4), secs(x->ex[0].t_chunk_const, (char[32]){0}), secs(x->ex[0].t_token_const, (char[32]){0}));
     printf("  report %s, chart %s, data %s\n", paths[1], paths[2], paths[0]);
 }
 
