@@ -1,8 +1,8 @@
-/* cuda_check.h — for the trainer's CUDA host code (*.cu): error checks, each returning DFM_ECUDA from the
+/* cuda_check.h — for CUDA host code (*.cu: the encoder and the trainer): error checks, each returning DFM_ECUDA from the
  * enclosing function with the failing call, CUDA's or cuBLAS's message and file:line (common/error.h;
  * none exits), and the block count of a launch. Include after common/error.h and the CUDA headers. */
-#ifndef DFM_TRAINER_CUDA_CHECK_H
-#define DFM_TRAINER_CUDA_CHECK_H
+#ifndef DFM_COMMON_CUDA_CHECK_H
+#define DFM_COMMON_CUDA_CHECK_H
 
 #define CUDA_CHECK(call)                                                                                        \
     do {                                                                                                        \

@@ -21,19 +21,8 @@ extern "C" {
 #include "encoder/bert.h"
 }
 
-#define CUDA_CHECK(call)                                                                                        \
-    do {                                                                                                        \
-        cudaError_t e_ = (call);                                                                                \
-        if (e_ != cudaSuccess)                                                                                  \
-            return DFM_FAIL(DFM_ECUDA, "%s failed: %s. HINT: check the GPU with nvidia-smi; use --device cpu " \
-                            "to run without it", #call, cudaGetErrorString(e_));                                \
-    } while (0)
-#define CUBLAS_CHECK(call)                                                                                      \
-    do {                                                                                                        \
-        cublasStatus_t s_ = (call);                                                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                                        \
-            return DFM_FAIL(DFM_ECUDA, "%s failed: cuBLAS status %d", #call, (int)s_);                          \
-    } while (0)
+#include "common/cuda_check.h"
+#include "common/cuda_warp.cuh"
 
 struct dfm_bert_cuda {
     cublasHandle_t cublas;
@@ -58,14 +47,6 @@ __global__ void embed_kernel(float *x, const int32_t *ids, const int32_t *pos, c
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)t * H + i] = a[i] + p[i] + wtt[i];
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
 
 // one warp per row, two-pass mean / variance as on the CPU
 __global__ void layernorm_kernel(float *out, const float *inp, const float *w, const float *b, int M, int C, float eps) {
@@ -182,7 +163,6 @@ __global__ void pool_kernel(float *out, const float *x, const int32_t *off, int 
 }
 
 // ---- host wrappers (names as in bert_cpu.c) --------------------------------------------------------------
-static inline unsigned blocks_for(size_t n, unsigned t) { return (unsigned)((n + t - 1) / t); }
 
 static cudaDataType_t gemm_type(int compute) {
     return compute == DFM_COMPUTE_F16 ? CUDA_R_16F : compute == DFM_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
