@@ -6,6 +6,7 @@
 #   make test        deps + build + the whole test suite (unit, sanitizer, MPI, integration)
 #   make demo        deps + build + the end-to-end demo on the embedded corpus
 #   make SAN=1       an ASan+UBSan build into build-san/
+#   make checks      the checker, tool and benchmark programs (see the end of this file)
 #
 # Every source folder is globbed: a new .c file in a part's folder is built without editing this file.
 # Files named *_main.c are programs, not library members. Unit tests are tests/unit/test_*.c.
@@ -110,7 +111,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) $(CHECK_DEF) -c $< -o $@
 
 $(BUILD)/libdfm.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -135,7 +136,7 @@ unit-tests: $(UNIT_BIN)
 
 JOBS ?= $(shell nproc)
 test: deps
-	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests checks
 	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests
 	@bash tests/run.sh
 
@@ -143,15 +144,112 @@ demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@bash scripts/demo.sh
 
-bench: all
+bench: all bench-programs
 	@bash bench/run_all.sh
 
 clean:
 	rm -rf build build-san
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+# ---------------------------------------------------------------------------------------------------------
+# Checker, tool and benchmark programs. The sources live in tests/ and bench/; nothing outside this file
+# holds a compiler command line: scripts and tests call `make TARGET`.
+#
+#   make emu-checks            the CUDA checkers of tests/cuda/ built for the CPU: each .cu is rewritten by
+#                              tests/cuda/host_emu_rewrite.py (<<<>>> launches -> emu_launch) and compiled
+#                              with $(CXX) against tests/cuda/host_emu_cuda.h -> $(BUILD)/emu/<checker>
+#   make CUDA=1 cuda-checks    the same checkers for a GPU, with nvcc -> $(BUILD)/checks/<checker>; they
+#                              need only cuBLAS, OpenBLAS and OpenMP (not MPI, FAISS or the other libraries)
+#   make tools                 $(BUILD)/tools/retrieve_mkrun (a synthetic run for the retrieval tests)
+#   make bench-programs        $(BUILD)/bench/<program> for every bench/*.c
+#   make checks                all of these that this configuration can build (what `make test` builds)
+#   make faiss-c-api FAISS_SRC=DIR FAISS_C_OUT=FILE   the FAISS C API from a FAISS source tree (scripts/deps.sh)
 
-# the link flags, for scripts that build a program against build/libdfm.a (bench/bench_loader.sh)
-print-ldlibs:
-	@echo $(LDLIBS)
-.PHONY: print-ldlibs
+# checker = tests/cuda/<checker>.cu, its main behind -D<checker>_DEF, the CUDA sources it tests and the
+# CPU twins it compares with
+CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check
+ops_cuda_check_DEF := DFM_OPS_CUDA_CHECK_MAIN
+ops_cuda_check_CU := trainer/ops_cuda.cu
+ops_cuda_check_C := trainer/ops.c trainer/adamw.c common/error.c
+attention_cuda_check_DEF := DFM_ATTN_CUDA_CHECK_MAIN
+attention_cuda_check_CU := trainer/attention_cuda.cu
+attention_cuda_check_C := trainer/ops.c trainer/adamw.c common/error.c
+model_cuda_check_DEF := DFM_MODEL_CUDA_CHECK_MAIN
+model_cuda_check_CU := trainer/ops_cuda.cu trainer/attention_cuda.cu trainer/stack_cuda.cu trainer/model_cuda.cu
+model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/adamw.c common/error.c
+
+PYTHON ?= python3
+BLAS_LIBS := $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
+EMU := $(BUILD)/emu
+EMU_STUBS := $(addprefix $(EMU)/include/,cublas_v2.h cuda_runtime.h cuda_runtime_api.h cuda_bf16.h)
+EMU_CXXFLAGS := -std=c++17 -O2 -w -MMD -MP -I$(EMU)/include $(INCS) -include tests/cuda/host_emu_cuda.h \
+                -DDFM_HAVE_CUDA=1
+CHECK_CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart
+
+# the CUDA runtime headers the emulation replaces: empty, so that the sources' includes resolve
+$(EMU_STUBS):
+	@mkdir -p $(dir $@)
+	echo '#pragma once' > $@
+
+$(EMU)/src/%.cpp: %.cu tests/cuda/host_emu_rewrite.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tests/cuda/host_emu_rewrite.py $< $@
+
+$(EMU)/obj/%.o: $(EMU)/src/%.cpp tests/cuda/host_emu_cuda.h | $(EMU_STUBS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) $(CHECK_DEF) -c $< -o $@
+
+define checker_rules
+$(EMU)/obj/tests/cuda/$(1).o $(BUILD)/obj/tests/cuda/$(1).cu.o: CHECK_DEF := -D$($(1)_DEF)
+$(EMU)/$(1): $(patsubst %.cu,$(EMU)/obj/%.o,tests/cuda/$(1).cu $($(1)_CU)) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(BLAS_LIBS) -lgomp -lm -pthread
+$(BUILD)/checks/$(1): $(patsubst %.cu,$(BUILD)/obj/%.cu.o,tests/cuda/$(1).cu $($(1)_CU)) \
+                      $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
+	@mkdir -p $$(dir $$@)
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(CHECK_CUDA_LIBS) $$(BLAS_LIBS) -lgomp -lm -pthread
+endef
+$(foreach c,$(CHECKERS),$(eval $(call checker_rules,$(c))))
+
+emu-checks: $(addprefix $(EMU)/,$(CHECKERS))
+
+ifeq ($(CUDA),1)
+cuda-checks: $(addprefix $(BUILD)/checks/,$(CHECKERS))
+else
+cuda-checks:
+	@echo "cuda-checks: the GPU checkers are built with nvcc: make CUDA=1 BUILD=build-cuda cuda-checks" >&2; exit 1
+endif
+
+$(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libdfm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libdfm.a $(LDLIBS)
+
+tools: $(BUILD)/tools/retrieve_mkrun
+
+$(BUILD)/bench/%: bench/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS)
+
+bench-programs: $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+
+checks: emu-checks tools bench-programs $(if $(filter 1,$(CUDA)),cuda-checks)
+
+# the FAISS C API (Debian ships libfaiss.a and the C API headers, not the C API's implementation)
+ifneq ($(FAISS_SRC),)
+FAISS_C_OUT ?= $(BUILD)/faiss_c/libfaiss_c.a
+FAISS_C_OBJ := $(patsubst $(FAISS_SRC)/%.cpp,$(FAISS_SRC)/obj-c-api/%.o,\
+                 $(wildcard $(FAISS_SRC)/c_api/*.cpp $(FAISS_SRC)/c_api/impl/*.cpp $(FAISS_SRC)/c_api/utils/*.cpp))
+faiss-c-api: $(FAISS_C_OUT)
+$(FAISS_C_OUT): $(FAISS_C_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@
+	ar rcs $@ $^
+$(FAISS_SRC)/obj-c-api/%.o: $(FAISS_SRC)/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) -O2 -fPIC -std=c++17 -I$(FAISS_SRC) -c $< -o $@
+else
+faiss-c-api:
+	@echo "faiss-c-api: FAISS_SRC=DIR (a FAISS source tree with c_api/) is required; FAISS_C_OUT=FILE.a" >&2; exit 1
+endif
+
+.PHONY: emu-checks cuda-checks tools bench-programs checks faiss-c-api
+
+-include $(shell find $(BUILD)/obj $(EMU)/obj $(BUILD)/tests $(BUILD)/tools $(BUILD)/bench -name '*.d' 2>/dev/null)

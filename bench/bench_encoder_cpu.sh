@@ -27,36 +27,8 @@ echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$DFM_PYTHON" tests/ref/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
 
 # ---- SGEMM peak: OpenBLAS at THREADS threads, a large square GEMM and the encoder's FFN shape ----
-cat > "$W/peak.c" <<'EOF'
-#include <cblas.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-static double run(int M, int N, int K, int reps) {
-    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * N * K), *c = malloc(sizeof(float) * M * N);
-    for (long i = 0; i < (long)M * K; i++) a[i] = (float)(i % 7) * 0.1f;
-    for (long i = 0; i < (long)N * K; i++) b[i] = (float)(i % 5) * 0.1f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
-    double best = 0;
-    for (int r = 0; r < reps; r++) {
-        double t = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1, a, K, b, K, 0, c, N);
-        double g = 2.0 * M * N * K / (now() - t) * 1e-9;
-        if (g > best) best = g;
-    }
-    free(a), free(b), free(c);
-    return best;
-}
-int main(int argc, char **argv) {
-    int th = atoi(argv[1]);
-    openblas_set_num_threads(th);
-    printf("%.1f %.1f\n", run(2048, 2048, 2048, 5), run(4096, 1536, 384, 5));
-    return 0;
-}
-EOF
-gcc -O2 -o "$W/peak" "$W/peak.c" $(pkg-config --cflags --libs openblas)
-read -r PEAK PEAK_FFN < <("$W/peak" "$THREADS")
+make -s --no-print-directory -C "$ROOT" build/bench/sgemm_peak
+read -r PEAK PEAK_FFN < <(build/bench/sgemm_peak "$THREADS")
 echo "SGEMM peak (OpenBLAS, $THREADS threads, best of 5): 2048^3 $PEAK GFLOP/s; encoder FFN shape 4096x1536x384 $PEAK_FFN GFLOP/s"
 
 # ---- dfm and the baseline, interleaved ROUNDS times: the machine is shared, so interleaving puts both

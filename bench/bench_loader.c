@@ -1,6 +1,7 @@
 /* bench_loader.c — how fast dfm-train's loader threads (trainer/prefetch.h) deliver micro-batches with
  * target memory read from a run's LMDB shards: batches/s and target records/s for 1, 2, 4 threads.
- * Built and run by bench/bench_loader.sh: bench_loader RUN SEQ_LEN BATCH N_BATCHES [CHUNK_LEN]. */
+ * Built by `make bench-programs`, run by bench/bench_loader.sh:
+ *   bench_loader RUN SEQ_LEN BATCH N_BATCHES [CHUNK_LEN] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>

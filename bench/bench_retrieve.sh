@@ -14,7 +14,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DFM=${DFM:-$ROOT/build/dfm}
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
-CACHE=${DFM_CACHE:-/var/cache/dfm}
 N=${N:-200000} DIM=${DIM:-384} K=${K:-16} MARGIN=${MARGIN:-16} NLIST=${NLIST:-512} PQ=${PQ:-32} NPROBE=${NPROBE:-16}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -24,11 +23,8 @@ now() { date +%s.%N; }
 field() { "$PY" -c "import json,sys; s=json.load(open('$1/manifest.json'))['stages']['$2']; print(eval('s' + sys.argv[1]))" "$3"; }
 calc() { echo "$*" | bc -l; }
 
-PK="jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas"
-mpicc -std=c11 -O2 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/pipeline" $(pkg-config --cflags $PK) \
-  "$ROOT/tests/integration/test_retrieve_mkrun.c" -o "$B/mkrun" "$ROOT/build/libdfm.a" \
-  "$CACHE/faiss_c-1.7.3/lib/libfaiss_c.a" /usr/lib/x86_64-linux-gnu/libfaiss.a $(pkg-config --libs $PK) -lgomp -lstdc++ -lm
-t=$(now); "$B/mkrun" "$B/base" "$N" "$DIM" 32 65536 1 fp32 $((N / 20)) 1; echo "generated in $(calc "$(now) - $t") s"
+make -s --no-print-directory -C "$ROOT" build/dfm build/tools/retrieve_mkrun
+t=$(now); "$ROOT/build/tools/retrieve_mkrun" "$B/base" "$N" "$DIM" 32 65536 1 fp32 $((N / 20)) 1; echo "generated in $(calc "$(now) - $t") s"
 copy() { rm -rf "$1"; mkdir -p "$1"; cp -r "$B/base/chunk" "$B/base/manifest.json" "$1/"; ln -s "$B/base/encode" "$1/encode"; }
 
 FAC="IVF${NLIST},PQ${PQ}np"

@@ -4,7 +4,8 @@
  *   dfm threads=T bytes=B docs=D tokens=N seconds=S MB/s=X tokens/s=Y cpu_seconds=C MB/cpu-s=Z
  * (cpu_seconds: process CPU time of the best pass, all threads; robust to a machine shared with
  * other work, where wall time is not)
- * usage: bench_tokenizer TOKENIZER_JSON CORPUS_JSONL MB THREADS [REPS] */
+ * usage: bench_tokenizer TOKENIZER_JSON CORPUS_JSONL MB THREADS [REPS]
+ * Built by `make bench-programs` (build/bench/bench_tokenizer), run by bench/bench_tokenizer.sh. */
 #include "common/error.h"
 #include "pipeline/tokenizer/tokenizer.h"
 

@@ -15,11 +15,7 @@ PY=${DFM_PYTHON:-$DFM_CACHE/venv/bin/python}
 CORPUS=${DFM_CORPUS:-$DFM_CACHE/corpus/gcide.jsonl}
 MB=${MB:-4} REPS=${REPS:-3} THREADS=${THREADS:-"1 2"} TOKENIZERS=${TOKENIZERS:-"qwen2.5 llama-3.2"}
 
-make -s -j2 build/libdfm.a >/dev/null
-mkdir -p build/bench
-# shellcheck disable=SC2046
-mpicc -std=c11 -O2 -g -D_GNU_SOURCE -pthread -I. -Ipipeline bench/bench_tokenizer.c build/libdfm.a \
-  $(pkg-config --libs jansson libpcre2-8 libutf8proc libxxhash) -o build/bench/bench_tokenizer
+make -s --no-print-directory -j2 build/bench/bench_tokenizer
 
 echo "tokenizer throughput: $(date -u '+%F %T') UTC, $(uname -m), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "texts: first ${MB} MB of $(basename "$CORPUS"); best of $REPS passes after a warm-up; HF tokenizers $("$PY" -c 'import tokenizers; print(tokenizers.__version__)')"

@@ -70,21 +70,16 @@ elif [ ! -f "$FAISS_C_DIR/lib/libfaiss_c.a" ]; then
   [ $HAVE_APT = 1 ] || die "cannot build the FAISS C API without apt-get source; set FAISS_C_LIB (see README)"
   say "building the FAISS $FAISS_VERSION C API from Debian's source package (once, ~1 min)"
   d=$(mktemp -d); trap 'rm -rf "$d"' EXIT
-  mkdir -p "$d/lists/partial" "$d/out"
+  mkdir -p "$d/lists/partial"
   bash "$HERE/deps/debsrc.sh" >"$d/src.list" ||
     die "found no Debian 'deb' entry for the release in /etc/apt/sources.list or /etc/apt/sources.list.d/*.{list,sources} to derive a deb-src entry from"
   o=(-o "Dir::Etc::SourceList=$d/src.list" -o Dir::Etc::SourceParts=/dev/null -o "Dir::State::Lists=$d/lists")
   apt-get "${o[@]}" -o APT::Sandbox::User=root update -q >/dev/null || die "apt-get update for deb-src failed"
   (cd "$d" && apt-get "${o[@]}" -o APT::Sandbox::User=root source --download-only faiss >/dev/null && tar xzf "faiss_$FAISS_VERSION.orig.tar.gz") ||
     die "could not fetch Debian's faiss source package"
-  src=$d/faiss-$FAISS_VERSION
-  for f in "$src"/c_api/*.cpp "$src"/c_api/impl/*.cpp "$src"/c_api/utils/*.cpp; do
-    g++ -O2 -fPIC -std=c++17 -I"$src" -c "$f" -o "$d/out/$(basename "$f" .cpp).o" &
-    while [ "$(jobs -r | wc -l)" -ge "$(nproc)" ]; do sleep 0.2; done
-  done
-  wait
-  mkdir -p "$FAISS_C_DIR/lib.tmp"
-  ar rcs "$FAISS_C_DIR/lib.tmp/libfaiss_c.a" "$d"/out/*.o
+  make -s --no-print-directory -C "$ROOT" -j"$(nproc)" faiss-c-api FAISS_SRC="$d/faiss-$FAISS_VERSION" \
+    FAISS_C_OUT="$FAISS_C_DIR/lib.tmp/libfaiss_c.a" >"$d/make.log" 2>&1 ||
+    { tail -20 "$d/make.log" >&2; die "compiling the FAISS C API failed (make faiss-c-api; needs g++)"; }
   rm -rf "$FAISS_C_DIR/lib"; mv "$FAISS_C_DIR/lib.tmp" "$FAISS_C_DIR/lib"
   rm -rf "$d"; trap - EXIT
   say "FAISS C API cached at $FAISS_C_DIR/lib/libfaiss_c.a"

@@ -2,9 +2,11 @@
 # tests/run.sh — run every test program and print one closing line: "N passed, N failed".
 #
 # Runs, in order: unit tests (build/tests/test_*), the same under ASan+UBSan (build-san/tests/test_*),
-# integration tests (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py).
-# Each program is one test; its own output says which case failed. Exit status is non-zero if any failed.
-#   TESTS=REGEX tests/run.sh    run only tests whose name matches REGEX
+# integration tests (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among
+# them the CUDA checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
+# Each program is one test; its own output says which case failed. A unit test that is not built counts
+# as failed. Exit status is non-zero if any failed, 2 if none was selected.
+#   TESTS=REGEX tests/run.sh    run only tests whose name matches REGEX (one that matches nothing is an error)
 #   KEEP=1                      keep the scratch folders of integration tests
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,18 +39,31 @@ run_one() {  # name, command...
   fi
 }
 
-for t in build/tests/test_*; do [ -x "$t" ] && run_one "unit/$(basename "$t")" "$t"; done
+# a unit test whose program is missing fails: a test that was not built has not passed
+not_built() {  # name, program, how to build it
+  [[ $1 =~ $FILTER ]] || return 0
+  fail=$((fail + 1)); failed+=("$1"); echo "FAIL $1: $2 is not built ($3)"
+}
+for src in tests/unit/test_*.c; do
+  t=build/tests/$(basename "$src" .c)
+  if [ -x "$t" ]; then run_one "unit/${t##*/}" "$t"; else not_built "unit/${t##*/}" "$t" "make unit-tests"; fi
+done
 # Leak checking is on, except for tests that start MPI: Open MPI keeps allocations (some in plugins
 # it unloads, which no suppression can name) until exit, and those are not ours to fix.
-for t in build-san/tests/test_*; do
-  [ -x "$t" ] || continue
-  leaks=1; grep -qE 'MPI_Init|dfm_mpi_init' "tests/unit/$(basename "$t").c" 2>/dev/null && leaks=0
-  run_one "asan/$(basename "$t")" env ASAN_OPTIONS=detect_leaks=$leaks:abort_on_error=1 \
+for src in tests/unit/test_*.c; do
+  t=build-san/tests/$(basename "$src" .c)
+  [ -x "$t" ] || { not_built "asan/${t##*/}" "$t" "make SAN=1 unit-tests"; continue; }
+  leaks=1; grep -qE 'MPI_Init|dfm_mpi_init' "$src" && leaks=0
+  run_one "asan/${t##*/}" env ASAN_OPTIONS=detect_leaks=$leaks:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$t"
 done
 for t in tests/integration/test_*.sh; do [ -f "$t" ] && run_one "integration/$(basename "$t" .sh)" bash "$t"; done
 for t in tests/py/test_*.py; do [ -f "$t" ] && run_one "py/$(basename "$t" .py)" "$DFM_PYTHON" "$t"; done
 
+if [ $((pass + fail)) = 0 ]; then
+  echo "no test matches TESTS='$FILTER' (names are unit/test_X, asan/test_X, integration/test_X, py/test_X)" >&2
+  exit 2
+fi
 echo
 [ $fail -gt 0 ] && echo "failed: ${failed[*]}"
 echo "$pass passed, $fail failed"

@@ -30,7 +30,7 @@
 #   whose tokens are kept too), DFM_PYTHON (a Python with numpy; default the cache's venv, then python3),
 #   DFM (default build/dfm, made with 'make build/dfm' if missing).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 SRC=${DFM_MODEL:-/var/cache/dfm/models/all-MiniLM-L6-v2}
 C=$ROOT/.gpu-carry/encoder

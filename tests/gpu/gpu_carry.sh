@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/gpu_carry.sh — fill .gpu-carry/ with what a bare GPU machine (no network, no apt registry; an image
-# with gcc, nvcc and Python, probably Ubuntu 24.04) lacks to build and run dfm: the Debian 12 .deb files of
-# the libraries and tools the Makefile needs, their runtime library dependencies, and the FAISS C API
-# build from $DFM_CACHE. Run it HERE (Debian 12, as root, network), before a GPU session:
+# with a C compiler, the CUDA toolkit and Python, probably Ubuntu 24.04) lacks to build and run dfm: the
+# Debian 12 .deb files of the libraries and tools the Makefile needs, their runtime library dependencies,
+# and the FAISS C API build from $DFM_CACHE. Run it HERE (Debian 12, as root, network), before a GPU session:
 #
 #   bash tests/gpu/gpu_carry.sh            # prints the carry entry to use: .gpu-carry
 #
@@ -13,14 +13,14 @@
 # What is carried: every package of UNITS below plus the closure of its Depends/Pre-Depends, minus
 #   - packages every image with gcc has (BASE: libc6, libgcc-s1, libstdc++6, zlib1g, ...);
 #   - -dev packages other than the ones named in UNITS (libopenmpi-dev's libhwloc-dev, libevent-dev, ...:
-#     mpicc links only -lmpi);
+#     the MPI compiler wrapper links only -lmpi);
 #   - EXCLUDE: dlopen()ed plugins and tools a one-node run does not need (hwloc's plugins would pull in
 #     X11, libxml2 and ICU; ibverbs-providers are RDMA drivers; openssh-client).
 # .gpu-carry/manifest.tsv tells tests/gpu/gpu_env.sh, per unit, how to tell whether the machine already has
 # it (then the system's is used and nothing is unpacked), which .debs to unpack otherwise, the sonames
 # each .deb ships and the update-alternatives links its postinst would have made.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 C=$ROOT/.gpu-carry
 DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}
 FAISS_VERSION=1.7.3
@@ -35,7 +35,7 @@ for t in apt-get apt-cache dpkg-deb readelf python3 tar; do command -v $t >/dev/
 
 # unit <TAB> probe <TAB> packages. A probe says how gpu_env.sh recognises the unit on the GPU machine:
 #   pc:NAME    pkg-config --exists NAME (the Makefile asks pkg-config for all its libraries at once)
-#   bin:NAME   NAME on PATH        mpi: mpicc and mpirun on PATH      faiss: the Makefile's FAISS paths exist
+#   bin:NAME   NAME on PATH        mpi: the MPI wrapper and mpirun on PATH   faiss: the Makefile's FAISS paths exist
 # The unit 'mpi' is all or nothing: a relocated OpenMPI (and its PMIx, configured with absolute folders)
 # must not mix with pieces of a system one.
 UNITS=$(cat <<'EOF'

@@ -28,7 +28,7 @@
 # Every encoder run is limited to STEP_TIMEOUT seconds (default 180). The whole check takes about 2-3 minutes
 # on an H200 with 16 cores, most of it the two builds.
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
 OUT=${OUT:-$ROOT/build-cuda/gpu-check}
 mkdir -p "$OUT"

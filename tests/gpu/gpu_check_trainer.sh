@@ -5,17 +5,18 @@
 #   OUT=/some/dir bash tests/gpu/gpu_check_trainer.sh          # build, parity, end to end, benchmark
 #   NO_BENCH=1 ...                                           # skip the benchmark (bench/bench_train_gpu.sh)
 #   BUILD_ONLY=1 ...                                         # build the CUDA tree and the checkers only
-#   SKIP_MAKE=1 ...                                          # checkers only, their CPU objects compiled here
-#                                                            # (what tests/py/test_train_cuda_check.py runs)
+#   SKIP_MAKE=1 ...                                          # checkers only (make cuda-checks, not all;
+#                                                            # what tests/py/test_train_cuda_check.py runs)
+#   BUILD_DIR=DIR ...                                        # the build folder (default build-cuda)
 # On a machine without the project's libraries, first `source tests/gpu/gpu_env.sh` (tests/gpu/gpu_carry.sh
 # prepares what it unpacks).
 #
-# 1. make CUDA=1 BUILD=build-cuda all (if it fails the checkers are still built and run: they need only
-#    nvcc, cuBLAS, OpenBLAS and OpenMP);
-# 2. three checkers, each against the CPU code (rel = max|gpu-cpu| / max|cpu| per tensor):
-#    - ops_cuda_check:   every kernel of ops_cuda.h vs ops.c (fp32 1e-5, bf16 2e-2), determinism;
-#    - attention_check:  flash attention vs attention_forward/backward (fp32 1e-5), determinism;
-#    - model_cuda_check: whole training steps (loss terms, every gradient tensor, eval modes, AdamW,
+# 1. make CUDA=1 BUILD=build-cuda all, then make CUDA=1 BUILD=build-cuda cuda-checks (if `all` fails the
+#    checkers are still built and run: they need only nvcc, cuBLAS, OpenBLAS and OpenMP);
+# 2. three checkers (tests/cuda/), each against the CPU code (rel = max|gpu-cpu| / max|cpu| per tensor):
+#    - ops_cuda_check:       every kernel of ops_cuda.h vs ops.c (fp32 1e-5, bf16 2e-2), determinism;
+#    - attention_cuda_check: flash attention vs attention_forward/backward (fp32 1e-5), determinism;
+#    - model_cuda_check:     whole training steps (loss terms, every gradient tensor, eval modes, AdamW,
 #      bit-identical repeats) for 9 model variants, fp32 (1e-4) and bf16 frozen backbone (5e-2, cos 0.999);
 # 3. end to end (needs step 1): dfm-train on synthetic data, CPU vs GPU fp32 (losses of 5 pretraining
 #    steps within 1e-4, with each attention), two GPU runs bit-identical (checkpoints), DFM training in bf16
@@ -24,9 +25,10 @@
 # Writes $OUT/gpu_check_trainer_YYYY-MM-DD.txt (everything) plus the benchmark's files. Exit 0 all
 # passed, 1 a bound failed, 2 build or CUDA error (or no GPU).
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-OUT=${OUT:-$ROOT/build-cuda/gpu-check}
+BUILD_DIR=${BUILD_DIR:-build-cuda}
+OUT=${OUT:-$ROOT/$BUILD_DIR/gpu-check}
 JOBS=${JOBS:-$(nproc)}
 mkdir -p "$OUT"
 LOG=$OUT/gpu_check_trainer_$(date -u +%F).txt
@@ -42,40 +44,19 @@ command -v nvcc >/dev/null || { say "FAIL: nvcc not on PATH (install the CUDA to
 say "nvcc: $(nvcc --version | tail -1)"
 { command -v nvidia-smi >/dev/null && nvidia-smi -L; } 2>&1 | tee -a "$LOG" || say "nvidia-smi: none here"
 
-BIN=${CHECK_DIR:-$ROOT/build-cuda/checks}
-mkdir -p "$BIN"
-BLAS=$(pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+# the CPU objects the checkers link with need no MPI: without mpicc, plain cc compiles them
+MK=(make -j"$JOBS" --no-print-directory CUDA=1 BUILD="$BUILD_DIR")
+command -v mpicc >/dev/null || MK+=(CC=cc)
 made=0
 if [ "${SKIP_MAKE:-0}" != 1 ]; then
-  say "-- build: make CUDA=1 BUILD=build-cuda all"
-  if make -j"$JOBS" CUDA=1 BUILD=build-cuda all >> "$BLOG" 2>&1; then made=1
+  say "-- build: make CUDA=1 BUILD=$BUILD_DIR all"
+  if "${MK[@]}" all >> "$BLOG" 2>&1; then made=1
   else say "FAIL: make CUDA=1 (see build.log); building the checkers alone"; tail -15 "$BLOG" | tee -a "$LOG"; worse 2; fi
 fi
-if [ $made = 1 ]; then OBJ=build-cuda/obj
-else  # only what the checkers need: the CPU twins and error.c, compiled into a temp folder
-  OBJ=$(mktemp -d /tmp/dfm-gpu-train-XXXXXX); trap 'rm -rf "$OBJ"' EXIT
-  mkdir -p "$OBJ/trainer" "$OBJ/pipeline/common"
-  for f in trainer/ops.c trainer/adamw.c trainer/model.c trainer/stack.c common/error.c; do
-    ${CC:-cc} -std=c11 -O2 -fopenmp -D_GNU_SOURCE -I. -Ipipeline $(pkg-config --cflags openblas 2>/dev/null) \
-      -c "$f" -o "$OBJ/${f%.c}.o" >> "$BLOG" 2>&1 ||
-      { say "FAIL: compiling $f (see build.log; needs OpenBLAS headers and OpenMP)"; tail -20 "$BLOG" | tee -a "$LOG"; exit 2; }
-  done
-fi
-NV=(nvcc -O2 -std=c++17 -gencode "arch=compute_${CUDA_ARCH:-90},code=sm_${CUDA_ARCH:-90}" -DDFM_HAVE_CUDA=1 -I. -Ipipeline)
-LINK=(-lcublas -lcublasLt $BLAS -lgomp)
-build_checker() {  # name macro sources...
-  local name=$1 macro=$2; shift 2
-  say "-- build $name"
-  "${NV[@]}" -D"$macro" "$@" -o "$BIN/$name" "${LINK[@]}" >> "$BLOG" 2>&1 ||
-    { say "FAIL: building $name (see build.log)"; tail -30 "$BLOG" | tee -a "$LOG"; worse 2; return 1; }
-}
-CPU_OPS=("$OBJ/trainer/ops.o" "$OBJ/trainer/adamw.o" "$OBJ/common/error.o")
-build_checker ops_cuda_check DFM_OPS_CUDA_CHECK_MAIN tests/cuda/ops_cuda_check.cu trainer/ops_cuda.cu "${CPU_OPS[@]}"
-build_checker attention_check DFM_ATTN_CUDA_CHECK_MAIN tests/cuda/attention_cuda_check.cu trainer/attention_cuda.cu \
-  "${CPU_OPS[@]}"
-build_checker model_cuda_check DFM_MODEL_CUDA_CHECK_MAIN tests/cuda/model_cuda_check.cu trainer/model_cuda.cu \
-  trainer/stack_cuda.cu trainer/attention_cuda.cu trainer/ops_cuda.cu "$OBJ/trainer/model.o" "$OBJ/trainer/stack.o" \
-  "${CPU_OPS[@]}"
+say "-- build the checkers: make CUDA=1 BUILD=$BUILD_DIR cuda-checks"
+"${MK[@]}" cuda-checks >> "$BLOG" 2>&1 ||
+  { say "FAIL: building the checkers (see build.log)"; tail -30 "$BLOG" | tee -a "$LOG"; worse 2; }
+BIN=$BUILD_DIR/checks
 [ "${BUILD_ONLY:-0}" = 1 ] && { say "built the checkers in $BIN (BUILD_ONLY=1: not run)"; exit $status; }
 
 run_checker() {
@@ -87,13 +68,13 @@ run_checker() {
   worse "$rc"
 }
 run_checker ops_cuda_check
-run_checker attention_check
+run_checker attention_cuda_check
 run_checker model_cuda_check
 
 if [ $made = 1 ] && nvidia-smi -L >/dev/null 2>&1; then
   say "-- end to end: dfm-train on synthetic data, CPU vs GPU"
   W=$(mktemp -d /tmp/dfm-gpu-e2e-XXXXXX)
-  CPU_TRAIN=build-cuda/dfm-train
+  CPU_TRAIN=$BUILD_DIR/dfm-train
   $CPU_TRAIN synth --out "$W/s" --vocab 512 --seqs 200 --seq-len 128 --chunk-len 16 >> "$BLOG" 2>&1
   common=(--data "$W/s/tokens.bin" --layers 2 --hidden 128 --heads 4 --kv-heads 2 --seq-len 128 --batch 4 --steps 5
           --warmup 1 --eval-batches 1 --val-seqs 8 --seed 3 --threads 4)
@@ -132,7 +113,7 @@ fi
 
 if [ $made = 1 ] && [ "${NO_BENCH:-0}" != 1 ] && nvidia-smi -L >/dev/null 2>&1 && [ -f bench/bench_train_gpu.sh ]; then
   say "-- benchmark: bench/bench_train_gpu.sh"
-  DFM_TRAIN=build-cuda/dfm-train OUT=$OUT timeout "${BENCH_TIMEOUT:-420}" bash bench/bench_train_gpu.sh 2>&1 | tee -a "$LOG"
+  DFM_TRAIN=$BUILD_DIR/dfm-train OUT=$OUT timeout "${BENCH_TIMEOUT:-420}" bash bench/bench_train_gpu.sh 2>&1 | tee -a "$LOG"
   say "benchmark: exit ${PIPESTATUS[0]}"
 fi
 say "exit status $status; results in $LOG"

@@ -22,7 +22,7 @@ _dfm_gpu_env() {
   local root carry P m stamp sum kind name probe deb soname path link target f d n rc=0 python
   local -a fields
   local -A unpack=() sys=() done_deb=() used=()
-  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
   carry=${DFM_CARRY_DIR:-$root/.gpu-carry}
   P=${DFM_CARRY_PREFIX:-/tmp/dfm-carry}
   m=$carry/manifest.tsv

@@ -15,7 +15,7 @@
 # the stages' result files plus session.log and logs.tgz (build logs, per-run logs).
 # Exit status: the worst of the stages' (0 pass, 1 a bound failed, 2 build/CUDA error or skipped).
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 OUT=${OUT:?set OUT to the folder that comes back}
 DEADLINE_S=${DEADLINE_S:-560}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make CUDA=1 compiles and links every CUDA path with nvcc on a machine without a GPU (so CUDA code
-# never rots), and the CUDA build refuses --device cuda clearly when no GPU is present.
+# make CUDA=1 compiles and links every CUDA path with the CUDA compiler on a machine without a GPU (so
+# CUDA code never rots), and the CUDA build refuses --device cuda clearly when no GPU is present.
 source "$(dirname "$0")/lib.sh"
 command -v nvcc >/dev/null || fail "nvcc not found: the CUDA toolkit is required to check the CUDA build"
 make -C "$DFM_ROOT" --no-print-directory CUDA=1 BUILD="$WORK/build-cuda" -j2 all > "$WORK/make.log" 2>&1 ||

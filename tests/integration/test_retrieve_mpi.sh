@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_retrieve_mpi.sh — `dfm index` + `dfm retrieve` under mpirun on 1..4 ranks against an independent
 # NumPy brute force (tests/ref/retrieval_reference.py), on a synthetic run made in the real file formats
-# (tests/integration/test_retrieve_mkrun.c: 3000 chunks, dim 32, duplicates for ties, documents that
+# (tests/tools/retrieve_mkrun.c: 3000 chunks, dim 32, duplicates for ties, documents that
 # span chunks, all-padding chunks, an uneven last block).
 #   1. Flat, every exclusion policy, np = 1, 2, 3, 4: rows equal the reference exactly (ids, mask;
 #      scores within 1e-5) and the neighbour files are byte-identical across rank counts.
@@ -13,7 +13,6 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DFM=${DFM:-$ROOT/build/dfm}
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
-CACHE=${DFM_CACHE:-/var/cache/dfm}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none
 T=$(mktemp -d /tmp/dfm-test-retrieve-XXXXXX)
@@ -21,12 +20,9 @@ T=$(mktemp -d /tmp/dfm-test-retrieve-XXXXXX)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 mpi() { local np=$1; shift; mpirun -np "$np" --oversubscribe "$@"; }
 
-# the generator links against the library the test is about
-PK="jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas"
-mpicc -std=c11 -O2 -D_GNU_SOURCE -fopenmp -I"$ROOT" -I"$ROOT/pipeline" $(pkg-config --cflags $PK) \
-  "$ROOT/tests/integration/test_retrieve_mkrun.c" -o "$T/mkrun" "$ROOT/build/libdfm.a" \
-  "$CACHE/faiss_c-1.7.3/lib/libfaiss_c.a" /usr/lib/x86_64-linux-gnu/libfaiss.a $(pkg-config --libs $PK) -lgomp -lstdc++ -lm
-"$T/mkrun" "$T/base" 3000 32 16 700 7
+# the generator links against the library the test is about (make tools; a no-op after make test)
+make -s --no-print-directory -C "$ROOT" build/tools/retrieve_mkrun
+"$ROOT/build/tools/retrieve_mkrun" "$T/base" 3000 32 16 700 7
 
 fresh() { rm -rf "$1"; mkdir -p "$1"; cp -r "$T/base/chunk" "$T/base/encode" "$T/base/manifest.json" "$1/"; }
 

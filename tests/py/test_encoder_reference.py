@@ -20,7 +20,7 @@ import tempfile
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 import encoder_reference as R  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build/dfm"))

@@ -30,7 +30,7 @@ def run_dfm(args, **kw):
 
 
 fails = 0
-r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tokenizer_golden.py"), "--check",
+r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", "make_tokenizer_golden.py"), "--check",
                     "--cache", CACHE, "--out", os.path.join(ROOT, "tests", "data", "tokenizer")],
                    capture_output=True, text=True)
 print(r.stdout + r.stderr, end="")

@@ -1,13 +1,13 @@
-"""The trainer's CUDA kernels keep the CPU names, and their GPU checker builds (issue 8).
+"""The trainer's CUDA kernels keep the CPU names, and their GPU checkers build.
 
 Runs without a GPU:
 1. every function declared in trainer/ops_cuda.h is `<cpu name>_cuda` of a function declared in
    trainer/ops.h or trainer/adamw.h (or `<cpu name>_w16_cuda`, the same product with a frozen bf16
    weight, or the bf16 conversion to_bf16_cuda) and every CPU kernel has such a twin (llm.c style: one
    name, two backends), and tests/cuda/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
-2. tests/gpu/gpu_check_trainer.sh (SKIP_MAKE=1: only the checkers) compiles and links its three checkers
-   (kernels, flash attention, whole model) with nvcc and runs them: without a GPU each must stop with
-   exit 2 and "no CUDA device"; with one they must pass.
+2. tests/gpu/gpu_check_trainer.sh (SKIP_MAKE=1: only `make CUDA=1 cuda-checks`, into a scratch build folder)
+   builds the three checkers of tests/cuda/ (kernels, flash attention, whole model) with the CUDA compiler and runs
+   them: without a GPU each must stop with exit 2 and "no CUDA device"; with one they must pass.
 """
 import os
 import re
@@ -49,13 +49,13 @@ nvcc = subprocess.run(["bash", "-c", "command -v nvcc"], capture_output=True, te
 check(bool(nvcc), "nvcc found (the CUDA toolkit is required to build the CUDA paths)")
 if nvcc:
     with tempfile.TemporaryDirectory(prefix="dfm-cuda-check-") as tmp:
-        env = dict(os.environ, SKIP_MAKE="1", OUT=tmp, CHECK_DIR=tmp)
+        env = dict(os.environ, SKIP_MAKE="1", OUT=tmp, BUILD_DIR=os.path.join(tmp, "build"))
         r = subprocess.run(["bash", os.path.join(ROOT, "tests/gpu/gpu_check_trainer.sh")], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=900)
         out = r.stdout + r.stderr
         print(out[-3000:])
-        for exe in ("ops_cuda_check", "attention_check", "model_cuda_check"):
-            check(os.path.exists(os.path.join(tmp, exe)), f"the checker {exe} compiled and linked")
+        for exe in ("ops_cuda_check", "attention_cuda_check", "model_cuda_check"):
+            check(os.path.exists(os.path.join(tmp, "build", "checks", exe)), f"the checker {exe} compiled and linked")
         results = [f for f in os.listdir(tmp) if re.fullmatch(r"gpu_check_trainer_\d{4}-\d\d-\d\d\.txt", f)]
         check(len(results) == 1, "the results file carries the date")
         gpu = subprocess.run(["bash", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0

@@ -27,7 +27,7 @@ def run(*args):
 
 
 def flops_py(args):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "train_flops.py")] + [str(a) for a in args],
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", "train_flops.py")] + [str(a) for a in args],
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout)["flops_per_token"]
 
@@ -54,7 +54,7 @@ def main():
             out = os.path.join(w, name.replace(" ", "_"))
             got = run("pretrain", "--data", os.path.join(data, "tokens.bin"), "--out", out, *shape, *common)
             ref = flops_py(["--mode", "pretrain", "--vocab", 320, *shape, "--seq-len", 64])
-            check(abs(got - ref) <= 1e-6 * ref, f"pretrain {name}: dfm-train {got:.6g} vs bench {ref:.6g} FLOP/token")
+            check(abs(got - ref) <= 1e-6 * ref, f"pretrain {name}: dfm-train {got:.6g} vs tests/ref {ref:.6g} FLOP/token")
         backbone = os.path.join(w, "qwen3_tied", "model")
         for gate, fl in (("head", "1,3"), ("channel", "0,2,3")):
             extra = ["--chunk-len", 16, "--fusion-layers", fl, "--gate", gate, "--pred-hidden", 32, "--proj-hidden", 40]
@@ -62,7 +62,7 @@ def main():
                       os.path.join(data, "targets.bin"), "--out", os.path.join(w, "dfm_" + gate), *extra, *common)
             ref = flops_py(["--mode", "dfm", "--vocab", 320, *shapes["qwen3 tied"], "--seq-len", 64, "--slots", 4,
                             "--d-mem", 24, *extra])
-            check(abs(got - ref) <= 1e-6 * ref, f"dfm {gate} gates, fusion {fl}: dfm-train {got:.6g} vs bench {ref:.6g}")
+            check(abs(got - ref) <= 1e-6 * ref, f"dfm {gate} gates, fusion {fl}: dfm-train {got:.6g} vs tests/ref {ref:.6g}")
     print(f"{len(FAILS)} failure(s)")
     return 1 if FAILS else 0
 

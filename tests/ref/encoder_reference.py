@@ -26,7 +26,7 @@ CACHE = os.environ.get("DFM_CACHE", "/var/cache/dfm")
 MODEL = os.environ.get("DFM_MODEL", f"{CACHE}/models/all-MiniLM-L6-v2")
 LM_TOKENIZER = os.environ.get("DFM_TOKENIZER", f"{CACHE}/tokenizers/qwen2.5/tokenizer.json")
 CORPUS = os.environ.get("DFM_CORPUS", f"{CACHE}/corpus/gcide.jsonl")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---- safetensors, read independently ----------------------------------------------------------------

@@ -229,8 +229,8 @@ def build_spm_tokenizers(cache, out_dir, rebuild):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", default=os.environ.get("DFM_CACHE", "/var/cache/dfm"))
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
-                                                   "data", "tokenizer"))
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                                                   "tokenizer"))
     ap.add_argument("--check", action="store_true", help="compare with the committed files instead of writing")
     ap.add_argument("--rebuild-spm", action="store_true", help="construct the SentencePiece-style tokenizers again")
     args = ap.parse_args()

@@ -1,13 +1,13 @@
-/* test_retrieve_mkrun — make a synthetic run directory (chunk + encode stages) for the retrieval tests
+/* retrieve_mkrun — make a synthetic run directory (chunk + encode stages) for the retrieval tests
  * and benchmarks, in the real file formats, without a tokenizer or an encoder.
  *
- *   test_retrieve_mkrun RUN N DIM CHUNKS_PER_SEQ BLOCK SEED [fp32|fp16|bf16] [CLUSTERS] [CHUNK_SHARDS]
+ *   retrieve_mkrun RUN N DIM CHUNKS_PER_SEQ BLOCK SEED [fp32|fp16|bf16] [CLUSTERS] [CHUNK_SHARDS]
  *
  * Chunks: documents of 1..6 chunks, half of the document boundaries inside a chunk (doc_last =
  * doc_first + 1), ~2% all-padding chunks (n_valid 0), sequences of CHUNKS_PER_SEQ chunks.
  * Embeddings: unit vectors around CLUSTERS random centres (default 32), ~3% exact duplicates of an
- * earlier chunk's vector (score ties). Compiled and run by tests/integration/test_retrieve_*.sh and
- * bench/bench_retrieve.sh against build/libdfm.a. */
+ * earlier chunk's vector (score ties). Built by `make tools` (build/tools/retrieve_mkrun); run by
+ * tests/integration/test_retrieve_mpi.sh and bench/bench_retrieve.sh. */
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/manifest.h"
@@ -30,7 +30,7 @@ static double nrand(void) {
 }
 
 static int fail(void) {
-    fprintf(stderr, "test_retrieve_mkrun: %s\n", dfm_last_error());
+    fprintf(stderr, "retrieve_mkrun: %s\n", dfm_last_error());
     return 1;
 }
 
@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     int left = 1 + (int)(urand() * 6);
     for (uint64_t i = 0; i < n; i++) {
         meta[i].doc_first = doc;
-        meta[i].n_valid = urand() < 0.02 ? 0 : (urand() < 0.1 ? 1 + (uint16_t)(urand() * (L - 1)) : L);
+        meta[i].n_valid = urand() < 0.02 ? 0 : (urand() < 0.1 ? 1u + (uint32_t)(urand() * (L - 1)) : L);
         meta[i].flags = (uint16_t)((i % cps == 0 ? DFM_CHUNK_SEQ_START : 0) | (i == 0 ? DFM_CHUNK_DOC_START : 0));
         if (--left == 0) {
             int inside = urand() < 0.5 && i + 1 < n;
@@ -132,7 +132,7 @@ int main(int argc, char **argv) {
     if (dfm_manifest_load(run, 1, &man)) return fail();
     dfm_manifest_set_stage(man, "chunk",
                            json_pack("{s:s, s:i, s:{s:s}, s:{s:I, s:I}, s:o}", "state", "complete", "ranks", 1, "config", "synthetic",
-                                     "test_retrieve_mkrun", "counts", "chunks", (json_int_t)n, "documents", (json_int_t)n_docs, "outputs", couts));
+                                     "retrieve_mkrun", "counts", "chunks", (json_int_t)n, "documents", (json_int_t)n_docs, "outputs", couts));
     dfm_manifest_set_stage(man, "encode",
                            json_pack("{s:s, s:i, s:I, s:i, s:s, s:o}", "state", "complete", "ranks", 1, "block_chunks", (json_int_t)block, "dim",
                                      (int)dim, "dtype", dfm_emb_dtype_name((uint32_t)dtype), "outputs", eouts));
