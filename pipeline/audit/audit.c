@@ -72,21 +72,11 @@ void dfm_audit_key(uint64_t seed, uint32_t dim, float *out) {
     for (uint32_t j = 0; j < dim; j++) out[j] *= inv;
 }
 
-int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, uint64_t n_keys, const uint64_t *qidx,
-                           uint64_t n_queries, dfm_audit_side *side) {
-    memset(side, 0, sizeof *side);
-    if (!n_keys) return DFM_FAIL(DFM_EARG, "audit: the sample holds no keys. HINT: raise --token-level-sample");
-    if (!o->dim) return DFM_FAIL(DFM_EARG, "audit: key width 0. HINT: --token-key-dim must be positive");
-    if (!o->k) return DFM_FAIL(DFM_EARG, "audit: k 0");
-    side->dim = o->dim;
-    side->k = o->k;
-    side->keys = n_keys;
-    side->queries = n_queries;
-
-    /* the run's family when the sample can train it; otherwise what `dfm index` would choose for this size */
-    dfm_index_plan plan;
+/* The index of one side: the run's family when the sample can train it (IVF with fewer lists if need
+ * be), otherwise what `dfm index` would choose for this size; the reason into side->why. */
+static int side_plan(const dfm_audit_side_opts *o, uint64_t n_keys, dfm_index_plan *plan, dfm_audit_side *side) {
     const char *want = o->index && o->index[0] ? o->index : "auto";
-    int rc = dfm_index_plan_make(want, n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+    int rc = dfm_index_plan_make(want, n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
     if (rc && strcmp(want, "auto")) {
         char first[400];
         snprintf(first, sizeof first, "%s", dfm_last_error());
@@ -101,22 +91,38 @@ int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, 
             uint64_t nl = n_keys / 39, cap = (uint64_t)llround(4.0 * sqrt((double)n_keys));
             if (nl > cap) nl = cap;
             snprintf(scaled, sizeof scaled, "%.*s%llu%s", (int)(ivf + 3 - want), want, (unsigned long long)(nl ? nl : 1), end);
-            rc = dfm_index_plan_make(scaled, n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+            rc = dfm_index_plan_make(scaled, n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
             if (rc) dfm_error_clear();
         }
         if (!rc) {
             snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with keys/39 lists: %s",
-                     want, (unsigned long long)n_keys, first, plan.factory);
+                     want, (unsigned long long)n_keys, first, plan->factory);
         } else {
-            rc = dfm_index_plan_make("auto", n_keys, o->dim, 1, 0, o->metric, n_keys, &plan);
+            rc = dfm_index_plan_make("auto", n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
             if (!rc)
                 snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); used %s: %.200s",
-                         want, (unsigned long long)n_keys, first, plan.factory, plan.why);
+                         want, (unsigned long long)n_keys, first, plan->factory, plan->why);
         }
     } else if (!rc) {
-        if (strcmp(want, "auto")) snprintf(side->why, sizeof side->why, "the run's factory %s", plan.factory);
-        else snprintf(side->why, sizeof side->why, "chosen for %llu keys as dfm index would: %.450s", (unsigned long long)n_keys, plan.why);
+        if (strcmp(want, "auto")) snprintf(side->why, sizeof side->why, "the run's factory %s", plan->factory);
+        else snprintf(side->why, sizeof side->why, "chosen for %llu keys as dfm index would: %.450s", (unsigned long long)n_keys, plan->why);
     }
+    return rc;
+}
+
+int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, uint64_t n_keys, const uint64_t *qidx,
+                           uint64_t n_queries, dfm_audit_side *side) {
+    memset(side, 0, sizeof *side);
+    if (!n_keys) return DFM_FAIL(DFM_EARG, "audit: the sample holds no keys. HINT: raise --token-level-sample");
+    if (!o->dim) return DFM_FAIL(DFM_EARG, "audit: key width 0. HINT: --token-key-dim must be positive");
+    if (!o->k) return DFM_FAIL(DFM_EARG, "audit: k 0");
+    side->dim = o->dim;
+    side->k = o->k;
+    side->keys = n_keys;
+    side->queries = n_queries;
+
+    dfm_index_plan plan;
+    int rc = side_plan(o, n_keys, &plan, side);
     if (rc) return rc;
     snprintf(side->factory, sizeof side->factory, "%s", plan.factory);
 
