@@ -3,7 +3,7 @@
 # the same queries; np=1 vs np=2 scaling; recall vs time for a few index choices.
 #
 #   bash bench/bench_retrieve.sh             N=200000 vectors of dim 384 (synthetic, N/20 clusters)
-#   N=1000000 NLIST=1024 TABLE=0 bash bench/bench_retrieve.sh   the size, overhead + scaling only
+#   N=1000000 NLIST=1024 TABLE=0 bash bench/bench_retrieve.sh   BENCHMARKS.md's size, overhead + scaling only
 #   N=50000 NLIST=256 MAIN=0 bash bench/bench_retrieve.sh       the recall/time table only
 #
 # Env: N, DIM (384), K (16), MARGIN (16), NLIST (512), PQ (32), NPROBE (16), TABLE=0 skips the recall/time

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu/gpu_check_trainer.sh — the CUDA trainer on a real GPU, against the CPU reference (issue 8).
+# tests/gpu/gpu_check_trainer.sh — the CUDA trainer on a real GPU, against the CPU reference.
 # The one command for a GPU machine (prepared without a GPU; see trainer/README.md, "CUDA path"):
 #
 #   OUT=/some/dir bash tests/gpu/gpu_check_trainer.sh          # build, parity, end to end, benchmark
