@@ -6,9 +6,10 @@
 #   bash bench/bench_train_demo.sh [OUT_DIR]      # default: a temporary folder, removed at the end
 #   DATA=RUN TARGETS=RUN bash bench/bench_train_demo.sh   # a `dfm chunk` run and its targets instead
 #
-# Synthetic data (dfm-train synth): each 16-token chunk has a hidden topic that usually advances along a
-# cycle; a chunk's target memory encodes its topic, so fusing the targets lowers CE and a predictor can
-# learn the topic from the previous chunk. Knobs: PRE_STEPS, DFM_STEPS, THREADS.
+# Synthetic data (dfm-train synth --mode keyed, trainer/synth.h): each 16-token chunk has a hidden key that
+# decides its tokens and usually follows a chain; a chunk's target memory encodes its key, so a predictor
+# can learn it from the previous chunk. The full measurement, with ideals and a random-key control, is
+# bench/bench_memory.sh. Knobs: PRE_STEPS, DFM_STEPS, THREADS.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DFM_TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
@@ -16,8 +17,7 @@ THREADS=${THREADS:-2} PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-300}
 T=${T:-128} L=${L:-16}
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-demo-train-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
 if [ -z "${DATA:-}" ]; then
-  "$DFM_TRAIN" synth --out "$W/data" --vocab 512 --keys 16 --seq-len "$T" --chunk-len "$L" --seqs 800 \
-    --slots 4 --d-mem 32
+  "$DFM_TRAIN" synth --out "$W/data" --mode keyed --seq-len "$T" --chunk-len "$L" --seqs 2000
   DATA=$W/data/tokens.bin TARGETS=$W/data/targets.bin
 fi
 "$DFM_TRAIN" pretrain --data "$DATA" --out "$W/pre" --seq-len "$T" --batch 8 --steps "$PRE_STEPS" --lr 3e-3 \

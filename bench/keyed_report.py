@@ -18,7 +18,6 @@ MODE_NAMES = {
     "ce_none": "fusion off",
     "ce_pred": "predicted memory",
     "ce_target": "target memory through this model",
-    "ce_retrieval": "retrieval at inference (trained with targets)",
 }
 
 
@@ -56,15 +55,16 @@ def memory(runs, out, command, seconds):
     lines.append("Held-out CE (nats per token); Δ = mode − fusion off (negative: memory helps).")
     lines.append("")
     cols = [mode_name(m) for m in modes] + ["Δ " + mode_name(m) for m in modes if m != "ce_none"]
-    lines.append("| corpus | DFM flags | " + " | ".join(cols) + " | cosine | MSE | DFM s |")
-    lines.append("|---|---|" + "---:|" * (len(cols) + 3))
+    lines.append("| corpus | DFM flags | " + " | ".join(cols) + " | cosine | MSE | trained with target | DFM s |")
+    lines.append("|---|---|" + "---:|" * (len(cols) + 4))
     for r in runs:
         ev = r["eval"]
         base = ev.get("ce_none")
         cells = [fmt(ev.get(m)) for m in modes]
         cells += ["%+.4f" % (ev[m] - base) if m in ev and base is not None else "n/a" for m in modes if m != "ce_none"]
-        lines.append("| %s | %s | %s | %s | %s | %s |" % (r["corpus"], r["flags"], " | ".join(cells),
-                                                         fmt(ev.get("cos")), fmt(ev.get("mse")), r["eval"].get("seconds", "")))
+        twt = {True: "yes (target memory = retrieval at inference)", False: "no"}.get(ev.get("trained_with_target"), "n/a")
+        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (r["corpus"], r["flags"], " | ".join(cells), fmt(ev.get("cos")),
+                                                              fmt(ev.get("mse")), twt, ev.get("seconds", "")))
     lines += ["", "Ideal cross-entropies of each corpus on the same held-out tokens (bench/keyed_ideal.py):", "",
               "| corpus | key known (best target memory) | Bayes from context (best predicted memory, best backbone) "
               "| Bayes from the chunk's own tokens | key worth (in-chunk − key known) |", "|---|---:|---:|---:|---:|"]
@@ -75,7 +75,7 @@ def memory(runs, out, command, seconds):
     for r in runs:
         pp = per_position(r["eval"])
         L = r["ideal"]["chunk_len"]
-        rows = [(mode_name(k.replace("_pos", "").replace("_per_position", "")), v) for k, v in pp.items()]
+        rows = [(mode_name(k.replace("_pos", "")), v) for k, v in pp.items()]
         rows += [("ideal: " + k.replace("_per_position", "").replace("_", " "), r["ideal"][k])
                  for k in ("key_known_per_position", "from_context_per_position", "in_chunk_per_position")]
         if not pp:
