@@ -190,6 +190,8 @@ $(EMU_STUBS):
 	@mkdir -p $(dir $@)
 	echo '#pragma once' > $@
 
+# kept, to read what the compiler saw (its messages point at the .cu lines through #line)
+.PRECIOUS: $(EMU)/src/%.cpp
 $(EMU)/src/%.cpp: %.cu tests/cuda/host_emu_rewrite.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tests/cuda/host_emu_rewrite.py $< $@
