@@ -2,10 +2,10 @@
 # A corpus (`dfm-train synth --mode keyed|keyed-random`), a backbone pretrained on it, DFM modules
 # trained on that frozen backbone; each DFM run's final held-out evaluation is the last "eval" record of
 # its log.jsonl. Sizes come from the environment (defaults: the full benchmark on 2 CPU cores):
-#   THREADS=2 SEQS=3000 T=128 L=16 PRE_STEPS=600 DFM_STEPS=300 VAL=64
+#   THREADS=2 SEQS=3000 T=128 L=16 PRE_STEPS=600 DFM_STEPS=600 VAL=64
 DFM_TRAIN=${DFM_TRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/dfm-train}
 THREADS=${THREADS:-2} SEQS=${SEQS:-3000} T=${T:-128} L=${L:-16} PRE_STEPS=${PRE_STEPS:-600}
-DFM_STEPS=${DFM_STEPS:-300} VAL=${VAL:-64}
+DFM_STEPS=${DFM_STEPS:-600} VAL=${VAL:-64}
 
 # keyed_data DIR MODE [synth flags...]: the corpus (chunk length $L unless the flags say otherwise)
 keyed_data() {
@@ -24,12 +24,12 @@ keyed_pretrain() {
 }
 
 # keyed_dfm DATA_DIR BACKBONE OUT [train flags...]: DFM modules with the trainer's defaults unless the
-# flags say otherwise; prints the final evaluation as one JSON object, with the wall time in "seconds"
+# flags say otherwise (the benchmark's own choices: lr 5e-3, batch 8, fusion after both layers); prints the final evaluation as one JSON object, with the wall time in "seconds"
 keyed_dfm() {
   local data=$1 backbone=$2 out=$3; shift 3
   local t0; t0=$(date +%s.%N)
   "$DFM_TRAIN" train --backbone "$backbone" --data "$data/tokens.bin" --targets "$data/targets.bin" --out "$out" \
-    --seq-len "$T" --chunk-len "$L" --batch 8 --steps "$DFM_STEPS" --lr 2e-3 --warmup 20 --fusion-layers 0,1 \
+    --seq-len "$T" --chunk-len "$L" --batch 8 --steps "$DFM_STEPS" --lr 5e-3 --warmup 20 --fusion-layers 0,1 \
     --pred-hidden 64 --val-seqs "$VAL" --threads "$THREADS" --no-ckpt "$@" >"$out.log" 2>&1 ||
     { tail -n 5 "$out.log" >&2; return 1; }
   python3 - "$out/log.jsonl" "$t0" <<'PY'
