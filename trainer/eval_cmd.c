@@ -29,7 +29,7 @@ static int eval_held_out(const TrainOpts *o, DfmModel *m, DataSet *ds) {
     if (rc) return rc;
     eval_print(NULL, 0, m, &e, ds->tgt != NULL);
     json_t *j = eval_json(m, &e, ds->tgt != NULL);
-    char *txt = json_dumps(j, JSON_PRESERVE_ORDER);
+    char *txt = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     if (txt) printf("%s\n", txt);
     free(txt);
     json_decref(j);

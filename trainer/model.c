@@ -43,7 +43,7 @@ void dfm_config_defaults(DfmConfig *dc, const BackboneConfig *bc) {
     dc->mse_weight = 1.0f;
     dc->fuse_first_chunk = 0;
     dc->mem_align = MEM_ALIGN_NEXT;
-    dc->fusion_memory = FUSION_MEM_PREDICTED;
+    dc->fusion_memory = FUSION_MEM_MIXED; /* the measurement behind it: trainer/README.md, "Teacher forcing" */
     dc->tf_prob = 0.5f;
     dc->tf_decay = 0;
     dc->pred_loss = PRED_LOSS_MSE;

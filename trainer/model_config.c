@@ -165,8 +165,12 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
     dc->mem_align = al && !strcmp(al, "next") ? MEM_ALIGN_NEXT : MEM_ALIGN_SAME;
     /* optional, likewise: trained on predicted memory, loss averaged over the K*d elements */
     const char *fm = json_string_value(json_object_get(j, "fusion_memory"));
-    dc->fusion_memory = FUSION_MEM_PREDICTED;
-    if (fm) DFM_TRY(dfm_parse_fusion_memory(fm, dc));
+    dc->fusion_memory = !fm || !strcmp(fm, "predicted") ? FUSION_MEM_PREDICTED
+                        : !strcmp(fm, "target")           ? FUSION_MEM_TARGET
+                        : !strcmp(fm, "mixed")            ? FUSION_MEM_MIXED
+                                                          : -1;
+    if (dc->fusion_memory < 0)
+        return DFM_FAIL(DFM_EFORMAT, "DFM config: fusion_memory \"%s\" is not predicted, target or mixed", fm);
     json_t *tp = json_object_get(j, "teacher_forcing_p");
     if (json_is_number(tp)) dc->tf_prob = (float)json_number_value(tp);
     dc->tf_decay = json_is_true(json_object_get(j, "teacher_forcing_decay"));

@@ -137,7 +137,7 @@ void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, i
     }
     if (logf) {
         json_t *j = json_pack("{s:I, s:o}", "step", (json_int_t)step, "eval", eval_json(m, e, has_t));
-        char *txt = json_dumps(j, JSON_PRESERVE_ORDER);
+        char *txt = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
         if (txt) fprintf(logf, "%s\n", txt);
         free(txt);
         json_decref(j);
@@ -406,8 +406,14 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     *rank = t.mp.rank;
     t.B = (int)o->batch, t.T = (int)o->seq_len, t.L = m->dc.enabled ? m->dc.chunk_len : t.T;
     t.use_t = m->dc.enabled && ds->tgt;
-    if (m->dc.enabled && m->dc.fusion_memory != FUSION_MEM_PREDICTED && !t.use_t)
-        return DFM_FAIL(DFM_EARG, "--fusion-memory target or mixed trains on the target memory. HINT: --targets");
+    if (m->dc.enabled && m->dc.fusion_memory != FUSION_MEM_PREDICTED && !t.use_t) {
+        if (strcmp(o->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT))
+            return DFM_FAIL(DFM_EARG, "--fusion-memory %s trains on the target memory. HINT: --targets, or "
+                            "--fusion-memory predicted", o->fusion_memory);
+        DFM_LOG_I("no --targets: fusion trains on predicted memory (the default %s needs target memory)",
+                  TRAIN_FUSION_MEMORY_DEFAULT);
+        m->dc.fusion_memory = FUSION_MEM_PREDICTED;
+    }
 
     t.nval = train_held_out(o, ds);
     if (t.nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "

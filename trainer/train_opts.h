@@ -61,7 +61,7 @@ typedef struct {
     {"peak-tflops", DFM_OPT_DOUBLE, &(o)->peak_tflops, "0", "X", "peak FLOP/s for MFU (0 = H100/H200 SXM: 989.4 bf16, 66.9 fp32; CPU: none)", 1}
 
 /* --fusion-memory's default: see "Teacher forcing" in trainer/README.md for the measurement behind it */
-#define TRAIN_FUSION_MEMORY_DEFAULT "predicted"
+#define TRAIN_FUSION_MEMORY_DEFAULT "mixed:0.5"
 
 /* Option-table rows of the DFM modules' shape (train, eval, generate). */
 #define TRAIN_OPTS_DFM(o)                                                                                              \

@@ -6,8 +6,10 @@ PyTorch model (tests/ref/dfm_torch.py, float64, autograd, manual attention) reco
 the dumped parameters and inputs, and this file compares tensor by tensor with per-tensor tolerances.
 It prints the worst error of each kind and exits non-zero on any mismatch.
 
-Variants: dfm-head (Qwen3 with QK-norm, tied head, per-head gates), dfm-channel (Llama, untied,
-per-channel gates), pretrain (backbone trainable: gradients of every backbone weight).
+Variants: dfm-head (Qwen3 with QK-norm, tied head, per-head gates, memory of the next chunk, teacher
+forcing on every third chunk, predictor loss summed over d), dfm-channel (Llama, untied, per-channel
+gates, memory of the token's own chunk, per-element MSE), pretrain (backbone trainable: gradients of
+every backbone weight).
 Run: $DFM_PYTHON tests/py/test_train_torch_parity.py   (DFM_TRAIN = path of dfm-train)
 """
 import json

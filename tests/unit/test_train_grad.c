@@ -507,29 +507,37 @@ static void leak_diff(DfmModel *m, const int *a, const int *b, const float *tabl
     }
 }
 
+/* A tiny DFM model of the LK_* shape: memory alignment align, fusion blocks after layers[0..nf), random
+ * backbone and modules. */
+static DfmModel *lk_model(const BackboneConfig *bc, int align, int nf, const int *layers, float mse_weight) {
+    DfmConfig dc;
+    dfm_config_defaults(&dc, bc);
+    dc.chunk_len = LK_L;
+    dc.n_slots = LK_K;
+    dc.d_mem = LK_D;
+    dc.pred = (StackConfig){.n_layers = 2, .hidden = 8, .n_heads = 2, .n_kv_heads = 2, .head_dim = 4, .ffn = 10,
+                            .eps = 1e-6f, .rope_theta = 10000.0f};
+    dc.proj_hidden = 7;
+    dc.n_fusion = nf;
+    for (int i = 0; i < nf; i++) dc.fusion_layers[i] = layers[i];
+    dc.xattn_heads = 2;
+    dc.init_std = 0.3f;
+    dc.mse_weight = mse_weight;
+    dc.mem_align = align;
+    DfmModel *m = NULL;
+    assert_int_equal(model_create(bc, &dc, 1, LK_T, &m), 0);
+    model_init_backbone_random(m, 5);
+    return m;
+}
+
 static void test_no_leak(void **state) {
     BackboneConfig bc = tiny_backbone(1, 1);
     dfm_rng r;
     rng_seed(&r, 77);
     float *table = randv(&r, (size_t)LK_V * LK_K * LK_D, 0.5f);
     for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
-        DfmConfig dc;
-        dfm_config_defaults(&dc, &bc);
-        dc.chunk_len = LK_L;
-        dc.n_slots = LK_K;
-        dc.d_mem = LK_D;
-        dc.pred = (StackConfig){.n_layers = 2, .hidden = 8, .n_heads = 2, .n_kv_heads = 2, .head_dim = 4, .ffn = 10,
-                                .eps = 1e-6f, .rope_theta = 10000.0f};
-        dc.proj_hidden = 7;
-        dc.n_fusion = 2;
-        dc.fusion_layers[0] = 0;
-        dc.fusion_layers[1] = 2;
-        dc.xattn_heads = 2;
-        dc.init_std = 0.3f;
-        dc.mem_align = align;
-        DfmModel *m = NULL;
-        assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
-        model_init_backbone_random(m, 5);
+        const int layers[2] = {0, 2};
+        DfmModel *m = lk_model(&bc, align, 2, layers, 1.0f);
         scale_all(m->bb_memory, m->bb_num, 5.0f);
         model_init_dfm_random(m, 6);
         rng_normal(&r, m->dp.fu_bg, 2 * 2, 1.0f); /* open gates: memory changes the states visibly */
@@ -568,20 +576,8 @@ static void test_alignment_rows(void **state) {
     dfm_rng r;
     rng_seed(&r, 78);
     for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
-        DfmConfig dc;
-        dfm_config_defaults(&dc, &bc);
-        dc.chunk_len = LK_L;
-        dc.n_slots = LK_K;
-        dc.d_mem = LK_D;
-        dc.proj_hidden = 7;
-        dc.n_fusion = 1;
-        dc.fusion_layers[0] = 2; /* the last layer: a row's state changes only through its own fusion */
-        dc.xattn_heads = 2;
-        dc.init_std = 0.3f;
-        dc.mem_align = align;
-        DfmModel *m = NULL;
-        assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
-        model_init_backbone_random(m, 5);
+        const int last = 2; /* the last layer: a row's state changes only through its own fusion */
+        DfmModel *m = lk_model(&bc, align, 1, &last, 1.0f);
         model_init_dfm_random(m, 6);
         int tok[LK_T], tgt[LK_T];
         for (int i = 0; i < LK_T; i++) tok[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
@@ -610,17 +606,8 @@ static void test_alignment_rows(void **state) {
  * asked frequency. */
 static void test_teacher_forcing(void **state) {
     BackboneConfig bc = tiny_backbone(1, 1);
-    DfmConfig dc;
-    dfm_config_defaults(&dc, &bc);
-    dc.chunk_len = LK_L;
-    dc.n_slots = LK_K;
-    dc.d_mem = LK_D;
-    dc.proj_hidden = 7;
-    dc.xattn_heads = 2;
-    dc.mse_weight = 0.0f;
-    DfmModel *m = NULL;
-    assert_int_equal(model_create(&bc, &dc, 1, LK_T, &m), 0);
-    model_init_backbone_random(m, 5);
+    const int layers[2] = {1, 2};
+    DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.0f);
     model_init_dfm_random(m, 6);
     dfm_rng r;
     rng_seed(&r, 79);

@@ -220,6 +220,27 @@ static void test_config_refusals(void **state) {
     assert_int_equal(d2.n_slots, dc.n_slots);
     assert_int_equal(d2.fusion_layers[0], dc.fusion_layers[0]);
     assert_int_equal(d2.pred.n_layers, dc.pred.n_layers);
+    assert_int_equal(d2.mem_align, dc.mem_align);
+    assert_int_equal(d2.fusion_memory, dc.fusion_memory);
+    assert_true(d2.tf_prob == dc.tf_prob);
+    assert_int_equal(d2.pred_loss, dc.pred_loss);
+    /* the training choices: parsed from the flag; a configuration written before they existed loads as the old
+     * alignment, predicted memory and the per-element MSE */
+    assert_int_equal(dfm_parse_fusion_memory("mixed:0.25:decay", &d2), 0);
+    assert_true(d2.fusion_memory == FUSION_MEM_MIXED && d2.tf_prob == 0.25f && d2.tf_decay == 1);
+    assert_int_equal(dfm_parse_fusion_memory("mixed:1.5", &d2), DFM_EARG);
+    assert_int_equal(dfm_parse_fusion_memory("mixed:", &d2), DFM_EARG);
+    assert_int_equal(dfm_parse_fusion_memory("target", &d2), 0);
+    assert_int_equal(d2.fusion_memory, FUSION_MEM_TARGET);
+    dj = dfm_config_to_json(&dc);
+    json_object_del(dj, "memory_align");
+    json_object_del(dj, "fusion_memory");
+    json_object_del(dj, "pred_loss");
+    assert_int_equal(dfm_config_from_json(dj, &d2), 0);
+    json_decref(dj);
+    assert_int_equal(d2.mem_align, MEM_ALIGN_SAME);
+    assert_int_equal(d2.fusion_memory, FUSION_MEM_PREDICTED);
+    assert_int_equal(d2.pred_loss, PRED_LOSS_MSE_ELEM);
     /* default fusion layers of a 32-layer model are the paper's 9,16,24,31 */
     b2.dec.n_layers = 32;
     dfm_config_defaults(&dc, &b2);
