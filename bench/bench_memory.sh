@@ -10,8 +10,8 @@
 #   keyed-random  independent keys: only the target memory (retrieval at inference) can help; the
 #                 modules are trained on the target memory (--fusion-memory target) when the trainer has
 #                 that flag, so this row tests the fusion path alone.
-# A third row trains the keyed modules with the best setting measured so far (teacher forcing half the
-# time, a larger initial scale). Every evaluation mode the trainer reports is in the table, per-position CE inside a chunk when the
+# A third row trains the keyed modules with the best setting measured so far (a larger initial scale of
+# the modules). Every evaluation mode the trainer reports is in the table, per-position CE inside a chunk when the
 # trainer logs it, and the corpus's ideal cross-entropies (bench/keyed_ideal.py: key known, Bayes from
 # context, Bayes from the chunk's own tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS,
 # DFM_STEPS ...). About 6 minutes on 2 idle cores.
@@ -40,7 +40,7 @@ for mode in keyed keyed-random; do
   echo "   $ev"
 done
 # the best setting measured so far, for comparison with the defaults (see bench/ablations.sh)
-BEST=(--fusion-memory mixed:0.5 --init-std 0.05)
+BEST=(--init-std 0.05)
 echo "-- keyed: DFM modules with ${BEST[*]}"
 ev=$(keyed_dfm "$W/keyed" "$W/keyed-pre/model" "$W/keyed-best" "${BEST[@]}")
 echo "{\"corpus\": \"keyed\", \"flags\": \"${BEST[*]}\", \"eval\": $ev, \"ideal\": $(keyed_ideal "$W/keyed")}" >>"$W/runs.jsonl"
