@@ -10,7 +10,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 : "${RUN:?set RUN to a run directory with targets}"
-TRAIN=$ROOT/build/dfm-train
+TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
 PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-150} THREADS=${THREADS:-2}
 OUT=${OUT:-$RUN/train}
 SEQ=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["config"]["seq-len"])' "$RUN/manifest.json")
