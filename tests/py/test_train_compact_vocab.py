@@ -9,27 +9,11 @@ import filecmp
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DFM_TRAIN = os.environ.get("DFM_TRAIN", os.path.join(ROOT, "build", "dfm-train"))
-FAILS = []
-
-
-def run(*args, ok=True):
-    p = subprocess.run([DFM_TRAIN] + [str(a) for a in args], capture_output=True, text=True, errors="replace")
-    if ok and p.returncode != 0:
-        print(p.stdout[-3000:], p.stderr[-3000:])
-        raise SystemExit("dfm-train %s failed (exit %d)" % (args[0], p.returncode))
-    return p
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILS.append(what)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_cli import check, finish, run  # noqa: E402
 
 
 def read_shard(path):
@@ -103,10 +87,7 @@ def main():
         bad = run("eval", "--backbone", mc, "--modules", os.path.join(w, "tc", "dfm_modules.safetensors"), "--data",
                   os.path.join(w, "sparse.bin"), "--seq-len", 32, "--val-seqs", 8, ok=False)
         check(bad.returncode != 0 and "checksum" in bad.stderr, "a damaged vocab_map.bin is refused (checksum)")
-    if FAILS:
-        print("%d check(s) failed" % len(FAILS))
-        sys.exit(1)
-    print("all compact-vocabulary checks passed")
+    finish("compact vocabularies")
 
 
 if __name__ == "__main__":

@@ -16,14 +16,12 @@ Run: $DFM_PYTHON tests/py/test_train_memory_effect.py   (DFM_TRAIN = path of dfm
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DFM_TRAIN = os.environ.get("DFM_TRAIN", os.path.join(ROOT, "build", "dfm-train"))
-FAILS = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_cli import check, finish, run  # noqa: E402
 
 T, L, SEQS, VAL, PRE_STEPS, DFM_STEPS = 128, 16, 1500, 48, 300, 200
 # measured with these sizes (default --fusion-memory mixed:0.5): keyed gain 0.066 nats, cos 0.894, every
@@ -32,20 +30,6 @@ MIN_GAIN_PRED = 0.03      # nats: fusion off - predicted memory, keyed corpus
 MIN_COS = 0.8             # predicted vs target slots, keyed corpus
 MIN_GAIN_TARGET = 0.1     # nats: fusion off - target memory, keyed-random corpus, modules trained on targets
 SLACK = 0.002             # no mode may be worse than fusion off by more than this
-
-
-def run(*args):
-    p = subprocess.run([DFM_TRAIN] + [str(a) for a in args], capture_output=True, text=True, errors="replace")
-    if p.returncode != 0:
-        print(p.stdout[-3000:], p.stderr[-3000:])
-        raise SystemExit("dfm-train %s failed (exit %d)" % (args[0], p.returncode))
-    return p
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILS.append(what)
 
 
 def final_eval(out):
@@ -93,10 +77,7 @@ def main():
         check(gain >= MIN_GAIN_TARGET, "keyed-random, trained on targets: target memory %.4f is %.4f nats below "
               "fusion off %.4f (>= %.2f)" % (ev["ce_target"], gain, ev["ce_none"], MIN_GAIN_TARGET))
         check(ev["trained_with_target"], "keyed-random: the evaluation knows the modules were trained on targets")
-    if FAILS:
-        print("%d check(s) failed (%.0f s)" % (len(FAILS), time.time() - t0))
-        sys.exit(1)
-    print("all memory-effect checks passed (%.0f s)" % (time.time() - t0))
+    finish("memory effect (%.0f s)" % (time.time() - t0))
 
 
 if __name__ == "__main__":
