@@ -2,7 +2,7 @@
  *
  * Both stages take the corpus as a dfm_vec_source (stored embeddings by chunk id) and a
  * dfm_chunk_source (chunk metadata), plus the block geometry of the embedding files, so they run on a
- * real run directory (retriever/cmd_*.c wrap the embedding and chunk sets) and on synthetic data in
+ * real run directory (retriever/run_sources.h wraps its embedding and chunk sets) and on synthetic data in
  * tests alike. Rank r of P owns the contiguous blocks [r*nb/P, (r+1)*nb/P) of block_chunks ids each:
  * it adds those vectors to its index shard, and it asks the queries of those chunks.
  *

@@ -95,45 +95,57 @@ static int encode_one(dfm_trec_codec *c, const bufs_t *b, uint64_t first, uint64
     return dfm_trec_encode(c, &rec, out, cap, len);
 }
 
-int dfm_target_build(const dfm_mpi *m, const char *run_dir, const dfm_target_source *src, const dfm_target_build_config *cfg,
-                     dfm_target_build_stats *st) {
-    memset(st, 0, sizeof *st);
-    const int P = m->size;
-    const uint32_t K = cfg->rec.k, D = cfg->rec.d;
-    const uint64_t N = src->n_chunks;
-    const uint32_t Q = cfg->block_queries ? cfg->block_queries : 1024;
-    const int ids_only = cfg->rec.ids_only;
-    int rc = DFM_OK;
-    if (src->k != K || src->d != D)
-        rc = DFM_FAIL(DFM_EMISMATCH, "the neighbours/embeddings have K %u, d %u; the targets were asked for K %u, d %u", src->k,
-                      src->d, K, D);
-    else if (!cfg->n_shards)
-        rc = DFM_FAIL(DFM_EARG, "--target-shards must be at least 1");
-    else if ((uint64_t)Q * K * D > INT_MAX)
-        rc = DFM_FAIL(DFM_EARG, "--block-queries %u x K %u x d %u exceeds an MPI count. HINT: lower --block-queries", Q, K, D);
-    DFM_TRY(dfm_mpi_agree(m, rc));
+/* One build's state on this rank. */
+typedef struct {
+    const dfm_mpi *m;
+    const char *run_dir;
+    const dfm_target_source *src;
+    const dfm_target_build_config *cfg;
+    dfm_target_build_stats *st;
+    uint32_t Q;          /* queries per block */
+    int nt;              /* encoding threads */
+    uint64_t *own;       /* [2P]: every rank's first embedding row and count */
+    block_t *blocks;     /* this rank's blocks, one per round */
+    size_t nb;
+    bufs_t b;
+    dfm_trec_codec *codec, **tcodec; /* this thread's; one per encoding thread when nt > 1 */
+    float **temb;
+    dfm_target_writer *w; /* the shard being written */
+} build_ctx;
 
-    /* who owns which rows */
+/* Who owns which embedding rows: every rank's (first, count), which must tile [0, N) in rank order. Agreed. */
+static int row_owners(build_ctx *x) {
+    int rc = DFM_OK;
+    const dfm_mpi *m = x->m;
+    const int P = m->size;
+    const uint64_t N = x->src->n_chunks;
+    const dfm_target_source *src = x->src;
     uint64_t mine[2] = {src->own_first, src->own_count};
-    uint64_t *own = malloc(sizeof(uint64_t) * 2 * (size_t)P);
-    if (!own) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, own, 2, MPI_UINT64_T, m->comm));
+    x->own = malloc(sizeof(uint64_t) * 2 * (size_t)P);
+    if (!x->own) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, x->own, 2, MPI_UINT64_T, m->comm));
     uint64_t at = 0;
     for (int p = 0; !rc && p < P; p++) {
-        if (own[2 * p] != at && own[2 * p + 1])
+        if (x->own[2 * p] != at && x->own[2 * p + 1])
             rc = DFM_FAIL(DFM_EINTERNAL, "embedding rows of rank %d start at %llu, expected %llu (ranks must own consecutive ranges)",
-                          p, (unsigned long long)own[2 * p], (unsigned long long)at);
-        at += own[2 * p + 1];
+                          p, (unsigned long long)x->own[2 * p], (unsigned long long)at);
+        at += x->own[2 * p + 1];
         if (p == P - 1 && at != N)
             rc = DFM_FAIL(DFM_EINTERNAL, "ranks own %llu embedding rows for %llu chunks", (unsigned long long)at, (unsigned long long)N);
     }
-    rc = dfm_mpi_agree(m, rc);
-    if (rc) {
-        free(own);
-        return rc;
-    }
+    return dfm_mpi_agree(m, rc);
+}
 
-    /* this rank's shards and blocks */
+/* This rank's shards (s = rank, rank + P, ...; complete ones skipped unless --force) cut into blocks of
+ * at most Q queries: x->blocks, x->nb. */
+static int plan_blocks(build_ctx *x) {
+    const dfm_mpi *m = x->m;
+    const int P = m->size;
+    const uint32_t K = x->cfg->rec.k, D = x->cfg->rec.d;
+    const uint64_t N = x->src->n_chunks;
+    const int ids_only = x->cfg->rec.ids_only;
+    const dfm_target_build_config *cfg = x->cfg;
+    dfm_target_build_stats *st = x->st;
     dfm_target_shard_meta expect = {0};
     expect.n_shards = cfg->n_shards;
     expect.n_chunks_total = N;
@@ -144,247 +156,321 @@ int dfm_target_build(const dfm_mpi *m, const char *run_dir, const dfm_target_sou
     expect.shuffle = cfg->rec.shuffle;
     expect.level = cfg->rec.level;
     snprintf(expect.fingerprint, sizeof expect.fingerprint, "%s", cfg->fingerprint);
-    block_t *blocks = NULL;
-    size_t nb = 0, cap = 0;
+    size_t cap = 0;
+    int rc = DFM_OK;
     for (uint32_t s = (uint32_t)m->rank; s < cfg->n_shards; s += (uint32_t)P) {
-        if (!cfg->force && dfm_target_shard_complete(run_dir, s, &expect)) {
+        if (!cfg->force && dfm_target_shard_complete(x->run_dir, s, &expect)) {
             st->shards_skipped++;
             DFM_LOG_D("shard %u is complete: skipped", s);
             continue;
         }
         uint64_t first, n;
         dfm_target_shard_range(N, cfg->n_shards, s, &first, &n);
-        uint64_t nblk = n ? (n + Q - 1) / Q : 1; /* an empty shard still gets one (empty) block */
-        if (nb + nblk > cap) {
-            cap = (nb + nblk) * 2;
-            block_t *nbk = realloc(blocks, cap * sizeof *blocks);
+        uint64_t nblk = n ? (n + x->Q - 1) / x->Q : 1; /* an empty shard still gets one (empty) block */
+        if (x->nb + nblk > cap) {
+            cap = (x->nb + nblk) * 2;
+            block_t *nbk = realloc(x->blocks, cap * sizeof *x->blocks);
             if (!nbk) { rc = DFM_FAIL(DFM_ENOMEM, "no memory"); break; }
-            blocks = nbk;
+            x->blocks = nbk;
         }
         for (uint64_t b = 0; b < nblk; b++) {
-            block_t *bk = &blocks[nb++];
+            block_t *bk = &x->blocks[x->nb++];
             bk->shard = s;
-            bk->first = first + b * Q;
-            bk->n = n ? (b + 1 < nblk ? Q : n - b * Q) : 0;
+            bk->first = first + b * x->Q;
+            bk->n = n ? (b + 1 < nblk ? x->Q : n - b * x->Q) : 0;
             bk->opens = b == 0;
             bk->closes = b + 1 == nblk;
         }
     }
-    uint64_t rounds = nb, max_rounds = 0;
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Allreduce(&rounds, &max_rounds, 1, MPI_UINT64_T, MPI_MAX, m->comm));
-    rc = dfm_mpi_agree(m, rc);
+    return rc;
+}
 
-    bufs_t b = {0};
-    dfm_trec_codec *codec = NULL, **tcodec = NULL;
-    float **temb = NULL;
-    const int nt = cfg->threads > 1 ? (int)cfg->threads : 1;
-    dfm_target_writer *w = NULL;
-    size_t es = dfm_dtype_size(cfg->rec.dtype);
-    size_t max_req = ids_only ? Q : (size_t)Q * K;
-    if (!rc) {
-        b.ids = malloc(sizeof(int64_t) * Q * K);
-        b.scores = malloc(sizeof(float) * Q * K);
-        b.mask = malloc(sizeof(uint64_t) * Q);
-        b.seq = malloc(Q);
-        b.req = malloc(sizeof(uint64_t) * max_req);
-        b.got = malloc(sizeof(float) * max_req * D);
-        b.emb = malloc(sizeof(float) * K * D);
-        b.tab = malloc(es * Q * D);
-        b.rec_cap = dfm_trec_max_bytes(K, D, cfg->rec.dtype, ids_only);
-        b.rec = malloc(b.rec_cap);
-        b.scount = calloc((size_t)P, sizeof(int)); b.sdispl = calloc((size_t)P, sizeof(int));
-        b.rcount = calloc((size_t)P, sizeof(int)); b.rdispl = calloc((size_t)P, sizeof(int));
-        b.scount_r = calloc((size_t)P, sizeof(int)); b.sdispl_r = calloc((size_t)P, sizeof(int));
-        b.rcount_r = calloc((size_t)P, sizeof(int)); b.rdispl_r = calloc((size_t)P, sizeof(int));
-        if (!b.ids || !b.scores || !b.mask || !b.seq || !b.req || !b.got || !b.emb || !b.tab || !b.rec || !b.scount || !b.sdispl ||
-            !b.rcount || !b.rdispl || !b.scount_r || !b.sdispl_r || !b.rcount_r || !b.rdispl_r)
-            rc = DFM_FAIL(DFM_ENOMEM, "no memory for exchange buffers (block of %u queries, K %u, d %u)", Q, K, D);
-        if (!rc) rc = dfm_trec_codec_create(&cfg->rec, &codec);
-        if (!rc && nt > 1) {
-            b.recs = malloc(b.rec_cap * Q);
-            b.lens = calloc(Q, sizeof *b.lens);
-            b.rcs = calloc(Q, sizeof *b.rcs);
-            tcodec = calloc((size_t)nt, sizeof *tcodec);
-            temb = calloc((size_t)nt, sizeof *temb);
-            if (!b.recs || !b.lens || !b.rcs || !tcodec || !temb) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %d encoding threads", nt);
-            for (int t = 0; !rc && t < nt; t++) {
-                rc = dfm_trec_codec_create(&cfg->rec, &tcodec[t]);
-                if (!rc && !(temb[t] = malloc(sizeof(float) * K * D))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-            }
+/* The exchange and encoding buffers of a block, and one record codec per encoding thread. */
+static int bufs_alloc(build_ctx *x) {
+    size_t es = dfm_dtype_size(x->cfg->rec.dtype);
+    size_t max_req = x->cfg->rec.ids_only ? x->Q : (size_t)x->Q * x->cfg->rec.k;
+    int rc = DFM_OK;
+    const dfm_mpi *m = x->m;
+    const int P = m->size;
+    const uint32_t K = x->cfg->rec.k, D = x->cfg->rec.d;
+    const int ids_only = x->cfg->rec.ids_only;
+    const dfm_target_build_config *cfg = x->cfg;
+    x->b.ids = malloc(sizeof(int64_t) * x->Q * K);
+    x->b.scores = malloc(sizeof(float) * x->Q * K);
+    x->b.mask = malloc(sizeof(uint64_t) * x->Q);
+    x->b.seq = malloc(x->Q);
+    x->b.req = malloc(sizeof(uint64_t) * max_req);
+    x->b.got = malloc(sizeof(float) * max_req * D);
+    x->b.emb = malloc(sizeof(float) * K * D);
+    x->b.tab = malloc(es * x->Q * D);
+    x->b.rec_cap = dfm_trec_max_bytes(K, D, cfg->rec.dtype, ids_only);
+    x->b.rec = malloc(x->b.rec_cap);
+    x->b.scount = calloc((size_t)P, sizeof(int)); x->b.sdispl = calloc((size_t)P, sizeof(int));
+    x->b.rcount = calloc((size_t)P, sizeof(int)); x->b.rdispl = calloc((size_t)P, sizeof(int));
+    x->b.scount_r = calloc((size_t)P, sizeof(int)); x->b.sdispl_r = calloc((size_t)P, sizeof(int));
+    x->b.rcount_r = calloc((size_t)P, sizeof(int)); x->b.rdispl_r = calloc((size_t)P, sizeof(int));
+    if (!x->b.ids || !x->b.scores || !x->b.mask || !x->b.seq || !x->b.req || !x->b.got || !x->b.emb || !x->b.tab || !x->b.rec || !x->b.scount || !x->b.sdispl ||
+        !x->b.rcount || !x->b.rdispl || !x->b.scount_r || !x->b.sdispl_r || !x->b.rcount_r || !x->b.rdispl_r)
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory for exchange buffers (block of %u queries, K %u, d %u)", x->Q, K, D);
+    if (!rc) rc = dfm_trec_codec_create(&cfg->rec, &x->codec);
+    if (!rc && x->nt > 1) {
+        x->b.recs = malloc(x->b.rec_cap * x->Q);
+        x->b.lens = calloc(x->Q, sizeof *x->b.lens);
+        x->b.rcs = calloc(x->Q, sizeof *x->b.rcs);
+        x->tcodec = calloc((size_t)x->nt, sizeof *x->tcodec);
+        x->temb = calloc((size_t)x->nt, sizeof *x->temb);
+        if (!x->b.recs || !x->b.lens || !x->b.rcs || !x->tcodec || !x->temb) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %d encoding threads", x->nt);
+        for (int t = 0; !rc && t < x->nt; t++) {
+            rc = dfm_trec_codec_create(&cfg->rec, &x->tcodec[t]);
+            if (!rc && !(x->temb[t] = malloc(sizeof(float) * K * D))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
         }
     }
-    rc = dfm_mpi_agree(m, rc);
+    return rc;
+}
 
-    for (uint64_t t = 0; !rc && t < max_rounds; t++) {
-        int lrc = DFM_OK;
-        block_t *bk = t < nb ? &blocks[t] : NULL;
-        double t0 = dfm_now();
-        /* A: this rank's requests */
-        b.n_req = 0;
-        if (bk && bk->opens) {
-            dfm_target_writer_config wc = {.run_dir = run_dir, .shard = bk->shard, .n_shards = cfg->n_shards, .n_chunks_total = N,
-                                           .rec = cfg->rec, .fingerprint = cfg->fingerprint, .batch_records = cfg->batch_records,
-                                           .map_bytes = cfg->map_bytes};
-            lrc = dfm_target_writer_open(&wc, &w);
-        }
-        if (!lrc && bk && bk->n) {
-            lrc = src->neighbors(src->ctx, bk->first, bk->n, b.ids, b.scores, b.mask, b.seq);
-            if (lrc) dfm_error_prefix("reading the neighbours of chunks [%llu, %llu)", (unsigned long long)bk->first,
-                                      (unsigned long long)(bk->first + bk->n));
-            for (uint64_t q = 0; !lrc && q < bk->n; q++) {
-                if (b.seq[q]) b.mask[q] = 0;
-                if (ids_only) continue;
-                for (uint32_t r = 0; r < K; r++) {
-                    if (!((b.mask[q] >> r) & 1u)) continue;
-                    int64_t id = b.ids[q * K + r];
-                    if (id < 0 || (uint64_t)id >= N) {
-                        lrc = DFM_FAIL(DFM_ERANGE, "chunk %llu slot %u: neighbour id %lld outside [0, %llu) in a valid slot",
-                                       (unsigned long long)(bk->first + q), r, (long long)id, (unsigned long long)N);
-                        break;
-                    }
-                    b.req[b.n_req++] = (uint64_t)id;
+/* A: this round's requests: the sorted unique neighbour ids of block bk's queries (with store = ids,
+ * the block's own ids); the block's writer opened first. On failure no requests (the rank still takes
+ * part in the exchange). */
+static int round_requests(build_ctx *x, const block_t *bk) {
+    const uint32_t K = x->cfg->rec.k;
+    const uint64_t N = x->src->n_chunks;
+    const int ids_only = x->cfg->rec.ids_only;
+    const dfm_target_build_config *cfg = x->cfg;
+    const dfm_target_source *src = x->src;
+    int lrc = DFM_OK;
+    x->b.n_req = 0;
+    if (bk && bk->opens) {
+        dfm_target_writer_config wc = {.run_dir = x->run_dir, .shard = bk->shard, .n_shards = cfg->n_shards, .n_chunks_total = N,
+                                       .rec = cfg->rec, .fingerprint = cfg->fingerprint, .batch_records = cfg->batch_records,
+                                       .map_bytes = cfg->map_bytes};
+        lrc = dfm_target_writer_open(&wc, &x->w);
+    }
+    if (!lrc && bk && bk->n) {
+        lrc = src->neighbors(src->ctx, bk->first, bk->n, x->b.ids, x->b.scores, x->b.mask, x->b.seq);
+        if (lrc) dfm_error_prefix("reading the neighbours of chunks [%llu, %llu)", (unsigned long long)bk->first,
+                                  (unsigned long long)(bk->first + bk->n));
+        for (uint64_t q = 0; !lrc && q < bk->n; q++) {
+            if (x->b.seq[q]) x->b.mask[q] = 0;
+            if (ids_only) continue;
+            for (uint32_t r = 0; r < K; r++) {
+                if (!((x->b.mask[q] >> r) & 1u)) continue;
+                int64_t id = x->b.ids[q * K + r];
+                if (id < 0 || (uint64_t)id >= N) {
+                    lrc = DFM_FAIL(DFM_ERANGE, "chunk %llu slot %u: neighbour id %lld outside [0, %llu) in a valid slot",
+                                   (unsigned long long)(bk->first + q), r, (long long)id, (unsigned long long)N);
+                    break;
                 }
-            }
-            if (ids_only)
-                for (uint64_t q = 0; q < bk->n; q++) b.req[b.n_req++] = bk->first + q;
-            if (!lrc && b.n_req) {
-                qsort(b.req, b.n_req, sizeof *b.req, cmp_u64);
-                size_t u = 1;
-                for (size_t i = 1; i < b.n_req; i++)
-                    if (b.req[i] != b.req[u - 1]) b.req[u++] = b.req[i];
-                b.n_req = u;
+                x->b.req[x->b.n_req++] = (uint64_t)id;
             }
         }
-        if (lrc) b.n_req = 0; /* still take part in the exchange, with nothing */
-        /* requests per owner (req is sorted, owners hold ascending ranges) */
-        for (int p = 0, i = 0; p < P; p++) {
-            int c = 0;
-            while ((size_t)i < b.n_req && b.req[i] < own[2 * p] + own[2 * p + 1]) i++, c++;
-            b.scount[p] = c;
-            b.sdispl[p] = p ? b.sdispl[p - 1] + b.scount[p - 1] : 0;
+        if (ids_only)
+            for (uint64_t q = 0; q < bk->n; q++) x->b.req[x->b.n_req++] = bk->first + q;
+        if (!lrc && x->b.n_req) {
+            qsort(x->b.req, x->b.n_req, sizeof *x->b.req, cmp_u64);
+            size_t u = 1;
+            for (size_t i = 1; i < x->b.n_req; i++)
+                if (x->b.req[i] != x->b.req[u - 1]) x->b.req[u++] = x->b.req[i];
+            x->b.n_req = u;
         }
-        int mrc = DFM_MPI_CHECK(MPI_Alltoall(b.scount, 1, MPI_INT, b.rcount, 1, MPI_INT, m->comm));
-        size_t n_serve = 0;
-        for (int p = 0; p < P; p++) {
-            b.rdispl[p] = (int)n_serve;
-            n_serve += (size_t)b.rcount[p];
+    }
+    if (lrc) x->b.n_req = 0; /* still take part in the exchange, with nothing */
+    return lrc;
+}
+
+/* B: the exchange of one round, every rank taking part: request counts (Alltoall), the ids
+ * (Alltoallv), the rows this rank serves, the rows back (Alltoallv). lrc: this rank's state so far;
+ * returns it, or the exchange's failure. */
+static int round_exchange(build_ctx *x, int lrc) {
+    const dfm_mpi *m = x->m;
+    const int P = m->size;
+    const uint32_t D = x->cfg->rec.d;
+    const dfm_target_source *src = x->src;
+    dfm_target_build_stats *st = x->st;
+    /* requests per owner (req is sorted, owners hold ascending ranges) */
+    for (int p = 0, i = 0; p < P; p++) {
+        int c = 0;
+        while ((size_t)i < x->b.n_req && x->b.req[i] < x->own[2 * p] + x->own[2 * p + 1]) i++, c++;
+        x->b.scount[p] = c;
+        x->b.sdispl[p] = p ? x->b.sdispl[p - 1] + x->b.scount[p - 1] : 0;
+    }
+    int mrc = DFM_MPI_CHECK(MPI_Alltoall(x->b.scount, 1, MPI_INT, x->b.rcount, 1, MPI_INT, m->comm));
+    size_t n_serve = 0;
+    for (int p = 0; p < P; p++) {
+        x->b.rdispl[p] = (int)n_serve;
+        n_serve += (size_t)x->b.rcount[p];
+    }
+    if (!mrc && n_serve > x->b.served_cap) {
+        free(x->b.served);
+        free(x->b.serve_rows);
+        x->b.served = malloc(sizeof(uint64_t) * n_serve);
+        x->b.serve_rows = malloc(sizeof(float) * n_serve * D);
+        x->b.served_cap = n_serve;
+        if (!x->b.served || !x->b.serve_rows) {
+            /* cannot even receive: abort the whole job rather than deadlock on mismatched counts */
+            DFM_FAIL(DFM_ENOMEM, "no memory to serve %zu rows", n_serve);
+            MPI_Abort(m->comm, 1);
         }
-        if (!mrc && n_serve > b.served_cap) {
-            free(b.served);
-            free(b.serve_rows);
-            b.served = malloc(sizeof(uint64_t) * n_serve);
-            b.serve_rows = malloc(sizeof(float) * n_serve * D);
-            b.served_cap = n_serve;
-            if (!b.served || !b.serve_rows) {
-                /* cannot even receive: abort the whole job rather than deadlock on mismatched counts */
-                DFM_FAIL(DFM_ENOMEM, "no memory to serve %zu rows", n_serve);
-                MPI_Abort(m->comm, 1);
+    }
+    if (!mrc)
+        mrc = DFM_MPI_CHECK(MPI_Alltoallv(x->b.req, x->b.scount, x->b.sdispl, MPI_UINT64_T, x->b.served, x->b.rcount, x->b.rdispl, MPI_UINT64_T,
+                                          m->comm));
+    /* B: serve the rows asked of this rank */
+    if (!mrc && n_serve) {
+        int src_rc = DFM_OK;
+        for (size_t i = 0; i < n_serve && !src_rc; i++)
+            if (x->b.served[i] < src->own_first || x->b.served[i] >= src->own_first + src->own_count)
+                src_rc = DFM_FAIL(DFM_EINTERNAL, "asked for row %llu outside this rank's rows", (unsigned long long)x->b.served[i]);
+        if (!src_rc) src_rc = src->rows(src->ctx, x->b.served, n_serve, x->b.serve_rows);
+        if (src_rc) {
+            memset(x->b.serve_rows, 0, sizeof(float) * n_serve * D); /* sent, but the round fails below */
+            if (!lrc) lrc = src_rc;
+        }
+        st->rows_served += n_serve;
+    }
+    for (int p = 0; p < P; p++) {
+        x->b.scount_r[p] = x->b.rcount[p] * (int)D;
+        x->b.sdispl_r[p] = x->b.rdispl[p] * (int)D;
+        x->b.rcount_r[p] = x->b.scount[p] * (int)D;
+        x->b.rdispl_r[p] = x->b.sdispl[p] * (int)D;
+    }
+    if (!mrc)
+        mrc = DFM_MPI_CHECK(MPI_Alltoallv(x->b.serve_rows, x->b.scount_r, x->b.sdispl_r, MPI_FLOAT, x->b.got, x->b.rcount_r, x->b.rdispl_r, MPI_FLOAT,
+                                          m->comm));
+    if (mrc && !lrc) lrc = mrc;
+    st->rows_requested += x->b.n_req;
+    st->exchange_bytes += (uint64_t)n_serve * 8 + (uint64_t)x->b.n_req * D * 4;
+    st->rounds++;
+    return lrc;
+}
+
+/* C: encode block bk's records and write them (and, with store = ids, its rows), then finish its
+ * shard when bk is the shard's last block. */
+static int round_write(build_ctx *x, const block_t *bk) {
+    const dfm_mpi *m = x->m;
+    const uint32_t K = x->cfg->rec.k, D = x->cfg->rec.d;
+    const uint64_t N = x->src->n_chunks;
+    const int ids_only = x->cfg->rec.ids_only;
+    const dfm_target_build_config *cfg = x->cfg;
+    dfm_target_build_stats *st = x->st;
+    int lrc = DFM_OK;
+    if (bk && bk->n) {
+        double ta = dfm_now();
+        if (x->nt > 1) {
+            /* encode the block on nt threads (records are independent: the bytes do not depend on nt),
+             * then append them in key order on this thread */
+#pragma omp parallel for num_threads(x->nt) schedule(static)
+            for (long q = 0; q < (long)bk->n; q++) {
+                int t = omp_get_thread_num();
+                x->b.rcs[q] = encode_one(x->tcodec[t], &x->b, bk->first, (uint64_t)q, K, D, ids_only, x->temb[t], x->b.recs + (size_t)q * x->b.rec_cap,
+                                      x->b.rec_cap, &x->b.lens[q]);
             }
         }
-        if (!mrc)
-            mrc = DFM_MPI_CHECK(MPI_Alltoallv(b.req, b.scount, b.sdispl, MPI_UINT64_T, b.served, b.rcount, b.rdispl, MPI_UINT64_T,
-                                              m->comm));
-        /* B: serve the rows asked of this rank */
-        if (!mrc && n_serve) {
-            int src_rc = DFM_OK;
-            for (size_t i = 0; i < n_serve && !src_rc; i++)
-                if (b.served[i] < src->own_first || b.served[i] >= src->own_first + src->own_count)
-                    src_rc = DFM_FAIL(DFM_EINTERNAL, "asked for row %llu outside this rank's rows", (unsigned long long)b.served[i]);
-            if (!src_rc) src_rc = src->rows(src->ctx, b.served, n_serve, b.serve_rows);
-            if (src_rc) {
-                memset(b.serve_rows, 0, sizeof(float) * n_serve * D); /* sent, but the round fails below */
-                if (!lrc) lrc = src_rc;
+        for (uint64_t q = 0; q < bk->n && !lrc; q++) {
+            uint64_t cid = bk->first + q;
+            const uint8_t *rec = x->b.rec;
+            size_t len = 0;
+            if (x->nt > 1) {
+                rec = x->b.recs + q * x->b.rec_cap;
+                len = x->b.lens[q];
+                /* a worker's message stayed on its thread: redo that record here for it */
+                if (x->b.rcs[q]) lrc = encode_one(x->codec, &x->b, bk->first, q, K, D, ids_only, x->b.emb, x->b.rec, x->b.rec_cap, &len);
+                if (x->b.rcs[q] && !lrc) lrc = DFM_FAIL(x->b.rcs[q], "encoding chunk %llu failed on a worker thread", (unsigned long long)cid);
+            } else {
+                lrc = encode_one(x->codec, &x->b, bk->first, q, K, D, ids_only, x->b.emb, x->b.rec, x->b.rec_cap, &len);
             }
-            st->rows_served += n_serve;
+            if (!lrc) lrc = dfm_target_writer_put(x->w, cid, rec, len, x->b.seq[q] ? 0 : x->b.mask[q]);
+            /* crash-and-resume tests (DFM_FAULT=write-targets:mid-shard): die half-way through a shard */
+            if (!lrc) {
+                uint64_t sf, sn;
+                dfm_target_shard_range(N, cfg->n_shards, bk->shard, &sf, &sn);
+                if (cid == sf + sn / 2) dfm_fault_point("write-targets:mid-shard", m->rank);
+            }
+            if (!lrc) {
+                st->records++;
+                st->stored_bytes += len;
+                st->raw_bytes += dfm_trec_payload_bytes(K, D, cfg->rec.dtype, ids_only);
+            }
         }
-        for (int p = 0; p < P; p++) {
-            b.scount_r[p] = b.rcount[p] * (int)D;
-            b.sdispl_r[p] = b.rdispl[p] * (int)D;
-            b.rcount_r[p] = b.scount[p] * (int)D;
-            b.rdispl_r[p] = b.sdispl[p] * (int)D;
+        double te = dfm_now() - ta;
+        if (!lrc && ids_only) {
+            /* req = the block's own ids in order */
+            dfm_convert_from_f32(cfg->rec.dtype, x->b.got, (size_t)bk->n * D, x->b.tab);
+            lrc = dfm_target_writer_put_rows(x->w, x->b.tab, bk->n);
         }
-        if (!mrc)
-            mrc = DFM_MPI_CHECK(MPI_Alltoallv(b.serve_rows, b.scount_r, b.sdispl_r, MPI_FLOAT, b.got, b.rcount_r, b.rdispl_r, MPI_FLOAT,
-                                              m->comm));
-        if (mrc && !lrc) lrc = mrc;
-        st->rows_requested += b.n_req;
-        st->exchange_bytes += (uint64_t)n_serve * 8 + (uint64_t)b.n_req * D * 4;
-        st->rounds++;
+        st->encode_s += te;
+    }
+    if (!lrc && bk && bk->closes) {
+        dfm_target_shard_meta meta;
+        lrc = dfm_target_writer_finish(x->w, &meta);
+        x->w = NULL;
+        if (!lrc) {
+            dfm_fault_point("write-targets:shard-complete", m->rank);
+            st->shards_built++;
+            DFM_LOG_I("shard %u complete: %llu records, %.1f MB raw, %.1f MB stored", bk->shard, (unsigned long long)meta.records,
+                      meta.raw_bytes / 1e6, meta.stored_bytes / 1e6);
+        }
+    }
+    return lrc;
+}
+
+/* The configuration against the source. */
+static int check_config(const dfm_target_source *src, const dfm_target_build_config *cfg, uint32_t Q) {
+    const uint32_t K = cfg->rec.k, D = cfg->rec.d;
+    if (src->k != K || src->d != D)
+        return DFM_FAIL(DFM_EMISMATCH, "the neighbours/embeddings have K %u, d %u; the targets were asked for K %u, d %u", src->k,
+                        src->d, K, D);
+    if (!cfg->n_shards) return DFM_FAIL(DFM_EARG, "--target-shards must be at least 1");
+    if ((uint64_t)Q * K * D > INT_MAX)
+        return DFM_FAIL(DFM_EARG, "--block-queries %u x K %u x d %u exceeds an MPI count. HINT: lower --block-queries", Q, K, D);
+    return DFM_OK;
+}
+
+static void build_ctx_free(build_ctx *x) {
+    if (x->w) dfm_target_writer_abort(x->w);
+    for (int t = 0; x->tcodec && t < x->nt; t++) dfm_trec_codec_free(x->tcodec[t]);
+    for (int t = 0; x->temb && t < x->nt; t++) free(x->temb[t]);
+    free(x->tcodec);
+    free(x->temb);
+    dfm_trec_codec_free(x->codec);
+    bufs_free(&x->b);
+    free(x->blocks);
+    free(x->own);
+}
+
+int dfm_target_build(const dfm_mpi *m, const char *run_dir, const dfm_target_source *src, const dfm_target_build_config *cfg,
+                     dfm_target_build_stats *st) {
+    memset(st, 0, sizeof *st);
+    build_ctx x;
+    memset(&x, 0, sizeof x);
+    x.m = m, x.run_dir = run_dir, x.src = src, x.cfg = cfg, x.st = st;
+    x.Q = cfg->block_queries ? cfg->block_queries : 1024;
+    x.nt = cfg->threads > 1 ? (int)cfg->threads : 1;
+    DFM_TRY(dfm_mpi_agree(m, check_config(src, cfg, x.Q)));
+    int rc = row_owners(&x);
+    if (rc) {
+        build_ctx_free(&x);
+        return rc;
+    }
+    rc = plan_blocks(&x);
+    uint64_t rounds = x.nb, max_rounds = 0;
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Allreduce(&rounds, &max_rounds, 1, MPI_UINT64_T, MPI_MAX, m->comm));
+    rc = dfm_mpi_agree(m, rc);
+    if (!rc) rc = bufs_alloc(&x);
+    rc = dfm_mpi_agree(m, rc);
+    for (uint64_t t = 0; !rc && t < max_rounds; t++) {
+        const block_t *bk = t < x.nb ? &x.blocks[t] : NULL;
+        double t0 = dfm_now();
+        int lrc = round_exchange(&x, round_requests(&x, bk));
         double t1 = dfm_now();
         st->exchange_s += t1 - t0;
         rc = dfm_mpi_agree(m, lrc);
         if (rc) break;
-        /* C: encode and write this block */
-        if (bk && bk->n) {
-            double ta = dfm_now();
-            if (nt > 1) {
-                /* encode the block on nt threads (records are independent: the bytes do not depend on nt),
-                 * then append them in key order on this thread */
-#pragma omp parallel for num_threads(nt) schedule(static)
-                for (long q = 0; q < (long)bk->n; q++) {
-                    int t = omp_get_thread_num();
-                    b.rcs[q] = encode_one(tcodec[t], &b, bk->first, (uint64_t)q, K, D, ids_only, temb[t], b.recs + (size_t)q * b.rec_cap,
-                                          b.rec_cap, &b.lens[q]);
-                }
-            }
-            for (uint64_t q = 0; q < bk->n && !lrc; q++) {
-                uint64_t cid = bk->first + q;
-                const uint8_t *rec = b.rec;
-                size_t len = 0;
-                if (nt > 1) {
-                    rec = b.recs + q * b.rec_cap;
-                    len = b.lens[q];
-                    /* a worker's message stayed on its thread: redo that record here for it */
-                    if (b.rcs[q]) lrc = encode_one(codec, &b, bk->first, q, K, D, ids_only, b.emb, b.rec, b.rec_cap, &len);
-                    if (b.rcs[q] && !lrc) lrc = DFM_FAIL(b.rcs[q], "encoding chunk %llu failed on a worker thread", (unsigned long long)cid);
-                } else {
-                    lrc = encode_one(codec, &b, bk->first, q, K, D, ids_only, b.emb, b.rec, b.rec_cap, &len);
-                }
-                if (!lrc) lrc = dfm_target_writer_put(w, cid, rec, len, b.seq[q] ? 0 : b.mask[q]);
-                /* crash-and-resume tests (DFM_FAULT=write-targets:mid-shard): die half-way through a shard */
-                if (!lrc) {
-                    uint64_t sf, sn;
-                    dfm_target_shard_range(N, cfg->n_shards, bk->shard, &sf, &sn);
-                    if (cid == sf + sn / 2) dfm_fault_point("write-targets:mid-shard", m->rank);
-                }
-                if (!lrc) {
-                    st->records++;
-                    st->stored_bytes += len;
-                    st->raw_bytes += dfm_trec_payload_bytes(K, D, cfg->rec.dtype, ids_only);
-                }
-            }
-            double te = dfm_now() - ta;
-            if (!lrc && ids_only) {
-                /* req = the block's own ids in order */
-                dfm_convert_from_f32(cfg->rec.dtype, b.got, (size_t)bk->n * D, b.tab);
-                lrc = dfm_target_writer_put_rows(w, b.tab, bk->n);
-            }
-            st->encode_s += te;
-        }
-        if (!lrc && bk && bk->closes) {
-            dfm_target_shard_meta meta;
-            lrc = dfm_target_writer_finish(w, &meta);
-            w = NULL;
-            if (!lrc) {
-                dfm_fault_point("write-targets:shard-complete", m->rank);
-                st->shards_built++;
-                DFM_LOG_I("shard %u complete: %llu records, %.1f MB raw, %.1f MB stored", bk->shard, (unsigned long long)meta.records,
-                          meta.raw_bytes / 1e6, meta.stored_bytes / 1e6);
-            }
-        }
+        lrc = round_write(&x, bk);
         st->write_s += dfm_now() - t1;
         rc = lrc; /* a local failure here is agreed at the start of the next round's check below */
         rc = dfm_mpi_agree(m, rc);
     }
-    if (w) dfm_target_writer_abort(w);
-    for (int t = 0; tcodec && t < nt; t++) dfm_trec_codec_free(tcodec[t]);
-    for (int t = 0; temb && t < nt; t++) free(temb[t]);
-    free(tcodec);
-    free(temb);
-    dfm_trec_codec_free(codec);
-    bufs_free(&b);
-    free(blocks);
-    free(own);
+    build_ctx_free(&x);
     return dfm_mpi_agree(m, rc);
 }
 
