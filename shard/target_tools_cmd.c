@@ -11,7 +11,7 @@ int dfm_cmd_inspect(int argc, char **argv) {
     char *tokenizer = NULL;
     dfm_opt table[] = {
         {"chunk", DFM_OPT_INT, &chunk, "-1", "ID", "chunk id whose target record to print", 0},
-        {"values", DFM_OPT_INT, &nvals, "4", "N", "first N values of each embedding", 0},
+        {"values", DFM_OPT_INT, &nvals, "4", "N", "first N values of each embedding", 0, .min = "0"},
         {"tokenizer", DFM_OPT_STR, &tokenizer, NULL, "FILE", "LM tokenizer.json for the texts (default: the chunk stage's)", 0},
         {0},
     };

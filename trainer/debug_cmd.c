@@ -12,7 +12,7 @@ int cmd_debug_state(int argc, char **argv) {
     int64_t seed = 0;
     dfm_opt opts[] = {
         {"out", DFM_OPT_STR, &out, NULL, "FILE", "safetensors file to write", 1},
-        {"variant", DFM_OPT_STR, &variant, "dfm-head", "NAME", "dfm-head, dfm-channel or pretrain", 0},
+        {"variant", DFM_OPT_STR, &variant, "dfm-head", "NAME", "tiny model: DFM with a gate per head or per channel, or a pretraining model", 0, .choices = "dfm-head|dfm-channel|pretrain"},
         {"seed", DFM_OPT_INT, &seed, "1", "N", "random seed of the tiny model and its inputs", 0},
         {0},
     };

@@ -20,8 +20,8 @@ int dfm_cmd_chunk_dump(int argc, char **argv) {
     dfm_opt table[] = {
         {"text", DFM_OPT_FLAG, &text, NULL, NULL, "also print each chunk's decoded text", 0},
         {"tokenizer", DFM_OPT_STR, &tokpath, NULL, "FILE", "tokenizer for --text (default: the one the run used)", 0},
-        {"first", DFM_OPT_INT, &first, "0", "ID", "first chunk to print", 0},
-        {"count", DFM_OPT_INT, &count, "-1", "N", "number of chunks (-1: all)", 0},
+        {"first", DFM_OPT_INT, &first, "0", "ID", "first chunk to print", 0, .min = "0"},
+        {"count", DFM_OPT_INT, &count, "-1", "N", "number of chunks (-1: all)", 0, .min = "-1"},
         {0},
     };
     char **pos = NULL;
