@@ -1,5 +1,6 @@
 /* eval_cmd.c — `dfm-train eval`: held-out CE of trained DFM modules with predicted, no and target
- * memory, MSE and cosine of the slots (evaluate() of train_loop.h), printed as one JSON line. */
+ * memory (also by position inside the chunk), MSE and cosine of the slots (evaluate() of train_loop.h),
+ * printed as one JSON line (eval_json). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,15 +46,17 @@ int cmd_eval(int argc, char **argv) {
         TRAIN_OPTS_DFM(&o),
         {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "frozen backbone: Hugging Face folder", 0},
         {"modules", DFM_OPT_STR, &o.modules, NULL, "FILE", "trained modules: ckpt_*.bin or dfm_modules.safetensors", 0},
-        {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory (for MSE, cosine and the upper bound)", 0},
+        {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory (for MSE, cosine and the target-memory CE)", 0},
         {0},
     };
     char **pos = NULL;
     int npos = 0;
     int rc = dfm_opts_parse("eval", "--backbone DIR --modules FILE --data TOKENS [--targets PATH]",
-                            "Held-out CE with predicted memory, with fusion off (the frozen backbone alone) and with "
-                            "the target memory fused instead (upper bound); MSE and mean cosine of predicted vs target "
-                            "slots. The held-out split is the last --val-seqs sequences, as in training.",
+                            "Held-out CE with fusion off (the frozen backbone alone), with predicted memory (DFM at "
+                            "inference, no retrieval) and with the target memory fused instead (a retrieval bound when "
+                            "the modules were trained with target memory), each also by position inside the chunk; MSE "
+                            "and mean cosine of predicted vs target slots. The held-out split is the last --val-seqs "
+                            "sequences, as in training.",
                             opts, argc, argv, &pos, &npos, NULL);
     free(pos);
     if (rc == DFM_OPTS_HELP) {
