@@ -5,7 +5,7 @@
 #     README and the other hand-written docs exists in the --help of the program that takes it
 #     (build/dfm, build/dfm-train, jobs/submit.sh, jobs/submit_train.sh);
 #  3. no doc points at an issue number or at a file outside the repository;
-#  4. every #include keeps to the floor plan of docs/ARCHITECTURE.md, and tests/ imports nothing of bench/;
+#  4. every #include and Python import keeps to the floor plan of docs/ARCHITECTURE.md;
 #  5. each check fails on a planted break (made-up names, references, includes).
 source "$(dirname "$0")/lib.sh"
 : "${DFM_TRAIN:?run through tests/run.sh (DFM_TRAIN unset)}"
@@ -179,8 +179,8 @@ printf 'see issue 7 and design.md\n' > "$WORK/outside.md"
 grep -qE "$OUTSIDE" "$WORK/outside.md" || fail "the outside-reference pattern misses 'issue 7'"
 ok "no doc points at an issue number or a file outside the repository"
 
-# the floor plan of docs/ARCHITECTURE.md: what each folder's #include "..." may name, and no code under
-# tests/ that imports or includes from bench/
+# the floor plan of docs/ARCHITECTURE.md: what each folder's #include "..." may name; Python under tests/
+# (files and shell heredocs) imports nothing of bench/, and bench/ of tests/ only tests/ref/
 floor_rule() {
   case $1 in
     common) echo '^common/' ;;
@@ -188,29 +188,39 @@ floor_rule() {
     pipeline|encoder|retriever|shard) echo '^(common|schemas|pipeline|encoder|retriever|shard)/' ;;
     trainer) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^pipeline/tokenizer/tokenizer\.h$' ;;
     tests) echo '^(common|schemas|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
+    bench) echo '^(common|schemas|pipeline|encoder|retriever|shard|trainer|bench)/|^tests/ref/' ;;
   esac
 }
-floor_breaks() {  # FOLDER...: each include outside its floor's rule, as FILE:LINE: #include "..."
+floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, as FILE:LINE: text
   local d f n inc re
   for d in "$@"; do
-    re=$(floor_rule "${d%%/*}")
+    re=$(floor_rule "$d")
     while IFS=: read -r f n inc; do
       inc=${inc#*\"}; inc=${inc%%\"*}
       [[ $inc != */* || $inc =~ $re ]] || echo "$f:$n: #include \"$inc\""
     done < <(find "$d" -name '*.[ch]' -o -name '*.cu' -o -name '*.def' | sort |
              xargs -r grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' /dev/null)
+    case $d in
+      tests) find "$d" -name '*.py' -o -name '*.sh' | sort |
+               xargs -r grep -nE "sys\.path[^#]*[\"'/]bench|^[[:space:]]*(from|import) bench" /dev/null ;;
+      bench) find "$d" -name '*.py' -o -name '*.sh' | sort |
+               xargs -r grep -nE "sys\.path[^#]*tests" /dev/null | grep -vE "tests/ref|\"tests\", \"ref\"" ;;
+    esac
   done
-  find "$@" -name '*.py' | sort | xargs -r grep -nE '^[^#]*(sys\.path[^#]*bench|^(from|import) bench)' /dev/null || true
+  return 0
 }
-breaks=$(floor_breaks common schemas pipeline encoder retriever shard trainer tests)
-[ -z "$breaks" ] || fail "includes that break the floor plan of docs/ARCHITECTURE.md:
+breaks=$(floor_breaks common schemas pipeline encoder retriever shard trainer tests bench)
+[ -z "$breaks" ] || fail "includes or imports that break the floor plan of docs/ARCHITECTURE.md:
 $breaks"
-mkdir -p "$WORK/schemas" "$WORK/tests"
+mkdir -p "$WORK/schemas" "$WORK/tests" "$WORK/bench"
 printf '#include "common/error.h"\n#include "shard/target_reader.h"\n' > "$WORK/schemas/x.c"
-printf 'import sys\nsys.path.insert(0, "bench")\n' > "$WORK/tests/x.py"
-breaks=$(cd "$WORK" && floor_breaks schemas tests)
-[ "$(grep -c . <<<"$breaks")" = 2 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" ||
-  fail "the floor check missed a planted break: $breaks"
+P='sys.path.insert(0, "%s")\n'  # the planted imports, written so that this file does not match them
+printf "import sys\n$P" bench > "$WORK/tests/x.py"
+printf "import sys\n$P$P" tests/ref tests/py > "$WORK/bench/x.py"
+breaks=$(cd "$WORK" && floor_breaks schemas tests bench)
+[ "$(grep -c . <<<"$breaks")" = 3 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" &&
+  grep -q 'tests/x.py:2:' <<<"$breaks" && grep -q 'bench/x.py:3:' <<<"$breaks" ||
+  fail "the floor check missed a planted break, or reported a good line: $breaks"
 ok "every include stays on its floor (docs/ARCHITECTURE.md)"
 
 # the check must be able to fail: a made-up command, flags and config keys, each reported
