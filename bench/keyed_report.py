@@ -2,8 +2,8 @@
 bench/bench_memory.sh and bench/ablations.sh collect (one object per DFM run: "eval" = the trainer's
 final held-out evaluation record, "ideal" = bench/keyed_ideal.py's output, plus labels).
 
-  python3 bench/keyed_report.py memory RUNS.jsonl OUT.md [--command CMD] [--seconds S]
-  python3 bench/keyed_report.py ablations RUNS.jsonl OUT.md OUT.svg [--command CMD] [--seconds S]
+  python3 bench/keyed_report.py memory RUNS.jsonl OUT.md [--command CMD] [--seconds S] [--load X]
+  python3 bench/keyed_report.py ablations RUNS.jsonl OUT.md OUT.svg [--command CMD] [--seconds S] [--load X]
 
 Evaluation modes are every scalar "ce_*" key of the record, named below when known; list-valued keys are
 per-position CE inside a chunk. Pure Python (the chart is hand-written SVG).
@@ -35,11 +35,11 @@ def per_position(ev):
     return {k: v for k, v in ev.items() if isinstance(v, list) and v and isinstance(v[0], (int, float))}
 
 
-def header(title, command, seconds):
+def header(title, command, seconds, load=None):
     return ["# %s" % title, "",
             "Run %s UTC on %s (%d CPUs, load average %.1f at the end)%s." % (
                 time.strftime("%Y-%m-%d %H:%M", time.gmtime()), platform.machine(), os.cpu_count() or 0,
-                os.getloadavg()[0], ", %d s in all" % seconds if seconds else ""),
+                os.getloadavg()[0] if load is None else load, ", %d s in all" % seconds if seconds else ""),
             "Command: `%s`" % command if command else "", ""]
 
 
@@ -47,8 +47,8 @@ def fmt(x):
     return "%.4f" % x if isinstance(x, (int, float)) else "n/a"
 
 
-def memory(runs, out, command, seconds):
-    lines = header("Keyed memory benchmark", command, seconds)
+def memory(runs, out, command, seconds, load):
+    lines = header("Keyed memory benchmark", command, seconds, load)
     modes = []
     for r in runs:
         modes += [m for m in modes_of(r["eval"]) if m not in modes]
@@ -68,7 +68,7 @@ def memory(runs, out, command, seconds):
     lines += ["", "Ideal cross-entropies of each corpus on the same held-out tokens (bench/keyed_ideal.py):", "",
               "| corpus | key known (best target memory) | Bayes from context (best predicted memory, best backbone) "
               "| Bayes from the chunk's own tokens | key worth (in-chunk − key known) |", "|---|---:|---:|---:|---:|"]
-    for r in runs:
+    for r in {r["corpus"]: r for r in runs}.values():
         i = r["ideal"]
         lines.append("| %s | %.4f | %.4f | %.4f | %.4f |" % (r["corpus"], i["key_known"], i["from_context"],
                                                            i["in_chunk"], i["in_chunk"] - i["key_known"]))
@@ -80,7 +80,8 @@ def memory(runs, out, command, seconds):
                  for k in ("key_known_per_position", "from_context_per_position", "in_chunk_per_position")]
         if not pp:
             rows.insert(0, ("(the trainer logs no per-position CE)", [None] * L))
-        lines += ["", "Per-position CE inside a chunk, %s (position of the predicted token, 0 = a chunk's first):" % r["corpus"], "",
+        lines += ["", "Per-position CE inside a chunk, %s, %s (position of the predicted token, 0 = a chunk's first):"
+                  % (r["corpus"], r["flags"]), "",
                   "| | " + " | ".join(str(j) for j in range(L)) + " |", "|---|" + "---:|" * L]
         for name, v in rows:
             lines.append("| %s | %s |" % (name, " | ".join("%.2f" % x if isinstance(x, (int, float)) else "" for x in v[:L])))
@@ -117,8 +118,8 @@ def svg_bars(groups, path, title):
     open(path, "w").write("\n".join(s) + "\n")
 
 
-def ablations(runs, out, svg, command, seconds):
-    lines = header("Ablations on the keyed memory benchmark", command, seconds)
+def ablations(runs, out, svg, command, seconds, load):
+    lines = header("Ablations on the keyed memory benchmark", command, seconds, load)
     lines += ["Each row: DFM modules trained with the default flags except the one named; held-out CE (nats); "
               "Δ = mode − fusion off of the same backbone.", ""]
     lines.append("| ablation | setting | fusion off | predicted memory | target memory | Δ predicted | Δ target | cosine | s |")
@@ -148,12 +149,13 @@ def main():
     ap.add_argument("svg", nargs="?")
     ap.add_argument("--command", default="")
     ap.add_argument("--seconds", type=int, default=0)
+    ap.add_argument("--load", type=float, help="load average at the end of the runs (default: now)")
     a = ap.parse_args()
     runs = [json.loads(l) for l in open(a.runs) if l.strip()]
     if a.what == "memory":
-        memory(runs, a.out, a.command, a.seconds)
+        memory(runs, a.out, a.command, a.seconds, a.load)
     else:
-        ablations(runs, a.out, a.svg or os.path.splitext(a.out)[0] + ".svg", a.command, a.seconds)
+        ablations(runs, a.out, a.svg or os.path.splitext(a.out)[0] + ".svg", a.command, a.seconds, a.load)
 
 
 if __name__ == "__main__":
