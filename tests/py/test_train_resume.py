@@ -14,23 +14,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DFM_TRAIN = os.environ.get("DFM_TRAIN", os.path.join(ROOT, "build", "dfm-train"))
-FAILS = []
-
-
-def run(*args):
-    p = subprocess.run([DFM_TRAIN] + [str(a) for a in args], capture_output=True, text=True, errors="replace")
-    if p.returncode != 0:
-        print(p.stdout, p.stderr)
-        raise SystemExit("dfm-train %s failed (exit %d)" % (args[0], p.returncode))
-    return p
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILS.append(what)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_cli import DFM_TRAIN, FAILS, check, run  # noqa: E402
 
 
 def main():
