@@ -483,7 +483,8 @@ static int build_matcher(dfm_tokenizer *tok, dfm_added_matcher *m, int normalize
 
 static int normalize_segment(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *out, sbuf *tmp);
 
-static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
+/* model: type BPE and its options; then the normalizer, pre-tokenizer and decoder stages */
+static int load_model_head(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     json_t *model = json_object_get(root, "model");
     if (!json_is_object(model)) return LFAIL(lc, DFM_EFORMAT, "model: missing or not an object");
     const char *mtype = jstr(model, "type");
@@ -513,8 +514,11 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
         return LFAIL(lc, DFM_EUNSUPPORTED, "decoder: ByteLevel decoder without a ByteLevel pre-tokenizer is not supported");
     if (tok->byte_level && tok->decoder_kind != DEC_BYTELEVEL)
         return LFAIL(lc, DFM_EUNSUPPORTED, "decoder: a ByteLevel pre-tokenizer needs the ByteLevel decoder");
+    return DFM_OK;
+}
 
-    /* model vocabulary */
+/* model.vocab and the ids of added_tokens: the id tables, keys, decode strings and the vocabulary map */
+static int load_vocab(load_ctx *lc, dfm_tokenizer *tok, json_t *vocab, json_t *added) {
     uint32_t max_id = 0;
     const char *k;
     json_t *v;
@@ -523,7 +527,6 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
             return LFAIL(lc, DFM_EFORMAT, "model.vocab[\"%s\"]: id is not a non-negative integer", k);
         if ((uint32_t)json_integer_value(v) + 1 > max_id) max_id = (uint32_t)json_integer_value(v) + 1;
     }
-    json_t *added = json_object_get(root, "added_tokens");
     if (added && !json_is_array(added)) return LFAIL(lc, DFM_EFORMAT, "added_tokens: not an array");
     for (size_t i = 0; i < json_array_size(added); i++) {
         json_t *a = json_array_get(added, i);
@@ -560,8 +563,11 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     DFM_TRY(dfm_strmap_init(&tok->vocab, n_vocab, (const char *const *)tok->key, tok->key_len));
     for (uint32_t id = 0; id < tok->n_ids; id++)
         if (tok->key[id]) dfm_strmap_put(&tok->vocab, id);
+    return DFM_OK;
+}
 
-    /* byte tokens */
+/* the byte tokens (byte-level alphabet or byte fallback) and the unknown token */
+static int load_byte_tokens(dfm_tokenizer *tok, json_t *model) {
     for (int b = 0; b < 256; b++) tok->byte_id[b] = -1;
     if (tok->byte_level) {
         for (int b = 0; b < 256; b++) {
@@ -585,8 +591,11 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
         tok->unk_id = dfm_strmap_get(&tok->vocab, b.p, len);
         free(b.p);
     }
+    return DFM_OK;
+}
 
-    /* merges */
+/* model.merges ("a b" or ["a", "b"]) into the merge map, ranked by position */
+static int load_merges(load_ctx *lc, dfm_tokenizer *tok, json_t *merges) {
     size_t nm = json_array_size(merges);
     DFM_TRY(dfm_mergemap_init(&tok->merges, nm));
     sbuf kb = {0};
@@ -630,10 +639,14 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
         dfm_mergemap_put(&tok->merges, (uint32_t)ia, (uint32_t)ib, (uint32_t)i, (uint32_t)im);
     }
     free(kb.p);
-    if (rc) return rc;
-    tok->n_merges = (uint32_t)nm;
+    if (!rc) tok->n_merges = (uint32_t)nm;
+    return rc;
+}
 
-    /* added tokens: content, flags; ids outside the model vocabulary get their key and decode here */
+/* added tokens: content, flags; ids outside the model vocabulary get their key and decode here; then
+ * the matchers that find them in raw and normalized text */
+static int load_added(dfm_tokenizer *tok, json_t *added) {
+    int rc = DFM_OK;
     tok->n_added = json_array_size(added);
     tok->added = calloc(tok->n_added ? tok->n_added : 1, sizeof *tok->added);
     if (!tok->added) return DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -670,8 +683,11 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     if (rc) return rc;
     DFM_TRY(build_matcher(tok, &tok->raw_matcher, 0));
     DFM_TRY(build_matcher(tok, &tok->norm_matcher, 1));
+    return DFM_OK;
+}
 
-    /* description */
+/* the one-line description */
+static void describe(dfm_tokenizer *tok) {
     char pre[96] = "", nrm[64] = "";
     for (size_t i = 0; i < tok->n_pre; i++) {
         const char *nm2 = tok->pre[i].kind == DFM_PRE_SPLIT ? "Split" : tok->pre[i].kind == DFM_PRE_BYTELEVEL ? "ByteLevel" : "Metaspace";
@@ -684,6 +700,17 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     snprintf(tok->describe, sizeof tok->describe, "%s BPE, %u merges, %u ids, normalizer %s, pre-tokenizer %s",
              tok->byte_level ? "byte-level" : tok->byte_fallback ? "SentencePiece-style (byte fallback)" : "SentencePiece-style",
              tok->n_merges, tok->n_ids, tok->n_norm ? nrm : "none", tok->n_pre ? pre : "none");
+}
+
+static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
+    DFM_TRY(load_model_head(lc, tok, root));
+    json_t *model = json_object_get(root, "model");
+    json_t *added = json_object_get(root, "added_tokens");
+    DFM_TRY(load_vocab(lc, tok, json_object_get(model, "vocab"), added));
+    DFM_TRY(load_byte_tokens(tok, model));
+    DFM_TRY(load_merges(lc, tok, json_object_get(model, "merges")));
+    DFM_TRY(load_added(tok, added));
+    describe(tok);
     return DFM_OK;
 }
 
