@@ -18,21 +18,13 @@ extern "C" {
 #include "common/error.h"
 }
 #include "common/cuda_check.h"
+#include "common/cuda_warp.cuh"
 #include "trainer/ops_cuda.h"
 
 // elementwise kernels loop with a grid stride: at most 65536 blocks of 256
 static inline unsigned ew_blocks(size_t n) {
     unsigned b = blocks_for(n, 256);
     return b < 65536 ? b : 65536;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 // ---- context ----------------------------------------------------------------------------------------

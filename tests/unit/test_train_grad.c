@@ -637,6 +637,15 @@ static void test_teacher_forcing(void **state) {
     int n = 0;
     for (int i = 0; i < 200; i++) n += src[i];
     assert_true(n > 30 && n < 90); /* p = 0.3 of 200 */
+    /* per-position CE: row s predicts the token at (s + 1) % L of its chunk; rows without a target skipped */
+    const float rl[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const int tg[8] = {0, 0, -1, 0, 0, 0, 0, 0};
+    double sum[4] = {0};
+    long cnt[4] = {0};
+    model_ce_by_position(rl, tg, 2, 4, 4, sum, cnt);
+    assert_true(sum[0] == 4 + 8 && cnt[0] == 2); /* a chunk's first token: predicted by the previous last row */
+    assert_true(sum[1] == 1 + 5 && cnt[1] == 2);
+    assert_true(sum[3] == 7 && cnt[3] == 1);
     free(tm);
     model_free(m);
 }
