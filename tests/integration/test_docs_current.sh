@@ -198,7 +198,7 @@ floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, 
     while IFS=: read -r f n inc; do
       inc=${inc#*\"}; inc=${inc%%\"*}
       [[ $inc != */* || $inc =~ $re ]] || echo "$f:$n: #include \"$inc\""
-    done < <(find "$d" -name '*.[ch]' -o -name '*.cu' -o -name '*.def' | sort |
+    done < <(find "$d" -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' -o -name '*.def' | sort |
              xargs -r grep -nE '^[[:space:]]*#[[:space:]]*include[[:space:]]+"' /dev/null)
     case $d in
       tests) find "$d" -name '*.py' -o -name '*.sh' | sort |
