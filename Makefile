@@ -6,6 +6,7 @@
 #   make test        deps + build + the whole test suite (unit, sanitizer, MPI, integration)
 #   make demo        deps + build + the end-to-end demo on the embedded corpus
 #   make SAN=1       an ASan+UBSan build into build-san/
+#   make fuzz        the libFuzzer harnesses of tests/fuzz/, FUZZ_SECONDS each (see the end of this file)
 #   make checks      the checker, tool and benchmark programs (see the end of this file)
 #
 # Every source folder is globbed: a new .c file in a part's folder is built without editing this file.
@@ -138,6 +139,7 @@ JOBS ?= $(shell nproc)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests checks
 	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) fuzzers
 	@bash tests/run.sh
 
 demo: deps
@@ -148,7 +150,7 @@ bench: all bench-programs
 	@bash bench/run_all.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san $(FUZZ_BUILD)
 
 # ---------------------------------------------------------------------------------------------------------
 # Checker, tool and benchmark programs. The sources live in tests/ and bench/; nothing outside this file
@@ -251,6 +253,52 @@ else
 faiss-c-api:
 	@echo "faiss-c-api: FAISS_SRC=DIR (a FAISS source tree with c_api/) is required; FAISS_C_OUT=FILE.a" >&2; exit 1
 endif
+
+
+# ---------------------------------------------------------------------------------------------------------
+# libFuzzer harnesses of every parser of untrusted bytes (tests/fuzz/fuzz_<name>.c, seeds in
+# tests/fuzz/seeds/<name>/; tests/fuzz/README.md says what each covers and what they found). They need
+# clang and its runtime (scripts/deps/apt.txt). The library is rebuilt with clang into $(FUZZ_BUILD)
+# with coverage and ASan+UBSan.
+#
+#   make fuzzers               $(FUZZ_BUILD)/fuzz/<name> for every harness
+#   make fuzz                  each for FUZZ_SECONDS (default 60) on a copy of its seeds; a crash is saved
+#                              under $(FUZZ_BUILD)/crashes/<name>/ and fails the target
+#   make fuzz FUZZERS=a b      only these harnesses
+# `make test` runs each for FUZZ_RUNS inputs (tests/run.sh, names fuzz/<name>).
+FUZZ_CC ?= clang
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZERS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+MPI_CFLAGS = $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS = $(shell mpicc --showme:link 2>/dev/null)
+
+# inside the clang build ($(FUZZ_BUILD) as BUILD): one harness program
+$(BUILD)/fuzz/%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_file.h $(TRAIN_OBJ) $(BUILD)/libdfm.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS) $(MPI_LIBS)
+
+fuzzers:
+	@command -v $(FUZZ_CC) >/dev/null || { printf '  \033[31m✗\033[0m %s\n' "fuzzers: $(FUZZ_CC) not found. HINT: apt-get install clang libclang-rt-14-dev (scripts/deps/apt.txt), or FUZZ_CC=clang-N"; exit 1; }
+	@echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
+	  $(FUZZ_CC) -x c -fsanitize=fuzzer - -o /dev/null 2>/dev/null || { printf '  \033[31m✗\033[0m %s\n' "fuzzers: $(FUZZ_CC) cannot link -fsanitize=fuzzer. HINT: apt-get install libclang-rt-14-dev (the version of $(FUZZ_CC))"; exit 1; }
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) SAN=0 CC="$(FUZZ_CC) $(MPI_CFLAGS)" \
+	  OPT="-O1 -fsanitize=fuzzer-no-link" EXTRA_CFLAGS="$(FUZZ_SAN)" LDFLAGS="$(FUZZ_SAN) -fopenmp" \
+	  $(addprefix $(FUZZ_BUILD)/fuzz/,$(FUZZERS))
+
+fuzz: fuzzers
+	@rc=0; for f in $(FUZZERS); do \
+	  c=$(FUZZ_BUILD)/corpus/$$f; a=$(FUZZ_BUILD)/crashes/$$f/; mkdir -p $$c $$a; \
+	  echo "fuzz $$f: $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_BUILD)/fuzz/$$f -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 -artifact_prefix=$$a \
+	    $$c tests/fuzz/seeds/$$f > $(FUZZ_BUILD)/$$f.log 2>&1 \
+	    && grep -E '^(Done|stat::number_of_executed_units|stat::peak_rss_mb)' $(FUZZ_BUILD)/$$f.log | tr '\n' ' ' \
+	    && echo "cov $$(grep -o 'cov: [0-9]*' $(FUZZ_BUILD)/$$f.log | tail -1), corpus $$(ls $$c | wc -l)" \
+	    || { rc=1; echo "FAIL fuzz $$f (log $(FUZZ_BUILD)/$$f.log, input under $$a):"; tail -30 $(FUZZ_BUILD)/$$f.log; }; \
+	done; exit $$rc
+
+.PHONY: fuzzers fuzz
 
 .PHONY: emu-checks cuda-checks tools bench-programs checks faiss-c-api
 

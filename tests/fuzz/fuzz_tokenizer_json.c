@@ -1,0 +1,27 @@
+/* fuzz_tokenizer_json.c — libFuzzer harness: a Hugging Face tokenizer.json through dfm_tokenizer_load;
+ * a tokenizer that loads must encode a fixed text and decode what it made. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pipeline/tokenizer/tokenizer.h"
+#include "tests/fuzz/fuzz_file.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const char *path = fuzz_file("tokenizer.json", data, size);
+    dfm_tokenizer *tok;
+    if (!path || dfm_tokenizer_load(path, &tok)) return 0;
+    static const char text[] = "Hello, world! 123 \xc3\xa9t\xc3\xa9 \xe2\x80\x94 <|endoftext|>  tabs\tand\nlines";
+    dfm_ids ids = {0};
+    if (dfm_tokenizer_encode(tok, text, strlen(text), &ids, NULL) == 0) {
+        char *s = NULL;
+        size_t n = 0;
+        if (dfm_tokenizer_decode(tok, ids.ids, ids.n, 0, &s, &n) == 0) free(s);
+    }
+    dfm_ids_free(&ids);
+    dfm_tokenizer_vocab_size(tok);
+    dfm_tokenizer_eos_id(tok);
+    dfm_tokenizer_describe(tok);
+    dfm_tokenizer_free(tok);
+    return 0;
+}
