@@ -2,8 +2,8 @@
 # tests/run.sh — run every test program and print one closing line: "N passed, N failed".
 #
 # Runs, in order: unit tests (build/tests/test_*), the same under ASan+UBSan (build-san/tests/test_*),
-# integration tests (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among
-# them the CUDA checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
+# the fuzzers for FUZZ_RUNS inputs (build-fuzz/fuzz/*, default 2000), integration tests
+# (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among them the CUDA checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
 # Each program is one test; its own output says which case failed. A unit test that is not built counts
 # as failed. Exit status is non-zero if any failed, 2 if none was selected.
 #   TESTS=REGEX tests/run.sh    run only tests whose name matches REGEX (one that matches nothing is an error)
@@ -56,6 +56,14 @@ for src in tests/unit/test_*.c; do
   leaks=1; grep -qE 'MPI_Init|dfm_mpi_init' "$src" && leaks=0
   run_one "asan/${t##*/}" env ASAN_OPTIONS=detect_leaks=$leaks:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 "$t"
+done
+# libFuzzer harnesses (make fuzzers, under ASan+UBSan): FUZZ_RUNS inputs each from the committed seeds,
+# new inputs into a scratch folder; a crashing input is kept as build/test-logs/fuzz-NAME-crash-*
+for src in tests/fuzz/fuzz_*.c; do
+  n=$(basename "$src" .c); n=${n#fuzz_}; t=build-fuzz/fuzz/$n
+  [ -x "$t" ] || { not_built "fuzz/$n" "$t" "make fuzzers, which needs clang"; continue; }
+  run_one "fuzz/$n" bash -c 'd=$(mktemp -d); "$1" -runs="$2" -artifact_prefix="$3" "$d" "$4"; rc=$?; rm -rf "$d"; exit $rc' \
+    _ "$t" "${FUZZ_RUNS:-2000}" "$LOGDIR/fuzz-$n-" "tests/fuzz/seeds/$n"
 done
 for t in tests/integration/test_*.sh; do [ -f "$t" ] && run_one "integration/$(basename "$t" .sh)" bash "$t"; done
 for t in tests/py/test_*.py; do [ -f "$t" ] && run_one "py/$(basename "$t" .py)" "$DFM_PYTHON" "$t"; done

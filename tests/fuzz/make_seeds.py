@@ -1,0 +1,131 @@
+"""make_seeds.py — write the seed corpora of tests/fuzz/ (tests/fuzz/seeds/<harness>/): small, valid
+inputs of each format, so the fuzzers start from files the parsers accept and mutate from there.
+Run with the project's Python (it needs xxhash and zstandard):  python3 tests/fuzz/make_seeds.py
+The binary layouts are those of schemas/*.md; checksums are written right although the shard harnesses
+reseal them anyway."""
+import json
+import os
+import struct
+
+import xxhash
+import zstandard
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seeds")
+
+
+def put(harness, name, data):
+    d = os.path.join(OUT, harness)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def h64(b, seed=0):
+    return xxhash.xxh3_64_intdigest(b, seed=seed)
+
+
+def seal128(head120_without_sums, payload, payload_off):
+    """A 128-byte header: fields, payload checksum at payload_off, header checksum at 120."""
+    h = bytearray(head120_without_sums.ljust(120, b"\0"))
+    h[payload_off:payload_off + 8] = struct.pack("<Q", h64(payload))
+    return bytes(h) + struct.pack("<Q", h64(bytes(h))) + payload
+
+
+def chunk_shard():
+    L, n, vocab = 4, 3, 100
+    recs = b""
+    for i in range(n):
+        recs += struct.pack("<QQHHI", i, i, L - (i == n - 1), 1 | 2 * (i == 0), 0)
+        recs += struct.pack("<4I", *[(7 * i + j) % vocab for j in range(L)])
+    head = b"DFMCHNK1" + struct.pack("<6I4Q2I2Q", 1, 128, L, 2 * L, 4, 0, 0, n, vocab, 0x1234, 99, 0,
+                                     len(recs), 0)
+    put("chunk_shard", "three_chunks", seal128(head, recs, 80))
+
+
+def embedding_shard():
+    for dtype, fmt, size in ((0, "<f", 4), (1, "<e", 2)):
+        dim, n = 4, 2
+        rows = b"".join(struct.pack(fmt, 0.25 * (r + 1) * (c - 1.5)) for r in range(n) for c in range(dim))
+        head = b"DFMEMBD1" + struct.pack("<4I6Q", 1, 128, dim, dtype, 0, n, 0xAB, 0x1234, len(rows), 0)
+        put("embedding_shard", f"two_rows_{size * 8}", seal128(head, rows, 64))
+
+
+def neighbor_shard():
+    k, n, total = 3, 2, 10
+    k2 = (k + 1) & ~1
+    row_bytes = 8 * k + 4 * k2 + 8
+    rows = b""
+    for r in range(n):  # inner product: scores descending; the last slot empty
+        rows += struct.pack("<3q", 5 + r, 2, -1) + struct.pack("<4f", 0.9, 0.5, 0.0, 0.0) + struct.pack("<Q", 3)
+    head = b"DFMNBRS1" + struct.pack("<4I4Q2I3Q", 1, 128, k, 0, 4, n, row_bytes, total, 1, 1, len(rows), 0, 0)
+    put("neighbor_shard", "two_rows_ip", seal128(head, rows, 72))
+
+
+def target_record():
+    for flags, dtype, raw in ((0, 1, False), (4, 2, True)):
+        k, d = 2, 3
+        payload = struct.pack("<Q", 1) + struct.pack("<2q", 7, -1) + struct.pack("<2f", 0.8, 0.0)
+        if not flags & 4:
+            payload += struct.pack("<6f", 1, 2, 3, 0, 0, 0)
+        stored = payload if raw else zstandard.ZstdCompressor(level=3, write_content_size=True).compress(payload)
+        f = flags | (2 if raw else 0)
+        head = b"DFTR" + struct.pack("<HHQHBBIIIQ", 1, f, 42, k, dtype, 0, d, len(payload), len(stored),
+                                     h64(payload))
+        rec = head + struct.pack("<Q", h64(stored, seed=h64(head))) + stored
+        put("target_record", f"k2_d3_{'raw_ids' if raw else 'zstd_emb'}", rec)
+
+
+def safetensors():
+    data = struct.pack("<6f", 1, 2, 3, 4, 5, 6) + struct.pack("<2e", 0.5, -2)
+    hdr = json.dumps({"__metadata__": {"format": "pt"},
+                      "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+                      "b": {"dtype": "F16", "shape": [2], "data_offsets": [24, 28]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    put("safetensors", "two_tensors", struct.pack("<Q", len(hdr)) + hdr + data)
+
+
+def token_bin():
+    for version, fmt in ((1, "<H"), (2, "<I")):
+        toks = [50256, 15496, 11, 995, 50256, 40, 716, 257, 1332, 13, 50256]
+        head = struct.pack("<256i", 20240520, version, len(toks), *([0] * 253))
+        put("token_bin", f"v{version}", head + b"".join(struct.pack(fmt, t) for t in toks))
+
+
+def text_seeds():
+    put("jsonl", "three_lines", '{"text": "Hello world."}\n{"id": 2, "text": "caf\\u00e9 \\ud83d\\ude00"}\n'
+        '{"text": ""}\n')
+    put("vocab_txt", "bert_like", "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", ",",
+                                             "!", "un", "##aff", "##able", "x", "caf", "##e"]) + "\n")
+    put("encoder_config", "bert", json.dumps({
+        "architectures": ["BertModel"], "model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 15, "max_position_embeddings": 64,
+        "type_vocab_size": 2, "layer_norm_eps": 1e-12, "hidden_act": "gelu"}, indent=1))
+    put("backbone_config", "llama", json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+        "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "tie_word_embeddings": True}, indent=1))
+    put("backbone_config", "gpt2", json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+        "vocab_size": 256, "n_positions": 128, "layer_norm_epsilon": 1e-5}, indent=1))
+    vocab = {c: i for i, c in enumerate(["h", "e", "l", "o", "\u0120", "w", "r", "d", "he", "ll", "hell", "hello"])}
+    put("tokenizer_json", "byte_level_bpe", json.dumps({
+        "version": "1.0",
+        "added_tokens": [{"id": 12, "content": "<|endoftext|>", "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                          "use_regex": True},
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "byte_fallback": False,
+                  "vocab": vocab, "merges": ["h e", "l l", "he ll", "hell o"]}}, indent=1))
+
+
+if __name__ == "__main__":
+    chunk_shard()
+    embedding_shard()
+    neighbor_shard()
+    target_record()
+    safetensors()
+    token_bin()
+    text_seeds()
