@@ -322,6 +322,9 @@ int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_sea
                 memcpy(out + q * p->k, merged, nm * sizeof *merged);
             }
             n_out[q] = nm;
+            uint64_t excl = 0;
+            rc = dfm_count_excluded(p, &qs[q], qv + q * dim, out + q * p->k, nm, vs, cs, &excl);
+            c->excluded += excl;
         }
         if (lists != lists_stack) free(lists);
         if (lens != lens_stack) free(lens);
@@ -745,10 +748,12 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
         json_array_append_new(outs, json_pack("{s:s, s:I, s:I, s:I}", "file", f, "first_chunk", (json_int_t)first, "n_rows",
                                               (json_int_t)rows, "bytes", (json_int_t)by));
     }
-    json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "queries", (json_int_t)queries_issued, "no_query_rows",
-                               (json_int_t)sum[6], "shard_searches", (json_int_t)sum[0], "candidates_fetched", (json_int_t)sum[1],
-                               "excluded", (json_int_t)sum[2], "re_searches", (json_int_t)sum[3], "items_kept", (json_int_t)sum[4],
-                               "padded_slots", (json_int_t)sum[5], "bytes", (json_int_t)bytes);
+    /* the run's counts (per query, the same on any number of ranks), then the shard-level figures */
+    json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "queries", (json_int_t)queries_issued,
+                               "no_query_rows", (json_int_t)sum[6], "candidates_fetched", (json_int_t)(queries_issued * (k + o->margin)),
+                               "excluded", (json_int_t)sum[2], "items_kept", (json_int_t)sum[4], "padded_slots", (json_int_t)sum[5],
+                               "bytes", (json_int_t)bytes, "shard_searches", (json_int_t)sum[0], "shard_candidates_fetched",
+                               (json_int_t)sum[1], "shard_excluded", (json_int_t)sum[7], "re_searches", (json_int_t)sum[3]);
     if (r->measured_recall >= 0) json_object_set_new(counts, "recall", json_real(r->measured_recall));
     char hashbuf[20];
     snprintf(hashbuf, sizeof hashbuf, "%016llx", (unsigned long long)r->index_hash);
@@ -762,18 +767,20 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
                                                     r->tuned_recall, "target", o->target_recall));
     if (st && r->measured_recall >= 0) json_object_set_new(st, "recall", json_pack("{s:i, s:f, s:I}", "k", (int)k, "recall@k", r->measured_recall,
                                                                                   "queries", (json_int_t)o->measure_recall));
-    DFM_LOG_I("retrieve: %llu queries, %llu candidates fetched, %llu kept, %llu padded slots, %llu excluded, %llu re-searches in %.2fs",
-              (unsigned long long)queries_issued, (unsigned long long)sum[1], (unsigned long long)sum[4], (unsigned long long)sum[5],
-              (unsigned long long)sum[2], (unsigned long long)sum[3], r->search_s);
+    DFM_LOG_I("retrieve: %llu queries, %llu kept, %llu padded slots, %llu excluded; %llu shard searches fetched %llu candidates, "
+              "%llu re-searched, in %.2fs", (unsigned long long)queries_issued, (unsigned long long)sum[4], (unsigned long long)sum[5],
+              (unsigned long long)sum[2], (unsigned long long)sum[0], (unsigned long long)sum[1], (unsigned long long)sum[3], r->search_s);
     return st;
 }
 
 /* 5. counts over ranks; rank 0 gets the stage object */
 static int retrieve_finish(retrieve_ctx *r, json_t **stage) {
     const dfm_search_counts *cnt = &r->cnt;
-    uint64_t mine[7] = {cnt->queries, cnt->candidates, cnt->excluded, cnt->researches, cnt->kept, cnt->padded, cnt->no_query}, sum[7] = {0};
+    uint64_t mine[8] = {cnt->shard_searches, cnt->shard_candidates, cnt->excluded, cnt->researches, cnt->kept, cnt->padded, cnt->no_query,
+                        cnt->shard_excluded},
+             sum[8] = {0};
     double index_s = 0;
-    int rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, 7, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));
+    int rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, 8, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));
     if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(&cnt->search_s, &index_s, 1, MPI_DOUBLE, MPI_MAX, 0, r->m->comm));
     if (!rc && r->m->rank == 0) {
         *stage = stage_object(r, sum, index_s);

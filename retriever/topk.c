@@ -174,6 +174,48 @@ int dfm_excluded(uint32_t policy, const dfm_query *q, uint64_t c, const dfm_chun
     return 1;
 }
 
+/* The ids [*lo, *hi] that can hold every id q excludes under policy (dfm_excluded decides each). */
+static void excluded_span(uint32_t policy, const dfm_query *q, const dfm_chunk_source *cs, uint64_t *lo, uint64_t *hi) {
+    uint64_t a = (uint64_t)q->src_first, z = (uint64_t)q->chunk_id, cps = cs->chunks_per_seq;
+    if (policy == DFM_EXCLUDE_SEQUENCE && cps) {
+        a = z / cps * cps;
+        z = a + cps - 1 < cs->n_chunks ? a + cps - 1 : cs->n_chunks - 1;
+    } else if (policy == DFM_EXCLUDE_DOCUMENT) {
+        /* documents run in chunk-id order; padding chunks carry no document and are stepped over */
+        for (const dfm_chunk_meta *m; a > 0 && ((m = cs->meta(cs->ctx, a - 1))->n_valid == 0 || m->doc_last >= q->doc_lo);) a--;
+        for (const dfm_chunk_meta *m; z + 1 < cs->n_chunks && ((m = cs->meta(cs->ctx, z + 1))->n_valid == 0 || m->doc_first <= q->doc_hi);) z++;
+    }
+    *lo = a;
+    *hi = z;
+}
+
+int dfm_count_excluded(const dfm_search_params *p, const dfm_query *q, const float *qv, const dfm_hit *kept, uint32_t nkept,
+                       const dfm_vec_source *vs, const dfm_chunk_source *cs, uint64_t *count) {
+    *count = 0;
+    if (p->exclude == DFM_EXCLUDE_NONE) return DFM_OK; /* only padding, which no index holds */
+    uint64_t lo, hi;
+    excluded_span(p->exclude, q, cs, &lo, &hi);
+    float *vbuf = NULL;
+    int rc = DFM_OK;
+    for (uint64_t c = lo; c <= hi && !rc; c++) {
+        const dfm_chunk_meta *cm = cs->meta(cs->ctx, c);
+        if (cm->n_valid == 0 || !dfm_excluded(p->exclude, q, c, cm, cs->chunks_per_seq)) continue;
+        const float *row = vs->row ? vs->row(vs->ctx, c) : NULL;
+        if (!row) {
+            if (!vbuf && !(vbuf = malloc(sizeof(float) * vs->dim))) {
+                rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+                break;
+            }
+            if ((rc = vs->rows(vs->ctx, c, 1, vbuf))) break;
+            row = vbuf;
+        }
+        dfm_hit h = {(int64_t)c, dfm_exact_score(qv, row, vs->dim, p->metric), 0};
+        if (nkept < p->k || dfm_hit_before(&h, &kept[p->k - 1], p->metric)) (*count)++;
+    }
+    free(vbuf);
+    return rc;
+}
+
 /* ---- one shard's top-K ---- */
 
 /* One query's candidates: drop excluded ids, rescore exactly, sort, and decide whether the search was
@@ -252,7 +294,7 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
     const uint32_t k = dfm_search_cap(p), dim = vs->dim;
     for (size_t q = 0; q < nq; q++) n_out[q] = 0;
     if (nq == 0 || s->ntotal == 0) return DFM_OK;
-    c->queries += nq;
+    c->shard_searches += nq;
     size_t kp = (size_t)k + p->margin;
     if (kp > s->ntotal) kp = (size_t)s->ntotal;
     size_t *pend = malloc(nq * sizeof *pend);
@@ -336,8 +378,8 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
             rc = DFM_FAIL(prc, "%s", errmsg);
             break;
         }
-        c->candidates += cand;
-        c->excluded += excl;
+        c->shard_candidates += cand;
+        c->shard_excluded += excl;
         size_t newpend = 0;
         for (size_t j = 0; j < npend; j++)
             if (again[j]) pend[newpend++] = pend[j];

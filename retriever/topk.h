@@ -125,16 +125,29 @@ typedef struct {
 /* Hits a shard keeps per query: k, or k + margin for an approximate index. */
 static inline uint32_t dfm_search_cap(const dfm_search_params *p) { return p->approx ? p->k + p->margin : p->k; }
 
+/* Counts of a retrieval. The first group is a property of the run: counted once per query at its
+ * owner, the same on any number of ranks (dfm audit --compare relies on it). The second group is
+ * operational: summed over shard visits, so it grows with the number of index shards. */
 typedef struct {
-    uint64_t queries;    /* queries searched (per shard visit) */
-    uint64_t candidates; /* labels fetched from indexes, all searches */
-    uint64_t excluded;   /* fetched candidates dropped by exclusions */
-    uint64_t researches; /* queries searched again deeper */
-    uint64_t kept;       /* real slots written (final rows only) */
-    uint64_t padded;     /* empty slots in rows that had a query */
-    uint64_t no_query;   /* rows without a query (all masked) */
-    double search_s;     /* seconds inside the index's search (the raw FAISS cost) */
+    uint64_t kept;     /* real slots written (final rows only) */
+    uint64_t padded;   /* empty slots in rows that had a query */
+    uint64_t no_query; /* rows without a query (all masked) */
+    uint64_t excluded; /* per query: ids the exclusion policy took from its plain top-K (dfm_count_excluded) */
+    uint64_t shard_searches;   /* queries searched, one per query and shard */
+    uint64_t shard_candidates; /* labels fetched from indexes, all shards and all searches */
+    uint64_t shard_excluded;   /* of those, dropped by exclusions */
+    uint64_t researches;       /* shard searches repeated deeper */
+    double search_s;           /* seconds inside the index's search (the raw FAISS cost) */
 } dfm_search_counts;
+
+/* How many indexed ids (n_valid > 0) the exclusion policy removed from the plain top-K of query q:
+ * those excluded by p->exclude whose exact score ranks before the query's K-th neighbour (every one of
+ * them when fewer than K were kept). kept/nkept: the query's final neighbours, best first, scored
+ * exactly. The count depends only on the corpus, the query and the policy, never on the sharding.
+ * It enumerates the policy's id range (self: W + 1 ids; sequence: the sequence; document: the chunks
+ * overlapping the documents' range) and scores each, so "document" costs that range per query. */
+int dfm_count_excluded(const dfm_search_params *p, const dfm_query *q, const float *qv, const dfm_hit *kept, uint32_t nkept,
+                       const dfm_vec_source *vs, const dfm_chunk_source *cs, uint64_t *count);
 
 /* Smallest batch handed to a search function (see dfm_shard_topk). */
 #define DFM_MIN_SEARCH_BATCH 32
