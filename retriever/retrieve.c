@@ -554,17 +554,25 @@ static int recall_of_index(retrieve_ctx *r, recall_sample *s, double *recall) {
     return DFM_OK;
 }
 
-/* 2. --target-recall: the smallest nprobe / efSearch reaching R on a held-out sample, against brute force */
+/* The search parameter --target-recall tunes: nprobe of an IVF index, efSearch of an HNSW one; NULL
+ * when the index has none, or when the user set it (an explicit --nprobe / --ef-search wins). */
+static const char *tuned_parameter(const retrieve_ctx *r) {
+    if (strstr(r->factory, "IVF")) return r->o->nprobe > 0 ? NULL : "nprobe";
+    if (strstr(r->factory, "HNSW")) return r->o->ef_search > 0 ? NULL : "efSearch";
+    return NULL;
+}
+
+/* 2. --target-recall (on by default): the smallest nprobe / efSearch reaching R on a held-out sample,
+ * against brute force */
 static int tune_recall(retrieve_ctx *r) {
     const dfm_mpi *m = r->m;
     const dfm_retrieve_opts *o = r->o;
     const char *factory = r->factory;
     recall_sample s = {0};
-    r->tuned_name = strstr(factory, "IVF") ? "nprobe" : strstr(factory, "HNSW") ? "efSearch" : NULL;
+    r->tuned_name = tuned_parameter(r);
+    if (!r->tuned_name) return DFM_OK;
     int rc = recall_sample_exact(r, o->measure_recall ? o->measure_recall : 256, o->seed + 1, &s);
-    if (!rc && !r->tuned_name) {
-        if (m->rank == 0) DFM_LOG_W("retrieve: --target-recall has nothing to tune for %s (no nprobe or efSearch)", factory);
-    } else if (!rc) {
+    if (!rc) {
         double limit = strstr(factory, "IVF") ? 1e9 : 1 << 16, v = strstr(factory, "IVF") ? 1 : 16;
         long long nlist = json_integer_value(json_object_get(json_object_get(r->index_stage, "choice"), "nlist"));
         if (nlist > 0) limit = (double)nlist;
@@ -580,8 +588,8 @@ static int tune_recall(retrieve_ctx *r) {
             if (rec >= o->target_recall || v >= limit) break;
         }
         if (!rc && m->rank == 0)
-            DFM_LOG_I("retrieve: %s=%g reaches recall@%u %.4f (target %.4f) on %zu held-out queries", r->tuned_name, r->tuned_value, r->k,
-                      r->tuned_recall, o->target_recall, s.snq);
+            printf("retrieve: %s=%g reaches recall@%u = %.4f (target %.4f) on %zu held-out queries\n", r->tuned_name, r->tuned_value,
+                   r->k, r->tuned_recall, o->target_recall, s.snq);
     }
     recall_sample_free(&s);
     return rc;

@@ -41,9 +41,9 @@ typedef struct {
     uint32_t k, margin, exclude, window;
     uint64_t query_block;   /* queries per rank per round */
     int metric;             /* -1: the index's; else checked against it */
-    int64_t nprobe;         /* 0: FAISS default / tuned */
-    int64_t ef_search;      /* 0: FAISS default / tuned */
-    double target_recall;   /* 0: no tuning */
+    int64_t nprobe;         /* > 0: used as given; 0: tuned to target_recall (IVF) */
+    int64_t ef_search;      /* > 0: used as given; 0: tuned to target_recall (HNSW) */
+    double target_recall;   /* the recall@K the untuned parameter is raised to (dfm retrieve: 0.95); 0: FAISS default */
     uint64_t measure_recall; /* sampled queries for recall@K against brute force (0: none) */
     uint64_t seed;
 } dfm_retrieve_opts;

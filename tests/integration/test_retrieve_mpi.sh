@@ -8,6 +8,7 @@
 #   2. L2 metric, --query-window 2, a tiny --margin (forces re-searches): exact on np = 2.
 #   3. IVF-Flat and IVF-PQ on np = 1, 2, 3: recall@16 above a threshold, files identical across np,
 #      --measure-recall recorded in the manifest.
+#   3b. An IVF index at retrieve's defaults is tuned to recall@16 >= 0.95 (nprobe 1 is not), recorded.
 #   4. Errors: too few training points, a corrupted index, a metric mismatch — clear messages.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -83,6 +84,20 @@ mpi 2 "$DFM" index "$R" --index IVF32,Flat --train-sample 3000 2>/dev/null
 mpi 2 "$DFM" retrieve "$R" --target-recall 0.95 --measure-recall 100 >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "target-recall"; }
 grep -q '"tuning"' "$R/manifest.json" || fail "--target-recall not recorded"
 "$PY" -c "import json,sys; t=json.load(open('$R/manifest.json'))['stages']['retrieve']['tuning']; print('tuned', t); sys.exit(t['recall'] < 0.95 and t['value'] < 32)" || fail "tuning stopped below the target"
+
+echo "== 3b. recall by default: an IVF index with no --nprobe is tuned to recall@16 >= 0.95"
+for R in "$T/np1" "$T/dflt"; do
+  fresh "$R"; mpi 2 "$DFM" index "$R" --index IVF64,Flat --train-sample 3000 2>/dev/null
+done
+R=$T/np1
+mpi 2 "$DFM" retrieve "$R" --nprobe 1 >/dev/null 2>"$T/log" || { cat "$T/log"; fail "retrieve --nprobe 1"; }
+if "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --min-recall 0.95 >/dev/null; then fail "FAISS's default nprobe 1 already reaches 0.95: the check below proves nothing"; fi
+if grep -q '"tuning"' "$R/manifest.json"; then fail "an explicit --nprobe was tuned"; fi
+R=$T/dflt
+mpi 2 "$DFM" retrieve "$R" >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "retrieve at its defaults"; }
+grep -q "nprobe=.* reaches recall@16 = " "$T/out.txt" || fail "the tuned recall was not printed: $(cat "$T/out.txt")"
+"$PY" -c "import json,sys; t=json.load(open(sys.argv[1]))['stages']['retrieve']['tuning']; print('default tuning', t); sys.exit(not (t['parameter'] == 'nprobe' and t['target'] == 0.95 and t['recall'] >= 0.95))" "$R/manifest.json" || fail "default tuning not recorded"
+"$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --min-recall 0.95 || fail "the default retrieve stays below recall 0.95"
 
 echo "== 4. errors"
 R=$T/err; fresh "$R"
