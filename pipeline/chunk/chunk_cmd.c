@@ -18,7 +18,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         {"text-field", DFM_OPT_STR, &o.text_field, "text", "NAME", "JSONL field holding the text", 0},
         {"doc-aligned", DFM_OPT_FLAG, &o.doc_aligned, NULL, NULL, "pad every document to a chunk boundary (padding masked)", 0},
         {"skip-bad-lines", DFM_OPT_FLAG, &o.skip_bad, NULL, NULL, "count and skip malformed lines/documents instead of failing", 0},
-        {"eos-id", DFM_OPT_INT, &o.eos_id, "-1", "ID", "document separator (default: the tokenizer's EOS)", 0},
+        {"eos-id", DFM_OPT_INT, &o.eos_id, "-1", "ID", "document separator (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, [SEP] in the vocabulary; tokenizer_config.json's eos_token is not used, since chat models name their turn end there, e.g. Qwen2.5's <|im_end|>)", 0},
         {"pad-id", DFM_OPT_INT, &o.pad_id, "-1", "ID", "padding token (default: EOS)", 0},
         {"threads", DFM_OPT_INT, &o.threads, "1", "N", "tokenizer threads per rank", 1},
         {"force", DFM_OPT_FLAG, &o.force, NULL, NULL, "redo the stage even if the manifest says it is complete, or differs", 1},

@@ -53,7 +53,9 @@ uint32_t dfm_tokenizer_vocab_size(const dfm_tokenizer *tok);
 /* Id of a token string (vocabulary or added token), or -1. */
 int64_t dfm_tokenizer_token_id(const dfm_tokenizer *tok, const char *token);
 /* End-of-sequence id used between documents: the first of <|endoftext|>, <|end_of_text|>, </s>,
- * <eos>, [SEP] present; -1 if none (then the caller must be told to pass one explicitly). */
+ * <eos>, [SEP] present; -1 if none (then the caller must be told to pass one explicitly). Not the
+ * eos_token of tokenizer_config.json: a chat model names its turn end there (Qwen2.5: <|im_end|>),
+ * while documents of a pretraining corpus are separated by the end-of-text token. */
 int64_t dfm_tokenizer_eos_id(const dfm_tokenizer *tok);
 /* A short description ("byte-level BPE, 151643 merges, pre-tokenizer Split+ByteLevel"). */
 const char *dfm_tokenizer_describe(const dfm_tokenizer *tok);

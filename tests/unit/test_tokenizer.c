@@ -469,6 +469,8 @@ static void test_queries_and_range(void **state) {
     assert_int_equal(dfm_tokenizer_vocab_size(l->tok), 128257);
     assert_int_equal(dfm_tokenizer_eos_id(q->tok), 151643);
     assert_int_equal(dfm_tokenizer_eos_id(l->tok), 128001);
+    /* the stated choice: not tokenizer_config.json's eos_token, which for Qwen2.5 is the chat turn end */
+    assert_int_equal(dfm_tokenizer_token_id(q->tok, "<|im_end|>"), 151645);
     assert_int_equal(dfm_tokenizer_token_id(q->tok, "\xc4\xa0world"), 1879); /* "Ġworld" */
     assert_int_equal(dfm_tokenizer_token_id(q->tok, "no-such-token-xyz"), -1);
     assert_int_not_equal(dfm_tokenizer_hash(q->tok), dfm_tokenizer_hash(l->tok));
