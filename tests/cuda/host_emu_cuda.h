@@ -3,14 +3,29 @@
  *
  * Not a CUDA implementation: kernels run block after block on one OS thread; each GPU thread is a
  * cooperative fiber (ucontext) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync, so the
- * emulation is deterministic and races the GPU could have are not exercised. cublasGemmEx is a naive
- * column-major loop (double accumulation; bf16 operands rounded to nearest even). Streams, async copies and
- * allocation are plain host calls. Passing here says the arithmetic and indexing match trainer/ops.c;
- * only a GPU run (tests/gpu/gpu_check_trainer.sh) says the kernels are right on hardware.
+ * emulation is deterministic and races inside a kernel are not exercised. cublasGemmEx is a naive
+ * column-major loop (double accumulation; bf16 operands rounded to nearest even). Passing here says the
+ * arithmetic and indexing match trainer/ops.c; only a GPU run (tests/gpu/gpu_check_trainer.sh) says the
+ * kernels are right on hardware.
+ *
+ * Strict where the GPU is loose, so that host-side ordering bugs give wrong results here too:
+ * - cudaMalloc, cudaMallocAsync and cudaMallocHost return memory filled with 0xFF bytes (NaN as fp32,
+ *   fp16 and bf16; -1 as an integer), not zeros; cudaMemset still works.
+ * - Work on a created stream (kernel launches, cudaMemcpyAsync, cudaMemsetAsync, cudaFreeAsync, cuBLAS
+ *   on a handle's stream) is queued and runs only at a point where CUDA guarantees it has finished:
+ *   cudaStreamSynchronize of that stream, cudaEventSynchronize of an event recorded after it,
+ *   cudaDeviceSynchronize, cudaFree, cudaStreamDestroy, or when a stream that cudaStreamWaitEvent made
+ *   wait on it reaches that point. Kernel arguments are taken at launch, as on the GPU.
+ * - The legacy default stream (0) runs at once, after the queued work of blocking streams (created
+ *   without cudaStreamNonBlocking); the synchronous cudaMemcpy and cudaMemset run on it. So a host read
+ *   (cudaMemcpy) of what a cudaStreamNonBlocking stream computes, without a synchronisation, reads the
+ *   buffer as it was before the work: NaN for fresh memory.
+ * -DEMU_CUDA_EAGER=1 restores the old behaviour (every call at once, zeroed memory), to tell an
+ * emulation-only difference from a bug.
  *
  * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
- * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite `k<<<cfg>>>(args);` as
- * `emu_launch(emu_cfg(cfg), [&]() { k(args); });` (the test does this with a regular expression).
+ * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite each `k<<<cfg>>>(args);` as
+ * `emu_launch(emu_cfg(cfg), k, typename emu_sig<decltype(&k)>::args(args));` (host_emu_rewrite.py).
  */
 #pragma once
 #include <cmath>
@@ -18,7 +33,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <tuple>
 #include <ucontext.h>
 #include <vector>
 #include <math.h>
@@ -30,28 +47,120 @@ struct emu_dim { unsigned x = 0, y = 0, z = 0; };
 inline emu_dim threadIdx, blockIdx, blockDim, gridDim;
 typedef int cudaError_t;
 enum { cudaSuccess = 0 };
-typedef void *cudaStream_t;
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 #define cudaStreamNonBlocking 1
 struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
 inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
 inline cudaError_t cudaGetLastError() { return 0; }
-inline cudaError_t cudaMalloc(void **p, size_t b) { *p = calloc(1, b ? b : 1); return 0; }
-template <class T> inline cudaError_t cudaMalloc(T **p, size_t b) { return cudaMalloc((void **)p, b); }
-inline cudaError_t cudaMallocAsync(void **p, size_t b, cudaStream_t) { return cudaMalloc(p, b); }
-inline cudaError_t cudaFree(void *p) { free(p); return 0; }
-inline cudaError_t cudaFreeAsync(void *p, cudaStream_t) { free(p); return 0; }
-inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) { memcpy(d, s, b); return 0; }
-inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t) {
-    memcpy(d, s, b);
+
+// ---- streams: queues of deferred work ------------------------------------------------------------
+struct emu_Stream {
+    std::deque<std::function<void()>> q;
+    unsigned long long queued = 0, done = 0;  // ops ever queued / ever run: an event is a value of `queued`
+    bool blocking = true;
+};
+typedef emu_Stream *cudaStream_t;
+inline std::vector<emu_Stream *> emu_g_streams;
+#ifndef EMU_CUDA_EAGER
+#define EMU_CUDA_EAGER 0
+#endif
+// run s's queued work until `upto` ops have run (ops may run other streams' work: event waits)
+inline void emu_flush(emu_Stream *s, unsigned long long upto) {
+    while (s && s->done < upto && !s->q.empty()) {
+        std::function<void()> op = std::move(s->q.front());
+        s->q.pop_front();
+        op();
+        s->done++;
+    }
+}
+inline void emu_flush_all(bool blocking_only) {
+    for (bool again = true; again;) {
+        again = false;
+        for (size_t i = 0; i < emu_g_streams.size(); i++) {
+            emu_Stream *s = emu_g_streams[i];
+            if ((!blocking_only || s->blocking) && !s->q.empty()) { emu_flush(s, s->queued); again = true; }
+        }
+    }
+}
+// queue op on s; the default stream runs it now, after the blocking streams' work (legacy semantics)
+inline void emu_enqueue(cudaStream_t s, std::function<void()> op) {
+    if (!s || EMU_CUDA_EAGER) {
+        emu_flush_all(true);
+        op();
+        return;
+    }
+    s->q.push_back(std::move(op));
+    s->queued++;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int flags) {
+    *s = new emu_Stream;
+    (*s)->blocking = !(flags & cudaStreamNonBlocking);
+    emu_g_streams.push_back(*s);
     return 0;
 }
-inline cudaError_t cudaMemset(void *d, int v, size_t b) { memset(d, v, b); return 0; }
-inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t) { memset(d, v, b); return 0; }
-inline cudaError_t cudaDeviceSynchronize() { return 0; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int) { *s = (void *)1; return 0; }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return 0; }
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (s) emu_flush(s, s->queued); else emu_flush_all(true);
+    return 0;
+}
+inline cudaError_t cudaDeviceSynchronize() { emu_flush_all(false); return 0; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {  // pending work still completes
+    if (!s) return 0;
+    emu_flush(s, s->queued);
+    for (size_t i = 0; i < emu_g_streams.size(); i++)
+        if (emu_g_streams[i] == s) { emu_g_streams.erase(emu_g_streams.begin() + i); break; }
+    delete s;
+    return 0;
+}
+// events: the point of a stream's queue at the last cudaEventRecord (null stream: already complete)
+struct emu_Event { emu_Stream *s = nullptr; unsigned long long seq = 0; };
+typedef emu_Event *cudaEvent_t;
+#define cudaEventDisableTiming 2
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, int) { *e = new emu_Event; return 0; }
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return 0; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!s || EMU_CUDA_EAGER) emu_flush_all(true), e->s = nullptr; else e->s = s, e->seq = s->queued;
+    return 0;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { emu_flush(e->s, e->seq); return 0; }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    emu_Stream *es = e->s;  // the record current now, as CUDA takes it
+    unsigned long long seq = e->seq;
+    if (es && es != s) emu_enqueue(s, [es, seq]() { emu_flush(es, seq); });
+    return 0;
+}
+
+// ---- memory: fresh allocations hold NaN (0xFF bytes) ----------------------------------------------
+inline const int emu_FRESH_BYTE = 0xFF;
+inline cudaError_t cudaMalloc(void **p, size_t b) {
+    *p = malloc(b ? b : 1);
+    if (*p) memset(*p, EMU_CUDA_EAGER ? 0 : emu_FRESH_BYTE, b);
+    return *p ? 0 : 2;
+}
+template <class T> inline cudaError_t cudaMalloc(T **p, size_t b) { return cudaMalloc((void **)p, b); }
+inline cudaError_t cudaMallocAsync(void **p, size_t b, cudaStream_t) { return cudaMalloc(p, b); }
+template <class T> inline cudaError_t cudaMallocAsync(T **p, size_t b, cudaStream_t s) {
+    return cudaMallocAsync((void **)p, b, s);
+}
+inline cudaError_t cudaFree(void *p) { emu_flush_all(false); free(p); return 0; }  // cudaFree synchronises
+inline cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { emu_enqueue(s, [p]() { free(p); }); return 0; }
+inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
+template <class T> inline cudaError_t cudaMallocHost(T **p, size_t b) { return cudaMalloc((void **)p, b); }
+inline cudaError_t cudaFreeHost(void *p) { emu_flush_all(false); free(p); return 0; }
+inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) {
+    emu_enqueue(nullptr, [=]() { memcpy(d, s, b); });
+    return 0;
+}
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t st) {
+    emu_enqueue(st, [=]() { memcpy(d, s, b); });
+    return 0;
+}
+inline cudaError_t cudaMemset(void *d, int v, size_t b) { emu_enqueue(nullptr, [=]() { memset(d, v, b); }); return 0; }
+inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t st) {
+    emu_enqueue(st, [=]() { memset(d, v, b); });
+    return 0;
+}
 inline cudaError_t cudaSetDevice(int) { return 0; }
 inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
@@ -61,16 +170,6 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     p->totalGlobalMem = (size_t)1 << 30;
     return 0;
 }
-// events and pinned memory: everything is synchronous here, so events are markers
-typedef int *cudaEvent_t;
-#define cudaEventDisableTiming 2
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, int) { *e = new int(0); return 0; }
-inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return 0; }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return 0; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return 0; }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return 0; }
-inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
-inline cudaError_t cudaFreeHost(void *p) { free(p); return 0; }
 typedef void *cudaMemPool_t;
 enum { cudaMemPoolAttrReleaseThreshold = 4 };
 inline cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = nullptr; return 0; }
@@ -88,24 +187,26 @@ inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no N
 inline float emu_bf2f(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
 inline float __bfloat162float(__nv_bfloat16 b) { return emu_bf2f(b); }
 // cublas
-typedef void *cublasHandle_t;
+struct emu_Cublas { cudaStream_t stream = nullptr; };
+typedef emu_Cublas *cublasHandle_t;
 typedef int cublasStatus_t;
 enum { CUBLAS_STATUS_SUCCESS = 0 };
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
 typedef enum { CUDA_R_32F, CUDA_R_16BF } cudaDataType;
 enum { CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_DEFAULT_MATH };
-inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (void *)1; return 0; }
-inline cublasStatus_t cublasDestroy(cublasHandle_t) { return 0; }
-inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return 0; }
+inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_Cublas; return 0; }
+inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
+inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->stream = s; return 0; }
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t, int) { return 0; }
 inline const char *cublasGetStatusString(cublasStatus_t) { return "emu"; }
 inline float emu_ld(const void *p, cudaDataType t, size_t i) {
     return t == CUDA_R_32F ? ((const float *)p)[i] : emu_bf2f(((const __nv_bfloat16 *)p)[i]);
 }
-inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                   const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                                   cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType, int ldc, int,
-                                   int) {
+// C = alpha op(A) op(B) + beta C, now (the cuBLAS calls below queue it on the handle's stream)
+inline void emu_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha_, const void *A,
+                     cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, float beta_, void *C,
+                     int ldc) {
+    const float *alpha = &alpha_, *beta = &beta_;
     float *c = (float *)C;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
@@ -118,6 +219,13 @@ inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasO
             float &o = c[i + (size_t)j * ldc];
             o = (float)(*alpha * s + (*beta == 0.0f ? 0.0 : (double)*beta * o));
         }
+}
+inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const float *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                                   cudaDataType bt, int ldb, const float *beta, void *C, cudaDataType, int ldc, int,
+                                   int) {
+    float al = *alpha, be = *beta;  // host pointer mode: the scalars are read at the call
+    emu_enqueue(h->stream, [=]() { emu_gemm(ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be, C, ldc); });
     return 0;
 }
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -126,13 +234,20 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
                                                  long long sB, const float *beta, void *C, cudaDataType ct, int ldc,
                                                  long long sC, int batch, int comp, int algo) {
     size_t ea = at == CUDA_R_32F ? 4 : 2, eb = bt == CUDA_R_32F ? 4 : 2;
-    for (int i = 0; i < batch; i++)
-        cublasGemmEx(h, ta, tb, m, n, k, alpha, (const char *)A + i * sA * ea, at, lda, (const char *)B + i * sB * eb,
-                     bt, ldb, beta, (float *)C + i * sC, ct, ldc, comp, algo);
+    float al = *alpha, be = *beta;
+    emu_enqueue(h->stream, [=]() {
+        for (int i = 0; i < batch; i++)
+            emu_gemm(ta, tb, m, n, k, al, (const char *)A + i * sA * ea, at, lda, (const char *)B + i * sB * eb, bt,
+                     ldb, be, (float *)C + i * sC, ldc);
+    });
     return 0;
 }
 // launch + warp primitives
-struct emu_cfg { unsigned g, b; emu_cfg(unsigned g_, unsigned b_, size_t = 0, cudaStream_t = 0) : g(g_), b(b_) {} };
+struct emu_cfg {
+    unsigned g, b;
+    cudaStream_t s;
+    emu_cfg(unsigned g_, unsigned b_, size_t = 0, cudaStream_t s_ = 0) : g(g_), b(b_), s(s_) {}
+};
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 // ---- fibers, barriers, launch ------------------------------------------------------------------
@@ -162,7 +277,7 @@ inline void emu_wait(emu_Bar &b, unsigned n) {
     }
     while (b.gen == gen) emu_yield();
 }
-inline void emu_launch(emu_cfg c, std::function<void()> fn) {
+inline void emu_run(emu_cfg c, std::function<void()> fn) {  // one launch, now
     blockDim.x = c.b; gridDim.x = c.g;
     emu_g_fn = &fn;
     if (emu_g_f.size() < c.b) {  // stacks are kept for the whole run
@@ -196,6 +311,12 @@ inline void emu_launch(emu_cfg c, std::function<void()> fn) {
             }
         }
     }
+}
+// the parameter types of a kernel: the rewritten launch converts its arguments to them at the launch
+template <class F> struct emu_sig;
+template <class... P> struct emu_sig<void (*)(P...)> { typedef std::tuple<P...> args; };
+template <class... P> inline void emu_launch(emu_cfg c, void (*k)(P...), std::tuple<P...> a) {
+    emu_enqueue(c.s, [c, k, a]() { emu_run(c, [&]() { std::apply(k, a); }); });
 }
 inline float __shfl_xor_sync(unsigned, float v, int o) {
     unsigned w = threadIdx.x / 32, l = threadIdx.x % 32, me = emu_g_cur;
