@@ -76,11 +76,17 @@ static int flush_text(chunk_ctx *c) {
             rc = DFM_FAIL(rcs[i], "tokenizing a document failed (%s)", dfm_strerror(rcs[i]));
             break;
         }
-        for (size_t k = 0; k < ids[i].n && !rc; k++) rc = push(c, ids[i].ids[k] | (k == 0 ? DFM_TOK_DOCSTART : 0));
-        if (!rc) rc = push(c, c->eos | (ids[i].n == 0 ? DFM_TOK_DOCSTART : 0));
-        if (!rc && c->o->doc_aligned) rc = pad_to_chunk(c);
+        /* the text's ids and the separator split as a .bin's tokens are: a document ends after every
+         * EOS, so a literal EOS string in the text (matched as the special token, as HF does by
+         * default) ends a document there too */
+        for (size_t k = 0; k <= ids[i].n && !rc; k++) {
+            uint32_t t = k < ids[i].n ? ids[i].ids[k] : c->eos;
+            int start = k == 0 || ids[i].ids[k - 1] == c->eos;
+            rc = push(c, t | (start ? DFM_TOK_DOCSTART : 0));
+            c->docs += start;
+            if (!rc && c->o->doc_aligned && t == c->eos) rc = pad_to_chunk(c);
+        }
         c->utf8_replaced += repl[i];
-        c->docs++;
     }
     for (int i = 0; i < c->bn; i++) {
         dfm_ids_free(&ids[i]);

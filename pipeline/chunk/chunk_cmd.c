@@ -30,7 +30,9 @@ int dfm_cmd_chunk(int argc, char **argv) {
     int rc = dfm_opts_parse("chunk", "RUN INPUT...",
                             "Tokenize INPUT files (JSONL, text, llm.c .bin token shards; .zst compressed too) with the LM "
                             "tokenizer, pack them into sequences of S tokens and cut them into chunks of L tokens, written "
-                            "to RUN/chunk/ with the stage recorded in RUN/manifest.json. Run under mpirun for several ranks.",
+                            "to RUN/chunk/ with the stage recorded in RUN/manifest.json. Special-token text in a document (e.g. "
+                            "'<|endoftext|>') is matched as that token, as Hugging Face does by default, and a document ends "
+                            "after every EOS id in every input format. Run under mpirun for several ranks.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
         dfm_mpi_finalize();
