@@ -33,11 +33,48 @@ json_t *dfm_manifest_stage(json_t *m, const char *stage);
 /* Replace the stage object (takes ownership of obj). */
 int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj);
 /* Remove every stage that comes after `stage` in the pipeline (chunk, encode, index, retrieve,
- * targets, audit): once a stage is redone, what was built from its old output is stale. */
+ * targets, audit) from m only: once a stage is redone, what was built from its old output is stale.
+ * Stages use dfm_stage_begin, which also removes their files. */
 void dfm_manifest_drop_later(json_t *m, const char *stage);
 /* DFM_OK if stage exists with state "complete", else DFM_ESTATE saying which command to run. */
 int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_dir);
 /* Integer count of a stage ("chunk", "chunks") or -1 if absent. */
 long long dfm_manifest_count(json_t *m, const char *stage, const char *count);
+
+/* ---- The stage contract (schemas/manifest.md, "Stage contract"): every writing stage, one home ----
+ *
+ * A stage's rank 0 calls dfm_stage_begin before the stage writes anything, with the stage's effective
+ * config (and, for the chunk stage, its hashed inputs); all ranks then follow *action:
+ *
+ *   manifest entry of the stage           no --force            --force
+ *   none                                  DFM_STAGE_FRESH       DFM_STAGE_FRESH
+ *   complete, same config and inputs      DFM_STAGE_SKIP        DFM_STAGE_FRESH
+ *   running,  same config and inputs      DFM_STAGE_RESUME      DFM_STAGE_FRESH
+ *   other config or inputs                DFM_EMISMATCH         DFM_STAGE_FRESH
+ *
+ * SKIP writes nothing. FRESH and RESUME, in this order: take the run lock (common/runlock.h); remove
+ * the later stages from the manifest and save it; then delete their folders (RUN/<stage>), so a crash
+ * in between leaves no stage claiming files that are gone; FRESH also empties the stage's own folder;
+ * delete the temporaries of dead writers (*.tmp.PID, see common/fsutil.h) in the stage's folder and of
+ * the manifest (under the lock, every writer that made one is gone); finally record the stage as
+ * "running" with ranks, config and inputs, and save. The stage then resumes what it can (RESUME) and
+ * marks itself "complete" at the end. */
+typedef enum { DFM_STAGE_FRESH = 0, DFM_STAGE_RESUME = 1, DFM_STAGE_SKIP = 2 } dfm_stage_action;
+
+typedef struct {
+    const char *stage; /* the manifest key: chunk, encode, index, retrieve, targets */
+    json_t *config;    /* the effective config (borrowed; copied into the manifest) */
+    json_t *inputs;    /* hashed input files (borrowed), or NULL when the stage's input is the stage before */
+    int force;         /* --force */
+    int ranks;         /* ranks of this run */
+} dfm_stage_spec;
+
+/* The contract above, on rank 0, on the loaded manifest m of run_dir (saved by this call unless SKIP).
+ * DFM_EMISMATCH names the first differing config key (or the inputs) and the hint; DFM_ESTATE when
+ * another process holds the run lock; DFM_EIO naming a file that cannot be removed. */
+int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *spec, dfm_stage_action *action);
+
+/* The command that makes a stage ("targets" -> "write-targets"), for hints. */
+const char *dfm_stage_command(const char *stage);
 
 #endif

@@ -251,22 +251,13 @@ static int encode_open(encode_run *r) {
     return open_encoder(o, r->device, &r->enc);
 }
 
-/* rank 0: skip a finished identical stage (*skip = 1); otherwise mark it running */
+/* rank 0: the stage contract (common/manifest.h); an interrupted stage keeps its finished blocks */
 static int stage_begin(encode_run *r, json_t *config, int *skip) {
-    char *enc_dir = dfm_path_join(r->run, "encode");
-    int rc = enc_dir ? dfm_mkdir_p(enc_dir) : DFM_FAIL(DFM_ENOMEM, "no memory");
-    free(enc_dir);
-    if (rc) return rc;
-    json_t *st = dfm_manifest_stage(r->man, "encode");
-    const char *state = st ? json_string_value(json_object_get(st, "state")) : NULL;
-    if (st && !r->o->force && state && !strcmp(state, "complete") && json_equal(json_object_get(st, "config"), config)) {
-        *skip = 1;
-        return DFM_OK;
-    }
-    json_t *stage = json_pack("{s:s, s:i, s:O}", "state", "running", "ranks", r->m->size, "config", config);
-    dfm_manifest_drop_later(r->man, "encode"); /* stale once the embeddings change */
-    DFM_TRY(dfm_manifest_set_stage(r->man, "encode", stage));
-    return dfm_manifest_save(r->run, r->man);
+    dfm_stage_spec spec = {"encode", config, NULL, r->o->force, r->m->size};
+    dfm_stage_action act;
+    DFM_TRY(dfm_stage_begin(r->man, r->run, &spec, &act));
+    *skip = act == DFM_STAGE_SKIP;
+    return DFM_OK;
 }
 
 /* This rank's blocks b = rank, rank + P, ...: kept when finished and matching, else encoded. */
@@ -281,7 +272,7 @@ static int encode_blocks(encode_run *r, dfm_emb_header *hdr) {
         char *name = dfm_emb_block_name(b), *path = name ? dfm_path_join(r->run, name) : NULL;
         if (!path) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
         hdr->first_chunk = first;
-        if (!rc && !r->o->force && block_is_done(path, first, n_rows, hdr)) {
+        if (!rc && block_is_done(path, first, n_rows, hdr)) { /* only after a resume: FRESH emptied the folder */
             r->cnt.blocks_kept++;
             DFM_LOG_D("block %llu already done: %s", (unsigned long long)b, path);
         } else if (!rc) {
@@ -363,10 +354,7 @@ static int encode_stage(encode_run *r, json_t *config) {
     rc = dfm_mpi_agree(m, rc);
     if (!rc) rc = DFM_MPI_CHECK(MPI_Bcast(&skip, 1, MPI_INT, 0, m->comm));
     if (rc) return rc;
-    if (skip) {
-        if (m->rank == 0) DFM_LOG_I("encode stage of %s is already complete with the same model and options; nothing to do (--force redoes it)", r->run);
-        return DFM_OK;
-    }
+    if (skip) return DFM_OK;
     if (m->rank == 0)
         DFM_LOG_I("encoding %llu chunks in %llu blocks of %llu on %d rank%s: %s", (unsigned long long)r->N,
                   (unsigned long long)r->n_blocks, (unsigned long long)r->B, m->size, m->size > 1 ? "s" : "",

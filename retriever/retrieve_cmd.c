@@ -22,18 +22,33 @@ static int parse_metric(const char *s) {
     return !strcmp(s, "l2") ? DFM_METRIC_L2 : DFM_METRIC_IP;
 }
 
-/* drop stages that depend on `stage` (they are stale once it is redone) */
-/* rank 0: mark the stage running (or finish it with st) in the manifest */
-static int manifest_stage(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, json_t *st) {
+/* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed.
+ * Neither stage resumes part-way: an interrupted one is redone whole (schemas/manifest.md says why). */
+static int stage_begin(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, int force, int *skip) {
+    int rc = DFM_OK, sk = 0;
+    if (m->rank == 0) {
+        json_t *man = NULL;
+        dfm_stage_spec spec = {name, cfg, NULL, force, m->size};
+        dfm_stage_action act = DFM_STAGE_FRESH;
+        rc = dfm_manifest_load(run, 0, &man);
+        if (!rc) rc = dfm_stage_begin(man, run, &spec, &act);
+        sk = act == DFM_STAGE_SKIP;
+        json_decref(man);
+    }
+    rc = dfm_mpi_agree(m, rc);
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Bcast(&sk, 1, MPI_INT, 0, m->comm));
+    *skip = sk;
+    return rc;
+}
+
+/* rank 0: the finished stage object st into the manifest, with the config recorded at its begin
+ * (what later runs compare against, whatever the core resolved since) */
+static int stage_end(const dfm_mpi *m, const char *run, const char *name, json_t *st) {
     if (m->rank != 0) return DFM_OK;
     json_t *man = NULL;
     DFM_TRY(dfm_manifest_load(run, 0, &man));
-    if (!st) {
-        st = json_pack("{s:s, s:i}", "state", "running", "ranks", m->size);
-        dfm_manifest_drop_later(man, name);
-    } else {
-        json_incref(st);
-    }
+    json_t *cfg = json_object_get(dfm_manifest_stage(man, name), "config");
+    json_incref(st);
     if (cfg) json_object_set(st, "config", cfg);
     int rc = dfm_manifest_set_stage(man, name, st);
     if (!rc) rc = dfm_manifest_save(run, man);
@@ -48,12 +63,14 @@ int dfm_cmd_index(int argc, char **argv) {
     DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
     char *factory = NULL, *metric_s = NULL;
     int64_t mem = 0, train = 0, seed = 0;
+    int force = 0, skip = 0;
     dfm_opt table[] = {
         {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"); auto: choose from N and --index-memory", 0},
         {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0, .choices = "ip|l2"},
         {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0, .min = "0"},
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0, .min = "0"},
         {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the training sample", 0},
+        {"force", DFM_OPT_FLAG, &force, NULL, NULL, "redo the stage even if the manifest says it is complete, or differs", 1},
         {0},
     };
     char **pos = NULL;
@@ -74,13 +91,12 @@ int dfm_cmd_index(int argc, char **argv) {
     const char *run = npos ? pos[0] : NULL;
     if (!rc) rc = dfm_run_sources_open(run, &src);
     rc = dfm_mpi_agree(&m, rc);
-    if (!rc) rc = manifest_stage(&m, run, "index", cfg, NULL);
-    rc = dfm_mpi_agree(&m, rc);
-    if (!rc) {
+    if (!rc) rc = stage_begin(&m, run, "index", cfg, force, &skip);
+    if (!rc && !skip) {
         dfm_index_opts o = {run, factory, (uint32_t)metric, (uint64_t)mem, (uint64_t)train, (uint64_t)seed};
         rc = dfm_index_build(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, &stage);
     }
-    if (!rc) rc = manifest_stage(&m, run, "index", cfg, stage);
+    if (!rc && !skip) rc = stage_end(&m, run, "index", stage);
     rc = dfm_mpi_agree(&m, rc);
     json_decref(stage);
     json_decref(cfg);
@@ -99,6 +115,7 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     char *exclude_s = NULL, *metric_s = NULL;
     int64_t k = 0, margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
     double target = 0;
+    int force = 0, skip = 0;
     dfm_opt table[] = {
         {"k", DFM_OPT_INT, &k, "16", "K", "neighbours per chunk (the neighbour mask is 64 bits)", 0, .min = "1", .max = "64"},
         {"margin", DFM_OPT_INT, &margin, "16", "M", "extra candidates fetched per shard before exclusions (k' = K + M)", 0, .min = "0", .max = "4096"},
@@ -113,6 +130,7 @@ int dfm_cmd_retrieve(int argc, char **argv) {
          "held-out queries (printed, and recorded in the manifest as \"tuning\"); 0: FAISS default", 0, .min = "0", .max = "1"},
         {"measure-recall", DFM_OPT_INT, &measure, "0", "N", "measure recall@K against brute force on N sampled queries", 0, .min = "0"},
         {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the sampled queries", 0},
+        {"force", DFM_OPT_FLAG, &force, NULL, NULL, "redo the stage even if the manifest says it is complete, or differs", 1},
         {0},
     };
     char **pos = NULL;
@@ -135,14 +153,13 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     if (!rc) rc = dfm_manifest_load(run, 0, &man);
     if (!rc) rc = dfm_manifest_require_complete(man, "index", run);
     rc = dfm_mpi_agree(&m, rc);
-    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, NULL);
-    rc = dfm_mpi_agree(&m, rc);
-    if (!rc) {
+    if (!rc) rc = stage_begin(&m, run, "retrieve", cfg, force, &skip);
+    if (!rc && !skip) {
         dfm_retrieve_opts o = {run,    (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
                                metric, nprobe,      ef,               target,            (uint64_t)measure, (uint64_t)seed};
         rc = dfm_retrieve_run(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, dfm_manifest_stage(man, "index"), &stage);
     }
-    if (!rc) rc = manifest_stage(&m, run, "retrieve", cfg, stage);
+    if (!rc && !skip) rc = stage_end(&m, run, "retrieve", stage);
     rc = dfm_mpi_agree(&m, rc);
     json_decref(stage);
     json_decref(man);

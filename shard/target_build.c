@@ -540,7 +540,8 @@ int dfm_target_synth_stage(json_t *man, const dfm_target_synth *syn) {
 }
 
 int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const dfm_target_build_config *bc, uint64_t n_chunks,
-                           int ranks, char fp[17]) {
+                           int ranks, char fp[17], int *skip) {
+    *skip = 0;
     json_t *upstream = dfm_target_upstream(man);
     if (!upstream) return DFM_FAIL(DFM_ENOMEM, "no memory");
     dfm_target_shard_meta f = {0};
@@ -556,9 +557,18 @@ int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const d
     memcpy(f.fingerprint, fp, 17);
     json_t *fmt = dfm_target_format_make(&f, upstream);
     json_decref(upstream);
-    json_t *st = fmt ? json_pack("{s:s, s:i, s:O?, s:o}", "state", "running", "ranks", ranks, "config", config, "format", fmt) : NULL;
-    int rc = st ? dfm_manifest_set_stage(man, "targets", st) : DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc) rc = dfm_manifest_save(run, man);
+    if (!fmt) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    json_t *cfg = config ? json_incref(config) : json_object();
+    dfm_stage_spec spec = {"targets", cfg, NULL, bc->force, ranks};
+    dfm_stage_action act = DFM_STAGE_FRESH;
+    int rc = dfm_stage_begin(man, run, &spec, &act);
+    json_decref(cfg);
+    *skip = act == DFM_STAGE_SKIP;
+    if (!rc && !*skip) {
+        json_object_set(dfm_manifest_stage(man, "targets"), "format", fmt);
+        rc = dfm_manifest_save(run, man);
+    }
+    json_decref(fmt);
     return rc;
 }
 

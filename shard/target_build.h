@@ -67,14 +67,16 @@ int dfm_target_build(const dfm_mpi *m, const char *run_dir, const dfm_target_sou
 int dfm_target_shard_complete(const char *run_dir, uint32_t s, const dfm_target_shard_meta *expect);
 
 /* ---- the manifest's "targets" stage (rank 0 only) -----------------------------------------------
- * begin: compute the run fingerprint (upstream stages + format) into fp, set the stage to
- *   {"state": "running", "ranks", "config" (copied), "format"} and save the manifest.
+ * begin: compute the run fingerprint (upstream stages + format) into fp, then the stage contract
+ *   (common/manifest.h, dfm_stage_begin with bc->force): *skip = 1 for a complete identical stage;
+ *   otherwise the stage becomes {"state": "running", "ranks", "config" (copied), "format"}, saved. An
+ *   interrupted stage resumes by shard (complete shards whose shard.json matches are kept).
  * finish: read every shard.json, set "counts" (records, seq_starts, empty_records, padded_slots,
  *   raw_bytes, stored_bytes, lmdb_bytes, table_bytes, shards_built, shards_skipped, rows_fetched,
  *   exchange_bytes, bytes_written = lmdb_bytes + table_bytes), "timings", "outputs" (one entry per
  *   shard with its records checksum) and "state": "complete", and save. st holds totals over ranks (may be NULL). */
 int dfm_target_stage_begin(json_t *man, const char *run_dir, json_t *config, const dfm_target_build_config *bc, uint64_t n_chunks,
-                           int ranks, char fp[17]);
+                           int ranks, char fp[17], int *skip);
 int dfm_target_stage_finish(json_t *man, const char *run_dir, uint32_t n_shards, const dfm_target_build_stats *st, double total_s);
 
 /* ---- synthetic source (tests, benchmarks: `dfm write-targets --synthetic N`) ---------------------

@@ -74,21 +74,23 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
     }
     /* rank 0: manifest, fingerprint; everyone: the fingerprint */
     char fp[17] = {0};
+    int skip = 0;
     if (!rc && m->rank == 0) {
         if (o->synthetic) rc = dfm_mkdir_p(run);
         if (!rc) rc = dfm_manifest_load(run, o->synthetic ? 1 : 0, &man);
         if (!rc && o->synthetic) rc = dfm_target_synth_stage(man, &syn);
-        if (!rc) rc = dfm_target_stage_begin(man, run, config, &bc, src.n_chunks, m->size, fp);
+        if (!rc) rc = dfm_target_stage_begin(man, run, config, &bc, src.n_chunks, m->size, fp, &skip);
     }
     rc = dfm_mpi_agree(m, rc);
     if (!rc) rc = DFM_MPI_CHECK(MPI_Bcast(fp, 17, MPI_CHAR, 0, m->comm));
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Bcast(&skip, 1, MPI_INT, 0, m->comm));
     rc = dfm_mpi_agree(m, rc);
     dfm_target_build_stats bs = {0};
-    if (!rc) {
+    if (!rc && !skip) {
         bc.fingerprint = fp;
         rc = dfm_target_build(m, run, &src, &bc, &bs);
     }
-    if (!rc) rc = record_totals(m, man, run, &bc, &bs, t_start);
+    if (!rc && !skip) rc = record_totals(m, man, run, &bc, &bs, t_start);
     rc = dfm_mpi_agree(m, rc);
     dfm_target_real_close(real);
     json_decref(man);

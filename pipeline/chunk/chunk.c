@@ -267,28 +267,16 @@ static int resolve_ids(chunk_run *r, json_t *config) {
     return rc;
 }
 
-/* rank 0: skip a finished identical stage (*skip = 1); refuse a silent mix; else mark it running */
+/* rank 0: the stage contract (common/manifest.h); chunking restarts rather than resumes (cheap next to encode) */
 static int stage_begin(chunk_run *r, json_t *config, int *skip) {
     DFM_TRY(dfm_mkdir_p(r->chunk_dir));
     DFM_TRY(dfm_manifest_load(r->run, 1, &r->man));
-    json_t *st = dfm_manifest_stage(r->man, "chunk");
-    if (st && !r->o->force) {
-        int same = json_equal(json_object_get(st, "config"), config) && json_equal(json_object_get(st, "inputs"), r->inputs_json);
-        const char *state = json_string_value(json_object_get(st, "state"));
-        if (same && state && !strcmp(state, "complete")) {
-            *skip = 1;
-            return DFM_OK;
-        }
-        if (!same)
-            return DFM_FAIL(DFM_EMISMATCH, "run %s was chunked with other inputs or options. HINT: use a new run directory, or pass --force to redo it (later stages then become stale)",
-                            r->run);
-    }
-    remove_old_shards(r->chunk_dir);
-    json_t *stage = json_pack("{s:s, s:i, s:O, s:O}", "state", "running", "ranks", r->m->size, "config", config, "inputs",
-                              r->inputs_json);
-    dfm_manifest_drop_later(r->man, "chunk"); /* a re-chunked corpus invalidates everything after it */
-    DFM_TRY(dfm_manifest_set_stage(r->man, "chunk", stage));
-    return dfm_manifest_save(r->run, r->man);
+    dfm_stage_spec spec = {"chunk", config, r->inputs_json, r->o->force, r->m->size};
+    dfm_stage_action act;
+    DFM_TRY(dfm_stage_begin(r->man, r->run, &spec, &act));
+    *skip = act == DFM_STAGE_SKIP;
+    if (!*skip) remove_old_shards(r->chunk_dir);
+    return DFM_OK;
 }
 
 /* 1. read and tokenize this rank's share into r->c.stream */
@@ -497,11 +485,7 @@ int dfm_chunk_run(const dfm_mpi *m, const dfm_chunk_config *cfg, const char *run
     if (!rc && m->rank == 0) rc = stage_begin(&r, config, &skip);
     rc = dfm_mpi_agree(m, rc);
     if (!rc) MPI_Bcast(&skip, 1, MPI_INT, 0, m->comm);
-    if (!rc && skip) {
-        if (m->rank == 0) DFM_LOG_I("chunk stage of %s is already complete with the same inputs and options; nothing to do (--force redoes it)", run);
-    } else if (!rc) {
-        rc = run_phases(&r);
-    }
+    if (!rc && !skip) rc = run_phases(&r);
     free(r.owned);
     free(r.c.stream);
     free(r.c.btext);

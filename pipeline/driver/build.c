@@ -5,6 +5,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/manifest.h"
+#include "common/runlock.h"
 
 #include <jansson.h>
 #include <stdio.h>
@@ -91,7 +92,17 @@ static void print_summary(json_t *man, const char *run) {
     printf("%-14s %-9s %10.2f\n\noutputs: %s (manifest: %s/manifest.json)\n", "total", "", total, run, run);
 }
 
-/* The stages in order, each called as `dfm STAGE RUN [INPUTS] --config CONFIG [--force]`; agreed. */
+/* rank 0: a copy of the manifest's object for stage (NULL: none or no manifest) */
+static json_t *stage_copy(const char *run, const char *stage) {
+    json_t *man = NULL, *st = NULL;
+    if (dfm_manifest_load(run, 0, &man) == DFM_OK) st = json_deep_copy(dfm_manifest_stage(man, stage));
+    json_decref(man);
+    return st;
+}
+
+/* The stages in order, each called as `dfm STAGE RUN [INPUTS] --config CONFIG [--force]`; agreed.
+ * Rank 0 logs each stage's wall time in this build and whether it did anything ("skipped": its
+ * manifest entry is unchanged). */
 static int run_stages(const dfm_mpi *m, const dfm_build_config *o, const char *run, char **inputs, int n_inputs) {
     const char *stages = o->stages;
     char *config = (char *)o->config;
@@ -112,7 +123,17 @@ static int run_stages(const dfm_mpi *m, const dfm_build_config *o, const char *r
         av[ac++] = config;
         if (force) av[ac++] = "--force";
         av[ac] = NULL;
+        const char *key = !strcmp(all_stages[s].name, "write-targets") ? "targets" : all_stages[s].name;
+        json_t *before = m->rank == 0 && !rc ? stage_copy(run, key) : NULL;
+        double t0 = dfm_now();
         if (!rc) rc = all_stages[s].fn(ac, av);
+        if (!rc && m->rank == 0) {
+            json_t *after = stage_copy(run, key);
+            int same = before && after && json_equal(before, after);
+            DFM_LOG_I("build: stage %s %s in %.3fs", all_stages[s].name, same ? "skipped" : "ran", dfm_now() - t0);
+            json_decref(after);
+        }
+        json_decref(before);
         if (rc) dfm_error_prefix("dfm build, stage %s", all_stages[s].name);
         rc = dfm_mpi_agree(m, rc);
     }
@@ -158,6 +179,9 @@ int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
         }
         free(copy);
     }
+    /* one writer per run: the lock before the first stage, held until this process ends */
+    if (!rc && m->rank == 0) rc = dfm_runlock_take(run);
+    rc = dfm_mpi_agree(m, rc);
     double t0 = dfm_now();
     if (!rc) rc = run_stages(m, o, run, inputs, n_inputs);
     if (!rc && m->rank == 0) {

@@ -58,7 +58,8 @@ static void make_run(const char *run, const run_spec *s) {
                                   .block_queries = s->block, .batch_records = 16, .map_bytes = s->map_bytes,
                                   .threads = s->shuffle ? 2 : 1 /* both encoding paths */};
     char fp[17];
-    assert_int_equal(dfm_target_stage_begin(man, run, NULL, &bc, s->n, 1, fp), DFM_OK);
+    int skip;
+    assert_int_equal(dfm_target_stage_begin(man, run, NULL, &bc, s->n, 1, fp, &skip), DFM_OK);
     bc.fingerprint = fp;
     dfm_target_build_stats st;
     int rc = dfm_target_build(&mpi, run, &src, &bc, &st);

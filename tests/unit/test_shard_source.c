@@ -157,7 +157,8 @@ static void build_and_check(int dtype, int ids_only) {
     dfm_target_build_config bc = {.n_shards = 3, .rec = {.k = K, .d = DIM, .dtype = dtype, .ids_only = ids_only, .shuffle = 1, .level = 3},
                                   .block_queries = 7};
     char fp[17];
-    assert_int_equal(dfm_target_stage_begin(man, tmpdir, NULL, &bc, N, 1, fp), DFM_OK);
+    int skip;
+    assert_int_equal(dfm_target_stage_begin(man, tmpdir, NULL, &bc, N, 1, fp, &skip), DFM_OK);
     bc.fingerprint = fp;
     dfm_target_build_stats st;
     int rc = dfm_target_build(&mpi, tmpdir, &src, &bc, &st);
