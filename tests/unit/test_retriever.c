@@ -215,6 +215,45 @@ static uint32_t reference_topk(const corpus *c, const dfm_query *q, const float 
     return n;
 }
 
+/* dfm_count_excluded against a count over every id: excluded, indexed, and ranked before the K-th
+ * kept neighbour. A long document (chunks 40..90, across sequences, with a padding chunk inside) and
+ * a chunk spanning two documents exercise the document span. */
+static void test_count_excluded(void **state) {
+    (void)state;
+    corpus c;
+    corpus_make(&c, 200, 8, 8, 1);
+    for (uint32_t i = 40; i <= 90; i++) c.meta[i].doc_first = c.meta[i].doc_last = 14;
+    c.meta[95].doc_last = 32;
+    c.meta[47].n_valid = 0; /* a padding chunk carries no document: its doc fields are not read */
+    c.meta[47].doc_first = c.meta[47].doc_last = 0;
+    c.meta[119].n_valid = 0;
+    const uint32_t k = 4;
+    dfm_hit kept[4];
+    uint64_t checked = 0, total = 0;
+    for (uint32_t metric = DFM_METRIC_IP; metric <= DFM_METRIC_L2; metric++)
+        for (uint32_t policy = DFM_EXCLUDE_NONE; policy <= DFM_EXCLUDE_DOCUMENT; policy++)
+            for (uint32_t window = 1; window <= 2; window++)
+                for (uint64_t i = 0; i < c.n; i++) {
+                    dfm_query q;
+                    float v[8];
+                    if (dfm_query_build(&c.vs, &c.cs, i, window, &q, v) != 1) continue;
+                    uint32_t nk = reference_topk(&c, &q, v, k, metric, policy, 0, c.n, kept);
+                    uint64_t want = 0, got = 99;
+                    for (uint64_t j = 0; j < c.n; j++) {
+                        if (c.meta[j].n_valid == 0 || !dfm_excluded(policy, &q, j, &c.meta[j], c.cps)) continue;
+                        dfm_hit h = {(int64_t)j, dfm_exact_score(v, c.x + j * 8, 8, metric), 0};
+                        want += nk < k || dfm_hit_before(&h, &kept[k - 1], metric);
+                    }
+                    dfm_search_params p = {k, 4, metric, policy, 0};
+                    assert_int_equal(dfm_count_excluded(&p, &q, v, kept, nk, &c.vs, &c.cs, &got), 0);
+                    assert_int_equal(got, want);
+                    checked++;
+                    total += got;
+                }
+    assert_true(checked > 1000 && total > 0);
+    corpus_free(&c);
+}
+
 static void check_shard_topk(uint32_t metric, int use_faiss, int duplicates) {
     corpus c;
     corpus_make(&c, 600, 16, 8, metric == DFM_METRIC_IP);
@@ -604,6 +643,7 @@ int main(void) {
         cmocka_unit_test(test_exact_score),
         cmocka_unit_test(test_exclusions),
         cmocka_unit_test(test_queries),
+        cmocka_unit_test(test_count_excluded),
         cmocka_unit_test(test_shard_topk_bruteforce_ip),
         cmocka_unit_test(test_shard_topk_faiss_ip),
         cmocka_unit_test(test_shard_topk_faiss_l2),
