@@ -411,13 +411,16 @@ void model_init_dfm_random(DfmModel *m, uint64_t seed) {
     for (size_t i = 0; i < P; i++) p->pred_lnf[i] = 1.0f;
     rng_normal(&r, p->pred_wout, K * d * P, std);
     for (size_t i = 0; i < d; i++) p->proj_lnw[i] = 1.0f;
-    rng_normal(&r, p->proj_w1, H * d, std);
-    rng_normal(&r, p->proj_w2, C * H, std);
+    /* projector and fusion: std 1/sqrt(fan_in) (PyTorch's Linear scale), so memory reaches the residual
+     * stream at a useful size from the first step; at --init-std their product of four matrices starts
+     * near zero and grows slowly. The zero gate weight below keeps the gate at sigmoid(gate_bias). */
+    rng_normal(&r, p->proj_w1, H * d, 1.0f / sqrtf((float)d));
+    rng_normal(&r, p->proj_w2, C * H, 1.0f / sqrtf((float)H));
     for (size_t i = 0; i < NF * C; i++) p->fu_lnw[i] = 1.0f;
-    rng_normal(&r, p->fu_wq, NF * C * C, std);
-    rng_normal(&r, p->fu_wk, NF * C * C, std);
-    rng_normal(&r, p->fu_wv, NF * C * C, std);
-    rng_normal(&r, p->fu_wo, NF * C * C, std);
+    rng_normal(&r, p->fu_wq, NF * C * C, 1.0f / sqrtf((float)C));
+    rng_normal(&r, p->fu_wk, NF * C * C, 1.0f / sqrtf((float)C));
+    rng_normal(&r, p->fu_wv, NF * C * C, 1.0f / sqrtf((float)C));
+    rng_normal(&r, p->fu_wo, NF * C * C, 1.0f / sqrtf((float)C));
     /* gate: zero weight, bias = gate_bias (the paper's best: 0) */
     for (size_t i = 0; i < NF * G; i++) p->fu_bg[i] = dc->gate_bias;
 }

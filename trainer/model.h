@@ -74,7 +74,7 @@ typedef struct {
     int tf_decay;         /* FUSION_MEM_MIXED: 1 = tf_prob decays linearly to 0 at the last step */
     int pred_loss;        /* PRED_LOSS_MSE (default): squared error summed over d, mean over valid slots;
                              PRED_LOSS_MSE_ELEM: mean over the K*d elements of valid slots (~1/d smaller) */
-    float init_std;
+    float init_std;       /* std of the predictor's initial matrices (projector, fusion: 1/sqrt(fan_in)) */
 } DfmConfig;
 
 typedef struct {
@@ -216,8 +216,9 @@ FusionView model_fusion_view(const DfmModel *m, const DfmParams *p, int f);
 int model_fusion_gates(const DfmModel *m);
 int model_fusion_after(const DfmModel *m, int l);
 
-/* Deterministic initialisation from seed: backbone (when random) and DFM modules (normal(0, std)
- * matrices, unit norms, zero biases, gate weight 0 and bias gate_bias). */
+/* Deterministic initialisation from seed: backbone (when random) and DFM modules (normal matrices: the
+ * predictor's of std init_std, the projector's and fusion's of std 1/sqrt(fan_in); unit norms, zero
+ * biases, gate weight 0 and bias gate_bias). */
 void model_init_backbone_random(DfmModel *m, uint64_t seed);
 void model_init_dfm_random(DfmModel *m, uint64_t seed);
 

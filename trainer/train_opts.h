@@ -82,7 +82,7 @@ typedef struct {
     {"memory-align", DFM_OPT_STR, &(o)->memory_align, "next", "A", "memory a token attends: next (of the chunk holding the token it predicts) or same (of its own chunk: ablation)", 0, .choices = "next|same"}, \
     {"fusion-memory", DFM_OPT_STR, &(o)->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT, "M", "memory fusion trains on: predicted, target (teacher forcing), mixed:P (each chunk its target with probability P) or mixed:P:decay (P falls linearly to 0 by the last step)", 0}, \
     {"fuse-first-chunk", DFM_OPT_FLAG, &(o)->fuse_first, NULL, NULL, "also fuse the placeholder-based memory into chunk 0", 0}, \
-    {"init-std", DFM_OPT_DOUBLE, &(o)->init_std, "0.02", "X", "std of the DFM modules' initial weights", 0}
+    {"init-std", DFM_OPT_DOUBLE, &(o)->init_std, "0.02", "X", "std of the predictor's initial weights (projector, fusion: 1/sqrt(fan-in))", 0}
 
 /* OpenMP and OpenBLAS threads; n <= 0 leaves the defaults. */
 void train_set_threads(int64_t n);

@@ -266,13 +266,17 @@ class DfmTorch:
 
 
 def random_params(bc, dc, device="cpu", backbone_dtype=torch.float32, dfm_dtype=torch.float32, std=0.02):
-    """Parameters of the given shapes initialised as dfm-train does (normal(0, std) matrices, unit norms,
-    zero biases, gate weight 0 and bias gate_bias): every tensor under its dfm-train name."""
+    """Parameters of the given shapes initialised as dfm-train does (normal(0, std) matrices, the projector's
+    and fusion's of std 1/sqrt(fan_in), unit norms, zero biases, gate weight 0 and bias gate_bias): every
+    tensor under its dfm-train name."""
     dec = decoder_config(bc)
     C, V = dec["hidden"], bc["vocab_size"]
 
     def n(shape, dt):
         return (torch.randn(*shape, device=device, dtype=torch.float32) * std).to(dt)
+
+    def fan_in(shape, dt):  # projector and fusion matrices: std 1/sqrt(fan_in)
+        return (torch.randn(*shape, device=device, dtype=torch.float32) / shape[1] ** 0.5).to(dt)
 
     def one(k, dt):
         return torch.ones(k, device=device, dtype=dt)
@@ -315,13 +319,14 @@ def random_params(bc, dc, device="cpu", backbone_dtype=torch.float32, dfm_dtype=
     P.update(stack("dfm.predictor", pc, t))
     P.update({"dfm.predictor.norm.weight": one(Pp, t), "dfm.predictor.out_proj.weight": n((K * d, Pp), t),
               "dfm.predictor.out_proj.bias": zer(K * d, t), "dfm.projector.norm.weight": one(d, t),
-              "dfm.projector.norm.bias": zer(d, t), "dfm.projector.fc1.weight": n((H, d), t),
-              "dfm.projector.fc1.bias": zer(H, t), "dfm.projector.fc2.weight": n((C, H), t),
+              "dfm.projector.norm.bias": zer(d, t), "dfm.projector.fc1.weight": fan_in((H, d), t),
+              "dfm.projector.fc1.bias": zer(H, t), "dfm.projector.fc2.weight": fan_in((C, H), t),
               "dfm.projector.fc2.bias": zer(C, t)})
     for f in range(len(dc["fusion_layers"])):
         p = "dfm.fusion.%d." % f
-        P.update({p + "norm.weight": one(C, t), p + "q_proj.weight": n((C, C), t), p + "k_proj.weight": n((C, C), t),
-                  p + "v_proj.weight": n((C, C), t), p + "o_proj.weight": n((C, C), t),
+        P.update({p + "norm.weight": one(C, t), p + "q_proj.weight": fan_in((C, C), t),
+                  p + "k_proj.weight": fan_in((C, C), t), p + "v_proj.weight": fan_in((C, C), t),
+                  p + "o_proj.weight": fan_in((C, C), t),
                   p + "gate.weight": zer((G, C), t), p + "gate.bias": torch.full((G,), float(dc["gate_bias"]),
                                                                                 device=device, dtype=t)})
     return P
