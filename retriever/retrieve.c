@@ -776,7 +776,7 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
     if (st && r->measured_recall >= 0) json_object_set_new(st, "recall", json_pack("{s:i, s:f, s:I}", "k", (int)k, "recall@k", r->measured_recall,
                                                                                   "queries", (json_int_t)o->measure_recall));
     DFM_LOG_I("retrieve: %llu queries, %llu kept, %llu padded slots, %llu excluded; %llu shard searches fetched %llu candidates, "
-              "%llu re-searched, in %.2fs", (unsigned long long)queries_issued, (unsigned long long)sum[4], (unsigned long long)sum[5],
+              "%llu re-searches, in %.2fs", (unsigned long long)queries_issued, (unsigned long long)sum[4], (unsigned long long)sum[5],
               (unsigned long long)sum[2], (unsigned long long)sum[0], (unsigned long long)sum[1], (unsigned long long)sum[3], r->search_s);
     return st;
 }

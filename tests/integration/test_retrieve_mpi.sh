@@ -32,7 +32,7 @@ for np in 1 2 3 4; do
   R=$T/flat$np; fresh "$R"
   mpi $np "$DFM" index "$R" --index Flat 2>"$T/log" || { cat "$T/log"; fail "index np=$np"; }
   for ex in none self sequence document; do
-    mpi $np "$DFM" retrieve "$R" --exclude $ex --margin 4 --query-block 300 2>"$T/log" || { cat "$T/log"; fail "retrieve np=$np $ex"; }
+    mpi $np "$DFM" retrieve "$R" --exclude $ex --margin 4 --query-block 300 --force 2>"$T/log" || { cat "$T/log"; fail "retrieve np=$np $ex"; }
     "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "np=$np exclude=$ex differs from the reference"
     mkdir -p "$T/out/$np/$ex"; cp "$R"/retrieve/nbr-*.bin "$T/out/$np/$ex/"
     if [ $np -gt 1 ]; then
@@ -59,7 +59,7 @@ mpi 2 "$DFM" retrieve "$R" --exclude document --query-window 2 --margin 0 --k 12
 grep -q "re-searches" "$T/log" || fail "no re-search count logged"
 "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "L2 / window 2 differs from the reference"
 # retrieve on another rank count than the index was built with (2 shards on 3 ranks: one rank has none)
-mpi 3 "$DFM" retrieve "$R" --exclude self --k 12 2>"$T/log" || { cat "$T/log"; fail "retrieve on 3 ranks of a 2-shard index"; }
+mpi 3 "$DFM" retrieve "$R" --exclude self --k 12 --force 2>"$T/log" || { cat "$T/log"; fail "retrieve on 3 ranks of a 2-shard index"; }
 "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --check || fail "3 ranks over 2 shards differs from the reference"
 
 echo "== 3. IVF-Flat and IVF-PQ: recall above threshold, identical across np"
@@ -103,11 +103,11 @@ echo "== 4. errors"
 R=$T/err; fresh "$R"
 if "$DFM" index "$R" --index IVF4096,Flat 2>"$T/log"; then fail "IVF4096 on 3000 vectors must fail"; fi
 grep -q "training points" "$T/log" || { cat "$T/log"; fail "no training-points message"; }
-"$DFM" index "$R" --index Flat 2>/dev/null
+"$DFM" index "$R" --index Flat --force 2>/dev/null
 printf '\x01' | dd of="$R/index/index-00000.faiss" bs=1 seek=100 conv=notrunc 2>/dev/null
 if "$DFM" retrieve "$R" 2>"$T/log"; then fail "a corrupted index must fail"; fi
 grep -q "index-00000.faiss" "$T/log" && grep -q "checksum" "$T/log" || { cat "$T/log"; fail "corruption message"; }
-"$DFM" index "$R" --index Flat 2>/dev/null
+"$DFM" index "$R" --index Flat --force 2>/dev/null
 if "$DFM" retrieve "$R" --metric l2 2>"$T/log"; then fail "a metric mismatch must fail"; fi
 grep -q "metric" "$T/log" || { cat "$T/log"; fail "metric message"; }
 echo "all retrieval checks passed"
