@@ -185,6 +185,26 @@ static char *describe_change(json_t *old, const dfm_stage_spec *s) {
     return dfm_strdupf("the input files");
 }
 
+/* a complete stage's files: every "outputs" file exists and the stage's own check passes */
+static int outputs_intact(json_t *old, const char *run_dir, const dfm_stage_spec *s) {
+    size_t i;
+    json_t *o;
+    json_array_foreach(json_object_get(old, "outputs"), i, o) {
+        const char *f = json_string_value(json_object_get(o, "file"));
+        char *p = f ? dfm_path_join(run_dir, f) : NULL;
+        int there = p && dfm_path_exists(p);
+        if (!there) DFM_LOG_W("%s stage of %s is recorded complete, but %s is missing: redoing what is missing", s->stage,
+                              run_dir, p ? p : "an output");
+        free(p);
+        if (!there) return 0;
+    }
+    if (s->intact && !s->intact(s->intact_ctx, run_dir)) {
+        DFM_LOG_W("%s stage of %s is recorded complete, but its files are not whole: redoing what is missing", s->stage, run_dir);
+        return 0;
+    }
+    return 1;
+}
+
 int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *s, dfm_stage_action *action) {
     *action = DFM_STAGE_FRESH;
     json_t *old = dfm_manifest_stage(m, s->stage);
@@ -200,14 +220,15 @@ int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *s, dfm
             free(what);
             return rc;
         }
-        if (state && !strcmp(state, "complete")) {
+        if (state && !strcmp(state, "complete") && outputs_intact(old, run_dir, s)) {
             *action = DFM_STAGE_SKIP;
             DFM_LOG_I("%s stage of %s is already complete with the same inputs and options; nothing to do (--force redoes it)",
                       s->stage, run_dir);
             return DFM_OK;
         }
         *action = DFM_STAGE_RESUME;
-        DFM_LOG_I("%s stage of %s was interrupted (state '%s'): resuming", s->stage, run_dir, state ? state : "?");
+        if (!state || strcmp(state, "complete"))
+            DFM_LOG_I("%s stage of %s was interrupted (state '%s'): resuming", s->stage, run_dir, state ? state : "?");
     }
     DFM_TRY(dfm_runlock_take(run_dir));
     /* manifest first: a crash after it leaves files no stage claims, never a stage whose files are gone */

@@ -52,6 +52,10 @@ long long dfm_manifest_count(json_t *m, const char *stage, const char *count);
  *   running,  same config and inputs      DFM_STAGE_RESUME      DFM_STAGE_FRESH
  *   other config or inputs                DFM_EMISMATCH         DFM_STAGE_FRESH
  *
+ * A stage recorded complete is re-checked before it is skipped, never trusted: every file its
+ * "outputs" name must exist, and spec->intact (when set) must say the files are whole; otherwise
+ * it is resumed (RESUME), which redoes what is missing.
+ *
  * SKIP writes nothing. FRESH and RESUME, in this order: take the run lock (common/runlock.h); remove
  * the later stages from the manifest and save it; then delete their folders (RUN/<stage>), so a crash
  * in between leaves no stage claiming files that are gone; FRESH also empties the stage's own folder;
@@ -67,6 +71,9 @@ typedef struct {
     json_t *inputs;    /* hashed input files (borrowed), or NULL when the stage's input is the stage before */
     int force;         /* --force */
     int ranks;         /* ranks of this run */
+    /* optional, for a complete identical stage: 1 if its files on disk are whole, 0 if not */
+    int (*intact)(void *ctx, const char *run_dir);
+    void *intact_ctx;
 } dfm_stage_spec;
 
 /* The contract above, on rank 0, on the loaded manifest m of run_dir (saved by this call unless SKIP).

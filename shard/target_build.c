@@ -539,6 +539,19 @@ int dfm_target_synth_stage(json_t *man, const dfm_target_synth *syn) {
     return sc ? dfm_manifest_set_stage(man, "synthetic", sc) : DFM_FAIL(DFM_ENOMEM, "no memory");
 }
 
+/* the stage contract's re-check of a complete stage: every shard's shard.json matches the format */
+typedef struct {
+    const dfm_target_shard_meta *expect;
+    uint32_t n_shards;
+} shards_ctx;
+
+static int shards_intact(void *ctx, const char *run) {
+    const shards_ctx *c = ctx;
+    for (uint32_t s = 0; s < c->n_shards; s++)
+        if (!dfm_target_shard_complete(run, s, c->expect)) return 0;
+    return 1;
+}
+
 int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const dfm_target_build_config *bc, uint64_t n_chunks,
                            int ranks, char fp[17], int *skip) {
     *skip = 0;
@@ -559,7 +572,8 @@ int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const d
     json_decref(upstream);
     if (!fmt) return DFM_FAIL(DFM_ENOMEM, "no memory");
     json_t *cfg = config ? json_incref(config) : json_object();
-    dfm_stage_spec spec = {"targets", cfg, NULL, bc->force, ranks};
+    shards_ctx sc = {&f, bc->n_shards};
+    dfm_stage_spec spec = {"targets", cfg, NULL, bc->force, ranks, shards_intact, &sc};
     dfm_stage_action act = DFM_STAGE_FRESH;
     int rc = dfm_stage_begin(man, run, &spec, &act);
     json_decref(cfg);

@@ -81,7 +81,18 @@ for point in index:shard-written retrieve:block-written; do
 done
 ok "index and retrieve killed mid-stage: redone on resume, same records"
 
-# 5. one writer per run
+# 5. a complete stage is re-checked before it is skipped: missing or partial files are redone
+rm -rf "$R/targets/shard-00001"; rm "$R/retrieve/nbr-000000.bin"
+build "$WORK/c.json" || { cat "$WORK/log"; fail "build over missing files"; }
+grep -q "retrieve stage of $R is recorded complete, but .*nbr-000000.bin is missing" "$WORK/log" || { cat "$WORK/log"; fail "a missing neighbour block was trusted"; }
+"$DFM" verify "$R" --compare "$WORK/ref" >/dev/null 2>&1 || fail "run rebuilt over missing files differs"
+rm -rf "$R/targets/shard-00000"
+build "$WORK/c.json" --stages write-targets || { cat "$WORK/log"; fail "write-targets over a missing shard"; }
+grep -q "targets stage of $R is recorded complete, but" "$WORK/log" || { cat "$WORK/log"; fail "a missing target shard was trusted"; }
+"$DFM" verify "$R" --compare "$WORK/ref" >/dev/null 2>&1 || fail "run with a redone shard differs"
+ok "missing files of complete stages are redone, never trusted"
+
+# 6. one writer per run
 S=$WORK/syn
 "$DFM" write-targets "$S" --synthetic 300000 --target-shards 4 > "$WORK/w0.log" 2>&1 || { cat "$WORK/w0.log"; fail "synthetic"; }
 "$DFM" write-targets "$S" --synthetic 300000 --target-shards 4 --force > "$WORK/w1.log" 2>&1 &

@@ -30,14 +30,16 @@ if "$DFM" verify "$T/other" --compare "$T/embeddings-1" >/dev/null 2>"$T/err"; t
 grep -q "differs between" "$T/err" || { cat "$T/err"; fail "--compare did not name the differing key"; }
 echo "ok: --compare tells different runs apart: $(tail -1 "$T/err")"
 
-# re-run: everything complete, nothing rebuilt
-mpirun -np 3 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" >"$T/out" 2>&1 || fail "re-run"
-grep -q "(0 built, 5 complete already)" "$T/out" || { cat "$T/out"; fail "re-run rebuilt complete shards"; }
-# changing a format option rebuilds everything
-mpirun -np 2 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" --dtype bf16 >"$T/out" 2>&1 || fail "re-run bf16"
+# re-run: everything complete, the stage is skipped
+DFM_LOG_LEVEL=info mpirun -np 3 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" >"$T/out" 2>&1 || fail "re-run"
+grep -q "targets stage of .* is already complete" "$T/out" || { cat "$T/out"; fail "re-run of a complete stage not skipped"; }
+# changing a format option is refused, and with --force rebuilds everything
+if mpirun -np 2 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" --dtype bf16 >"$T/out" 2>&1; then fail "a changed dtype was not refused"; fi
+grep -q "'dtype' was" "$T/out" || { cat "$T/out"; fail "the refusal does not name --dtype"; }
+mpirun -np 2 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" --dtype bf16 --force >"$T/out" 2>&1 || fail "re-run bf16"
 grep -q "(5 built, 0 complete already)" "$T/out" || { cat "$T/out"; fail "a changed dtype did not rebuild"; }
 # fewer shards: the surplus folders of the earlier configuration go away, the records stay the same
-mpirun -np 2 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" --target-shards 3 >"$T/out" 2>&1 || fail "re-run with 3 shards"
+mpirun -np 2 "$DFM" write-targets "$T/embeddings-2" "${ARGS[@]}" --target-shards 3 --force >"$T/out" 2>&1 || fail "re-run with 3 shards"
 [ "$(ls "$T/embeddings-2/targets" | tr '\n' ' ')" = "shard-00000 shard-00001 shard-00002 " ] || { ls "$T/embeddings-2/targets"; fail "stale shard folders left"; }
 "$DFM" verify "$T/embeddings-2" --compare "$T/embeddings-1" >/dev/null || fail "3 shards differ from 5 shards"
 echo "ok: re-runs skip complete shards and rebuild changed ones; shard count changes keep the records"
