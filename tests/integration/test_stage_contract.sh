@@ -94,13 +94,13 @@ ok "missing files of complete stages are redone, never trusted"
 
 # 6. one writer per run
 S=$WORK/syn
-"$DFM" write-targets "$S" --synthetic 300000 --target-shards 4 > "$WORK/w0.log" 2>&1 || { cat "$WORK/w0.log"; fail "synthetic"; }
-"$DFM" write-targets "$S" --synthetic 300000 --target-shards 4 --force > "$WORK/w1.log" 2>&1 &
+"$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 > "$WORK/w0.log" 2>&1 || { cat "$WORK/w0.log"; fail "synthetic"; }
+"$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 --force > "$WORK/w1.log" 2>&1 &
 P=$!
 for _ in $(seq 500); do grep -q "pid $P " "$S/.lock" 2>/dev/null && break; sleep 0.01; done
 kill -STOP $P
 grep -q "pid $P " "$S/.lock" || { kill -CONT $P; fail "first writer never took the lock"; }
-expect_fail "is being written by another process: host $(hostname) pid $P command" "$DFM" write-targets "$S" --synthetic 300000 --target-shards 4 --force
+expect_fail "is being written by another process: host $(hostname) pid $P command" "$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 --force
 expect_fail "is being written by another process" "$DFM" build "$WORK/c.json" --run "$S"
 expect_fail "re-run 'dfm write-targets'" "$DFM" verify "$S"   # a reader takes no lock: it sees an incomplete run
 kill -CONT $P; wait $P || { cat "$WORK/w1.log"; fail "the first writer failed"; }
