@@ -20,6 +20,9 @@ for mode in plain doc-aligned; do
   diff "$WORK/dump-$mode-a.jsonl" "$WORK/dump-$mode-b.bin" || fail "$mode: the JSONL with literal <|endoftext|> packs differently from the .bin"
   docs=$("$DFM_PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['stages']['chunk']['counts']['documents'])" "$WORK/$mode-a.jsonl/manifest.json")
   [ "$docs" = 5 ] || fail "$mode: 3 lines with 2 literal separators are 5 documents, the manifest says $docs"
-  ok "$mode: JSONL with literal <|endoftext|> = the .bin of its 5 documents"
+  "$DFM_PYTHON" "$DFM_ROOT/tests/ref/chunk_reference.py" check --tokenizer "$T" --dump "$WORK/dump-$mode-a.jsonl" \
+    --manifest "$WORK/$mode-a.jsonl/manifest.json" --seq-len 32 --chunk-len 4 $([ $mode = doc-aligned ] && echo --doc-aligned) -- "$WORK/a.jsonl" ||
+    fail "$mode: chunks differ from the Hugging Face reference"
+  ok "$mode: JSONL with literal <|endoftext|> = the .bin of its 5 documents = the reference"
 done
 echo "all special-token checks passed"

@@ -35,6 +35,17 @@ def read_bytes(path):
     return path, data
 
 
+def text_documents(ids, eos):
+    """A text's ids split as a .bin's are: a document ends after every EOS (a literal special-token
+    string in the text is that token, as HF matches it); the last piece gets EOS appended."""
+    start = 0
+    for i, t in enumerate(ids):
+        if t == eos:
+            yield "bin", ids[start:i + 1]
+            start = i + 1
+    yield "text", ids[start:]
+
+
 def documents(paths, tok, eos):
     """Yield (kind, tokens) per document: kind 'text' gets EOS appended by the packer."""
     for p in paths:
@@ -45,7 +56,7 @@ def documents(paths, tok, eos):
                     continue
                 text = json.loads(line)["text"]
                 if text:
-                    yield "text", tok.encode(text, add_special_tokens=False).ids
+                    yield from text_documents(tok.encode(text, add_special_tokens=False).ids, eos)
         elif name.endswith(".bin"):
             magic, version, count = struct.unpack("<3i", data[:12])
             width = 4 if magic == 20240801 else 2
@@ -61,7 +72,7 @@ def documents(paths, tok, eos):
         else:
             text = data.decode()
             if text:
-                yield "text", tok.encode(text, add_special_tokens=False).ids
+                yield from text_documents(tok.encode(text, add_special_tokens=False).ids, eos)
 
 
 def reference(paths, tok, S, L, doc_aligned):
