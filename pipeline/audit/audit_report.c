@@ -285,6 +285,9 @@ static int audit_count(audit_ctx *x) {
     x->K = (uint32_t)u64(mnum(m, "retrieve", "config", "k"));
     x->margin = (uint32_t)u64(mnum(m, "retrieve", "config", "margin"));
     x->nprobe = (int64_t)u64(mnum(m, "retrieve", "config", "nprobe"));
+    json_t *tuning = json_object_get(dfm_manifest_stage(m, "retrieve"), "tuning"); /* the nprobe the run searched with */
+    const char *tuned = tuning ? json_string_value(json_object_get(tuning, "parameter")) : NULL;
+    if (tuned && !strcmp(tuned, "nprobe")) x->nprobe = (int64_t)json_number_value(json_object_get(tuning, "value"));
     x->exclude = mstr(m, "retrieve", "config", "exclude");
     x->factory = mstr(m, "index", NULL, "factory");
     x->metric_s = mstr(m, "index", NULL, "metric");

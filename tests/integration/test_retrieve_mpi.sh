@@ -98,6 +98,15 @@ mpi 2 "$DFM" retrieve "$R" >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "ret
 grep -q "nprobe=.* reaches recall@16 = " "$T/out.txt" || fail "the tuned recall was not printed: $(cat "$T/out.txt")"
 "$PY" -c "import json,sys; t=json.load(open(sys.argv[1]))['stages']['retrieve']['tuning']; print('default tuning', t); sys.exit(not (t['parameter'] == 'nprobe' and t['target'] == 0.95 and t['recall'] >= 0.95))" "$R/manifest.json" || fail "default tuning not recorded"
 "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --min-recall 0.95 || fail "the default retrieve stays below recall 0.95"
+# dfm audit reports the nprobe the run searched with (the synthetic run's chunk stage gets its L and S)
+"$PY" - "$R/manifest.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["stages"]["chunk"].setdefault("config", {}).update({"chunk-len": 32, "seq-len": 512})
+json.dump(m, open(sys.argv[1], "w"))
+EOF
+"$DFM" audit "$R" --token-level-sample 0 --out "$T/audit" >/dev/null 2>"$T/log" || { cat "$T/log"; fail "audit of the tuned run"; }
+"$PY" -c "import json,sys; a=json.load(open(sys.argv[1])); m=json.load(open(sys.argv[2])); sys.exit(a['config']['nprobe'] != m['stages']['retrieve']['tuning']['value'])" \
+  "$T/audit/audit.json" "$R/manifest.json" || fail "the audit does not report the tuned nprobe"
 
 echo "== 4. errors"
 R=$T/err; fresh "$R"
