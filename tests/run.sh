@@ -3,7 +3,8 @@
 #
 # Runs, in order: unit tests (build/tests/test_*), the same under ASan+UBSan (build-san/tests/test_*),
 # the fuzzers for FUZZ_RUNS inputs (build-fuzz/fuzz/*, default 2000), integration tests
-# (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among them the CUDA checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
+# (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among them the CUDA
+# checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
 # Each program is one test; its own output says which case failed. A unit test that is not built counts
 # as failed. Exit status is non-zero if any failed, 2 if none was selected.
 #   TESTS=REGEX tests/run.sh    run only tests whose name matches REGEX (one that matches nothing is an error)
