@@ -8,10 +8,11 @@
  *     "encode":  { ... }, "index": { ... }, "retrieve": { ... }, "write-targets": { ... }
  *   }
  * Top-level keys that are a stage's flag name apply to every stage that has that flag.
- * Each stage is called as `dfm STAGE RUN [INPUTS] --config CONFIG`: a stage the manifest records as
- * complete with the same configuration does nothing, an interrupted one resumes or restarts as that
- * stage defines, and a stage whose inputs or configuration changed is refused unless --force.
- * At the end rank 0 prints one summary table from the manifest.
+ * Rank 0 first takes the run lock (common/runlock.h: a second writer is refused at once). Each stage
+ * is then called as `dfm STAGE RUN [INPUTS] --config CONFIG [--force]` and follows the stage contract
+ * (common/manifest.h): a complete identical stage does nothing, an interrupted one resumes, a changed
+ * one is refused unless --force. Rank 0 logs "build: stage S skipped|ran in T s" for each stage
+ * ("skipped": its manifest entry is unchanged) and prints one summary table from the manifest.
  */
 #ifndef DFM_DRIVER_BUILD_H
 #define DFM_DRIVER_BUILD_H
