@@ -15,19 +15,31 @@
  *   on a handle's stream) is queued and runs only at a point where CUDA guarantees it has finished:
  *   cudaStreamSynchronize of that stream, cudaEventSynchronize of an event recorded after it,
  *   cudaDeviceSynchronize, cudaFree, cudaStreamDestroy, or when a stream that cudaStreamWaitEvent made
- *   wait on it reaches that point. Kernel arguments are taken at launch, as on the GPU.
+ *   wait on it reaches that point. Before the host waits for a stream, the other streams run what no
+ *   event holds back (a legal schedule), so a consumer that misses its cudaStreamWaitEvent runs before
+ *   its producer. Kernel arguments are taken at launch, as on the GPU. An async copy with pageable host
+ *   memory behaves as CUDA documents: the source is taken at the call; a copy to the host waits for the
+ *   stream and is done when the call returns. With pinned memory (cudaMallocHost) it happens later.
  * - The legacy default stream (0) runs at once, after the queued work of blocking streams (created
  *   without cudaStreamNonBlocking); the synchronous cudaMemcpy and cudaMemset run on it. So a host read
  *   (cudaMemcpy) of what a cudaStreamNonBlocking stream computes, without a synchronisation, reads the
  *   buffer as it was before the work: NaN for fresh memory.
- * -DEMU_CUDA_EAGER=1 restores the old behaviour (every call at once, zeroed memory), to tell an
- * emulation-only difference from a bug.
+ * Two environment variables, read at run time (tests/py/test_cuda_emu_strict.py uses both):
+ *   EMU_CUDA_EAGER=1          the old behaviour (every call at once, zeroed memory), to tell an
+ *                             emulation-only difference from a bug
+ *   EMU_CUDA_DROP=FILE:LINE[,FILE:LINE...]   make the synchronisations (cudaStreamSynchronize,
+ *                             cudaEventSynchronize, cudaDeviceSynchronize, cudaStreamWaitEvent) and
+ *                             memsets (cudaMemset,
+ *                             cudaMemsetAsync) called on those source lines no-ops: the source with that
+ *                             call deleted (a mutant), without editing it. FILE as the compiler names it
+ *                             (trainer/ops_cuda.cu).
  *
  * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
  * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite each `k<<<cfg>>>(args);` as
  * `emu_launch(emu_cfg(cfg), k, typename emu_sig<decltype(&k)>::args(args));` (host_emu_rewrite.py).
  */
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +47,9 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <tuple>
 #include <ucontext.h>
 #include <vector>
@@ -54,22 +69,47 @@ inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
 inline cudaError_t cudaGetLastError() { return 0; }
 
 // ---- streams: queues of deferred work ------------------------------------------------------------
+struct emu_Op {
+    std::function<void()> fn;
+    struct emu_Stream *ws = nullptr;  // a cudaStreamWaitEvent: blocked until ws has run wseq ops
+    unsigned long long wseq = 0;
+};
 struct emu_Stream {
-    std::deque<std::function<void()>> q;
+    std::deque<emu_Op> q;
     unsigned long long queued = 0, done = 0;  // ops ever queued / ever run: an event is a value of `queued`
     bool blocking = true;
 };
 typedef emu_Stream *cudaStream_t;
 inline std::vector<emu_Stream *> emu_g_streams;
-#ifndef EMU_CUDA_EAGER
-#define EMU_CUDA_EAGER 0
-#endif
+inline bool emu_eager() {
+    static const int on = getenv("EMU_CUDA_EAGER") && atoi(getenv("EMU_CUDA_EAGER")) != 0;
+    return on;
+}
+#define EMU_CUDA_EAGER emu_eager()
+// is the call at file:line one that EMU_CUDA_DROP deletes?
+inline bool emu_dropped(const char *file, int line) {
+    const char *list = getenv("EMU_CUDA_DROP");
+    if (!list || !*list) return false;
+    char me[1024];
+    snprintf(me, sizeof me, "%s:%d", file, line);
+    size_t n = strlen(me);
+    for (const char *p = strstr(list, me); p; p = strstr(p + 1, me))
+        if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) {
+            static std::vector<std::string> said;  // say it once per line
+            if (std::find(said.begin(), said.end(), me) == said.end()) {
+                said.push_back(me);
+                fprintf(stderr, "host_emu_cuda: EMU_CUDA_DROP: %s dropped\n", me);
+            }
+            return true;
+        }
+    return false;
+}
 // run s's queued work until `upto` ops have run (ops may run other streams' work: event waits)
 inline void emu_flush(emu_Stream *s, unsigned long long upto) {
     while (s && s->done < upto && !s->q.empty()) {
-        std::function<void()> op = std::move(s->q.front());
+        emu_Op op = std::move(s->q.front());
         s->q.pop_front();
-        op();
+        op.fn();
         s->done++;
     }
 }
@@ -82,6 +122,19 @@ inline void emu_flush_all(bool blocking_only) {
         }
     }
 }
+// before the host waits for stream x: the other streams' work up to a wait on an event not yet reached
+inline void emu_run_others(emu_Stream *x) {
+    for (bool again = true; again;) {
+        again = false;
+        for (size_t i = 0; i < emu_g_streams.size(); i++) {
+            emu_Stream *y = emu_g_streams[i];
+            while (y != x && !y->q.empty() && !(y->q.front().ws && y->q.front().ws->done < y->q.front().wseq)) {
+                emu_flush(y, y->done + 1);
+                again = true;
+            }
+        }
+    }
+}
 // queue op on s; the default stream runs it now, after the blocking streams' work (legacy semantics)
 inline void emu_enqueue(cudaStream_t s, std::function<void()> op) {
     if (!s || EMU_CUDA_EAGER) {
@@ -89,7 +142,7 @@ inline void emu_enqueue(cudaStream_t s, std::function<void()> op) {
         op();
         return;
     }
-    s->q.push_back(std::move(op));
+    s->q.push_back(emu_Op{std::move(op)});
     s->queued++;
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int flags) {
@@ -100,7 +153,7 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int flags) {
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, 0); }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    if (s) emu_flush(s, s->queued); else emu_flush_all(true);
+    if (s) emu_run_others(s), emu_flush(s, s->queued); else emu_flush_all(true);
     return 0;
 }
 inline cudaError_t cudaDeviceSynchronize() { emu_flush_all(false); return 0; }
@@ -123,11 +176,17 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     if (!s || EMU_CUDA_EAGER) emu_flush_all(true), e->s = nullptr; else e->s = s, e->seq = s->queued;
     return 0;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { emu_flush(e->s, e->seq); return 0; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (e->s) emu_run_others(e->s), emu_flush(e->s, e->seq);
+    return 0;
+}
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     emu_Stream *es = e->s;  // the record current now, as CUDA takes it
     unsigned long long seq = e->seq;
-    if (es && es != s) emu_enqueue(s, [es, seq]() { emu_flush(es, seq); });
+    if (!es || es == s) return 0;
+    if (!s || EMU_CUDA_EAGER) { emu_flush(es, seq); return 0; }
+    s->q.push_back(emu_Op{[es, seq]() { emu_flush(es, seq); }, es, seq});
+    s->queued++;
     return 0;
 }
 
@@ -145,15 +204,42 @@ template <class T> inline cudaError_t cudaMallocAsync(T **p, size_t b, cudaStrea
 }
 inline cudaError_t cudaFree(void *p) { emu_flush_all(false); free(p); return 0; }  // cudaFree synchronises
 inline cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { emu_enqueue(s, [p]() { free(p); }); return 0; }
-inline cudaError_t cudaMallocHost(void **p, size_t b) { return cudaMalloc(p, b); }
-template <class T> inline cudaError_t cudaMallocHost(T **p, size_t b) { return cudaMalloc((void **)p, b); }
-inline cudaError_t cudaFreeHost(void *p) { emu_flush_all(false); free(p); return 0; }
+// pinned (page-locked) host memory: the only host memory an async copy really reads or writes late
+inline std::map<uintptr_t, size_t> emu_g_pinned;
+inline bool emu_pinned(const void *p) {
+    auto it = emu_g_pinned.upper_bound((uintptr_t)p);
+    return it != emu_g_pinned.begin() && (uintptr_t)p < (--it)->first + it->second;
+}
+inline cudaError_t cudaMallocHost(void **p, size_t b) {
+    cudaError_t e = cudaMalloc(p, b);
+    if (!e) emu_g_pinned[(uintptr_t)*p] = b ? b : 1;
+    return e;
+}
+template <class T> inline cudaError_t cudaMallocHost(T **p, size_t b) { return cudaMallocHost((void **)p, b); }
+inline cudaError_t cudaFreeHost(void *p) {
+    emu_flush_all(false);
+    emu_g_pinned.erase((uintptr_t)p);
+    free(p);
+    return 0;
+}
 inline cudaError_t cudaMemcpy(void *d, const void *s, size_t b, cudaMemcpyKind) {
     emu_enqueue(nullptr, [=]() { memcpy(d, s, b); });
     return 0;
 }
-inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind, cudaStream_t st) {
-    emu_enqueue(st, [=]() { memcpy(d, s, b); });
+// As CUDA documents it: with pageable host memory, an async copy to the device takes the source at the
+// call (staging) and lands later; one to the host returns once the copy is done, so it waits for the
+// stream's earlier work. With pinned memory or device to device, the whole copy happens later.
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t b, cudaMemcpyKind kind, cudaStream_t st) {
+    if (kind == cudaMemcpyHostToDevice && !emu_pinned(s)) {
+        auto staged = std::make_shared<std::vector<char>>((const char *)s, (const char *)s + b);
+        emu_enqueue(st, [=]() { memcpy(d, staged->data(), b); });
+    } else if (kind == cudaMemcpyDeviceToHost && !emu_pinned(d)) {
+        if (st) emu_flush(st, st->queued);
+        emu_enqueue(st, [=]() { memcpy(d, s, b); });
+        if (st) emu_flush(st, st->queued);
+    } else {
+        emu_enqueue(st, [=]() { memcpy(d, s, b); });
+    }
     return 0;
 }
 inline cudaError_t cudaMemset(void *d, int v, size_t b) { emu_enqueue(nullptr, [=]() { memset(d, v, b); }); return 0; }
@@ -174,6 +260,13 @@ typedef void *cudaMemPool_t;
 enum { cudaMemPoolAttrReleaseThreshold = 4 };
 inline cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = nullptr; return 0; }
 inline cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, int, void *) { return 0; }
+// the calls EMU_CUDA_DROP can delete carry their source line (these macros come after every use above)
+#define cudaStreamSynchronize(s) (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaStreamSynchronize(s))
+#define cudaEventSynchronize(e) (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaEventSynchronize(e))
+#define cudaDeviceSynchronize() (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaDeviceSynchronize())
+#define cudaMemset(d, v, b) (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaMemset(d, v, b))
+#define cudaMemsetAsync(d, v, b, s) (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaMemsetAsync(d, v, b, s))
+#define cudaStreamWaitEvent(s, e, f) (emu_dropped(__FILE__, __LINE__) ? cudaSuccess : cudaStreamWaitEvent(s, e, f))
 // bf16
 struct __nv_bfloat16 { uint16_t x; };
 inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no NaN handling needed here)
