@@ -21,7 +21,7 @@ for np in 1 2; do
   mpirun -np $np "$DFM" index "$WORK/np$np" 2>"$WORK/log" || { cat "$WORK/log"; fail "index np $np"; }
   grep -q "Flat (exact)" "$WORK/log" || { cat "$WORK/log"; fail "auto choice not printed"; }
   for ex in sequence document; do
-    mpirun -np $np "$DFM" retrieve "$WORK/np$np" --exclude $ex --k 8 2>"$WORK/log" || { cat "$WORK/log"; fail "retrieve np $np $ex"; }
+    mpirun -np $np "$DFM" retrieve "$WORK/np$np" --exclude $ex --k 8 --force 2>"$WORK/log" || { cat "$WORK/log"; fail "retrieve np $np $ex"; }
     "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$WORK/np$np" --check || fail "np $np $ex differs from the NumPy reference"
     mkdir -p "$WORK/out$np/$ex"; cp "$WORK/np$np"/retrieve/nbr-*.bin "$WORK/out$np/$ex/"
   done
