@@ -103,7 +103,7 @@ for spec in "$FAC:8" "$FAC:32" "IVF${NLIST},Flat:8"; do
   fac=${spec%:*}; np_=${spec##*:}
   R=$B/r1
   if [ "$fac" != "$FAC" ]; then R=$B/rf; [ -d "$R" ] || { copy "$R"; "$DFM" index "$R" --index "$fac" --train-sample $((NLIST * 80)) 2>/dev/null; }; fi
-  "$DFM" retrieve "$R" --k "$K" --margin "$MARGIN" --nprobe "$np_" --measure-recall 500 2>/dev/null | tail -1
+  "$DFM" retrieve "$R" --k "$K" --margin "$MARGIN" --nprobe "$np_" --measure-recall 500 --force 2>/dev/null | tail -1
   rows="$rows| $fac | $np_ | $(field "$R" retrieve "['recall']['recall@k']" | xargs printf '%.4f') | $(field "$R" retrieve "['timings']['search_s']" | xargs printf '%.2f') |\n"
 done
 echo
