@@ -29,10 +29,9 @@
  *                             emulation-only difference from a bug
  *   EMU_CUDA_DROP=FILE:LINE[,FILE:LINE...]   make the synchronisations (cudaStreamSynchronize,
  *                             cudaEventSynchronize, cudaDeviceSynchronize, cudaStreamWaitEvent) and
- *                             memsets (cudaMemset,
- *                             cudaMemsetAsync) called on those source lines no-ops: the source with that
- *                             call deleted (a mutant), without editing it. FILE as the compiler names it
- *                             (trainer/ops_cuda.cu).
+ *                             memsets (cudaMemset, cudaMemsetAsync) called on those source lines no-ops:
+ *                             the source with that call deleted (a mutant), without editing it. FILE as
+ *                             the compiler names it (trainer/ops_cuda.cu).
  *
  * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
  * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite each `k<<<cfg>>>(args);` as
