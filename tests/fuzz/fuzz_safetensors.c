@@ -1,5 +1,6 @@
 /* fuzz_safetensors.c — libFuzzer harness: a .safetensors file (8-byte header size, JSON header, data)
- * through dfm_safetensors_open, then every tensor's lookup and, for small ones, the fp32 conversion. */
+ * through dfm_safetensors_open, then every tensor's lookup, its size (numel x dtype size = its bytes,
+ * computed without wrapping) and, for small ones, the fp32 conversion. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -13,6 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int i = 0; i < st->n_tensors; i++) {
         const dfm_st_tensor *t = &st->tensors[i];
         if (dfm_safetensors_find(st, t->name) != t) abort(); /* names are unique: lookup finds this one */
+        /* the storage a tensor claims is exactly what its shape needs (no wrapped product) */
+        if ((unsigned __int128)t->numel * dfm_st_dtype_size(t->dtype) != t->end - t->begin) abort();
         if (t->numel > (1u << 16)) continue;
         float *out = malloc((t->numel ? t->numel : 1) * sizeof *out);
         if (out) dfm_st_to_f32(t, out);

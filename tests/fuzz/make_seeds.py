@@ -121,6 +121,24 @@ def text_seeds():
                   "vocab": vocab, "merges": ["h e", "l l", "he ll", "hell o"]}}, indent=1))
 
 
+def regression_seeds():
+    """Inputs that once got through (sizes from claims, wrapped products, unchecked ranges): each parser
+    must refuse or bound them; the harnesses assert it."""
+    t = json.load(open(os.path.join(OUT, "tokenizer_json", "byte_level_bpe")))
+    t["added_tokens"].append({"id": 2**31 - 1, "content": "<|huge|>", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True})
+    put("tokenizer_json", "added_id_2p31", json.dumps(t))
+    hdr = json.dumps({"w": {"dtype": "F32", "shape": [2**31, 2**31], "data_offsets": [0, 0]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    put("safetensors", "shape_product_wraps", struct.pack("<Q", len(hdr)) + hdr)
+    c = json.load(open(os.path.join(OUT, "backbone_config", "llama")))
+    c["hidden_size"] = 2**32 + 32
+    put("backbone_config", "hidden_2p32_plus_32", json.dumps(c))
+    c = json.load(open(os.path.join(OUT, "encoder_config", "bert")))
+    c["layer_norm_eps"] = -1
+    put("encoder_config", "negative_eps", json.dumps(c))
+
+
 if __name__ == "__main__":
     chunk_shard()
     embedding_shard()
@@ -129,3 +147,4 @@ if __name__ == "__main__":
     safetensors()
     token_bin()
     text_seeds()
+    regression_seeds()
