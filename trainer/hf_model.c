@@ -9,6 +9,36 @@
 #include "schemas/safetensors.h"
 #include "trainer/model_config.h"
 
+static int open_files(const char *dir, dfm_safetensors ***files, int *nfiles);
+static void close_files(dfm_safetensors **files, int n);
+
+/* The sizes config.json claims must be stored in the folder's weight files (2 bytes or more per weight)
+ * before the model is allocated from them: a crafted config cannot make dfm-train allocate what no file
+ * holds. Counted in 128 bits over the large matrices only (a lower bound). A folder without weight files
+ * is left to the loader, which names what is missing. */
+static int check_weights_fit(const char *dir, const BackboneConfig *bc) {
+    dfm_safetensors **files = NULL;
+    int nfiles = 0;
+    if (open_files(dir, &files, &nfiles)) {
+        dfm_error_clear();
+        return DFM_OK;
+    }
+    unsigned __int128 bytes = 0;
+    for (int i = 0; i < nfiles; i++) bytes += files[i]->data_bytes;
+    close_files(files, nfiles);
+    const StackConfig *d = &bc->dec;
+    unsigned __int128 C = (unsigned)d->hidden, V = (unsigned)bc->vocab_size, hd = (unsigned)d->head_dim;
+    unsigned __int128 per_layer = C * hd * (2u * (unsigned)d->n_heads + 2u * (unsigned)d->n_kv_heads) +
+                                  3 * C * (unsigned)d->ffn;
+    unsigned __int128 weights = V * C * (bc->tie_embeddings ? 1u : 2u) + per_layer * (unsigned)d->n_layers;
+    if (weights * 2 > bytes)
+        return DFM_FAIL(DFM_EFORMAT, "%s: config.json (vocab_size %d, hidden_size %d, intermediate_size %d, %d layers) "
+                        "implies at least %.3g weights, more than the %.3g bytes of its safetensors files hold. HINT: "
+                        "config.json and the weights do not belong together", dir, bc->vocab_size, d->hidden, d->ffn,
+                        d->n_layers, (double)weights, (double)bytes);
+    return DFM_OK;
+}
+
 int hf_read_config(const char *dir, BackboneConfig *bc) {
     char *path = dfm_path_join(dir, "config.json");
     if (!path) return DFM_FAIL(DFM_ENOMEM, "path");
@@ -25,7 +55,7 @@ int hf_read_config(const char *dir, BackboneConfig *bc) {
     if (rc) dfm_error_prefix("%s", path);
     json_decref(cfg);
     free(path);
-    return rc;
+    return rc ? rc : check_weights_fit(dir, bc);
 }
 
 /* Open the folder's safetensors files: model.safetensors, or the shards named by the index. */

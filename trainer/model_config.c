@@ -1,13 +1,16 @@
 /* model_config.c — BackboneConfig <-> Hugging Face config.json, DfmConfig <-> JSON. */
 #include "trainer/model_config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/error.h"
 
-static int get_int(json_t *o, const char *key, int required, int def, int *out) {
+/* An integer field within [lo, hi] (JSON integers are 64-bit: a value is range-checked before it is narrowed,
+ * so hidden_size 2^32+32 is refused, not read as 32). */
+static int get_int(json_t *o, const char *key, int required, int def, long long lo, long long hi, int *out) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
         if (required) return DFM_FAIL(DFM_EFORMAT, "config.json: missing integer \"%s\"", key);
@@ -15,18 +18,26 @@ static int get_int(json_t *o, const char *key, int required, int def, int *out) 
         return DFM_OK;
     }
     if (!json_is_integer(v)) return DFM_FAIL(DFM_EFORMAT, "config.json: \"%s\" is not an integer", key);
-    *out = (int)json_integer_value(v);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return DFM_FAIL(DFM_ERANGE, "config.json: \"%s\" is %lld, outside %lld..%lld. HINT: the file is corrupt or "
+                        "not a decoder's config", key, (long long)x, lo, hi);
+    *out = (int)x;
     return DFM_OK;
 }
 
-static int get_num(json_t *o, const char *key, double def, float *out) {
+/* A number field within the open interval (lo, hi), finite. */
+static int get_num(json_t *o, const char *key, double def, double lo, double hi, float *out) {
     json_t *v = json_object_get(o, key);
     if (!v || json_is_null(v)) {
         *out = (float)def;
         return DFM_OK;
     }
     if (!json_is_number(v)) return DFM_FAIL(DFM_EFORMAT, "config: \"%s\" is not a number", key);
-    *out = (float)json_number_value(v);
+    double x = json_number_value(v);
+    if (!(x > lo && x < hi) || !isfinite((float)x) || (float)x == 0.0f)
+        return DFM_FAIL(DFM_ERANGE, "config: \"%s\" is %g, outside (%g, %g)", key, x, lo, hi);
+    *out = (float)x;
     return DFM_OK;
 }
 
@@ -45,16 +56,21 @@ int backbone_config_from_hf(json_t *cfg, BackboneConfig *bc) {
     int max_seq = bc->max_seq;
     memset(bc, 0, sizeof *bc);
     snprintf(bc->arch, sizeof bc->arch, "%s", arch);
-    DFM_TRY(get_int(cfg, "vocab_size", 1, 0, &bc->vocab_size));
-    DFM_TRY(get_int(cfg, "hidden_size", 1, 0, &bc->dec.hidden));
-    DFM_TRY(get_int(cfg, "intermediate_size", 1, 0, &bc->dec.ffn));
-    DFM_TRY(get_int(cfg, "num_hidden_layers", 1, 0, &bc->dec.n_layers));
-    DFM_TRY(get_int(cfg, "num_attention_heads", 1, 0, &bc->dec.n_heads));
-    DFM_TRY(get_int(cfg, "num_key_value_heads", 0, bc->dec.n_heads, &bc->dec.n_kv_heads));
-    if (bc->dec.n_heads <= 0) return DFM_FAIL(DFM_EFORMAT, "config.json: num_attention_heads must be positive");
-    DFM_TRY(get_int(cfg, "head_dim", 0, bc->dec.hidden / bc->dec.n_heads, &bc->dec.head_dim));
-    DFM_TRY(get_num(cfg, "rms_norm_eps", 1e-6, &bc->dec.eps));
-    DFM_TRY(get_num(cfg, "rope_theta", 10000.0, &bc->dec.rope_theta));
+    /* bounds a real decoder stays far inside; the weights they imply are checked against the files later */
+    DFM_TRY(get_int(cfg, "vocab_size", 1, 0, 1, 1 << 24, &bc->vocab_size));
+    DFM_TRY(get_int(cfg, "hidden_size", 1, 0, 1, 1 << 20, &bc->dec.hidden));
+    DFM_TRY(get_int(cfg, "intermediate_size", 1, 0, 1, 1 << 22, &bc->dec.ffn));
+    DFM_TRY(get_int(cfg, "num_hidden_layers", 1, 0, 1, 4096, &bc->dec.n_layers));
+    DFM_TRY(get_int(cfg, "num_attention_heads", 1, 0, 1, 4096, &bc->dec.n_heads));
+    DFM_TRY(get_int(cfg, "num_key_value_heads", 0, bc->dec.n_heads, 1, bc->dec.n_heads, &bc->dec.n_kv_heads));
+    if (bc->dec.n_heads % bc->dec.n_kv_heads)
+        return DFM_FAIL(DFM_EFORMAT, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
+                        bc->dec.n_heads, bc->dec.n_kv_heads);
+    DFM_TRY(get_int(cfg, "head_dim", 0, bc->dec.hidden / bc->dec.n_heads, 2, 1 << 16, &bc->dec.head_dim));
+    if (bc->dec.head_dim % 2)
+        return DFM_FAIL(DFM_EFORMAT, "config.json: head_dim %d is odd (RoPE rotates pairs)", bc->dec.head_dim);
+    DFM_TRY(get_num(cfg, "rms_norm_eps", 1e-6, 0, 1, &bc->dec.eps));
+    DFM_TRY(get_num(cfg, "rope_theta", 10000.0, 0, 1e12, &bc->dec.rope_theta));
     json_t *tie = json_object_get(cfg, "tie_word_embeddings");
     bc->tie_embeddings = tie ? json_is_true(tie) : 0;
     bc->dec.qk_norm = qwen3;
@@ -68,7 +84,7 @@ int backbone_config_from_hf(json_t *cfg, BackboneConfig *bc) {
         return DFM_FAIL(DFM_EUNSUPPORTED, "config.json: hidden_act %s is not supported (silu only)",
                         json_string_value(act));
     int mpe = 0;
-    DFM_TRY(get_int(cfg, "max_position_embeddings", 0, 4096, &mpe));
+    DFM_TRY(get_int(cfg, "max_position_embeddings", 0, 4096, 1, 0x7fffffff, &mpe));
     bc->max_seq = max_seq > 0 ? max_seq : (mpe < 4096 ? mpe : 4096);
     json_t *sw = json_object_get(cfg, "sliding_window");
     json_t *usw = json_object_get(cfg, "use_sliding_window");

@@ -203,6 +203,40 @@ static void test_config_refusals(void **state) {
     assert_int_equal(backbone_config_from_hf(j, &bc), DFM_EUNSUPPORTED);
     assert_non_null(strstr(dfm_last_error(), "GPT2LMHeadModel"));
     json_decref(j);
+    /* numbers are range-checked before they are narrowed: hidden_size 2^32+32 is not read as 32 */
+    j = json_pack("{s:[s], s:i, s:I, s:i, s:i, s:i}", "architectures", "LlamaForCausalLM", "vocab_size", 10,
+                  "hidden_size", (json_int_t)4294967328LL, "intermediate_size", 8, "num_hidden_layers", 1,
+                  "num_attention_heads", 2);
+    assert_int_equal(backbone_config_from_hf(j, &bc), DFM_ERANGE);
+    assert_non_null(strstr(dfm_last_error(), "hidden_size"));
+    assert_non_null(strstr(dfm_last_error(), "4294967328"));
+    json_object_set_new(j, "hidden_size", json_integer(8));
+    json_object_set_new(j, "rms_norm_eps", json_real(-1));
+    assert_int_equal(backbone_config_from_hf(j, &bc), DFM_ERANGE);
+    assert_non_null(strstr(dfm_last_error(), "rms_norm_eps"));
+    json_object_set_new(j, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(j, "num_key_value_heads", json_integer(3));
+    assert_int_not_equal(backbone_config_from_hf(j, &bc), DFM_OK);
+    json_decref(j);
+    /* a vocabulary that the folder's weights cannot hold is refused before any allocation, with the right hint */
+    char src[300], dir[300], cmd[900];
+    snprintf(src, sizeof src, "%s/model0", tmpdir);
+    snprintf(dir, sizeof dir, "%s/bigvocab", tmpdir);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/model.safetensors %s/", dir, src, dir);
+    assert_int_equal(system(cmd), 0);
+    char cfgp[400];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", src);
+    json_error_t je;
+    j = json_load_file(cfgp, 0, &je);
+    assert_non_null(j);
+    json_object_set_new(j, "vocab_size", json_integer(1 << 24));
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(j, cfgp, 0), 0);
+    json_decref(j);
+    memset(&bc, 0, sizeof bc);
+    bc.max_seq = 16;
+    assert_int_equal(hf_read_config(dir, &bc), DFM_EFORMAT);
+    assert_non_null(strstr(dfm_last_error(), "do not belong together"));
     DfmConfig dc;
     BackboneConfig b2;
     tiny(&b2, &dc, 1, "Qwen3ForCausalLM");
