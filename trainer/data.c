@@ -1,6 +1,7 @@
 /* data.c — token sequences, target memory and the shuffling loader (see data.h). */
 #include "trainer/data.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,11 +167,21 @@ static int open_targets_file(const char *path, TargetReader *ts, int L, int *K, 
     memcpy(&ck, buf + 32, 8);
     if (ver != 1) return DFM_FAIL(DFM_EVERSION, "%s: targets file version %u (1 known)", path, ver);
     if (!k || !dd || k > 4096 || dd > 65536) return DFM_FAIL(DFM_EFORMAT, "%s: k %u, d %u out of range", path, k, dd);
-    size_t payload = (size_t)n * k + (size_t)n * k * dd * 4;
-    if (len != TGT_HEADER + payload)
-        return DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, header says %zu", path, len, TGT_HEADER + payload);
+    /* the chunk count is a claim: its payload is computed in 128 bits and must be exactly what the file holds */
+    unsigned __int128 want = (unsigned __int128)n * k * (1u + 4u * (uint64_t)dd);
+    if (want != (unsigned __int128)(len - TGT_HEADER))
+        return DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, but its header's %llu chunks x %u slots x d %u need %.0f",
+                        path, len, (unsigned long long)n, k, dd, (double)want + TGT_HEADER);
+    size_t payload = (size_t)want;
     if (dfm_checksum64(buf + TGT_HEADER, payload) != ck)
         return DFM_FAIL(DFM_ECHECKSUM, "%s: payload checksum mismatch (file corrupt)", path);
+    /* finite target vectors only: a NaN target would poison the MSE and every gradient */
+    const float *e = (const float *)(void *)(buf + TGT_HEADER + (size_t)n * k);
+    for (size_t i = 0; i < (size_t)n * k * dd; i++)
+        if (!isfinite(e[i]))
+            return DFM_FAIL(DFM_EFORMAT, "%s: the target memory of chunk %llu (slot %zu) holds a non-finite value. "
+                            "HINT: rebuild the targets file", path, (unsigned long long)(i / ((size_t)k * dd)),
+                            (size_t)(i / dd % k));
     if ((int)cl != L)
         return DFM_FAIL(DFM_EMISMATCH, "%s: targets were built for chunks of %u tokens, the model uses %d. "
                         "HINT: --chunk-len %u", path, cl, L, cl);

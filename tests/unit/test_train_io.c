@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,24 @@ static void test_targets_file_and_loader(void **state) {
     fclose(f);
     assert_int_equal(data_open(tp, 8, &ds), 0);
     assert_int_equal(data_open_targets(&ds, kp, NULL, 4, 0, 0), DFM_ECHECKSUM);
+    data_close(&ds);
+    /* a non-finite target vector (with a valid checksum) is refused, naming the chunk */
+    emb[(5 * 2 + 1) * 3 + 2] = NAN;
+    assert_int_equal(targets_file_write(kp, 2, 3, 4, 11, mask, emb), 0);
+    assert_int_equal(data_open(tp, 8, &ds), 0);
+    assert_int_equal(data_open_targets(&ds, kp, NULL, 4, 0, 0), DFM_EFORMAT);
+    assert_non_null(strstr(dfm_last_error(), "chunk 5 (slot 1)"));
+    data_close(&ds);
+    /* a chunk count whose payload wraps around 2^64 is refused, not trusted */
+    emb[(5 * 2 + 1) * 3 + 2] = 1.0f;
+    assert_int_equal(targets_file_write(kp, 2, 3, 4, 11, mask, emb), 0);
+    f = fopen(kp, "r+b");
+    uint64_t huge = (1ull << 63) / 13 * 2 + 11; /* n * 2 * (1 + 4*3) wraps to a small number */
+    fseek(f, 24, SEEK_SET);
+    fwrite(&huge, 8, 1, f);
+    fclose(f);
+    assert_int_equal(data_open(tp, 8, &ds), 0);
+    assert_int_equal(data_open_targets(&ds, kp, NULL, 4, 0, 0), DFM_ETRUNCATED);
     data_close(&ds);
     /* loader: same seed, same order; seek reproduces the stream */
     Loader a, b;
