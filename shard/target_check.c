@@ -89,14 +89,20 @@ int dfm_target_inspect(const char *run, uint64_t chunk, int64_t nvals, const cha
     if (!rc) rc = rec_buf_init(&b, dfm_target_reader_info(r));
     if (!rc) rc = dfm_target_reader_get(r, chunk, &b.t);
     if (!rc) {
-        /* texts are a bonus: a run without chunks (synthetic) or tokenizer prints none */
+        /* texts are a bonus: a run without chunks (synthetic) or whose tokenizer is gone prints none. But a
+         * tokenizer asked for must load, and the chunk shards of a run that has them must be whole. */
         if (dfm_manifest_load(run, 0, &man) == DFM_OK && dfm_manifest_stage(man, "chunk")) {
             const char *tp = tokenizer ? tokenizer
                                        : json_string_value(json_object_get(json_object_get(dfm_manifest_stage(man, "chunk"), "tokenizer"), "path"));
-            if (tp && dfm_tokenizer_load(tp, &tok) == DFM_OK) (void)dfm_chunk_set_open(run, &cs);
+            int trc = tp ? dfm_tokenizer_load(tp, &tok) : DFM_ENOTFOUND;
+            if (trc && tokenizer) rc = trc;
+            else if (!trc) rc = dfm_chunk_set_open(run, &cs);
+            if (rc) rc = dfm_error_prefix("inspect %s: the texts of chunk %llu", run, (unsigned long long)chunk);
         }
-        dfm_error_clear();
-        print_record(dfm_target_reader_info(r), &b.t, cs, tok, nvals);
+        if (!rc) {
+            dfm_error_clear();
+            print_record(dfm_target_reader_info(r), &b.t, cs, tok, nvals);
+        }
     }
     rec_buf_free(&b);
     dfm_target_reader_close(r);
