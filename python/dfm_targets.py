@@ -21,6 +21,7 @@ A torch Dataset is a few lines: `__getitem__ = lambda i: torch.from_numpy(run.ge
 (open the TargetRun inside each worker: LMDB handles do not survive fork).
 """
 
+import contextlib
 import json
 import os
 import struct
@@ -65,6 +66,16 @@ class TargetMismatchError(TargetError):
 
 class TargetTruncatedError(TargetError):
     pass
+
+
+@contextlib.contextmanager
+def _lmdb_errors(where):
+    """LMDB's own errors (lmdb.InvalidError on a damaged meta page, lmdb.CorruptedError, ...) as TargetFormatError."""
+    try:
+        yield
+    except lmdb.Error as e:
+        raise TargetFormatError(f"{where}: LMDB cannot read the data.mdb ({type(e).__name__}: {e}); the file is damaged. "
+                                "HINT: re-run 'dfm write-targets --force'") from None
 
 
 def _to_f32(raw, dtype_code):
@@ -206,8 +217,9 @@ class _Shard:
         if size != m["data_bytes"]:
             raise TargetTruncatedError(f"{data} is {size} bytes, shard.json says {m['data_bytes']} (truncated or modified)")
         self.first, self.n = first, n
-        self.env = lmdb.open(self.dir, readonly=True, lock=False, subdir=True, create=False)
-        entries = self.env.stat()["entries"]
+        with _lmdb_errors(f"shard {self.dir}"):
+            self.env = lmdb.open(self.dir, readonly=True, lock=False, subdir=True, create=False)
+            entries = self.env.stat()["entries"]
         if entries != m["records"]:
             raise TargetFormatError(f"{self.dir}: data.mdb holds {entries} records, shard.json says {m['records']}")
         self.table = None
@@ -321,7 +333,7 @@ class TargetRun:
         if not 0 <= chunk_id < self.n_chunks:
             raise IndexError(f"chunk {chunk_id} outside the run's {self.n_chunks} chunks")
         shard = self.shards[chunk_id // self.span]
-        with shard.env.begin() as txn:
+        with _lmdb_errors(self._where(shard, chunk_id)), shard.env.begin() as txn:
             value = txn.get(_key(chunk_id))
             if value is None:
                 raise TargetError(f"{self._where(shard, chunk_id)}: no record")
@@ -335,7 +347,7 @@ class TargetRun:
             whole = nxt == shard.first
             h = xxhash.xxh3_64()
             seen = 0
-            with shard.env.begin() as txn:
+            with _lmdb_errors(f"shard {shard.dir}"), shard.env.begin() as txn:
                 cur = txn.cursor()
                 ok = cur.set_range(_key(nxt))
                 while ok:

@@ -161,6 +161,15 @@ def main():
         expect_error(lambda: dfm_targets.TargetRun(trunc), dfm_targets.TargetTruncatedError, "shard-00002/data.mdb",
                      "truncated data.mdb")
 
+        meta = os.path.join(tmp, "meta")  # both LMDB meta pages damaged: the magic of pages 0 and 1 zeroed
+        shutil.copytree(base, meta)
+        p = os.path.join(meta, "targets/shard-00001/data.mdb")
+        data = bytearray(open(p, "rb").read())
+        for page in (0, 4096):
+            data[page + 16:page + 24] = bytes(8)
+        open(p, "wb").write(bytes(data))
+        expect_error(lambda: dfm_targets.TargetRun(meta), dfm_targets.TargetError, "shard-00001", "damaged LMDB meta pages")
+
         other = os.path.join(tmp, "other")
         write_run(other, "--seed", "9")
         mixed = os.path.join(tmp, "mixed")
