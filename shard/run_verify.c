@@ -130,7 +130,7 @@ int dfm_run_verify(const char *run, unsigned mask, const dfm_target_verify_confi
         if (!(mask & (1u << s))) continue;
         const char *name = stage_names[s];
         if (!dfm_manifest_stage(man, name)) {
-            if (mask != DFM_VERIFY_ALL)
+            if (mask != DFM_VERIFY_ALL || (1u << s) == DFM_VERIFY_TARGETS)
                 rc = DFM_FAIL(DFM_ESTATE, "%s has no '%s' stage to verify. HINT: run 'dfm %s' first, or leave it out of --stages", run,
                               name, dfm_stage_command(name));
             else

@@ -19,10 +19,11 @@ enum {
  * an unknown stage. */
 int dfm_verify_stages_parse(const char *list, unsigned *mask);
 
-/* Check the stages in mask that run's manifest holds; a stage in mask that the run lacks is skipped
- * with a line when mask is DFM_VERIFY_ALL, else an error. A stage recorded "running" is an error (it
- * is not finished). Prints one line per stage checked; errors name the file and what is wrong.
- * cfg applies to the targets stage. */
+/* Check the stages in mask, in pipeline order. A stage in mask that the run lacks is an error, except
+ * that with DFM_VERIFY_ALL a missing upstream stage (chunk to retrieve: a synthetic run has none) is
+ * skipped with a line; the targets, what a run is for, must be there. A stage recorded "running" is
+ * an error (it is not finished). Prints one line per stage checked; errors name the stage and the file
+ * and what is wrong. cfg applies to the targets stage. */
 int dfm_run_verify(const char *run, unsigned mask, const dfm_target_verify_config *cfg);
 
 #endif
