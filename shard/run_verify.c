@@ -67,6 +67,19 @@ static int verify_retrieve(const char *run, json_t *man) {
     dfm_nbr_set *ns = NULL;
     int rc = dfm_nbr_set_open(run, &ns);
     if (!rc) rc = count_matches(run, "retrieve", "rows (one per chunk)", run_chunks(man), ns->n_chunks);
+    if (!rc && ns->n_blocks) { /* the blocks agree with each other (dfm_nbr_set_open); here with what the manifest says made them */
+        json_t *st = dfm_manifest_stage(man, "retrieve");
+        const char *ih = json_string_value(json_object_get(st, "index_hash")), *met = json_string_value(json_object_get(st, "metric"));
+        const dfm_nbr_header *h = &ns->blocks[0]->hdr;
+        const char *hm = h->metric == DFM_METRIC_IP ? "ip" : "l2";
+        json_int_t mk = json_integer_value(json_object_get(st, "k"));
+        char have[17];
+        snprintf(have, sizeof have, "%016llx", (unsigned long long)h->index_hash);
+        if (mk != (json_int_t)h->k || !met || strcmp(met, hm) || !ih || strcmp(ih, have))
+            rc = DFM_FAIL(DFM_EMISMATCH, "%s: K %u, metric %s, index %s; %s/manifest.json's retrieve stage says K %lld, metric %s, "
+                          "index %s (blocks of another retrieval). HINT: re-run 'dfm retrieve --force'", ns->blocks[0]->path, h->k, hm,
+                          have, run, (long long)mk, met ? met : "(none)", ih ? ih : "(none)");
+    }
     if (!rc) printf("verify: retrieve: %d blocks, %llu rows of K %u: headers, payload checksums, rows and tiling OK\n", ns->n_blocks,
                     (unsigned long long)ns->n_chunks, ns->k);
     dfm_nbr_set_close(ns);

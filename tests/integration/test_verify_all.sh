@@ -46,6 +46,10 @@ damaged idxflip; flip "$WORK/idxflip/index/index-00000.faiss" 2000
 expect_verify_fails idxflip "a flipped bit in an index shard" "idxflip/index/index-00000.faiss" "checksum"
 damaged nbrgone; rm "$WORK/nbrgone/retrieve/nbr-000001.bin"
 expect_verify_fails nbrgone "a deleted neighbour block" "nbrgone/retrieve/nbr-000001.bin"
+# neighbour blocks of another retrieval: the manifest names another index
+damaged otherindex
+"$DFM_PYTHON" -c "import json, sys; p = sys.argv[1]; m = json.load(open(p)); m['stages']['retrieve']['index_hash'] = '0123456789abcdef'; json.dump(m, open(p, 'w'))" "$WORK/otherindex/manifest.json"
+expect_verify_fails otherindex "neighbour blocks of another index" "otherindex/retrieve/nbr-000000.bin" "index 0123456789abcdef"
 # a stage still running is not verified as complete
 damaged running
 "$DFM_PYTHON" -c "import json, sys; p = sys.argv[1]; m = json.load(open(p)); m['stages']['encode']['state'] = 'running'; json.dump(m, open(p, 'w'))" "$WORK/running/manifest.json"
