@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bench_train_gpu.sh — dfm-train's CUDA path against the same model in PyTorch on one GPU (issue 8):
+# bench/bench_train_gpu.sh — dfm-train's CUDA path against the same model in PyTorch on one GPU:
 # tokens/s, ms/step and MFU for a ~124M and a ~1B backbone, in pretraining and in DFM mode, side by side.
 #
 #   make CUDA=1 BUILD=build-cuda build-cuda/dfm-train          # first (the caller's script does it)

@@ -116,7 +116,7 @@ def make_data(c, n, dev, seed):
             first = seq[:, :T:L] % table.shape[0]  # [B, NC]
             batch["tmem"] = (base + 0.3 * table[first]).to(dev)
             m = torch.ones(B, NC, K)
-            m[:, 0] = 0  # chunk 0 has no target (design §1)
+            m[:, 0] = 0  # chunk 0 has no target (no preceding context to query with)
             batch["tmask"] = m.to(dev)
         out.append(batch)
     return out

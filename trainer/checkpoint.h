@@ -1,12 +1,8 @@
 /* checkpoint.h — training checkpoints: everything a run needs to continue bit-identically.
  *
- * File (little-endian): 64-byte header
- *   char magic[8] "DFMCKPT1"; u32 version (1); u32 mode (0 pretrain, 1 dfm); u64 n_params;
- *   u64 step; u64 epoch; u64 pos (loader position); u32 json_bytes; u32 reserved; u64 checksum
- *   (XXH3-64 of everything after the header)
- * then json_bytes of JSON ({"backbone": config.json, "dfm": DFM config, "train": options}), then
- * params[n], adam m[n], adam v[n] as float32. The trainable block is the DFM modules in DFM mode
- * (the frozen backbone is reloaded from its folder) or the whole backbone when pretraining.
+ * The file's layout (header, JSON, params, AdamW moments; XXH3-64 checksum) is schemas/checkpoint.md.
+ * The trainable block is the DFM modules in DFM mode (the frozen backbone is reloaded from its folder) or
+ * the whole backbone when pretraining.
  */
 #ifndef DFM_TRAINER_CHECKPOINT_H
 #define DFM_TRAINER_CHECKPOINT_H

@@ -4,8 +4,7 @@
  * Tokens (--data PATH), one of:
  *   - a run folder of `dfm chunk` (PATH/manifest.json): the chunk shards in chunk-id order
  *     (schemas/chunk_shard.h); token position p belongs to chunk p / L;
- *   - an llm.c-style token shard: 256 int32 header {20240520, version, n_tokens, 0...}, then n_tokens
- *     ids as uint16 (version 1) or uint32 (version 2), little-endian.
+ *   - an llm.c-style token shard (schemas/token_shard.md).
  * Sequence i is tokens [i*T, i*T+T) with next-token targets [i*T+1, i*T+T+1) (the stream continues
  * into the next sequence), so there are (n_tokens - 1) / T sequences; T must be a multiple of L.
  * In doc-aligned chunk runs the filler after a chunk's n_valid tokens gets no target (-1), nor does the
@@ -14,11 +13,8 @@
  * Target memory (--targets PATH), one of:
  *   - a run folder with a complete "targets" stage, read through shard/target_reader.h (random access
  *     by chunk id, checked against the token run's manifest);
- *   - a simple targets file (tests, synthetic demos), documented here:
- *       64-byte header: char magic[8] "DFMTGTS1"; u32 version (1); u32 k; u32 d; u32 chunk_len;
- *       u64 n_chunks; u64 payload_checksum (XXH3-64 of the payload); u8 reserved[24] (zero)
- *       payload: n_chunks*k mask bytes (1 = valid slot), then n_chunks*k*d float32 little-endian.
- * Chunk 0 of every sequence has no target (its mask is forced to 0, design §1).
+ *   - a simple targets file (tests, synthetic demos): schemas/targets_file.md.
+ * Chunk 0 of every sequence has no target (its mask is forced to 0: its query, the preceding context, is empty).
  */
 #ifndef DFM_TRAINER_DATA_H
 #define DFM_TRAINER_DATA_H

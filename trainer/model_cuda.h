@@ -1,4 +1,4 @@
-/* model_cuda.h — the DFM model of trainer/model.h on an NVIDIA GPU (issue 8).
+/* model_cuda.h — the DFM model of trainer/model.h on an NVIDIA GPU.
  *
  * A DfmModelCuda pairs the CPU model (`host`: configuration, the parameter values that are initialised,
  * loaded and saved there, and the results of the last forward) with the same DfmModel struct whose every

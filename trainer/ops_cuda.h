@@ -1,4 +1,4 @@
-/* ops_cuda.h — the trainer's kernels on NVIDIA GPUs (issue 8), one per CPU kernel of trainer/ops.h.
+/* ops_cuda.h — the trainer's kernels on NVIDIA GPUs, one per CPU kernel of trainer/ops.h.
  *
  * Same names with a `_cuda` suffix, same argument order, same layouts and the same ACCUMULATE (+=)
  * convention for every *_backward; a NULL gradient pointer still means "not needed". Differences:

@@ -1,4 +1,4 @@
-/* stack_cuda.h — the decoder-layer stack of trainer/stack.h on NVIDIA GPUs (issue 8).
+/* stack_cuda.h — the decoder-layer stack of trainer/stack.h on NVIDIA GPUs.
  *
  * The same StackConfig / StackParams / StackActs / StackScratch structs as the CPU stack, with every
  * pointer on the device, carved by the same layout (model_carve_*), and the same layer math as

@@ -1,6 +1,6 @@
 /* audit.h — `dfm audit`: the retrieval cost of a run, counted and measured, beside token-level retrieval.
  *
- * DFM's claim (design.md §1): one query per L-token chunk instead of one per token is 1 − 1/L fewer
+ * DFM's claim: one query per L-token chunk instead of one per token is 1 − 1/L fewer
  * queries (96.875 % at L = 32), and K items per chunk instead of k = 1024 per token is 1 − K/(L·k)
  * fewer retrieved items (99.951 % at L = 32, K = 16). The audit has three parts:
  *
