@@ -195,8 +195,14 @@ static int outputs_intact(json_t *old, const char *run_dir, const dfm_stage_spec
         int there = p && dfm_path_exists(p);
         if (!there) DFM_LOG_W("%s stage of %s is recorded complete, but %s is missing: redoing what is missing", s->stage,
                               run_dir, p ? p : "an output");
+        int whole = there && (!s->file_ok || s->file_ok(p) == DFM_OK);
+        if (there && !whole) {
+            DFM_LOG_W("%s stage of %s is recorded complete, but a file is damaged (%s): redoing it", s->stage, run_dir,
+                      dfm_last_error());
+            dfm_error_clear();
+        }
         free(p);
-        if (!there) return 0;
+        if (!whole) return 0;
     }
     if (s->intact && !s->intact(s->intact_ctx, run_dir)) {
         DFM_LOG_W("%s stage of %s is recorded complete, but its files are not whole: redoing what is missing", s->stage, run_dir);

@@ -53,8 +53,9 @@ long long dfm_manifest_count(json_t *m, const char *stage, const char *count);
  *   other config or inputs                DFM_EMISMATCH         DFM_STAGE_FRESH
  *
  * A stage recorded complete is re-checked before it is skipped, never trusted: every file its
- * "outputs" name must exist, and spec->intact (when set) must say the files are whole; otherwise
- * it is resumed (RESUME), which redoes what is missing.
+ * "outputs" name must exist and, with spec->file_ok, open whole (checksums), and spec->intact (when
+ * set) must say the files are whole; otherwise it is resumed (RESUME), which redoes what is missing
+ * or damaged.
  *
  * SKIP writes nothing. FRESH and RESUME, in this order: take the run lock (common/runlock.h); remove
  * the later stages from the manifest and save it; then delete their folders (RUN/<stage>), so a crash
@@ -74,6 +75,9 @@ typedef struct {
     /* optional, for a complete identical stage: 1 if its files on disk are whole, 0 if not */
     int (*intact)(void *ctx, const char *run_dir);
     void *intact_ctx;
+    /* optional: DFM_OK if one output file (full path) opens whole in its format (magic, version,
+     * header and payload checksums), else a DFM_E* code with the message set */
+    int (*file_ok)(const char *path);
 } dfm_stage_spec;
 
 /* The contract above, on rank 0, on the loaded manifest m of run_dir (saved by this call unless SKIP).

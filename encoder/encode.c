@@ -253,7 +253,7 @@ static int encode_open(encode_run *r) {
 
 /* rank 0: the stage contract (common/manifest.h); an interrupted stage keeps its finished blocks */
 static int stage_begin(encode_run *r, json_t *config, int *skip) {
-    dfm_stage_spec spec = {"encode", config, NULL, r->o->force, r->m->size};
+    dfm_stage_spec spec = {"encode", config, NULL, r->o->force, r->m->size, .file_ok = dfm_emb_shard_check};
     dfm_stage_action act;
     DFM_TRY(dfm_stage_begin(r->man, r->run, &spec, &act));
     *skip = act == DFM_STAGE_SKIP;

@@ -24,11 +24,21 @@ static int parse_metric(const char *s) {
 
 /* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed.
  * Neither stage resumes part-way: an interrupted one is redone whole (schemas/manifest.md says why). */
+/* one index shard, whole: sidecar, size, hash, and FAISS can read it */
+static int index_file_ok(const char *path) {
+    FaissIndex *idx = NULL;
+    dfm_index_info info;
+    DFM_TRY(dfm_index_load(path, 0, -1, &idx, &info));
+    faiss_Index_free(idx);
+    return DFM_OK;
+}
+
 static int stage_begin(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, int force, int *skip) {
     int rc = DFM_OK, sk = 0;
     if (m->rank == 0) {
         json_t *man = NULL;
         dfm_stage_spec spec = {name, cfg, NULL, force, m->size};
+        spec.file_ok = !strcmp(name, "index") ? index_file_ok : dfm_nbr_block_check;
         dfm_stage_action act = DFM_STAGE_FRESH;
         rc = dfm_manifest_load(run, 0, &man);
         if (!rc) rc = dfm_stage_begin(man, run, &spec, &act);

@@ -252,3 +252,10 @@ int dfm_chunk_set_get(const dfm_chunk_set *set, uint64_t chunk_id, const dfm_chu
     if (tokens) *tokens = dfm_chunk_shard_tokens(s, i);
     return DFM_OK;
 }
+
+int dfm_chunk_shard_check(const char *path) {
+    dfm_chunk_shard *s;
+    DFM_TRY(dfm_chunk_shard_open(path, &s));
+    dfm_chunk_shard_close(s);
+    return DFM_OK;
+}

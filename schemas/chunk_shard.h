@@ -81,6 +81,8 @@ typedef struct {
  * every token id < vocab_size, n_valid <= chunk_len). Errors name the file and the field. */
 int dfm_chunk_shard_open(const char *path, dfm_chunk_shard **out);
 void dfm_chunk_shard_close(dfm_chunk_shard *s);
+/* DFM_OK if the file at path opens whole (dfm_chunk_shard_open's checks), else its error. */
+int dfm_chunk_shard_check(const char *path);
 /* Record i (0-based within the shard). */
 static inline const dfm_chunk_meta *dfm_chunk_shard_meta(const dfm_chunk_shard *s, uint64_t i) {
     return (const dfm_chunk_meta *)(s->map + DFM_CHUNK_HEADER_BYTES + i * s->record_bytes);

@@ -375,3 +375,10 @@ const void *dfm_emb_set_row(const dfm_emb_set *set, uint64_t id) {
     const dfm_emb_shard *s = set->shards[id / set->block_chunks];
     return dfm_emb_shard_row(s, id - s->hdr.first_chunk);
 }
+
+int dfm_emb_shard_check(const char *path) {
+    dfm_emb_shard *s;
+    DFM_TRY(dfm_emb_shard_open(path, &s));
+    dfm_emb_shard_close(s);
+    return DFM_OK;
+}

@@ -82,6 +82,8 @@ int dfm_emb_shard_open(const char *path, dfm_emb_shard **out);
  * enough — use dfm_emb_shard_open). */
 int dfm_emb_shard_open_nocheck(const char *path, dfm_emb_shard **out);
 void dfm_emb_shard_close(dfm_emb_shard *s);
+/* DFM_OK if the file at path opens whole (dfm_emb_shard_open's checks), else its error. */
+int dfm_emb_shard_check(const char *path);
 /* Raw pointer to row i (0-based within the file), in the file's dtype. */
 static inline const void *dfm_emb_shard_row(const dfm_emb_shard *s, uint64_t i) {
     return s->map + DFM_EMB_HEADER_BYTES + i * s->row_bytes;

@@ -285,3 +285,10 @@ int dfm_nbr_set_get(const dfm_nbr_set *set, uint64_t chunk_id, dfm_nbr_row *row)
     *row = dfm_nbr_block_row(set->blocks[lo], chunk_id - set->blocks[lo]->hdr.first_chunk);
     return DFM_OK;
 }
+
+int dfm_nbr_block_check(const char *path) {
+    dfm_nbr_block *b;
+    DFM_TRY(dfm_nbr_block_open(path, &b));
+    dfm_nbr_block_close(b);
+    return DFM_OK;
+}

@@ -100,6 +100,8 @@ typedef struct {
  * field or row, and the fix. */
 int dfm_nbr_block_open(const char *path, dfm_nbr_block **out);
 void dfm_nbr_block_close(dfm_nbr_block *b); /* NULL is a no-op */
+/* DFM_OK if the file at path opens whole (dfm_nbr_block_open's checks), else its error. */
+int dfm_nbr_block_check(const char *path);
 /* Row i (0-based within the block), i < n_rows. */
 static inline dfm_nbr_row dfm_nbr_block_row(const dfm_nbr_block *b, uint64_t i) {
     const uint8_t *p = b->map + DFM_NBR_HEADER_BYTES + i * b->hdr.row_bytes;

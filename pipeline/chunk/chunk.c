@@ -271,7 +271,7 @@ static int resolve_ids(chunk_run *r, json_t *config) {
 static int stage_begin(chunk_run *r, json_t *config, int *skip) {
     DFM_TRY(dfm_mkdir_p(r->chunk_dir));
     DFM_TRY(dfm_manifest_load(r->run, 1, &r->man));
-    dfm_stage_spec spec = {"chunk", config, r->inputs_json, r->o->force, r->m->size};
+    dfm_stage_spec spec = {"chunk", config, r->inputs_json, r->o->force, r->m->size, .file_ok = dfm_chunk_shard_check};
     dfm_stage_action act;
     DFM_TRY(dfm_stage_begin(r->man, r->run, &spec, &act));
     *skip = act == DFM_STAGE_SKIP;
