@@ -176,12 +176,15 @@ static int open_targets_file(const char *path, TargetReader *ts, int L, int *K, 
     if (dfm_checksum64(buf + TGT_HEADER, payload) != ck)
         return DFM_FAIL(DFM_ECHECKSUM, "%s: payload checksum mismatch (file corrupt)", path);
     /* finite target vectors only: a NaN target would poison the MSE and every gradient */
-    const float *e = (const float *)(void *)(buf + TGT_HEADER + (size_t)n * k);
-    for (size_t i = 0; i < (size_t)n * k * dd; i++)
-        if (!isfinite(e[i]))
+    const uint8_t *e = (const uint8_t *)buf + TGT_HEADER + (size_t)n * k; /* not float-aligned: read by memcpy */
+    for (size_t i = 0; i < (size_t)n * k * dd; i++) {
+        float x;
+        memcpy(&x, e + 4 * i, 4);
+        if (!isfinite(x))
             return DFM_FAIL(DFM_EFORMAT, "%s: the target memory of chunk %llu (slot %zu) holds a non-finite value. "
                             "HINT: rebuild the targets file", path, (unsigned long long)(i / ((size_t)k * dd)),
                             (size_t)(i / dd % k));
+    }
     if ((int)cl != L)
         return DFM_FAIL(DFM_EMISMATCH, "%s: targets were built for chunks of %u tokens, the model uses %d. "
                         "HINT: --chunk-len %u", path, cl, L, cl);
