@@ -25,8 +25,10 @@ import numpy as np
 
 def read_shard(path):
     h = np.fromfile(path, dtype=np.int32, count=256)
-    assert h[0] == 20240520 and h[1] in (1, 2), "%s: not an llm.c token shard" % path
-    return np.fromfile(path, dtype=np.uint16 if h[1] == 1 else np.uint32, offset=1024, count=int(h[2])).astype(np.int64)
+    # schemas/token_shard.md: 20240520/1 uint16 ids; 20240801/7 (and the older 20240520/2) uint32 ids
+    wide = (h[0] == 20240801 and h[1] == 7) or (h[0] == 20240520 and h[1] == 2)
+    assert wide or (h[0] == 20240520 and h[1] == 1), "%s: not an llm.c token shard" % path
+    return np.fromfile(path, dtype=np.uint32 if wide else np.uint16, offset=1024, count=int(h[2])).astype(np.int64)
 
 
 def main():

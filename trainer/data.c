@@ -16,6 +16,8 @@
 #define TGT_MAGIC "DFMTGTS1"
 #define TGT_HEADER 64
 #define BIN_MAGIC 20240520
+#define BIN_MAGIC_U32 20240801
+#define BIN_VERSION_U32 7
 
 struct TargetReader {
     /* simple file */
@@ -44,16 +46,17 @@ static int load_bin(const char *path, DataSet *ds) {
         goto out;
     }
     memcpy(h, buf, sizeof h);
-    if (h[0] != BIN_MAGIC) {
-        rc = DFM_FAIL(DFM_EFORMAT, "%s: magic %d is not %d. HINT: --data takes an llm.c token shard or a chunk run",
-                      path, h[0], BIN_MAGIC);
+    /* schemas/token_shard.md: llm.c's 20240520/1 (uint16 ids) and 20240801/7 (uint32 ids), as dfm chunk
+     * reads them; 20240520/2 (uint32) is what dfm-train wrote before and is still read */
+    size_t w = 0;
+    if (h[0] == BIN_MAGIC && h[1] == 1) w = 2;
+    else if ((h[0] == BIN_MAGIC_U32 && h[1] == BIN_VERSION_U32) || (h[0] == BIN_MAGIC && h[1] == 2)) w = 4;
+    if (!w) {
+        rc = DFM_FAIL(DFM_EFORMAT, "%s: token shard magic %d version %d unknown (20240520/1 = uint16, 20240801/7 = "
+                      "uint32). HINT: --data takes an llm.c token shard or a chunk run", path, h[0], h[1]);
         goto out;
     }
-    if (h[1] != 1 && h[1] != 2) {
-        rc = DFM_FAIL(DFM_EVERSION, "%s: token shard version %d (1 = uint16, 2 = uint32 known)", path, h[1]);
-        goto out;
-    }
-    size_t w = h[1] == 1 ? 2 : 4, n = (uint32_t)h[2];
+    size_t n = (uint32_t)h[2];
     if (len != sizeof h + n * w) {
         rc = DFM_FAIL(DFM_ETRUNCATED, "%s: header says %zu tokens of %zu bytes but the file has %zu bytes", path, n,
                       w, len);
@@ -356,7 +359,7 @@ int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_
 
 int tokens_bin_write(const char *path, const uint32_t *tokens, size_t n) {
     if (n > 0x7fffffff) return DFM_FAIL(DFM_ERANGE, "%zu tokens do not fit one shard", n);
-    int32_t h[256] = {BIN_MAGIC, 2, (int32_t)n};
+    int32_t h[256] = {BIN_MAGIC_U32, BIN_VERSION_U32, (int32_t)n}; /* llm.c's uint32 shard, which dfm chunk reads */
     dfm_atomic_file f = {0};
     int rc = dfm_atomic_open(&f, path);
     if (!rc) rc = dfm_atomic_write(&f, h, sizeof h);
