@@ -45,7 +45,6 @@ int dfm_cmd_encode(int argc, char **argv) {
         dfm_opts_free(table);
         free(pos);
         json_decref(cfg);
-        dfm_mpi_finalize();
         return 0;
     }
     if (!rc && o.texts) {
@@ -57,6 +56,5 @@ int dfm_cmd_encode(int argc, char **argv) {
     dfm_opts_free(table);
     free(pos);
     json_decref(cfg);
-    dfm_mpi_finalize();
     return rc;
 }

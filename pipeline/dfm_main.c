@@ -1,6 +1,7 @@
 /* dfm — one binary, one subcommand per pipeline step. See README.md for the reference. */
 #include "common/error.h"
 #include "common/log.h"
+#include "common/mpiutil.h"
 #include "common/version.h"
 
 #include <signal.h>
@@ -46,11 +47,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name)) continue;
         int rc = commands[i].fn(argc - 1, argv + 1);
+        /* Print before MPI_Finalize: a rank that failed must have its message out before the others,
+         * which only say "rank N failed", leave the finalize fence and let mpirun abort the job. */
         if (rc < 0) {
             fprintf(stderr, "dfm %s: error: %s\n", argv[1], dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
-            return 1;
+            fflush(stderr);
         }
-        return rc;
+        dfm_mpi_finalize();
+        return rc < 0 ? 1 : rc;
     }
     fprintf(stderr, "dfm: unknown command '%s'\n\n", argv[1]);
     usage(stderr);

@@ -93,7 +93,6 @@ int dfm_cmd_index(int argc, char **argv) {
                             "global chunk ids, write RUN/index/index-RRRRR.faiss + .json atomically.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
-        dfm_mpi_finalize();
         return 0;
     }
     int metric = parse_metric(metric_s);
@@ -113,7 +112,6 @@ int dfm_cmd_index(int argc, char **argv) {
     dfm_run_sources_close(&src);
     free(pos);
     dfm_opts_free(table);
-    dfm_mpi_finalize();
     return rc;
 }
 
@@ -153,7 +151,6 @@ int dfm_cmd_retrieve(int argc, char **argv) {
                             "deeper when too few survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
-        dfm_mpi_finalize();
         return 0;
     }
     int excl = dfm_exclude_parse(exclude_s), metric = parse_metric(metric_s);
@@ -177,7 +174,6 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     dfm_run_sources_close(&src);
     free(pos);
     dfm_opts_free(table);
-    dfm_mpi_finalize();
     return rc;
 }
 

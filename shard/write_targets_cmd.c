@@ -45,7 +45,6 @@ int dfm_cmd_write_targets(int argc, char **argv) {
         dfm_opts_free(table);
         json_decref(cfg);
         free(pos);
-        dfm_mpi_finalize();
         return 0;
     }
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm write-targets RUN [options] (see --help)");
@@ -54,6 +53,5 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     json_decref(cfg);
     free(pos);
     dfm_opts_free(table);
-    dfm_mpi_finalize();
     return rc;
 }

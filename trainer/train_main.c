@@ -51,13 +51,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name)) continue;
         int rc = commands[i].fn(argc - 1, argv + 1);
-        dfm_mpi_finalize();
+        /* print before MPI_Finalize, so a failed rank's message is out before the job is torn down */
         if (rc < 0) {
             fprintf(stderr, "dfm-train %s: error: %s\n", argv[1],
                     dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
-            return 1;
+            fflush(stderr);
         }
-        return rc;
+        dfm_mpi_finalize();
+        return rc < 0 ? 1 : rc;
     }
     fprintf(stderr, "dfm-train: unknown command '%s'\n\n", argv[1]);
     usage(stderr);

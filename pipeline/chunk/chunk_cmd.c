@@ -35,7 +35,6 @@ int dfm_cmd_chunk(int argc, char **argv) {
                             "after every EOS id in every input format. Run under mpirun for several ranks.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
-        dfm_mpi_finalize();
         return 0;
     }
     if (!rc && npos < 2) rc = DFM_FAIL(DFM_EARG, "usage: dfm chunk RUN INPUT... (see --help)");
@@ -45,6 +44,5 @@ int dfm_cmd_chunk(int argc, char **argv) {
     json_decref(cfg);
     free(pos);
     dfm_opts_free(table);
-    dfm_mpi_finalize();
     return rc;
 }

@@ -25,7 +25,6 @@ int dfm_cmd_build(int argc, char **argv) {
                             "and resuming what was interrupted; print a summary table.",
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) {
-        dfm_mpi_finalize();
         return 0;
     }
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm build CONFIG [--run DIR] [--stages LIST]");
@@ -35,6 +34,5 @@ int dfm_cmd_build(int argc, char **argv) {
     }
     free(pos);
     dfm_opts_free(table);
-    dfm_mpi_finalize();
     return rc;
 }
