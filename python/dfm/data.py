@@ -1,0 +1,363 @@
+"""data — dfm-train's batches from Python: tokens, next-token labels and target memory, in the order and
+with the bytes of dfm-train's loader (trainer/data.c, trainer/prefetch.c).
+
+    import dfm
+    for b in dfm.Batches("RUN", seq_len=128, batch=8, rank=0, world=1, seed=1, epoch=0):
+        b.tokens   # [B, T] int32      inputs: sequence i is tokens [i*T, i*T+T)
+        b.labels   # [B, T] int32      next tokens [i*T+1, i*T+T+1); -1 = no target (padding)
+        b.memory   # [B, NC, K, d] float32  target memory of the sequence's NC = T/L chunks (None: no targets)
+        b.mask     # [B, NC, K] uint8  1 = slot valid; chunk 0 of every sequence is all 0 (no context)
+        b.idx      # [B] int64         sequence indices
+
+The data (dfm-train's --data and --targets): RUN is a run folder whose chunk stage gives the tokens and
+whose targets stage gives the memory; `data=` (an llm.c token shard or a chunk run) and `targets=` (a
+run folder with targets, or a simple targets file of `dfm-train synth`) override either.
+
+The order (dfm-train train, trainer/train_loop.c): the last val_seqs sequences (0 = 5 %, at least one
+batch) are held out; the training sequences are shuffled per epoch from (seed, epoch); every step
+draws world*B sequences of that order and rank r keeps the r-th B. One epoch of full steps is
+yielded (ntrain // (world*B) batches), or `steps` batches continuing into the next epochs exactly as
+dfm-train does. split="heldout" gives dfm-train eval's batches instead (the held-out sequences in
+order; with world > 1 rank r keeps batches r, r+W, ...).
+
+Arrays are written in place by the C reader (no copies); as a torch IterableDataset (format="torch")
+the same memory is wrapped as tensors (torch.frombuffer). Under a DataLoader with num_workers > 0,
+worker w of n yields batches w, w+n, ... (the DataLoader interleaves them back into order) and opens
+its own reader.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from typing import Iterator, List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+from dfm import _lib
+from dfm.errors import TargetError, TargetFormatError, TargetMismatchError, TargetTruncatedError, TargetChecksumError
+
+try:  # a torch IterableDataset when torch is present
+    from torch.utils.data import IterableDataset as _Base, get_worker_info as _worker_info
+except ImportError:  # pragma: no cover - torch is optional
+    _Base = object
+
+    def _worker_info():
+        return None
+
+TGT_MAGIC, TGT_HEADER = b"DFMTGTS1", 64
+BIN_MAGIC, BIN_MAGIC_U32, BIN_VERSION_U32 = 20240520, 20240801, 7
+
+
+class Batch(NamedTuple):
+    """One micro-batch (shapes in the module docstring); epoch, pos: the loader position after it, as a
+    dfm-train checkpoint stores it (train split; 0 for heldout)."""
+    idx: object
+    tokens: object
+    labels: object
+    memory: object
+    mask: object
+    epoch: int
+    pos: int
+
+
+# ---- tokens --------------------------------------------------------------------------------------------
+def _is_run(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "manifest.json"))
+
+
+def load_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+    """Tokens of a chunk run (its shards in chunk-id order, via libdfm) or an llm.c token shard.
+    Returns (tokens [N] int32, pad [N] uint8 or None (1 = filler after a document's end), chunk_len L or
+    0 for a token shard)."""
+    if _is_run(path):
+        L = _lib.lib()
+        cs = ctypes.POINTER(_lib.ChunkSet)()
+        _lib.check(L.dfm_chunk_set_open(os.fsencode(path), ctypes.byref(cs)), f"tokens of {path}")
+        try:
+            n, cl = int(cs.contents.n_chunks), int(cs.contents.chunk_len)
+            tok = np.empty((n, cl), np.int32)
+            pad = None
+            meta, ids = ctypes.POINTER(_lib.ChunkMeta)(), ctypes.POINTER(ctypes.c_uint32)()
+            base, row = tok.ctypes.data, cl * 4
+            get = L.dfm_chunk_set_get
+            for c in range(n):
+                _lib.check(get(cs, c, ctypes.byref(meta), ctypes.byref(ids)), f"tokens of {path}")
+                ctypes.memmove(base + c * row, ids, row)
+                nv = meta.contents.n_valid
+                if nv < cl:
+                    if pad is None:
+                        pad = np.zeros((n, cl), np.uint8)
+                    pad[c, nv:] = 1
+        finally:
+            L.dfm_chunk_set_close(cs)
+        if (tok < 0).any():
+            raise TargetFormatError(f"{path}: a token id above 2^31")
+        return tok.reshape(-1), None if pad is None else pad.reshape(-1), cl
+    buf = np.fromfile(path, np.uint8)
+    if buf.size < 1024:
+        raise TargetTruncatedError(f"{path}: {buf.size} bytes, shorter than the 1024-byte token-shard header")
+    h = buf[:1024].view("<i4")
+    w = 2 if (h[0], h[1]) == (BIN_MAGIC, 1) else 4 if (h[0], h[1]) in ((BIN_MAGIC_U32, BIN_VERSION_U32), (BIN_MAGIC, 2)) else 0
+    if not w:
+        raise TargetFormatError(f"{path}: token shard magic {h[0]} version {h[1]} unknown (20240520/1 = uint16, "
+                                "20240801/7 = uint32)")
+    n = int(h[2]) & 0xFFFFFFFF
+    if buf.size != 1024 + n * w:
+        raise TargetTruncatedError(f"{path}: header says {n} tokens of {w} bytes but the file has {buf.size} bytes")
+    raw = buf[1024:].view("<u2" if w == 2 else "<u4")
+    if w == 4 and n and raw.max() > 0x7FFFFFFF:
+        raise TargetFormatError(f"{path}: a token id above 2^31")
+    return raw.astype(np.int32), None, 0
+
+
+# ---- a simple targets file (schemas/targets_file.md) ---------------------------------------------------
+class TargetsFile:
+    """`dfm-train synth`'s targets file: mask [n_chunks, K] uint8 and emb [n_chunks, K, d] float32, checked
+    as trainer/data.c checks it (magic, version, sizes, checksum, finite values)."""
+
+    def __init__(self, path: str) -> None:
+        buf = np.fromfile(path, np.uint8)
+        if buf.size < TGT_HEADER or buf[:8].tobytes() != TGT_MAGIC:
+            raise TargetFormatError(f"{path} is not a targets file (magic {TGT_MAGIC.decode()})")
+        ver, k, d, cl = (int(x) for x in buf[8:24].view("<u4"))
+        n, ck = (int(x) for x in buf[24:40].view("<u8"))
+        if ver != 1:
+            raise TargetFormatError(f"{path}: targets file version {ver} (1 known)")
+        if not (0 < k <= 4096 and 0 < d <= 65536):
+            raise TargetFormatError(f"{path}: k {k}, d {d} out of range")
+        if n * k * (1 + 4 * d) != buf.size - TGT_HEADER:
+            raise TargetTruncatedError(f"{path}: {buf.size} bytes, but its header's {n} chunks x {k} slots x d {d} "
+                                       f"need {TGT_HEADER + n * k * (1 + 4 * d)}")
+        pay = buf[TGT_HEADER:]
+        if _lib.lib().dfm_checksum64(pay.ctypes.data, pay.size) != ck:
+            raise TargetChecksumError(f"{path}: payload checksum mismatch (file corrupt)")
+        self.mask = pay[:n * k].reshape(n, k)
+        self.emb = pay[n * k:].copy().view("<f4").reshape(n, k, d)  # copied: the payload is not 4-aligned
+        if not np.isfinite(self.emb).all():
+            raise TargetFormatError(f"{path}: the target memory holds a non-finite value")
+        self.path, self.k, self.d, self.chunk_len, self.n_chunks = path, k, d, cl, n
+
+
+# ---- the loader's order (trainer/data.c make_order, trainer/rng.h) -------------------------------------
+_M64 = (1 << 64) - 1
+
+
+def permutation(first: int, count: int, seed: int, epoch: int) -> np.ndarray:
+    """Sequence order of an epoch: dfm-train's Fisher-Yates over xorshift64* seeded with
+    seed * 1000003 + epoch. Returns [count] int64."""
+    order = list(range(first, first + count))
+    s = ((((seed * 1000003 + epoch) & _M64) * 0x9E3779B97F4A7C15) + 1) & _M64
+    for i in range(count, 1, -1):
+        s ^= s >> 12
+        s ^= (s << 25) & _M64
+        s ^= s >> 27
+        j = (((s * 0x2545F4914F6CDD1D) & _M64) >> 32) % i
+        order[i - 1], order[j] = order[j], order[i - 1]
+    return np.array(order, np.int64)
+
+
+class Batches(_Base):
+    """dfm-train's micro-batches for one rank (see the module docstring).
+
+    Arguments: run (a run folder, or None with data= and targets=), seq_len T, batch B, rank, world,
+    seed (dfm-train --seed), epoch (first epoch); keywords: data, targets (override run), tokens_run
+    (the token run the targets must belong to; default: data when it is a run), chunk_len L (default:
+    the chunk run's, the targets file's, else 32 as dfm-train), val_seqs (dfm-train --val-seqs),
+    split ("train" | "heldout"), steps (batches to yield; None = one epoch), eval_batches (heldout: at
+    most this many, 0 = all), format ("numpy" | "torch"), with_targets (False: tokens only),
+    backend ("c" | "python": the target reader).
+
+    len() is the number of batches this rank yields. Attributes after construction: n_seq, ntrain,
+    nval, NC, K, d, L.
+    """
+
+    def __init__(self, run: Optional[str], seq_len: int, batch: int, rank: int = 0, world: int = 1, seed: int = 1,
+                 epoch: int = 0, *, data: Optional[str] = None, targets: Optional[str] = None,
+                 tokens_run: Optional[str] = None, chunk_len: Optional[int] = None, val_seqs: int = 0,
+                 split: str = "train", steps: Optional[int] = None, eval_batches: int = 0, format: str = "numpy",
+                 with_targets: bool = True, backend: str = "c") -> None:
+        if not (0 <= rank < world):
+            raise ValueError(f"rank {rank} of world {world}")
+        if seq_len <= 0 or batch <= 0:
+            raise ValueError(f"seq_len {seq_len} and batch {batch} must be positive")
+        if split not in ("train", "heldout") or format not in ("numpy", "torch"):
+            raise ValueError(f"split {split!r} (train|heldout), format {format!r} (numpy|torch)")
+        self.data = data or run
+        self.targets = targets if targets is not None else (run if with_targets else None)
+        if self.data is None:
+            raise ValueError("no tokens: give a run folder or data=")
+        self.T, self.B, self.rank, self.world, self.seed, self.epoch0 = seq_len, batch, rank, world, seed, epoch
+        self.split, self.steps, self.format, self.backend = split, steps, format, backend
+        self.tokens, self.pad, cl = load_tokens(self.data)
+        self.tokens_run = tokens_run or (self.data if _is_run(self.data) else None)
+        n = self.tokens.size
+        self.n_seq = (n - 1) // seq_len if n > 1 else 0
+        if self.n_seq < 2:
+            raise TargetError(f"{self.data}: {n} tokens make fewer than 2 sequences of {seq_len}")
+        self._tfile: Optional[TargetsFile] = None
+        self.K = self.d = 0
+        if self.targets and not _is_run(self.targets):
+            self._tfile = TargetsFile(self.targets)
+        if chunk_len is None:
+            chunk_len = cl or (self._tfile.chunk_len if self._tfile else 32)
+        if cl and cl != chunk_len:
+            raise TargetMismatchError(f"tokens are cut in chunks of {cl}, chunk_len is {chunk_len}")
+        if self.targets and seq_len % chunk_len:
+            raise ValueError(f"sequence length {seq_len} is not a multiple of the chunk length {chunk_len}")
+        self.L, self.NC = chunk_len, seq_len // chunk_len
+        if self._tfile is not None:
+            if self._tfile.chunk_len != chunk_len:
+                raise TargetMismatchError(f"{self.targets}: targets were built for chunks of {self._tfile.chunk_len} "
+                                          f"tokens, chunk_len is {chunk_len}")
+            self.K, self.d, n_t = self._tfile.k, self._tfile.d, self._tfile.n_chunks
+        elif self.targets:
+            with self._open_reader() as r:  # checks the run in this process; workers reopen
+                self.K, self.d, n_t = r.k, r.d, r.n_chunks
+        if self.targets and n_t * chunk_len < self.n_seq * seq_len:
+            raise TargetMismatchError(f"{self.targets} has targets for {n_t} chunks, the tokens need "
+                                      f"{self.n_seq * seq_len // chunk_len}")
+        nval = val_seqs if val_seqs > 0 else self.n_seq // 20
+        self.nval = max(nval, batch)
+        if split == "train" and self.nval >= self.n_seq:
+            raise ValueError(f"{self.n_seq} sequences leave nothing to train on after {self.nval} held out")
+        self.nval = min(self.nval, self.n_seq)
+        self.ntrain = self.n_seq - self.nval
+        self.eval_batches = eval_batches
+        self._reader = None
+        self._reader_pid = -1
+        self._orders: dict = {}
+
+    # -- schedule -----------------------------------------------------------------------------------
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            self._orders = {epoch: permutation(0, self.ntrain, self.seed, epoch)}
+        return self._orders[epoch]
+
+    def __len__(self) -> int:
+        if self.split == "heldout":
+            nb = self.nval // self.B
+            if self.eval_batches > 0:
+                nb = min(nb, self.eval_batches)
+            return len(range(self.rank, nb, self.world))
+        if self.steps is not None:
+            return self.steps
+        return self.ntrain // (self.B * self.world)
+
+    def schedule(self) -> Iterator[Tuple[np.ndarray, int, int]]:
+        """(sequence indices [B] int64, epoch, pos after) of every batch this rank yields, in order."""
+        B = self.B
+        if self.split == "heldout":
+            first = self.n_seq - self.nval
+            for i in range(self.rank, (min(self.nval // B, self.eval_batches) if self.eval_batches > 0
+                                       else self.nval // B), self.world):
+                yield np.arange(first + i * B, first + i * B + B, dtype=np.int64), 0, 0
+            return
+        epoch, pos = self.epoch0, 0
+        for _ in range(len(self)):
+            for w in range(self.world):  # every rank draws the shared order, keeps its slice (prefetch.c)
+                take: List[np.ndarray] = []
+                need = B
+                while need:
+                    if pos >= self.ntrain:
+                        epoch, pos = epoch + 1, 0
+                    o = self._order(epoch)
+                    n = min(need, self.ntrain - pos)
+                    if w == self.rank:
+                        take.append(o[pos:pos + n])
+                    pos += n
+                    need -= n
+                if w == self.rank:
+                    idx = take[0] if len(take) == 1 else np.concatenate(take)
+            yield idx, epoch, pos
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _open_reader(self):
+        from dfm.targets import open_run
+        return open_run(self.targets, tokens_run=self.tokens_run, backend=self.backend)
+
+    def _targets_reader(self):
+        if self._reader is None or self._reader_pid != os.getpid():
+            self._reader = self._open_reader()  # one per process: LMDB handles do not survive fork
+            self._reader_pid = os.getpid()
+        return self._reader
+
+    def read(self, idx: np.ndarray, epoch: int = 0, pos: int = 0) -> Batch:
+        """The batch of sequences idx ([B] int64), NumPy arrays (as data_batch in trainer/data.c)."""
+        T, B, NC, K, d = self.T, len(idx), self.NC, self.K, self.d
+        rows = (idx[:, None] * T + np.arange(T + 1)[None, :])
+        win = self.tokens[rows]
+        tokens, labels = np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
+        if self.pad is not None:
+            pw = self.pad[rows]
+            labels[(pw[:, :T] | pw[:, 1:]) != 0] = -1
+        memory = mask = None
+        if self.targets:
+            chunks = (idx[:, None] * NC + np.arange(NC)[None, :]).reshape(-1)
+            if self._tfile is not None:
+                memory = self._tfile.emb[chunks].reshape(B, NC, K, d)
+                mask = self._tfile.mask[chunks].reshape(B, NC, K).copy()
+            else:
+                memory = np.empty((B, NC, K, d), np.float32)
+                bits = self._read_records(chunks, memory)
+                mask = ((bits[:, None] >> np.arange(K, dtype=np.uint64)[None, :]) & np.uint64(1)).astype(np.uint8)
+                mask = mask.reshape(B, NC, K)
+            mask[:, 0, :] = 0  # the first chunk of a sequence has no target
+        return Batch(idx, tokens, labels, memory, mask, epoch, pos)
+
+    def _read_records(self, chunks: np.ndarray, memory: np.ndarray) -> np.ndarray:
+        """Records of chunks decoded straight into memory's rows; their masks as [n] uint64."""
+        r = self._targets_reader()
+        bits = np.empty(len(chunks), np.uint64)
+        base, stride = memory.ctypes.data, self.K * self.d * 4
+        if not hasattr(r, "_t"):  # the pure-Python backend
+            for i, c in enumerate(chunks.tolist()):
+                bits[i] = r.get_into(c, memory.reshape(-1, self.K, self.d)[i])
+            return bits
+        t, get, h, tref = r._t, r._get, r._h, r._tref  # the C fast path: one ctypes call per record
+        for i, c in enumerate(chunks.tolist()):
+            t.emb = base + i * stride
+            rc = get(h, c, tref)
+            if rc:
+                _lib.check(rc, f"{self.targets} chunk {c}")
+            bits[i] = t.mask
+        return bits
+
+    def __iter__(self) -> Iterator[Batch]:
+        wi = _worker_info()
+        wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
+        for i, (idx, epoch, pos) in enumerate(self.schedule()):
+            if i % nw != wid:
+                continue
+            b = self.read(idx, epoch, pos)
+            yield to_torch(b) if self.format == "torch" else b
+
+    def close(self) -> None:
+        """Close this process's target reader (reopened on the next read)."""
+        if self._reader is not None and self._reader_pid == os.getpid():
+            self._reader.close()
+        self._reader = None
+
+    def __getstate__(self) -> dict:  # to spawned workers: without the reader
+        st = dict(self.__dict__)
+        st["_reader"], st["_reader_pid"] = None, -1
+        return st
+
+
+def to_torch(b: Batch) -> Batch:
+    """The batch as torch tensors over the same memory (torch.frombuffer: no copy, and no dependence on
+    torch's NumPy bridge, which torch builds for NumPy 1 lack under NumPy 2): tokens/labels int32,
+    memory float32, mask bool, idx int64."""
+    import torch
+
+    def wrap(a: Optional[np.ndarray], dt):
+        if a is None:
+            return None
+        a = np.ascontiguousarray(a)
+        if a.size == 0:
+            return torch.zeros(a.shape, dtype=dt)
+        return torch.frombuffer(a, dtype=dt).view(a.shape)
+
+    m = wrap(b.mask, torch.uint8)
+    return Batch(wrap(b.idx, torch.int64), wrap(b.tokens, torch.int32), wrap(b.labels, torch.int32),
+                 wrap(b.memory, torch.float32), None if m is None else m.bool(), b.epoch, b.pos)
