@@ -1,0 +1,493 @@
+"""dfm.torch — trained DFM modules (dfm_modules.safetensors of `dfm-train train`) as PyTorch modules, run
+on a frozen Llama/Qwen3 backbone for evaluation, generation and training.
+
+    import dfm, dfm.torch as dt
+    backbone = dt.load_backbone("PRE/model")                      # a Hugging Face folder
+    mods = dt.DFMModules.from_safetensors("OUT/dfm_modules.safetensors")
+    model = dt.DFMModel(backbone, mods).eval()
+    out = model(tokens, labels, memory, mask, mode="predicted")  # dict: logits, ce, mse, cos, slots
+    print(dt.evaluate(model, dfm.Batches(..., split="heldout", format="torch")))  # = dfm-train eval
+
+The model is trainer/model.h's: fusion blocks hook the outputs of the configured decoder layers; the
+predictor reads the chunk means of the frozen input embeddings (or of layer pred_input_layer-1's output),
+chunk i from chunk i-1 (chunk 0 a learned placeholder); the projector maps its K slots of width d to the
+backbone width; token s attends the slots of chunk (s + 1) // L (memory_align "next"; the sequence's
+last token attends nothing) or s // L ("same"); a chunk whose slots are all masked gets no update.
+
+Backbones: load_backbone() uses `transformers` (AutoModelForCausalLM, eager attention) when it is
+installed and importable with this torch, else the plain PyTorch decoder here (Backbone: the same
+Hugging Face tensor names and math, read from the same safetensors files). The hooks need only
+`backbone.model.embed_tokens`, `backbone.model.layers[i]` and logits from `backbone(input_ids)`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Tensor = torch.Tensor
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,
+              "I32": torch.int32, "I64": torch.int64, "U8": torch.uint8}
+
+
+# ---- files ---------------------------------------------------------------------------------------------
+def load_safetensors(path: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
+    """(tensors by name, metadata) of a safetensors file; a folder's model.safetensors or its sharded
+    model.safetensors.index.json. The header is bounded by the file's size before it is parsed."""
+    if os.path.isdir(path):
+        idx = os.path.join(path, "model.safetensors.index.json")
+        if os.path.isfile(idx):
+            with open(idx) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+            out: Dict[str, Tensor] = {}
+            for fn in files:
+                out.update(load_safetensors(os.path.join(path, fn))[0])
+            return out, {}
+        path = os.path.join(path, "model.safetensors")
+    with open(path, "rb") as f:
+        buf = f.read()
+    if len(buf) < 8:
+        raise ValueError(f"{path}: {len(buf)} bytes is not a safetensors file")
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > len(buf) - 8:
+        raise ValueError(f"{path}: header of {n} bytes in a file of {len(buf)}")
+    hdr = json.loads(buf[8:8 + n])
+    meta = hdr.pop("__metadata__", {}) or {}
+    data = memoryview(buf)[8 + n:]
+    out = {}
+    for name, t in hdr.items():
+        dt = _ST_DTYPES.get(t["dtype"])
+        b, e = t["data_offsets"]
+        if dt is None or not 0 <= b <= e <= len(data):
+            raise ValueError(f"{path}: tensor {name}: dtype {t['dtype']} or offsets {b}..{e} invalid")
+        out[name] = (torch.frombuffer(bytearray(data[b:e]), dtype=dt).reshape(t["shape"]) if e > b
+                     else torch.zeros(t["shape"], dtype=dt))
+    return out, meta
+
+
+def stack_config(bc: dict) -> dict:
+    """A decoder stack's shape from a Hugging Face config.json (as trainer/model_config.c reads it)."""
+    nh = bc["num_attention_heads"]
+    return {"n_layers": bc["num_hidden_layers"], "hidden": bc["hidden_size"], "n_heads": nh,
+            "n_kv_heads": bc.get("num_key_value_heads") or nh, "head_dim": bc.get("head_dim") or bc["hidden_size"] // nh,
+            "ffn": bc["intermediate_size"], "eps": bc.get("rms_norm_eps", 1e-6), "rope_theta": bc.get("rope_theta", 10000.0),
+            "qk_norm": bc["architectures"][0] == "Qwen3ForCausalLM"}
+
+
+# ---- the decoder pieces (Llama / Qwen3; the predictor is the same stack over chunk positions) -----------
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, over the last axis (computed in fp32)."""
+
+    def __init__(self, n: int, eps: float) -> None:
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(T: int, hd: int, theta: float, device) -> Tuple[Tensor, Tensor]:
+    """cos, sin [T, hd/2] (fp32 angles) of rotary embeddings over positions 0..T-1."""
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
+    ang = torch.arange(T, dtype=torch.float32, device=device)[:, None] * inv[None, :]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, T, H, hd] rotated by halves (Hugging Face rotate_half)."""
+    h = x.shape[-1] // 2
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    a, b = x[..., :h], x[..., h:]
+    return torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+
+
+class SelfAttention(nn.Module):
+    """Causal GQA self-attention, no biases, optional per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        C, nh, nkv, hd = c["hidden"], c["n_heads"], c["n_kv_heads"], c["head_dim"]
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj, self.k_proj = nn.Linear(C, nh * hd, bias=False), nn.Linear(C, nkv * hd, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(C, nkv * hd, bias=False), nn.Linear(nh * hd, C, bias=False)
+        if c["qk_norm"]:
+            self.q_norm, self.k_norm = RMSNorm(hd, c["eps"]), RMSNorm(hd, c["eps"])
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.nh, self.hd)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hd)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hd)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin).transpose(1, 2), apply_rope(k, cos, sin).transpose(1, 2)
+        rep = self.nh // self.nkv
+        k, v = k.repeat_interleave(rep, 1), v.transpose(1, 2).repeat_interleave(rep, 1)
+        s = q @ k.transpose(-1, -2) / math.sqrt(self.hd)
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+        y = s.float().softmax(-1).to(v.dtype) @ v
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate x) * up x)."""
+
+    def __init__(self, C: int, F_: int) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(C, F_, bias=False), nn.Linear(C, F_, bias=False)
+        self.down_proj = nn.Linear(F_, C, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: x + attn(norm x), then x + mlp(norm x)."""
+
+    def __init__(self, c: dict) -> None:
+        super().__init__()
+        self.input_layernorm, self.self_attn = RMSNorm(c["hidden"], c["eps"]), SelfAttention(c)
+        self.post_attention_layernorm, self.mlp = RMSNorm(c["hidden"], c["eps"]), MLP(c["hidden"], c["ffn"])
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Stack(nn.Module):
+    def __init__(self, c: dict, vocab: int) -> None:
+        super().__init__()
+        self.c = c
+        self.embed_tokens = nn.Embedding(vocab, c["hidden"])
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c["n_layers"]))
+        self.norm = RMSNorm(c["hidden"], c["eps"])
+
+
+class Backbone(nn.Module):
+    """A Llama/Qwen3 causal LM in plain PyTorch under Hugging Face tensor names (model.embed_tokens,
+    model.layers.N.*, model.norm, lm_head). forward(input_ids [B, T] int) -> logits [B, T, V] float."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__()
+        self.config_dict, self.c = config, stack_config(config)
+        self.model = _Stack(self.c, config["vocab_size"])
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        if not self.tied:
+            self.lm_head = nn.Linear(self.c["hidden"], config["vocab_size"], bias=False)
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        x = self.model.embed_tokens(input_ids.long())
+        cos, sin = rope_tables(x.shape[1], self.c["head_dim"], self.c["rope_theta"], x.device)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin)
+        x = self.model.norm(x)
+        return F.linear(x, self.model.embed_tokens.weight if self.tied else self.lm_head.weight)
+
+    @classmethod
+    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32) -> "Backbone":
+        """A Hugging Face folder (config.json + model.safetensors) written by `dfm-train pretrain` or HF."""
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
+            raise ValueError(f"{folder}: architecture {arch}; Llama and Qwen3 are supported")
+        m = cls(cfg)
+        tensors, _ = load_safetensors(folder)
+        if m.tied:
+            tensors.pop("lm_head.weight", None)
+        missing, unexpected = m.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{folder}: tensors missing {missing[:4]} / unexpected {unexpected[:4]}")
+        return m.to(dtype)
+
+
+def load_backbone(folder: str, use_transformers: Optional[bool] = None, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """A frozen backbone from a Hugging Face folder: transformers' model when use_transformers (None:
+    when it imports with this torch), else Backbone. Parameters are frozen, the module in eval mode."""
+    m = None
+    if use_transformers is not False:
+        try:
+            from transformers import AutoModelForCausalLM
+            m = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, attn_implementation="eager")
+        except Exception:
+            if use_transformers:
+                raise
+    if m is None:
+        m = Backbone.from_pretrained(folder, dtype)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m.eval()
+
+
+# ---- the DFM modules ------------------------------------------------------------------------------------
+class Predictor(nn.Module):
+    """Chunk means of the frozen states [B, NC, C] (chunk i reads chunk i-1's; chunk 0 a placeholder) ->
+    causal decoder over chunk positions -> RMSNorm -> slots [B, NC, K, d]."""
+
+    def __init__(self, dc: dict, C: int) -> None:
+        super().__init__()
+        pc = dict(dc["predictor"])
+        self.pc, self.K, self.d, self.L = pc, dc["n_slots"], dc["d_mem"], dc["chunk_len"]
+        P = pc["hidden"]
+        self.in_proj, self.placeholder = nn.Linear(C, P), nn.Parameter(torch.zeros(P))
+        self.layers = nn.ModuleList(DecoderLayer(pc) for _ in range(pc["n_layers"]))
+        self.norm, self.out_proj = RMSNorm(P, pc["eps"]), nn.Linear(P, self.K * self.d)
+
+    def forward(self, src: Tensor) -> Tensor:
+        B, T, C = src.shape
+        NC = T // self.L
+        pool = src.detach().reshape(B, NC, self.L, C).mean(2).to(self.in_proj.weight.dtype)
+        x = torch.cat([self.placeholder.view(1, 1, -1).expand(B, 1, -1), self.in_proj(pool[:, :-1])], 1)
+        cos, sin = rope_tables(NC, self.pc["head_dim"], self.pc["rope_theta"], x.device)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.out_proj(self.norm(x)).view(B, NC, self.K, self.d)
+
+
+class Projector(nn.Module):
+    """Slots [.., d] -> LayerNorm -> Linear d->H -> GELU (erf) -> Linear H->C."""
+
+    def __init__(self, d: int, H: int, C: int) -> None:
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(d, eps=1e-5), nn.Linear(d, H), nn.Linear(H, C)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+class FusionBlock(nn.Module):
+    """h + gate(h) * o_proj(cross-attention of RMSNorm(h) to its chunk's K projected slots)."""
+
+    def __init__(self, C: int, heads: int, gates: int, eps: float) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = RMSNorm(C, eps)
+        self.q_proj, self.k_proj = nn.Linear(C, C, bias=False), nn.Linear(C, C, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(C, C, bias=False), nn.Linear(C, C, bias=False)
+        self.gate = nn.Linear(C, gates)
+
+    def forward(self, h: Tensor, M: Tensor, mask: Tensor, L: int, shift: int) -> Tensor:
+        """h [B, T, C]; M [B, NC, K, C] projected slots; mask [B, NC, K] bool; token s attends chunk
+        (s + shift) // L (none when that is past the last chunk)."""
+        B, T, C = h.shape
+        NC, K, nh = M.shape[1], M.shape[2], self.heads
+        hd = C // nh
+        chunk = (torch.arange(T, device=h.device) + shift) // L
+        inside = chunk < NC
+        chunk = chunk.clamp(max=NC - 1)
+        q = self.q_proj(self.norm(h)).view(B, T, nh, hd)
+        k = self.k_proj(M)[:, chunk].view(B, T, K, nh, hd)
+        v = self.v_proj(M)[:, chunk].view(B, T, K, nh, hd)
+        ok = mask[:, chunk] & inside[None, :, None]                      # [B, T, K]
+        has = ok.any(-1)                                                  # tokens with memory
+        s = torch.einsum("btnh,btknh->btnk", q, k) / math.sqrt(hd)
+        s = s.masked_fill(~(ok | ~has[..., None])[:, :, None, :], float("-inf"))
+        p = s.float().softmax(-1).to(v.dtype)
+        y = torch.einsum("btnk,btknh->btnh", p, v) * has[:, :, None, None].to(v.dtype)
+        g = torch.sigmoid(self.gate(h))
+        if g.shape[-1] != C:  # one gate per head
+            g = g.repeat_interleave(C // g.shape[-1], dim=-1)
+        return h + g * self.o_proj(y.reshape(B, T, C))
+
+
+class DFMModules(nn.Module):
+    """Predictor, projector and fusion blocks of one dfm_modules.safetensors (state-dict names are
+    dfm-train's without the "dfm." prefix). config: the DFM config (trainer/model_config.c JSON);
+    backbone_config: the Hugging Face config they were trained on."""
+
+    def __init__(self, config: dict, backbone_config: dict) -> None:
+        super().__init__()
+        self.config, self.backbone_config = config, backbone_config
+        sc = stack_config(backbone_config)
+        C = sc["hidden"]
+        self.predictor = Predictor(config, C)
+        self.projector = Projector(config["d_mem"], config["proj_hidden"], C)
+        G = C if config.get("gate") == "channel" else config["xattn_heads"]
+        self.fusion = nn.ModuleList(FusionBlock(C, config["xattn_heads"], G, sc["eps"])
+                                    for _ in config["fusion_layers"])
+
+    @classmethod
+    def from_safetensors(cls, path: str, dtype: torch.dtype = torch.float32) -> "DFMModules":
+        """The modules `dfm-train train` exported (OUT/dfm_modules.safetensors; its metadata carries both
+        configurations)."""
+        tensors, meta = load_safetensors(path)
+        if meta.get("format") != "dfm" or "dfm_config" not in meta:
+            raise ValueError(f"{path}: not a dfm_modules.safetensors (metadata format {meta.get('format')!r})")
+        m = cls(json.loads(meta["dfm_config"]), json.loads(meta["backbone_config"]))
+        sd = {k[4:]: v for k, v in tensors.items() if k.startswith("dfm.")}
+        missing, unexpected = m.load_state_dict(sd, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path}: tensors missing {missing[:4]} / unexpected {unexpected[:4]}")
+        return m.to(dtype)
+
+    def state_dict_dfm(self) -> Dict[str, Tensor]:
+        """The parameters under dfm-train's names ("dfm.*")."""
+        return {"dfm." + k: v for k, v in self.state_dict().items()}
+
+
+def slot_stats(slots: Tensor, memory: Tensor, mask: Tensor) -> Tuple[Tensor, float, float]:
+    """(predictor loss as configured below, mse per element, mean cosine) of predicted vs target slots over
+    the valid ones; slots, memory [B, NC, K, d], mask [B, NC, K] bool."""
+    m = mask.to(slots.dtype)[..., None]
+    err = ((slots - memory) ** 2 * m).sum()
+    nv = m.sum().clamp(min=1)
+    d = slots.shape[-1]
+    with torch.no_grad():
+        a, t = slots.double()[mask], memory.double()[mask]
+        cos = ((a * t).sum(-1) / ((a * a).sum(-1) * (t * t).sum(-1)).sqrt().add(1e-12)).mean() if a.numel() else a.new_zeros(())
+    return err, float(err / (nv * d)), float(cos)
+
+
+class DFMModel(nn.Module):
+    """A frozen backbone with DFM modules hooked after its fusion layers.
+
+    forward(tokens [B, T] int, labels [B, T] int (-1 = none) or None, memory [B, NC, K, d] float32 or
+    None, mask [B, NC, K] bool/uint8 or None, mode "predicted" | "target" | "none", slots: fixed predicted
+    slots [B, NC, K, d] (generation)) -> dict: logits [B, T, V], ce (mean over labels >= 0), loss (ce +
+    mse_weight * predictor loss when memory is given), mse and cos (floats, per element / mean over
+    valid slots), slots [B, NC, K, d]. T must be a multiple of the chunk length.
+    """
+
+    def __init__(self, backbone: nn.Module, modules: DFMModules) -> None:
+        super().__init__()
+        self.backbone, self.dfm = backbone, modules
+        c = modules.config
+        self.L, self.fl = c["chunk_len"], list(c["fusion_layers"])
+        self.shift = 1 if c.get("memory_align", "same") == "next" else 0
+        self.src_layer = c.get("pred_input_layer", 0)
+        layers = backbone.model.layers
+        self._st: dict = {}
+        hooks = [(backbone.model.embed_tokens if self.src_layer == 0 else layers[self.src_layer - 1], self._grab)]
+        hooks += [(layers[f], self._fuse_hook(i)) for i, f in enumerate(self.fl)]
+        self._handles = [mod.register_forward_hook(fn) for mod, fn in hooks]
+
+    @staticmethod
+    def _hidden(out):
+        return out[0] if isinstance(out, tuple) else out
+
+    def _grab(self, mod, inp, out) -> None:
+        self._st["src"] = self._hidden(out)
+
+    def _fuse_hook(self, i: int):
+        def hook(mod, inp, out):
+            st = self._st
+            if st.get("mode", "none") == "none":
+                return None
+            h = self._hidden(out)
+            if "M" not in st:
+                st["M"], st["fm"] = self._memory(st)
+            y = self.dfm.fusion[i](h, st["M"], st["fm"], self.L, self.shift)
+            return (y,) + tuple(out[1:]) if isinstance(out, tuple) else y
+        return hook
+
+    def _memory(self, st: dict) -> Tuple[Tensor, Tensor]:
+        c, mode = self.dfm.config, st["mode"]
+        slots = st.get("slots")
+        if slots is None:
+            slots = self.dfm.predictor(st["src"])
+        st["slots"] = slots
+        B, NC, K, _ = slots.shape
+        if mode == "target":
+            fed, fm = st["memory"], st["mask"]
+        else:
+            fed = slots
+            fm = torch.ones(B, NC, K, dtype=torch.bool, device=slots.device)
+            if not c.get("fuse_first_chunk", False):
+                fm[:, 0] = False
+        return self.dfm.projector(fed), fm
+
+    def forward(self, tokens: Tensor, labels: Optional[Tensor] = None, memory: Optional[Tensor] = None,
+                mask: Optional[Tensor] = None, mode: str = "predicted", slots: Optional[Tensor] = None) -> dict:
+        if mode not in ("predicted", "target", "none"):
+            raise ValueError(f"mode {mode!r}: predicted, target or none")
+        if mode == "target" and (memory is None or mask is None):
+            raise ValueError("mode 'target' needs memory and mask")
+        B, T = tokens.shape
+        if T % self.L:
+            raise ValueError(f"sequence length {T} is not a multiple of the chunk length {self.L}")
+        mask_b = None if mask is None else mask.bool()
+        self._st = {"mode": mode, "memory": memory, "mask": mask_b, "slots": slots}
+        try:
+            out = self.backbone(tokens.long())
+            logits = out.logits if hasattr(out, "logits") else out
+            st = self._st
+            res = {"logits": logits, "slots": st.get("slots"), "mse": 0.0, "cos": 0.0}
+            loss = None
+            if labels is not None:
+                lab = labels.reshape(-1).long()
+                n = int((lab >= 0).sum()) or 1
+                res["ce"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), lab, ignore_index=-1,
+                                            reduction="sum") / n
+                loss = res["ce"]
+            if memory is not None and mode != "none":
+                err, res["mse"], res["cos"] = slot_stats(st["slots"], memory, mask_b)
+                c = self.dfm.config
+                nv = mask_b.sum().clamp(min=1)
+                ploss = err / (nv * memory.shape[-1]) if c.get("pred_loss", "mse_elem") == "mse_elem" else err / nv
+                res["pred_loss"] = ploss
+                if loss is not None:
+                    loss = loss + c.get("mse_weight", 1.0) * ploss
+            res["loss"] = loss
+            return res
+        finally:
+            self._st = {}
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, new_tokens: int, T: Optional[int] = None, no_memory: bool = False) -> Tensor:
+        """Greedy decoding as `dfm-train generate` (trainer/generate.h): the memory is predicted once from
+        the prompt [n] and held fixed; chunk c <= n // L fuses the prompt's prediction for chunk c, later
+        chunks that of chunk n // L. Returns the n + new_tokens ids."""
+        n, total = prompt.shape[0], prompt.shape[0] + new_tokens
+        T = T or -(-total // self.L) * self.L
+        seq = torch.zeros(1, T, dtype=torch.long)
+        seq[0, :n] = prompt
+        slots = None
+        if not no_memory:
+            slots = self.dfm.predictor(self._source(seq))
+            last = min(n // self.L, slots.shape[1] - 1)
+            slots[:, last + 1:] = slots[:, last:last + 1]
+        for pos in range(n, total):
+            logits = self.forward(seq, mode="none" if no_memory else "predicted", slots=slots)["logits"]
+            seq[0, pos] = logits[0, pos - 1].argmax()
+        return seq[0, :total]
+
+    def _source(self, tokens: Tensor) -> Tensor:
+        """The predictor's input states of tokens (a backbone forward without fusion)."""
+        self._st = {"mode": "none"}
+        try:
+            self.backbone(tokens)
+            return self._st["src"]
+        finally:
+            self._st = {}
+
+
+@torch.no_grad()
+def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("predicted", "none", "target")) -> dict:
+    """dfm-train eval's figures over batches (dfm.Batches(..., split="heldout", format="torch") gives eval's
+    batches): ce_pred, ce_none, ce_target (mean over batches of each batch's mean CE), mse, cos (of the
+    predicted slots, averaged over batches), batches."""
+    keys = {"predicted": "ce_pred", "none": "ce_none", "target": "ce_target"}
+    acc = {k: 0.0 for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos")}
+    nb = 0
+    for b in batches:
+        tokens, labels, memory, mask = b.tokens, b.labels, b.memory, b.mask
+        for mode in modes:
+            if mode == "target" and memory is None:
+                continue
+            r = model(tokens, labels, memory, mask, mode=mode)
+            acc[keys[mode]] += float(r["ce"])
+            if mode == "predicted" and memory is not None:
+                acc["mse"] += r["mse"]
+                acc["cos"] += r["cos"]
+        nb += 1
+    out = {k: v / nb if nb else float("nan") for k, v in acc.items()}
+    out["batches"] = nb
+    return out
