@@ -12,12 +12,12 @@ backbone; imported on first use), dfm.errors. `python -m dfm inspect RUN --chunk
 `dfm inspect` does. Where libdfm.so is found: dfm._lib.
 """
 from dfm._version import __version__
-from dfm.data import Batch, Batches, load_tokens, permutation
+from dfm.data import Batch, Batches, load_tokens, permutation, read_dump
 from dfm.errors import (LibraryNotFound, TargetChecksumError, TargetError, TargetFormatError, TargetMismatchError,
                         TargetNotFoundError, TargetRangeError, TargetTruncatedError, TargetVersionError)
 from dfm.targets import PyTargetRun, TargetRun, open_run
 
-__all__ = ["__version__", "Batch", "Batches", "load_tokens", "permutation", "open_run", "TargetRun", "PyTargetRun",
+__all__ = ["__version__", "Batch", "Batches", "load_tokens", "permutation", "read_dump", "open_run", "TargetRun", "PyTargetRun",
            "TargetError", "TargetFormatError", "TargetChecksumError", "TargetVersionError", "TargetMismatchError",
            "TargetTruncatedError", "TargetNotFoundError", "TargetRangeError", "LibraryNotFound"]
 

@@ -361,3 +361,39 @@ def to_torch(b: Batch) -> Batch:
     m = wrap(b.mask, torch.uint8)
     return Batch(wrap(b.idx, torch.int64), wrap(b.tokens, torch.int32), wrap(b.labels, torch.int32),
                  wrap(b.memory, torch.float32), None if m is None else m.bool(), b.epoch, b.pos)
+
+
+def read_dump(path: str) -> List[Batch]:
+    """The batches of a `dfm-train dump-batches` file (layout: trainer/dump_batches_cmd.c), checked
+    (magic, version, sizes, payload checksum): NumPy arrays as Batches yields them (idx int64, tokens and
+    labels int32, mask uint8, memory float32)."""
+    b = np.fromfile(path, np.uint8)
+    if b.size < 64 or b[:8].tobytes() != b"DFMBTCH1":
+        raise TargetFormatError(f"{path} is not a dump-batches file (magic DFMBTCH1)")
+    ver, flags, B, T, NC, K, d, _ = (int(x) for x in b[8:40].view("<u4"))
+    nb, pbytes, ck = (int(x) for x in b[40:64].view("<u8"))
+    if ver != 1:
+        raise TargetFormatError(f"{path}: dump version {ver} (1 known)")
+    S = B * NC * K
+    per = 16 + 8 * B + 8 * B * T + ((S + 4 * S * d) if flags & 1 else 0)
+    if pbytes != b.size - 64 or nb * per != pbytes:
+        raise TargetTruncatedError(f"{path}: {b.size - 64} payload bytes; the header says {pbytes} = {nb} x {per}")
+    if _lib.lib().dfm_checksum64(b[64:].ctypes.data, pbytes) != ck:
+        raise TargetChecksumError(f"{path}: payload checksum mismatch")
+    out, o = [], 64
+
+    def take(n: int, dt: str, shape: tuple) -> np.ndarray:
+        nonlocal o
+        a = b[o:o + n].view(dt).reshape(shape)
+        o += n
+        return a
+
+    for _ in range(nb):
+        ep, pos = (int(x) for x in take(16, "<u8", (2,)))
+        idx = take(8 * B, "<i8", (B,))
+        tok, lab = take(4 * B * T, "<i4", (B, T)), take(4 * B * T, "<i4", (B, T))
+        mk = mem = None
+        if flags & 1:
+            mk, mem = take(S, "u1", (B, NC, K)), take(4 * S * d, "<f4", (B, NC, K, d))
+        out.append(Batch(idx, tok, lab, mem, mk, ep, pos))
+    return out
