@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/blas_core.h"
 #include "common/error.h"
 #include "common/opts.h"
 #include "common/log.h"
@@ -38,11 +39,15 @@ static void usage(FILE *out) {
 int main(int argc, char **argv) {
     /* OpenMP threads that spin after a parallel region starve OpenBLAS's own threads (two pools on the
      * same cores): passive waiting made a 2-thread training step 4x faster on a shared 2-core machine.
-     * libgomp reads the policy when it loads, so set it and re-exec once unless the user chose one. */
+     * libgomp reads the policy when it loads, so set it and re-exec once unless the user chose one.
+     * OpenBLAS likewise picks its kernels at load time: on a CPU model it does not know it falls back
+     * to SSE3 ones (5x slower SGEMM), which dfm_blas_core_env corrects (common/blas_core.h). */
+    int reexec = dfm_blas_core_env();
     if (!getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-        execv("/proc/self/exe", argv); /* returns only on failure: then run with the default policy */
+        reexec = 1;
     }
+    if (reexec) execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
     dfm_log_init(-1);
     dfm_opts_set_program("dfm-train");
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
