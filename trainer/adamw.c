@@ -3,18 +3,18 @@
 
 #include <math.h>
 
+#include "trainer/vecmath.h"
+
 void adamw_update(float *params, const float *grads, float *m, float *v, const unsigned char *decay, size_t n,
                   const AdamWConfig *c, long t) {
     float b1c = 1.0f - powf(c->beta1, (float)t), b2c = 1.0f - powf(c->beta2, (float)t);
-#pragma omp parallel for if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
-        float mi = c->beta1 * m[i] + (1.0f - c->beta1) * g;
-        float vi = c->beta2 * v[i] + (1.0f - c->beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float wd = (decay && decay[i]) ? c->weight_decay : 0.0f;
-        params[i] -= c->lr * ((mi / b1c) / (sqrtf(vi / b2c) + c->eps) + wd * params[i]);
+    const size_t blk = 1 << 16; /* SIMD inside a block (vecmath.h), threads over blocks */
+    size_t nb = (n + blk - 1) / blk;
+#pragma omp parallel for if (nb > 1)
+    for (size_t b = 0; b < nb; b++) {
+        size_t i = b * blk, k = n - i < blk ? n - i : blk;
+        vm_adamw(params + i, grads + i, m + i, v + i, decay ? decay + i : NULL, k, c->lr, c->beta1, c->beta2, c->eps,
+                 c->weight_decay, b1c, b2c);
     }
 }
 
@@ -27,12 +27,6 @@ float lr_schedule(long step, long warmup, long total, float max_lr, float min_fr
     return (float)(max_lr * (min_frac + (1.0 - min_frac) * cosv));
 }
 
-double grad_norm(const float *g, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return sqrt(s);
-}
+double grad_norm(const float *g, size_t n) { return sqrt(vm_sumsq(g, n)); }
 
-void grad_scale(float *g, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) g[i] *= s;
-}
+void grad_scale(float *g, size_t n, float s) { vm_scale(g, n, s); }

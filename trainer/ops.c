@@ -1,6 +1,8 @@
 /* ops.c — CPU fp32 kernels of the trainer (see ops.h for the conventions). */
 #include "trainer/ops.h"
 
+#include "trainer/vecmath.h"
+
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
@@ -77,12 +79,11 @@ void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const floa
         float m = (float)(dot / C);
         for (int c = 0; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * r * m);
     }
-    if (dweight) {
-#pragma omp parallel for if ((size_t)N * C > 65536)
-        for (int c = 0; c < C; c++) {
-            float s = 0.0f;
-            for (int n = 0; n < N; n++) s += dout[(size_t)n * C + c] * inp[(size_t)n * C + c] * rstd[n];
-            dweight[c] += s;
+    if (dweight) { /* row by row (contiguous, SIMD), one fixed order whatever the thread count */
+        for (int n = 0; n < N; n++) {
+            const float *dy = dout + (size_t)n * C, *x = inp + (size_t)n * C;
+            float r = rstd[n];
+            for (int c = 0; c < C; c++) dweight[c] += dy[c] * (x[c] * r);
         }
     }
 }
@@ -191,9 +192,12 @@ void rope_backward(float *dinp, const float *dout, const float *cos_t, const flo
 }
 
 /* ---- causal GQA self-attention -------------------------------------------------------------------
- * Per (sequence, head): scores and products are sgemm calls on strided views of q/k/v (a head's rows
- * are hd floats every nh*hd), the causal softmax runs row-parallel. The full T x T product is computed
- * and the upper triangle zeroed: BLAS on the square beats a scalar triangle by far. */
+ * Per (sequence, head) and block of ATT_ROWS query rows: scores and products are sgemm calls on strided
+ * views of q/k/v (a head's rows are hd floats every nh*hd) over the keys the block can see (columns
+ * [0, end of block)), so the causal mask skips whole blocks above the diagonal (at T = 256, 62.5 % of the
+ * square is computed); inside the diagonal block the upper triangle is computed and then zeroed. The
+ * softmax rows are SIMD (vecmath.h). */
+#define ATT_ROWS 64
 void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                        int nh, int nkv, int hd) {
     int grp = nh / nkv;
@@ -206,25 +210,22 @@ void attention_forward(float *out, float *att, const float *q, const float *k, c
             const float *khp = k + (size_t)b * T * ks + (size_t)kh * hd;
             const float *vh = v + (size_t)b * T * ks + (size_t)kh * hd;
             float *p = att + ((size_t)b * nh + h) * T * T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, qh, (int)qs, khp, (int)ks, 0.0f,
-                        p, T);
-#pragma omp parallel for if ((size_t)T * T > 16384)
-            for (int t = 0; t < T; t++) {
-                float *pr = p + (size_t)t * T;
-                float mx = -INFINITY;
-                for (int u = 0; u <= t; u++)
-                    if (pr[u] > mx) mx = pr[u];
-                float sum = 0.0f;
-                for (int u = 0; u <= t; u++) {
-                    pr[u] = expf(pr[u] - mx);
-                    sum += pr[u];
+            float *oh = out + (size_t)b * T * qs + (size_t)h * hd;
+            for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
+                int R = T - r0 < ATT_ROWS ? T - r0 : ATT_ROWS, cols = r0 + R;
+                float *pb = p + (size_t)r0 * T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, cols, hd, scale, qh + r0 * qs, (int)qs, khp,
+                            (int)ks, 0.0f, pb, T);
+#pragma omp parallel for if ((size_t)R * cols > 16384)
+                for (int t = r0; t < r0 + R; t++) {
+                    float *pr = p + (size_t)t * T;
+                    float sum = vm_exp_sum(pr, (size_t)t + 1, vm_max(pr, (size_t)t + 1));
+                    vm_scale(pr, (size_t)t + 1, 1.0f / sum);
+                    memset(pr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
                 }
-                float inv = 1.0f / sum;
-                for (int u = 0; u <= t; u++) pr[u] *= inv;
-                for (int u = t + 1; u < T; u++) pr[u] = 0.0f;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, cols, 1.0f, pb, T, vh, (int)ks, 0.0f,
+                            oh + r0 * qs, (int)qs);
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vh, (int)ks, 0.0f,
-                        out + (size_t)b * T * qs + (size_t)h * hd, (int)qs);
         }
 }
 
@@ -245,45 +246,49 @@ void attention_backward(float *dq, float *dk, float *dv, float *datt, const floa
             float *dvh = dv + (size_t)b * T * ks + (size_t)kh * hd;
             const float *p = att + ((size_t)b * nh + h) * T * T;
             float *dp = datt + ((size_t)b * nh + h) * T * T;
-            /* dV += P^T dO;  dP = dO V^T */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, doh, (int)qs, 1.0f, dvh,
-                        (int)ks);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, doh, (int)qs, vh, (int)ks, 0.0f,
-                        dp, T);
-            /* softmax backward in place: dS = P * (dP - sum(P * dP)) * scale (zero above the diagonal) */
-#pragma omp parallel for if ((size_t)T * T > 16384)
-            for (int t = 0; t < T; t++) {
-                const float *pr = p + (size_t)t * T;
-                float *dr = dp + (size_t)t * T;
-                float pdp = 0.0f;
-                for (int u = 0; u <= t; u++) pdp += pr[u] * dr[u];
-                for (int u = 0; u <= t; u++) dr[u] = pr[u] * (dr[u] - pdp) * scale;
-                for (int u = t + 1; u < T; u++) dr[u] = 0.0f;
+            for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
+                int R = T - r0 < ATT_ROWS ? T - r0 : ATT_ROWS, cols = r0 + R;
+                const float *pb = p + (size_t)r0 * T;
+                float *db = dp + (size_t)r0 * T;
+                /* dV[:cols] += P^T dO;  dP = dO V[:cols]^T */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, R, 1.0f, pb, T, doh + r0 * qs, (int)qs,
+                            1.0f, dvh, (int)ks);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, cols, hd, 1.0f, doh + r0 * qs, (int)qs, vh,
+                            (int)ks, 0.0f, db, T);
+                /* softmax backward in place: dS = P * (dP - sum(P * dP)) * scale (zero above the diagonal) */
+#pragma omp parallel for if ((size_t)R * cols > 16384)
+                for (int t = r0; t < r0 + R; t++) {
+                    float *dr = dp + (size_t)t * T;
+                    vm_softmax_backward(dr, p + (size_t)t * T, (size_t)t + 1, scale);
+                    memset(dr + t + 1, 0, (size_t)(cols - t - 1) * sizeof(float));
+                }
+                /* dQ += dS K[:cols];  dK[:cols] += dS^T Q */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, hd, cols, 1.0f, db, T, khp, (int)ks, 1.0f,
+                            dqh + r0 * qs, (int)qs);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, hd, R, 1.0f, db, T, qh + r0 * qs, (int)qs,
+                            1.0f, dkh, (int)ks);
             }
-            /* dQ += dS K;  dK += dS^T Q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, dp, T, khp, (int)ks, 1.0f, dqh,
-                        (int)qs);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, dp, T, qh, (int)qs, 1.0f, dkh,
-                        (int)ks);
         }
 }
 
 /* ---- SwiGLU / GELU ------------------------------------------------------------------------------ */
+/* elementwise kernels run in blocks of EW_BLOCK (SIMD inside a block, threads over blocks) */
+#define EW_BLOCK 16384
 void swiglu_forward(float *out, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+    size_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+#pragma omp parallel for if (nb > 4)
+    for (size_t b = 0; b < nb; b++) {
+        size_t i = b * EW_BLOCK, k = n - i < EW_BLOCK ? n - i : EW_BLOCK;
+        vm_swiglu_forward(out + i, gate + i, up + i, k);
     }
 }
 
 void swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
-        float silu = g * s;
-        dgate[i] += dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-        dup[i] += dout[i] * silu;
+    size_t nb = (n + EW_BLOCK - 1) / EW_BLOCK;
+#pragma omp parallel for if (nb > 4)
+    for (size_t b = 0; b < nb; b++) {
+        size_t i = b * EW_BLOCK, k = n - i < EW_BLOCK ? n - i : EW_BLOCK;
+        vm_swiglu_backward(dgate + i, dup + i, dout + i, gate + i, up + i, k);
     }
 }
 
@@ -464,23 +469,15 @@ double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, cons
                     for (int v = 0; v < V; v++) lg[v] = 0.0f;
                 continue;
             }
-            float mx = -INFINITY;
-            for (int v = 0; v < V; v++)
-                if (lg[v] > mx) mx = lg[v];
+            float mx = vm_max(lg, (size_t)V);
             int tgt = targets[r0 + r];
             float lt = lg[tgt];
-            double sum = 0.0; /* one expf per logit, kept in place for the gradient */
-            for (int v = 0; v < V; v++) {
-                float e = expf(lg[v] - mx);
-                lg[v] = e;
-                sum += e;
-            }
+            double sum = vm_exp_sum(lg, (size_t)V, mx); /* one exp per logit, kept in place for the gradient */
             double loss = log(sum) + mx - lt;
             if (losses) losses[r0 + r] = (float)loss;
             row_loss[r] = loss;
             if (need_grad) {
-                float sc = (float)(1.0 / sum) * dloss;
-                for (int v = 0; v < V; v++) lg[v] *= sc;
+                vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss);
                 lg[tgt] -= dloss;
             }
         }

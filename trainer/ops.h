@@ -50,7 +50,8 @@ void rope_backward(float *dinp, const float *dout, const float *cos_t, const flo
  * att[B, nh, T, T] keeps the softmax probabilities (zero above the diagonal); out[B*T, nh*hd]. */
 void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
                        int nh, int nkv, int hd);
-/* datt is scratch [B, nh, T, T] (overwritten). dq, dk, dv accumulate. */
+/* datt is scratch [B, nh, T, T] (its causal blocks are overwritten, the rest is not read). dq, dk, dv
+ * accumulate. */
 void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
                         const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd);
 
@@ -91,7 +92,7 @@ void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C);
  * ignored (loss 0, no gradient: padding). If dx or dweight is non-NULL the
  * gradient of sum_r dloss * loss_r is accumulated into them. scratch is [rows_block * V] floats with
  * rows_block = CE_ROWS_BLOCK. Returns the sum of row losses (double). */
-#define CE_ROWS_BLOCK 64
+#define CE_ROWS_BLOCK 256
 double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, const float *x, const float *weight,
                                   const int *targets, int N, int C, int V, float dloss, float *scratch);
 
