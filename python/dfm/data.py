@@ -27,9 +27,11 @@ its own reader.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
-import math
 import os
+import queue
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -166,7 +168,8 @@ class Batches(_Base):
     the chunk run's, the targets file's, else 32 as dfm-train), val_seqs (dfm-train --val-seqs),
     split ("train" | "heldout"), steps (batches to yield; None = one epoch), eval_batches (heldout: at
     most this many, 0 = all), format ("numpy" | "torch"), with_targets (False: tokens only),
-    backend ("c" | "python": the target reader).
+    backend ("c" | "python": the target reader), threads (batches read in parallel by this many threads
+    of this process, each with its own reader: libdfm decodes without the GIL; yielded in order).
 
     len() is the number of batches this rank yields. Attributes after construction: n_seq, ntrain,
     nval, NC, K, d, L.
@@ -176,7 +179,7 @@ class Batches(_Base):
                  epoch: int = 0, *, data: Optional[str] = None, targets: Optional[str] = None,
                  tokens_run: Optional[str] = None, chunk_len: Optional[int] = None, val_seqs: int = 0,
                  split: str = "train", steps: Optional[int] = None, eval_batches: int = 0, format: str = "numpy",
-                 with_targets: bool = True, backend: str = "c") -> None:
+                 with_targets: bool = True, backend: str = "c", threads: int = 1) -> None:
         if not (0 <= rank < world):
             raise ValueError(f"rank {rank} of world {world}")
         if seq_len <= 0 or batch <= 0:
@@ -189,6 +192,7 @@ class Batches(_Base):
             raise ValueError("no tokens: give a run folder or data=")
         self.T, self.B, self.rank, self.world, self.seed, self.epoch0 = seq_len, batch, rank, world, seed, epoch
         self.split, self.steps, self.format, self.backend = split, steps, format, backend
+        self.threads = max(1, int(threads))
         self.tokens, self.pad, cl = load_tokens(self.data)
         self.tokens_run = tokens_run or (self.data if _is_run(self.data) else None)
         n = self.tokens.size
@@ -224,8 +228,9 @@ class Batches(_Base):
         self.nval = min(self.nval, self.n_seq)
         self.ntrain = self.n_seq - self.nval
         self.eval_batches = eval_batches
-        self._reader = None
-        self._reader_pid = -1
+        self._readers: list = []  # this process's readers; a free one waits in _free
+        self._free: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._readers_pid = -1
         self._orders: dict = {}
 
     # -- schedule -----------------------------------------------------------------------------------
@@ -274,13 +279,19 @@ class Batches(_Base):
     # -- reading ------------------------------------------------------------------------------------
     def _open_reader(self):
         from dfm.targets import open_run
-        return open_run(self.targets, tokens_run=self.tokens_run, backend=self.backend)
+        return open_run(self.targets, tokens_run=self.tokens_run, backend=self.backend, prefetch=-1)
 
-    def _targets_reader(self):
-        if self._reader is None or self._reader_pid != os.getpid():
-            self._reader = self._open_reader()  # one per process: LMDB handles do not survive fork
-            self._reader_pid = os.getpid()
-        return self._reader
+    def _acquire(self):
+        """A reader of this process no other thread is using (LMDB handles do not survive fork; the C
+        reader opens its shards MDB_NOTLS, so a reader may change threads between uses)."""
+        if self._readers_pid != os.getpid():
+            self._readers, self._free, self._readers_pid = [], queue.SimpleQueue(), os.getpid()
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            r = self._open_reader()
+            self._readers.append(r)
+            return r
 
     def read(self, idx: np.ndarray, epoch: int = 0, pos: int = 0) -> Batch:
         """The batch of sequences idx ([B] int64), NumPy arrays (as data_batch in trainer/data.c)."""
@@ -298,21 +309,34 @@ class Batches(_Base):
                 memory = self._tfile.emb[chunks].reshape(B, NC, K, d)
                 mask = self._tfile.mask[chunks].reshape(B, NC, K).copy()
             else:
-                memory = np.empty((B, NC, K, d), np.float32)
-                bits = self._read_records(chunks, memory)
+                if self.format == "torch":  # written in place into the tensor handed out (shared memory in a
+                    memory = _torch_buffer((B, NC, K, d))  # DataLoader worker: sent to the parent uncopied)
+                    bits = self._read_records(chunks, memory.data_ptr())
+                else:
+                    memory = np.empty((B, NC, K, d), np.float32)
+                    bits = self._read_records(chunks, memory.ctypes.data)
                 mask = ((bits[:, None] >> np.arange(K, dtype=np.uint64)[None, :]) & np.uint64(1)).astype(np.uint8)
                 mask = mask.reshape(B, NC, K)
             mask[:, 0, :] = 0  # the first chunk of a sequence has no target
         return Batch(idx, tokens, labels, memory, mask, epoch, pos)
 
-    def _read_records(self, chunks: np.ndarray, memory: np.ndarray) -> np.ndarray:
-        """Records of chunks decoded straight into memory's rows; their masks as [n] uint64."""
-        r = self._targets_reader()
+    def _read_records(self, chunks: np.ndarray, base: int) -> np.ndarray:
+        """Records of chunks decoded straight into the float32 rows [n, K, d] at address base (memory this
+        object allocated); their masks as [n] uint64."""
+        r = self._acquire()
+        try:
+            return self._decode(r, chunks, base)
+        finally:
+            self._free.put(r)
+
+    def _decode(self, r, chunks: np.ndarray, base: int) -> np.ndarray:
         bits = np.empty(len(chunks), np.uint64)
-        base, stride = memory.ctypes.data, self.K * self.d * 4
+        stride = self.K * self.d * 4
         if not hasattr(r, "_t"):  # the pure-Python backend
             for i, c in enumerate(chunks.tolist()):
-                bits[i] = r.get_into(c, memory.reshape(-1, self.K, self.d)[i])
+                rec = r.get(c)
+                ctypes.memmove(base + i * stride, rec["emb"].ctypes.data, stride)
+                bits[i] = sum(1 << j for j, v in enumerate(rec["mask"]) if v)
             return bits
         t, get, h, tref = r._t, r._get, r._h, r._tref  # the C fast path: one ctypes call per record
         for i, c in enumerate(chunks.tolist()):
@@ -326,22 +350,43 @@ class Batches(_Base):
     def __iter__(self) -> Iterator[Batch]:
         wi = _worker_info()
         wid, nw = (wi.id, wi.num_workers) if wi is not None else (0, 1)
-        for i, (idx, epoch, pos) in enumerate(self.schedule()):
-            if i % nw != wid:
-                continue
-            b = self.read(idx, epoch, pos)
-            yield to_torch(b) if self.format == "torch" else b
+        conv = to_torch if self.format == "torch" else (lambda b: b)
+        mine = (job for i, job in enumerate(self.schedule()) if i % nw == wid)
+        if self.threads == 1:
+            for idx, epoch, pos in mine:
+                yield conv(self.read(idx, epoch, pos))
+            return
+        with ThreadPoolExecutor(self.threads) as ex:  # 2 batches per thread in flight, handed out in order
+            pending: collections.deque = collections.deque()
+            for idx, epoch, pos in mine:
+                pending.append(ex.submit(self.read, idx, epoch, pos))
+                if len(pending) >= 2 * self.threads:
+                    yield conv(pending.popleft().result())
+            while pending:
+                yield conv(pending.popleft().result())
 
     def close(self) -> None:
-        """Close this process's target reader (reopened on the next read)."""
-        if self._reader is not None and self._reader_pid == os.getpid():
-            self._reader.close()
-        self._reader = None
+        """Close this process's target readers (reopened on the next read)."""
+        if self._readers_pid == os.getpid():
+            for r in self._readers:
+                r.close()
+        self._readers, self._free, self._readers_pid = [], queue.SimpleQueue(), -1
 
-    def __getstate__(self) -> dict:  # to spawned workers: without the reader
+    def __getstate__(self) -> dict:  # to spawned workers: without the readers
         st = dict(self.__dict__)
-        st["_reader"], st["_reader_pid"] = None, -1
+        st["_readers"], st["_free"], st["_readers_pid"] = [], None, -1
         return st
+
+    def __setstate__(self, st: dict) -> None:
+        self.__dict__.update(st)
+        self._free = queue.SimpleQueue()
+
+
+def _torch_buffer(shape: tuple):
+    """An uninitialised float32 tensor, in shared memory inside a DataLoader worker."""
+    import torch
+    t = torch.empty(shape, dtype=torch.float32)
+    return t.share_memory_() if _worker_info() is not None else t
 
 
 def to_torch(b: Batch) -> Batch:
@@ -350,9 +395,9 @@ def to_torch(b: Batch) -> Batch:
     memory float32, mask bool, idx int64."""
     import torch
 
-    def wrap(a: Optional[np.ndarray], dt):
-        if a is None:
-            return None
+    def wrap(a, dt):
+        if a is None or isinstance(a, torch.Tensor):
+            return a
         a = np.ascontiguousarray(a)
         if a.size == 0:
             return torch.zeros(a.shape, dtype=dt)

@@ -7,7 +7,7 @@
   targets from a run and from a targets file, ranks of a 2-rank world, a later epoch, steps running
   over epoch ends, the held-out split, and tokens from a `dfm chunk` run with padding (labels -1);
 - DDP: the ranks' batches of a step are the single-rank batch of world*B sequences, split in order;
-- workers: a torch DataLoader with num_workers=2 (format="torch") yields the serial batches in order;
+- workers: a torch DataLoader with num_workers=2 (format="torch") and threads=3 yield the serial batches in order;
 - errors: a flipped byte in a shard's data.mdb and a truncated data.mdb raise dfm.TargetError
   subclasses from both backends.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_TOKENIZER (tests/run.sh sets them).
@@ -136,6 +136,8 @@ def check_workers(toks, trun):
         and torch.equal(g.tokens, tensor(s.tokens, torch.int32)) and torch.equal(g.idx, tensor(s.idx, torch.int64))
         for g, s in zip(got, serial))
     check(ok, "DataLoader(num_workers=2): %d torch batches equal the serial ones, in order" % len(got))
+    threaded = list(dfm.Batches(None, T, B, 0, 1, 3, data=toks, targets=trun, chunk_len=L, threads=3))
+    check(not same_batches(threaded, serial), "threads=3: %d batches equal the serial ones, in order" % len(threaded))
 
 
 def check_chunk_run(w):
