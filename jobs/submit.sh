@@ -2,6 +2,8 @@
 # submit.sh CONFIG [options] — submit the dfm pipeline as a chain of Slurm jobs, one per stage,
 # each waiting for the previous one (--dependency=afterok; a failed stage cancels the rest).
 # Re-submitting the same CONFIG after a failure or a cancel resumes: complete stages do nothing.
+# Relative paths in CONFIG are relative to the folder submit.sh runs in (the jobs run there), as for
+# a direct `dfm build CONFIG` from that folder.
 #
 #   --ntasks N          MPI ranks per stage (default 4)
 #   --nodes N           nodes per stage (default: let Slurm choose)
@@ -35,7 +37,9 @@ DFM=$(realpath "$DFM")
 command -v sbatch >/dev/null || { echo "submit.sh: sbatch not found: is this a Slurm login node?" >&2; exit 1; }
 RUN=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["run"])' "$CONFIG") ||
   { echo "submit.sh: $CONFIG has no \"run\"" >&2; exit 1; }
-case $RUN in /*) ;; *) RUN=$(dirname "$CONFIG")/$RUN ;; esac
+# dfm resolves the config's relative paths ("run", "inputs", models) against its working folder: the jobs
+# run here (--chdir), so RUN/jobs is the folder the run's files go to, on every node
+case $RUN in /*) ;; *) RUN=$PWD/$RUN ;; esac
 mkdir -p "$RUN/jobs"
 prev=$AFTER
 : > "$RUN/jobs/submitted.txt.tmp"
@@ -44,7 +48,7 @@ for stage in "${LIST[@]}"; do
   export_vars="ALL,DFM_BIN=$DFM,DFM_CONFIG=$CONFIG,DFM_STAGE=$stage"
   [ "$OVER" = 1 ] && export_vars="$export_vars,DFM_SRUN_FLAGS=--overcommit"
   args=(--parsable --job-name "dfm-$stage" --ntasks "$NTASKS" --time "$TIME" --kill-on-invalid-dep=yes
-        --output "$RUN/jobs/$stage-%j.out" --export "$export_vars")
+        --output "$RUN/jobs/$stage-%j.out" --export "$export_vars" --chdir "$PWD")
   [ -n "$NODES" ] && args+=(--nodes "$NODES")
   [ -n "$PART" ] && args+=(--partition "$PART")
   [ -n "$prev" ] && args+=(--dependency "afterok:$prev")

@@ -5,6 +5,7 @@ set -uo pipefail
 DIR=${SLURM_CI_DIR:-/tmp/dfm-slurm}
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null && cat "$1"; }
 PIDS="$(alive "$DIR/slurmctld.pid") $(alive "$DIR/slurmd.pid")"
+for pf in "$DIR"/slurmd-*.pid; do PIDS="$PIDS $(alive "$pf")"; done # several nodes (SLURM_CI_NODES)
 if [ -n "${PIDS// /}" ]; then
   jobs=$(squeue -h -o %A 2>/dev/null | sort -u)
   [ -n "$jobs" ] && scancel $jobs 2>/dev/null
@@ -16,7 +17,7 @@ if [ -n "${PIDS// /}" ]; then
   done
   for p in $PIDS; do kill -0 "$p" 2>/dev/null && kill -KILL "$p"; done
 fi
-rm -f "$DIR/slurmctld.pid" "$DIR/slurmd.pid"
+rm -f "$DIR/slurmctld.pid" "$DIR/slurmd.pid" "$DIR"/slurmd-*.pid
 if [ "${KEEP_MUNGE:-0}" != 1 ] && [ -s "$DIR/munged.pid.ours" ]; then
   mp=$(cat "$DIR/munged.pid.ours")
   [ "$(cat /proc/"$mp"/comm 2>/dev/null)" = munged ] && kill -TERM "$mp"

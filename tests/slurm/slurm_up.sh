@@ -3,7 +3,13 @@
 # Based on the verified recipe in shared/recipes/slurm-localhost. Idempotent: stops daemons it
 # started before, wipes Slurm state, rewrites /etc/slurm/slurm.conf, starts munged, slurmctld, slurmd.
 #   SLURM_CI_DIR  state, spool, logs, pid files (default /tmp/dfm-slurm)
-#   SLURM_CI_CPUS CPUs to advertise (default 4: the tests oversubscribe a 2-core machine)
+#   SLURM_CI_CPUS CPUs to advertise per node (default 4: the tests oversubscribe a 2-core machine)
+#   SLURM_CI_NODES nodes (default 1: this host under its own name). N > 1: nodes dfm-n1..dfm-nN, one
+#                 slurmd each (`slurmd -N dfm-nI`, Slurm's multiple-slurmd mode), all on this host
+#                 (NodeHostname = this host, NodeAddr 127.0.0.1, ports SLURM_CI_PORT+1.., default 6830),
+#                 so that a job's tasks are split across nodes as on a cluster: one slurmstepd and one
+#                 PMIx server per node, SLURM_NODEID/SLURM_LOCALID per node, Open MPI between nodes
+#                 over TCP. The nodes share this host's file system, PIDs and hostname.
 #   SLURM_CI_GPUS fake GPUs to advertise (default 0): gres/gpu backed by /dev/tty0.. (the trick of Slurm's
 #                 own test suite), so --gpus-per-task, --gres=gpu:N and the CUDA_VISIBLE_DEVICES that
 #                 srun gives each task can be tested without GPUs
@@ -31,7 +37,7 @@ if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
 fi
 
 # leftovers of an earlier start
-for pf in "$DIR/slurmctld.pid" "$DIR/slurmd.pid"; do
+for pf in "$DIR/slurmctld.pid" "$DIR/slurmd.pid" "$DIR"/slurmd-*.pid; do
   if [ -s "$pf" ] && kill -0 "$(cat "$pf")" 2>/dev/null; then KEEP_MUNGE=1 "$HERE/slurm_down.sh" >/dev/null; break; fi
 done
 rm -rf "$DIR/state" "$DIR/spool"; mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log" /etc/slurm
@@ -40,6 +46,26 @@ HW=$(slurmd -C | head -n 1)
 NODE=$(sed -n 's/^NodeName=\([^ ]*\).*/\1/p' <<<"$HW")
 MEM=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$HW")
 CPUS=${SLURM_CI_CPUS:-4}
+NNODES=${SLURM_CI_NODES:-1} PORT0=${SLURM_CI_PORT:-6830}
+[[ $NNODES =~ ^[1-9][0-9]*$ ]] && [ "$NNODES" -le 16 ] || die "SLURM_CI_NODES=$NNODES: 1 to 16"
+if [ "$NNODES" = 1 ]; then
+  NODES=("$NODE")
+  NODELINES="NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM@GRES@ State=UNKNOWN"
+  SLURMD_FILES="SlurmdSpoolDir=$DIR/spool
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmdLogFile=$DIR/log/slurmd.log"
+else # one slurmd per node name: %n in the file names keeps their spool, pid and log files apart, and in
+     # TmpFS the PMIx client folders (spmix_appdir_UID_JOB.STEP, one per node of a step)
+  NODES=() NODELINES=""
+  for i in $(seq "$NNODES"); do
+    NODES+=("dfm-n$i")
+    NODELINES+="NodeName=dfm-n$i NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((PORT0 + i)) CPUs=$CPUS RealMemory=$MEM@GRES@ State=UNKNOWN"$'\n'
+  done
+  SLURMD_FILES="SlurmdSpoolDir=$DIR/spool/%n
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+TmpFS=$DIR/tmp/%n"
+fi
 GPUS=${SLURM_CI_GPUS:-0} GRES="" GRESTYPES=""
 if [ "$GPUS" -gt 0 ]; then
   [ -f /etc/slurm/gres.conf ] && ! grep -q 'dfm tests' /etc/slurm/gres.conf && cp -p /etc/slurm/gres.conf "/etc/slurm/gres.conf.orig.$(date +%s)"
@@ -58,11 +84,9 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+$SLURMD_FILES
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -81,11 +105,20 @@ MinJobAge=600
 KillWait=5
 SlurmdParameters=config_overrides
 $GRESTYPES
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM$GRES State=UNKNOWN
+${NODELINES//@GRES@/$GRES}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 CONF
 /usr/sbin/slurmctld || die "slurmctld failed: $(tail -n 20 "$DIR/log/slurmctld.log")"
-/usr/sbin/slurmd || die "slurmd failed: $(tail -n 20 "$DIR/log/slurmd.log")"
-for _ in $(seq 600); do [ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] && break; sleep 0.1; done
-[ "$(sinfo -h -n "$NODE" -o %T 2>/dev/null)" = idle ] || die "node $NODE not idle; see $DIR/log/"
-echo "[slurm_up] node $NODE idle with $CPUS CPUs${GRES:+ and $GPUS fake GPUs}"
+if [ "$NNODES" = 1 ]; then
+  /usr/sbin/slurmd || die "slurmd failed: $(tail -n 20 "$DIR/log/slurmd.log")"
+else
+  for n in "${NODES[@]}"; do
+    mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"
+    /usr/sbin/slurmd -N "$n" || die "slurmd -N $n failed: $(tail -n 20 "$DIR/log/slurmd-$n.log")"
+  done
+fi
+LIST=$(IFS=,; echo "${NODES[*]}")
+idle() { [ "$(sinfo -h -n "$LIST" -o %T 2>/dev/null | sort -u)" = idle ] && [ "$(sinfo -h -N -n "$LIST" -o %N | wc -l)" = "$NNODES" ]; }
+for _ in $(seq 600); do idle && break; sleep 0.1; done
+idle || die "nodes $LIST not all idle ($(sinfo -h -N -n "$LIST" -o '%N=%T' | xargs)); see $DIR/log/"
+echo "[slurm_up] node${NODES[1]:+s} $LIST idle with $CPUS CPUs${NODES[1]:+ each}${GRES:+ and $GPUS fake GPUs}"
