@@ -21,6 +21,7 @@ Hugging Face tensor names and math, read from the same safetensors files). The h
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -306,6 +307,7 @@ class DFMModules(nn.Module):
     def __init__(self, config: dict, backbone_config: dict) -> None:
         super().__init__()
         self.config, self.backbone_config = config, backbone_config
+        self.metadata: Dict[str, str] = {}
         sc = stack_config(backbone_config)
         C = sc["hidden"]
         self.predictor = Predictor(config, C)
@@ -322,6 +324,7 @@ class DFMModules(nn.Module):
         if meta.get("format") != "dfm" or "dfm_config" not in meta:
             raise ValueError(f"{path}: not a dfm_modules.safetensors (metadata format {meta.get('format')!r})")
         m = cls(json.loads(meta["dfm_config"]), json.loads(meta["backbone_config"]))
+        m.metadata = dict(meta)  # kept for save_safetensors (backbone_hash: dfm-train checks the backbone)
         sd = {k[4:]: v for k, v in tensors.items() if k.startswith("dfm.")}
         missing, unexpected = m.load_state_dict(sd, strict=False)
         if missing or unexpected:
@@ -331,6 +334,25 @@ class DFMModules(nn.Module):
     def state_dict_dfm(self) -> Dict[str, Tensor]:
         """The parameters under dfm-train's names ("dfm.*")."""
         return {"dfm." + k: v for k, v in self.state_dict().items()}
+
+    def save_safetensors(self, path: str) -> None:
+        """Write the modules as dfm-train exports them (F32 tensors, both configurations in the metadata),
+        so `dfm-train eval --modules PATH` reads them."""
+        sd = {k: v.detach().float().contiguous() for k, v in self.state_dict_dfm().items()}
+        hdr, off, blobs = {}, 0, []
+        for k, v in sd.items():
+            b = ctypes.string_at(v.data_ptr(), v.numel() * 4) if v.numel() else b""
+            hdr[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+            off += len(b)
+            blobs.append(b)
+        hdr["__metadata__"] = dict(self.metadata, format="dfm", dfm_config=json.dumps(self.config),
+                                   backbone_config=json.dumps(self.backbone_config))
+        h = json.dumps(hdr).encode()
+        h += b" " * (-len(h) % 8)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+        os.replace(tmp, path)
 
 
 def slot_stats(slots: Tensor, memory: Tensor, mask: Tensor) -> Tuple[Tensor, float, float]:
@@ -350,8 +372,9 @@ class DFMModel(nn.Module):
     """A frozen backbone with DFM modules hooked after its fusion layers.
 
     forward(tokens [B, T] int, labels [B, T] int (-1 = none) or None, memory [B, NC, K, d] float32 or
-    None, mask [B, NC, K] bool/uint8 or None, mode "predicted" | "target" | "none", slots: fixed predicted
-    slots [B, NC, K, d] (generation)) -> dict: logits [B, T, V], ce (mean over labels >= 0), loss (ce +
+    None, mask [B, NC, K] bool/uint8 or None, mode "predicted" | "target" | "none" | "mixed" (mem_src
+    [B, NC] bool: True = that chunk fuses its target, as dfm-train's teacher forcing), slots: fixed
+    predicted slots [B, NC, K, d] (generation)) -> dict: logits [B, T, V], ce (mean over labels >= 0), loss (ce +
     mse_weight * predictor loss when memory is given), mse and cos (floats, per element / mean over
     valid slots), slots [B, NC, K, d]. T must be a multiple of the chunk length.
     """
@@ -397,6 +420,13 @@ class DFMModel(nn.Module):
         B, NC, K, _ = slots.shape
         if mode == "target":
             fed, fm = st["memory"], st["mask"]
+        elif mode == "mixed":  # teacher forcing per chunk: mem_src[b, c] takes the target (no gradient to slots)
+            src = st["mem_src"].bool()
+            pm = torch.ones(B, NC, K, dtype=torch.bool, device=slots.device)
+            if not c.get("fuse_first_chunk", False):
+                pm[:, 0] = False
+            fed = torch.where(src[..., None, None], st["memory"].to(slots.dtype), slots)
+            fm = torch.where(src[..., None], st["mask"], pm)
         else:
             fed = slots
             fm = torch.ones(B, NC, K, dtype=torch.bool, device=slots.device)
@@ -405,16 +435,17 @@ class DFMModel(nn.Module):
         return self.dfm.projector(fed), fm
 
     def forward(self, tokens: Tensor, labels: Optional[Tensor] = None, memory: Optional[Tensor] = None,
-                mask: Optional[Tensor] = None, mode: str = "predicted", slots: Optional[Tensor] = None) -> dict:
-        if mode not in ("predicted", "target", "none"):
-            raise ValueError(f"mode {mode!r}: predicted, target or none")
-        if mode == "target" and (memory is None or mask is None):
-            raise ValueError("mode 'target' needs memory and mask")
+                mask: Optional[Tensor] = None, mode: str = "predicted", slots: Optional[Tensor] = None,
+                mem_src: Optional[Tensor] = None) -> dict:
+        if mode not in ("predicted", "target", "none", "mixed"):
+            raise ValueError(f"mode {mode!r}: predicted, target, none or mixed")
+        if mode in ("target", "mixed") and (memory is None or mask is None or (mode == "mixed" and mem_src is None)):
+            raise ValueError(f"mode {mode!r} needs memory and mask (and mem_src for mixed)")
         B, T = tokens.shape
         if T % self.L:
             raise ValueError(f"sequence length {T} is not a multiple of the chunk length {self.L}")
         mask_b = None if mask is None else mask.bool()
-        self._st = {"mode": mode, "memory": memory, "mask": mask_b, "slots": slots}
+        self._st = {"mode": mode, "memory": memory, "mask": mask_b, "slots": slots, "mem_src": mem_src}
         try:
             out = self.backbone(tokens.long())
             logits = out.logits if hasattr(out, "logits") else out
