@@ -14,6 +14,7 @@
 #include "schemas/chunk_shard.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <omp.h>
 #include <stdio.h>
@@ -21,13 +22,21 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- this rank's flagged token stream ---- */
+/* ---- this rank's flagged token stream ----
+ * The stream lives in a window of at most o->window_tokens tokens; each time the window fills it is
+ * appended to the spill file RUN/chunk/.stream-RRRRR.tmp (created on the first overflow). So the
+ * rank's memory does not grow with its share of the corpus: stream position p < n - wn is in the
+ * file, the rest in win. */
 typedef struct {
     const dfm_chunk_config *o;
     const dfm_tokenizer *tok;
     uint32_t eos, pad;
-    uint32_t *stream; /* flagged tokens of this rank, in order */
-    size_t n, cap;
+    uint32_t *win;      /* the newest flagged tokens */
+    size_t wn, wcap;    /* tokens in win, and its size */
+    uint64_t n;         /* tokens in the stream (spilled + in win) */
+    uint64_t doc_starts, pads; /* DFM_TOK_DOCSTART and DFM_TOK_PAD tokens pushed */
+    char *spill_path;   /* the spill file, NULL until the window first overflows */
+    FILE *spill;
     /* pending text documents, tokenized together in parallel */
     char **btext;
     size_t *blen;
@@ -39,15 +48,41 @@ typedef struct {
     dfm_progress *prog;
 } chunk_ctx;
 
-static int push(chunk_ctx *c, uint32_t v) {
-    if (c->n == c->cap) {
-        size_t nc = c->cap ? c->cap * 2 : (1u << 20);
-        uint32_t *s = realloc(c->stream, nc * sizeof *s);
-        if (!s) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu tokens on this rank. HINT: use more ranks", nc);
-        c->stream = s;
-        c->cap = nc;
+/* append the full window to the spill file */
+static int spill_window(chunk_ctx *c) {
+    if (!c->spill) {
+        c->spill = fopen(c->spill_path, "wb+");
+        if (!c->spill) return DFM_FAIL(DFM_EIO, "cannot create %s: %s. HINT: the chunk stage spills each rank's tokens beyond --window-tokens there; check space and permissions", c->spill_path, strerror(errno));
     }
-    c->stream[c->n++] = v;
+    if (fwrite(c->win, sizeof *c->win, c->wn, c->spill) != c->wn)
+        return DFM_FAIL(DFM_EIO, "writing %s: %s. HINT: free disk space (4 bytes per token of this rank's share)", c->spill_path, strerror(errno));
+    c->wn = 0;
+    return DFM_OK;
+}
+
+static int push(chunk_ctx *c, uint32_t v) {
+    if (c->wn == c->wcap) DFM_TRY(spill_window(c));
+    c->win[c->wn++] = v;
+    c->n++;
+    c->doc_starts += (v & DFM_TOK_DOCSTART) != 0;
+    c->pads += (v & DFM_TOK_PAD) != 0;
+    return DFM_OK;
+}
+
+/* stream positions [pos, pos + cnt) of this rank into out */
+static int stream_read(chunk_ctx *c, uint64_t pos, uint64_t cnt, uint32_t *out) {
+    uint64_t in_file = c->n - c->wn;
+    if (pos < in_file) {
+        uint64_t k = cnt < in_file - pos ? cnt : in_file - pos;
+        size_t want = (size_t)k * sizeof *out, got = 0;
+        while (got < want) {
+            ssize_t r = pread(fileno(c->spill), (char *)out + got, want - got, (off_t)(pos * sizeof *out + got));
+            if (r <= 0) return DFM_FAIL(DFM_EIO, "reading %s at token %llu: %s", c->spill_path, (unsigned long long)pos, r ? strerror(errno) : "file ends early");
+            got += (size_t)r;
+        }
+        pos += k, out += k, cnt -= k;
+    }
+    if (cnt) memcpy(out, c->win + (pos - in_file), (size_t)cnt * sizeof *out);
     return DFM_OK;
 }
 
@@ -167,7 +202,7 @@ static void remove_old_shards(const char *dir) {
     if (!d) return;
     struct dirent *e;
     while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "chunks-", 7) != 0) continue;
+        if (strncmp(e->d_name, "chunks-", 7) != 0 && strncmp(e->d_name, ".stream-", 8) != 0) continue; /* shards, stale spill files */
         char *p = dfm_path_join(dir, e->d_name);
         if (p) unlink(p);
         free(p);
@@ -175,9 +210,32 @@ static void remove_old_shards(const char *dir) {
     closedir(d);
 }
 
-/* Write this rank's owned chunks. stream holds the flagged tokens of [A, A + len). */
+/* The flagged tokens of the range [A, A + owned_len) this rank owns, in order: its own stream from
+ * the end of its head on, then the tokens received from later ranks, then padding (on the rank that
+ * owns the last sequence). */
+typedef struct {
+    chunk_ctx *c;
+    uint64_t pos;          /* next position in c's stream */
+    const uint32_t *recv;  /* tokens from later ranks */
+    uint64_t n_recv, recv_pos;
+} owned_src;
+
+static int owned_next(owned_src *s, uint32_t *out, uint64_t cnt) {
+    uint64_t k = s->pos < s->c->n ? s->c->n - s->pos : 0;
+    if (k > cnt) k = cnt;
+    if (k) DFM_TRY(stream_read(s->c, s->pos, k, out));
+    s->pos += k, out += k, cnt -= k;
+    k = s->n_recv - s->recv_pos < cnt ? s->n_recv - s->recv_pos : cnt;
+    memcpy(out, s->recv + s->recv_pos, (size_t)k * sizeof *out);
+    s->recv_pos += k, out += k, cnt -= k;
+    for (uint64_t i = 0; i < cnt; i++) out[i] = s->c->pad | DFM_TOK_PAD;
+    return DFM_OK;
+}
+
+/* Write this rank's owned chunks: the len flagged tokens of [A, A + len) from src, read a block of
+ * about 2 MB at a time. */
 static int write_shard(const char *path, const dfm_chunk_config *o, const dfm_tokenizer *tok, uint32_t eos, uint32_t pad,
-                       const uint32_t *stream, uint64_t len, uint64_t A, uint64_t doc_before, uint64_t *n_chunks_out) {
+                       owned_src *src, uint64_t len, uint64_t A, uint64_t doc_before, uint64_t *n_chunks_out) {
     uint64_t L = (uint64_t)o->chunk_len, per_seq = (uint64_t)(o->seq_len / o->chunk_len);
     dfm_chunk_header h = {0};
     h.chunk_len = (uint32_t)L;
@@ -190,8 +248,10 @@ static int write_shard(const char *path, const dfm_chunk_config *o, const dfm_to
     h.pad_id = pad;
     dfm_chunk_writer *w = NULL;
     DFM_TRY(dfm_chunk_writer_open(path, &h, &w));
-    uint32_t *toks = malloc(L * sizeof *toks);
-    if (!toks) {
+    uint64_t blk = (1u << 19) / L ? (1u << 19) / L : 1; /* chunks per block read from src */
+    uint32_t *toks = malloc(L * sizeof *toks), *buf = malloc(blk * L * sizeof *buf);
+    if (!toks || !buf) {
+        free(toks), free(buf);
         dfm_chunk_writer_abort(w);
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
@@ -199,10 +259,12 @@ static int write_shard(const char *path, const dfm_chunk_config *o, const dfm_to
     int rc = DFM_OK;
     uint64_t nc = len / L;
     for (uint64_t c = 0; c < nc && !rc; c++) {
+        if (c % blk == 0 && (rc = owned_next(src, buf, (nc - c < blk ? nc - c : blk) * L))) break;
+        const uint32_t *stream = buf + (c % blk) * L;
         dfm_chunk_meta m = {0};
         int seen_valid = 0;
         for (uint64_t j = 0; j < L; j++) {
-            uint32_t t = stream[c * L + j];
+            uint32_t t = stream[j];
             if (t & DFM_TOK_DOCSTART) {
                 cur++;
                 m.flags |= DFM_CHUNK_DOC_START;
@@ -221,6 +283,7 @@ static int write_shard(const char *path, const dfm_chunk_config *o, const dfm_to
         rc = dfm_chunk_writer_add(w, &m, toks);
     }
     free(toks);
+    free(buf);
     if (rc) {
         dfm_chunk_writer_abort(w);
         return rc;
@@ -240,7 +303,8 @@ typedef struct {
     char *chunk_dir;
     chunk_ctx c;
     dfm_read_opts ro;
-    uint32_t *owned;   /* the flagged tokens of the sequences this rank owns, [A, A + owned_len) */
+    uint32_t *recv;    /* tokens from later ranks that complete this rank's last sequence (< S) */
+    uint64_t n_recv, head;
     uint64_t N;        /* tokens in the global stream */
     uint64_t A, owned_len, doc_base, n_docs, pads_local, my_chunks;
     double t_start, t_tok, t_xchg, t_write;
@@ -287,6 +351,12 @@ static int read_share(chunk_run *r) {
     c->tok = r->tok;
     c->ro = &r->ro;
     c->last_file = -1;
+    char name[64];
+    snprintf(name, sizeof name, ".stream-%05d.tmp", m->rank);
+    c->wcap = (size_t)r->o->window_tokens;
+    c->win = malloc(c->wcap * sizeof *c->win);
+    c->spill_path = dfm_path_join(r->chunk_dir, name);
+    if (!c->win || !c->spill_path) return DFM_FAIL(DFM_ENOMEM, "no memory for a window of %zu tokens. HINT: lower --window-tokens", c->wcap);
     uint64_t lo = (uint64_t)((unsigned __int128)r->in.total_bytes * (unsigned)m->rank / (unsigned)m->size);
     uint64_t hi = (uint64_t)((unsigned __int128)r->in.total_bytes * (unsigned)(m->rank + 1) / (unsigned)m->size);
     dfm_progress_begin(m, "chunk", "bytes", hi - lo, &c->prog);
@@ -296,6 +366,7 @@ static int read_share(chunk_run *r) {
     int rc = dfm_corpus_read_share(&r->in, m->rank, m->size, &r->ro, on_doc, c);
     if (!rc) rc = flush_text(c);
     if (!rc) rc = end_token_file(c);
+    if (!rc && c->spill && fflush(c->spill) != 0) rc = DFM_FAIL(DFM_EIO, "writing %s: %s", c->spill_path, strerror(errno));
     for (int i = 0; i < c->bn; i++) free(c->btext[i]);
     dfm_progress_end(c->prog);
     return rc;
@@ -305,13 +376,9 @@ static int read_share(chunk_run *r) {
  * rank's (offs, lens) */
 static int global_offsets(chunk_run *r, uint64_t *off, uint64_t *offs, uint64_t *lens) {
     const dfm_mpi *m = r->m;
-    uint64_t doc_starts_local = 0;
-    for (size_t i = 0; i < r->c.n; i++) {
-        doc_starts_local += (r->c.stream[i] & DFM_TOK_DOCSTART) != 0;
-        r->pads_local += (r->c.stream[i] & DFM_TOK_PAD) != 0;
-    }
+    r->pads_local = r->c.pads;
     DFM_TRY(dfm_mpi_exscan_u64(m, r->c.n, off, &r->N));
-    DFM_TRY(dfm_mpi_exscan_u64(m, doc_starts_local, &r->doc_base, &r->n_docs));
+    DFM_TRY(dfm_mpi_exscan_u64(m, r->c.doc_starts, &r->doc_base, &r->n_docs));
     if (r->N == 0)
         return DFM_FAIL(DFM_EFORMAT, "the inputs hold no text (0 tokens after %llu empty and %llu bad documents)",
                         (unsigned long long)r->ro.empty_docs, (unsigned long long)r->ro.bad_lines);
@@ -320,8 +387,9 @@ static int global_offsets(chunk_run *r, uint64_t *off, uint64_t *offs, uint64_t 
     return DFM_MPI_CHECK(MPI_Allgather(&n64, 1, MPI_UINT64_T, lens, 1, MPI_UINT64_T, m->comm));
 }
 
-/* 2b. the head exchange: each rank sends the tokens before its first sequence start to the owner of
- * that sequence and assembles the sequences it owns in r->owned (the last one padded to S) */
+/* 2b. the head exchange: each rank sends the tokens before its first sequence start (fewer than S)
+ * to the owner of that sequence, which keeps what it receives in r->recv; r->A and r->owned_len
+ * give the range this rank owns (its last sequence padded to S if it is the corpus's last) */
 static int head_exchange(chunk_run *r, uint64_t off, const uint64_t *offs, const uint64_t *lens, int *scnt, int *sdsp,
                          int *rcnt, int *rdsp) {
     const dfm_mpi *m = r->m;
@@ -329,11 +397,15 @@ static int head_exchange(chunk_run *r, uint64_t off, const uint64_t *offs, const
     uint64_t S = (uint64_t)r->o->seq_len, E = 0, N = r->N;
     int rc = DFM_OK;
     uint64_t head = dfm_pack_head(off, c->n, S);
+    uint32_t *hbuf = NULL;
     if (head) {
         int dest = dfm_pack_owner(offs, lens, m->size, S, off / S);
         if (dest < 0 || dest == m->rank) rc = DFM_FAIL(DFM_EINTERNAL, "no owner for sequence %llu", (unsigned long long)(off / S));
         else scnt[dest] = (int)head;
+        if (!rc && !(hbuf = malloc(head * sizeof *hbuf))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        if (!rc) rc = stream_read(c, 0, head, hbuf);
     }
+    rc = dfm_mpi_agree(m, rc);
     if (!rc) rc = DFM_MPI_CHECK(MPI_Alltoall(scnt, 1, MPI_INT, rcnt, 1, MPI_INT, m->comm));
     dfm_pack_owned(off, c->n, S, &r->A, &E);
     uint64_t recv_total = 0;
@@ -346,26 +418,28 @@ static int head_exchange(chunk_run *r, uint64_t off, const uint64_t *offs, const
     if (!rc && have + recv_total > r->owned_len)
         rc = DFM_FAIL(DFM_EINTERNAL, "rank holds %llu tokens for a %llu-token owned range", (unsigned long long)(have + recv_total),
                       (unsigned long long)r->owned_len);
-    if (!rc && !(r->owned = malloc((r->owned_len ? r->owned_len : 1) * sizeof *r->owned))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc && have) memcpy(r->owned, c->stream + head, have * sizeof *r->owned);
-    for (int q = 0; q < m->size; q++) rdsp[q] += (int)have;
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Alltoallv(c->stream, scnt, sdsp, MPI_UINT32_T, r->owned, rcnt, rdsp, MPI_UINT32_T, m->comm));
+    if (!rc && !(r->recv = malloc((recv_total ? recv_total : 1) * sizeof *r->recv))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    rc = dfm_mpi_agree(m, rc);
+    uint32_t none = 0;
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Alltoallv(hbuf ? hbuf : &none, scnt, sdsp, MPI_UINT32_T, r->recv, rcnt, rdsp, MPI_UINT32_T, m->comm));
     if (!rc) {
+        r->n_recv = recv_total;
+        r->head = head;
         uint64_t filled = have + recv_total;
-        if (E > N && E > r->A) { /* this rank owns the last sequence: pad it to S */
+        if (E > N && E > r->A) { /* this rank owns the last sequence: padded to S as the shard is written */
             if (r->A + filled != N) rc = DFM_FAIL(DFM_EINTERNAL, "last sequence has %llu of %llu tokens", (unsigned long long)(r->A + filled), (unsigned long long)N);
-            for (uint64_t i = filled; i < r->owned_len; i++) r->owned[i] = c->pad | DFM_TOK_PAD;
             r->pads_local += r->owned_len - filled;
         } else if (filled != r->owned_len) {
             rc = DFM_FAIL(DFM_EINTERNAL, "owned range has %llu of %llu tokens", (unsigned long long)filled, (unsigned long long)r->owned_len);
         }
     }
     /* documents started before A: those of earlier ranks plus this rank's head */
-    for (uint64_t i = 0; !rc && i < head; i++) r->doc_base += (c->stream[i] & DFM_TOK_DOCSTART) != 0;
+    for (uint64_t i = 0; !rc && i < head; i++) r->doc_base += (hbuf[i] & DFM_TOK_DOCSTART) != 0;
+    free(hbuf);
     return rc;
 }
 
-/* 2. offsets and the head exchange; the stream is freed */
+/* 2. offsets and the head exchange */
 static int exchange(chunk_run *r) {
     int P = r->m->size;
     uint64_t off = 0, *offs = calloc((size_t)P, sizeof *offs), *lens = calloc((size_t)P, sizeof *lens);
@@ -375,8 +449,6 @@ static int exchange(chunk_run *r) {
     if (!rc && (!offs || !lens || !scnt || !sdsp || !rcnt || !rdsp)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     if (!rc) rc = head_exchange(r, off, offs, lens, scnt, sdsp, rcnt, rdsp);
     free(scnt), free(sdsp), free(rcnt), free(rdsp), free(offs), free(lens);
-    free(r->c.stream);
-    r->c.stream = NULL;
     return rc;
 }
 
@@ -385,7 +457,8 @@ static int write_own_shard(chunk_run *r) {
     char name[64];
     snprintf(name, sizeof name, "chunks-%05d.bin", r->m->rank);
     char *path = dfm_path_join(r->chunk_dir, name);
-    int rc = path ? write_shard(path, r->o, r->tok, r->c.eos, r->c.pad, r->owned, r->owned_len, r->A, r->doc_base, &r->my_chunks)
+    owned_src src = {.c = &r->c, .pos = r->head, .recv = r->recv, .n_recv = r->n_recv};
+    int rc = path ? write_shard(path, r->o, r->tok, r->c.eos, r->c.pad, &src, r->owned_len, r->A, r->doc_base, &r->my_chunks)
                   : DFM_FAIL(DFM_ENOMEM, "no memory");
     free(path);
     return rc;
@@ -468,6 +541,7 @@ int dfm_chunk_run(const dfm_mpi *m, const dfm_chunk_config *cfg, const char *run
                   json_t *config) {
     dfm_chunk_config o = *cfg;
     if (o.threads < 1) o.threads = 1;
+    if (o.window_tokens < 1) o.window_tokens = DFM_CHUNK_WINDOW_TOKENS;
     chunk_run r;
     memset(&r, 0, sizeof r);
     r.m = m, r.o = &o, r.run = run;
@@ -486,8 +560,13 @@ int dfm_chunk_run(const dfm_mpi *m, const dfm_chunk_config *cfg, const char *run
     rc = dfm_mpi_agree(m, rc);
     if (!rc) MPI_Bcast(&skip, 1, MPI_INT, 0, m->comm);
     if (!rc && !skip) rc = run_phases(&r);
-    free(r.owned);
-    free(r.c.stream);
+    free(r.recv);
+    free(r.c.win);
+    if (r.c.spill) {
+        fclose(r.c.spill);
+        unlink(r.c.spill_path);
+    }
+    free(r.c.spill_path);
     free(r.c.btext);
     free(r.c.blen);
     free(r.chunk_dir);

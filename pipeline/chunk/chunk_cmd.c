@@ -21,6 +21,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         {"eos-id", DFM_OPT_INT, &o.eos_id, "-1", "ID", "document separator (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, [SEP] in the vocabulary; tokenizer_config.json's eos_token is not used, since chat models name their turn end there, e.g. Qwen2.5's <|im_end|>)", 0},
         {"pad-id", DFM_OPT_INT, &o.pad_id, "-1", "ID", "padding token (default: EOS)", 0},
         {"threads", DFM_OPT_INT, &o.threads, "1", "N", "tokenizer threads per rank", 1},
+        {"window-tokens", DFM_OPT_INT, &o.window_tokens, "1048576", "N", "stream tokens a rank holds in memory (4 bytes each); the rest of its share spills to RUN/chunk/ and is read back (outputs do not depend on it)", 1, .min = "64", .max = "1073741824"},
         {"force", DFM_OPT_FLAG, &o.force, NULL, NULL, "redo the stage even if the manifest says it is complete, or differs", 1},
         {0},
     };
