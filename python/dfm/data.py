@@ -63,6 +63,17 @@ class Batch(NamedTuple):
     pos: int
 
 
+def _dist_rank() -> Tuple[int, int]:
+    """(rank, world size) of an initialised torch.distributed process group, else (0, 1)."""
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return 0, 1
+
+
 # ---- tokens --------------------------------------------------------------------------------------------
 def _is_run(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "manifest.json"))
@@ -162,7 +173,8 @@ def permutation(first: int, count: int, seed: int, epoch: int) -> np.ndarray:
 class Batches(_Base):
     """dfm-train's micro-batches for one rank (see the module docstring).
 
-    Arguments: run (a run folder, or None with data= and targets=), seq_len T, batch B, rank, world,
+    Arguments: run (a run folder, or None with data= and targets=), seq_len T, batch B, rank, world (None:
+    torch.distributed's when it is initialised, else 0 and 1),
     seed (dfm-train --seed), epoch (first epoch); keywords: data, targets (override run), tokens_run
     (the token run the targets must belong to; default: data when it is a run), chunk_len L (default:
     the chunk run's, the targets file's, else 32 as dfm-train), val_seqs (dfm-train --val-seqs),
@@ -175,11 +187,15 @@ class Batches(_Base):
     nval, NC, K, d, L.
     """
 
-    def __init__(self, run: Optional[str], seq_len: int, batch: int, rank: int = 0, world: int = 1, seed: int = 1,
+    def __init__(self, run: Optional[str], seq_len: int, batch: int, rank: Optional[int] = None,
+                 world: Optional[int] = None, seed: int = 1,
                  epoch: int = 0, *, data: Optional[str] = None, targets: Optional[str] = None,
                  tokens_run: Optional[str] = None, chunk_len: Optional[int] = None, val_seqs: int = 0,
                  split: str = "train", steps: Optional[int] = None, eval_batches: int = 0, format: str = "numpy",
                  with_targets: bool = True, backend: str = "c", threads: int = 1) -> None:
+        if rank is None or world is None:  # DDP: torch.distributed's rank and world size once it is initialised
+            r, w = _dist_rank()
+            rank, world = (r if rank is None else rank), (w if world is None else world)
         if not (0 <= rank < world):
             raise ValueError(f"rank {rank} of world {world}")
         if seq_len <= 0 or batch <= 0:

@@ -6,7 +6,8 @@
 - batches: dfm.Batches equals `dfm-train dump-batches` (the loader dfm-train trains with) byte for byte:
   targets from a run and from a targets file, ranks of a 2-rank world, a later epoch, steps running
   over epoch ends, the held-out split, and tokens from a `dfm chunk` run with padding (labels -1);
-- DDP: the ranks' batches of a step are the single-rank batch of world*B sequences, split in order;
+- DDP: the ranks' batches of a step are the single-rank batch of world*B sequences, split in order; in a
+  2-process torch.distributed (gloo) group, Batches takes rank and world size from it;
 - workers: a torch DataLoader with num_workers=2 (format="torch") and threads=3 yield the serial batches in order;
 - errors: a flipped byte in a shard's data.mdb and a truncated data.mdb raise dfm.TargetError
   subclasses from both backends.
@@ -117,6 +118,31 @@ def check_batches(w, toks, trun, tfile):
     check(ok and disjoint, "2 ranks split each step's %d sequences in order, disjoint within the epoch" % (2 * B))
 
 
+def _ddp_rank(rank, store, toks, trun, out):
+    """One process of a 2-process gloo group: Batches without rank/world takes them from torch.distributed."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    b = dfm.Batches(None, T, B, seed=9, data=toks, targets=trun, chunk_len=L, steps=5)
+    np.save(out, np.stack([x.idx for x in b]))
+    dist.destroy_process_group()
+
+
+def check_ddp(w, toks, trun):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    outs = [os.path.join(w, "ddp%d.npy" % r) for r in range(2)]
+    ps = [ctx.Process(target=_ddp_rank, args=(r, os.path.join(w, "store"), toks, trun, outs[r])) for r in range(2)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join(60)
+    ok = all(p.exitcode == 0 for p in ps) and all(
+        np.array_equal(np.load(outs[r]), np.stack([x.idx for x in dfm.Batches(None, T, B, r, 2, 9, data=toks, targets=trun,
+                                                                               chunk_len=L, steps=5)]))
+        for r in range(2))
+    check(ok, "under torch.distributed (gloo, 2 processes) Batches takes each process's rank and world size")
+
+
 def check_workers(toks, trun):
     try:
         import torch
@@ -191,6 +217,7 @@ def main():
         check_records(trun)
         check_batches(w, toks, trun, tfile)
         check_workers(toks, trun)
+        check_ddp(w, toks, trun)
         check_chunk_run(w)
         check_errors(w, trun)
     finish("dfm package: records, batches, ranks, workers, errors")
