@@ -138,6 +138,11 @@ struct dfm_tokenizer {
     size_t n_pre;
 
     dfm_tok_cache_shard cache[DFM_TOK_CACHE_SHARDS];
+
+    /* Loaded from a cache file (tok_cachefile.c): the id strings, the vocabulary slots and the merge
+     * map point into this read-only mapping and are not freed one by one; NULL when parsed from JSON. */
+    const uint8_t *map;
+    size_t map_bytes;
 };
 
 /* ---- BPE (tok_bpe.c) ---- */
@@ -160,5 +165,40 @@ int dfm_bpe_word(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *s, si
 
 int dfm_tok_cache_init(dfm_tokenizer *tok);
 void dfm_tok_cache_free(dfm_tokenizer *tok);
+
+/* ---- the tokenizer cache file (tok_cachefile.c; format in schemas/tokenizer_cache.md) ---- */
+
+enum {
+    DFM_TOKC_META, DFM_TOKC_BYTE_ID, DFM_TOKC_FLAGS, DFM_TOKC_KEY_OFF, DFM_TOKC_KEY_LEN, DFM_TOKC_DEC_OFF,
+    DFM_TOKC_DEC_LEN, DFM_TOKC_STRINGS, DFM_TOKC_VOCAB, DFM_TOKC_MERGE_KEYS, DFM_TOKC_MERGE_VALS, DFM_TOKC_NSEC
+};
+
+/* A cache file whose header, checksums and section bounds have been checked. */
+typedef struct {
+    const uint8_t *sec[DFM_TOKC_NSEC];
+    size_t sec_bytes[DFM_TOKC_NSEC];
+    uint32_t n_ids, n_merges;
+    int64_t unk_id;
+} dfm_tokfile;
+
+/* The cache file for a tokenizer.json whose XXH3-64 is src_hash: $DFM_TOKENIZER_CACHE/<hash>.dfmtok,
+ * else under $XDG_CACHE_HOME/dfm/tokenizer-cache or ~/.cache/dfm/tokenizer-cache. *out is malloc'd, or
+ * NULL when caching is off (DFM_TOKENIZER_CACHE set to "", "0" or "off"; or no HOME). */
+int dfm_tokfile_path(uint64_t src_hash, char **out);
+/* Write tok's tables and the tokenizer.json without model.vocab/merges (meta, JSON text) to path
+ * (folder made; temporary + rename, so concurrent writers are safe). */
+int dfm_tokfile_write(const dfm_tokenizer *tok, const char *meta, size_t meta_len, uint64_t src_bytes,
+                      const char *path);
+/* Check the n bytes at p: magic, version, header checksum, source hash and size, file size, payload
+ * checksum, section bounds and the sizes of the per-id tables. DFM_EMISMATCH when it was made from
+ * another tokenizer.json (stale); DFM_ETRUNCATED, DFM_ECHECKSUM, DFM_EVERSION or DFM_EFORMAT otherwise. */
+int dfm_tokfile_check(const uint8_t *p, size_t n, uint64_t src_hash, uint64_t src_bytes, dfm_tokfile *f);
+/* Point tok's id tables, vocabulary map and merge map into a checked file, validating every string
+ * bound, id and table (a crafted file can make wrong ids, never an out-of-range id or an endless
+ * probe). Allocates the per-id pointer arrays and is_special. DFM_EFORMAT on a bad entry. */
+int dfm_tokfile_fill(dfm_tokenizer *tok, const dfm_tokfile *f);
+/* Load a tokenizer from the cache file at cache_path made for a tokenizer.json of src_bytes bytes
+ * hashing to src_hash (tokenizer.c; the fuzz harness calls it directly). */
+int dfm_tokenizer_load_cachefile(const char *cache_path, uint64_t src_hash, uint64_t src_bytes, dfm_tokenizer **out);
 
 #endif

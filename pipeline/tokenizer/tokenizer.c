@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 
 #include <jansson.h>
 #include <stdarg.h>
@@ -643,10 +644,12 @@ static int load_merges(load_ctx *lc, dfm_tokenizer *tok, json_t *merges) {
     return rc;
 }
 
-/* added tokens: content, flags; ids outside the model vocabulary get their key and decode here; then
- * the matchers that find them in raw and normalized text */
-static int load_added(dfm_tokenizer *tok, json_t *added) {
+/* added tokens: content, flags; ids outside the model vocabulary get their key and decode here (unless
+ * ids_ready: the id tables came from a cache file that already holds them); then the matchers that find
+ * them in raw and normalized text */
+static int load_added(load_ctx *lc, dfm_tokenizer *tok, json_t *added, int ids_ready) {
     int rc = DFM_OK;
+    if (added && !json_is_array(added)) return LFAIL(lc, DFM_EFORMAT, "added_tokens: not an array");
     tok->n_added = json_array_size(added);
     tok->added = calloc(tok->n_added ? tok->n_added : 1, sizeof *tok->added);
     if (!tok->added) return DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -656,7 +659,13 @@ static int load_added(dfm_tokenizer *tok, json_t *added) {
         dfm_added_token *t = &tok->added[i];
         const char *content = jstr(a, "content");
         size_t clen = json_string_length(json_object_get(a, "content"));
-        t->id = (uint32_t)json_integer_value(json_object_get(a, "id"));
+        json_t *jid = json_object_get(a, "id");
+        if (!content || !json_is_integer(jid) || json_integer_value(jid) < 0 || json_integer_value(jid) >= tok->n_ids) {
+            rc = LFAIL(lc, DFM_EFORMAT, "added_tokens[%zu]: needs a string \"content\" and an integer \"id\" below %u", i,
+                       tok->n_ids);
+            break;
+        }
+        t->id = (uint32_t)json_integer_value(jid);
         t->special = jbool(a, "special", 0);
         t->lstrip = jbool(a, "lstrip", 0);
         t->rstrip = jbool(a, "rstrip", 0);
@@ -674,6 +683,10 @@ static int load_added(dfm_tokenizer *tok, json_t *added) {
         }
         if (!t->content) { rc = DFM_FAIL(DFM_ENOMEM, "no memory"); break; }
         if (t->special) tok->is_special[t->id] = 1;
+        if (ids_ready) {
+            if (!tok->key[t->id] || !tok->dec[t->id]) rc = LFAIL(lc, DFM_EFORMAT, "added_tokens[%zu]: id %u has no token", i, t->id);
+            continue;
+        }
         /* HF decodes added tokens by their content (normalized, if the token is) through the decoder */
         if ((rc = t->normalized ? make_dec(tok, t->id, t->content, t->len) : make_dec(tok, t->id, content, clen))) break;
         if (!tok->key[t->id] && (rc = set_key(tok, t->id, content, clen))) break;
@@ -709,8 +722,106 @@ static int load_json(load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     DFM_TRY(load_vocab(lc, tok, json_object_get(model, "vocab"), added));
     DFM_TRY(load_byte_tokens(tok, model));
     DFM_TRY(load_merges(lc, tok, json_object_get(model, "merges")));
-    DFM_TRY(load_added(tok, added));
+    DFM_TRY(load_added(lc, tok, added, 0));
     describe(tok);
+    return DFM_OK;
+}
+
+/* tokenizer.json without model.vocab and model.merges (they are in the cache file's tables), as
+ * compact JSON: what load_model_head and load_added read again when the cache is mapped. */
+static char *meta_json(json_t *root, size_t *len) {
+    json_t *meta = json_object(), *model = json_object();
+    json_t *src_model = json_object_get(root, "model");
+    const char *k;
+    json_t *v;
+    char *s = NULL;
+    if (meta && model) {
+        json_object_foreach(root, k, v) if (strcmp(k, "model")) json_object_set(meta, k, v);
+        json_object_foreach(src_model, k, v) if (strcmp(k, "vocab") && strcmp(k, "merges")) json_object_set(model, k, v);
+        json_object_set_new(model, "vocab", json_object());
+        json_object_set_new(model, "merges", json_array());
+        json_object_set(meta, "model", model);
+        s = json_dumps(meta, JSON_COMPACT);
+    }
+    json_decref(model);
+    json_decref(meta);
+    if (s) *len = strlen(s);
+    return s;
+}
+
+int dfm_tokenizer_load_cachefile(const char *cache_path, uint64_t src_hash, uint64_t src_bytes, dfm_tokenizer **out) {
+    *out = NULL;
+    const uint8_t *map = NULL;
+    size_t bytes = 0;
+    DFM_TRY(dfm_map_file(cache_path, NULL, &map, &bytes));
+    load_ctx lc = {cache_path};
+    dfm_tokfile f;
+    json_t *root = NULL;
+    dfm_tokenizer *tok = NULL;
+    int rc = dfm_tokfile_check(map, bytes, src_hash, src_bytes, &f);
+    if (rc) {
+        dfm_error_prefix("%s", cache_path);
+        dfm_unmap_file(map, bytes);
+        return rc;
+    }
+    tok = calloc(1, sizeof *tok);
+    if (!tok) {
+        dfm_unmap_file(map, bytes);
+        return DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    tok->map = map, tok->map_bytes = bytes, tok->hash = src_hash;
+    rc = dfm_tok_cache_init(tok);
+    if (!rc) rc = dfm_tokfile_fill(tok, &f);
+    if (rc) dfm_error_prefix("%s", cache_path);
+    if (!rc) {
+        json_error_t jerr;
+        root = json_loadb((const char *)f.sec[DFM_TOKC_META], f.sec_bytes[DFM_TOKC_META], JSON_REJECT_DUPLICATES, &jerr);
+        if (!json_is_object(root)) rc = LFAIL(&lc, DFM_EFORMAT, "meta section is not a JSON object: %s", jerr.text);
+    }
+    if (!rc) rc = load_model_head(&lc, tok, root);
+    if (!rc) rc = load_added(&lc, tok, json_object_get(root, "added_tokens"), 1);
+    json_decref(root);
+    if (rc) {
+        dfm_tokenizer_free(tok);
+        return rc;
+    }
+    describe(tok);
+    *out = tok;
+    return DFM_OK;
+}
+
+/* Parse the JSON text; on success *meta (may be NULL) receives what a cache file needs besides the
+ * tables. */
+static int load_parsed(load_ctx *lc, const char *buf, size_t len, uint64_t hash, char **meta, size_t *meta_len,
+                       dfm_tokenizer **out) {
+    json_error_t jerr;
+    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
+    dfm_tokenizer *tok = NULL;
+    int rc = DFM_OK;
+    if (!root) {
+        rc = LFAIL(lc, DFM_EFORMAT, "not valid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
+        goto done;
+    }
+    if (!json_is_object(root)) {
+        rc = LFAIL(lc, DFM_EFORMAT, "top level is not a JSON object");
+        goto done;
+    }
+    tok = calloc(1, sizeof *tok);
+    if (!tok) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        goto done;
+    }
+    tok->hash = hash;
+    rc = dfm_tok_cache_init(tok);
+    if (!rc) rc = load_json(lc, tok, root);
+    if (!rc && meta) *meta = meta_json(root, meta_len);
+done:
+    json_decref(root);
+    if (rc) {
+        dfm_tokenizer_free(tok);
+        return rc;
+    }
+    *out = tok;
     return DFM_OK;
 }
 
@@ -730,47 +841,47 @@ int dfm_tokenizer_load(const char *path, dfm_tokenizer **out) {
         free(file);
         return rc;
     }
+    uint64_t hash = dfm_checksum64(buf, len);
+    char *cache = NULL, *meta = NULL;
+    size_t meta_len = 0;
+    if (dfm_tokfile_path(hash, &cache)) dfm_error_clear(); /* no memory for a path: parse, as without a cache */
+    if (cache && dfm_path_exists(cache)) {
+        if (!dfm_tokenizer_load_cachefile(cache, hash, len, out)) goto done;
+        /* stale, corrupt, truncated or unreadable: never trusted, rebuilt below */
+        DFM_LOG_W("ignoring the tokenizer cache (%s); parsing %s and rewriting the cache", dfm_last_error(), file);
+        dfm_error_clear();
+    }
     load_ctx lc = {file};
-    json_error_t jerr;
-    json_t *root = json_loadb(buf, len, JSON_REJECT_DUPLICATES, &jerr);
-    dfm_tokenizer *tok = NULL;
-    if (!root) {
-        rc = LFAIL(&lc, DFM_EFORMAT, "not valid JSON at line %d column %d: %s", jerr.line, jerr.column, jerr.text);
-        goto done;
+    rc = load_parsed(&lc, buf, len, hash, cache ? &meta : NULL, &meta_len, out);
+    if (!rc && cache) {
+        if (!meta || dfm_tokfile_write(*out, meta, meta_len, len, cache)) {
+            DFM_LOG_W("could not write the tokenizer cache %s (%s): each load parses %s again. HINT: set "
+                      "DFM_TOKENIZER_CACHE to a writable folder, or to 'off'", cache, meta ? dfm_last_error() : "no memory",
+                      file);
+            dfm_error_clear();
+        }
     }
-    if (!json_is_object(root)) {
-        rc = LFAIL(&lc, DFM_EFORMAT, "top level is not a JSON object");
-        goto done;
-    }
-    tok = calloc(1, sizeof *tok);
-    if (!tok) {
-        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        goto done;
-    }
-    tok->hash = dfm_checksum64(buf, len);
-    rc = dfm_tok_cache_init(tok);
-    if (!rc) rc = load_json(&lc, tok, root);
 done:
-    json_decref(root);
+    free(meta);
+    free(cache);
     free(buf);
     free(file);
-    if (rc) {
-        dfm_tokenizer_free(tok);
-        return rc;
-    }
-    *out = tok;
-    return DFM_OK;
+    return rc;
 }
+
+int dfm_tokenizer_from_cache(const dfm_tokenizer *tok) { return tok->map != NULL; }
 
 void dfm_tokenizer_free(dfm_tokenizer *tok) {
     if (!tok) return;
-    for (uint32_t i = 0; i < tok->n_ids; i++) {
-        if (tok->dec[i] != tok->key[i]) free(tok->dec[i]);
-        free(tok->key[i]);
+    if (!tok->map) { /* from JSON: every string and table is ours; from a cache file they are in the mapping */
+        for (uint32_t i = 0; tok->key && i < tok->n_ids; i++) {
+            if (tok->dec[i] != tok->key[i]) free(tok->dec[i]);
+            free(tok->key[i]);
+        }
+        dfm_strmap_free(&tok->vocab);
+        dfm_mergemap_free(&tok->merges);
     }
     free(tok->key), free(tok->key_len), free(tok->dec), free(tok->dec_len), free(tok->is_special);
-    dfm_strmap_free(&tok->vocab);
-    dfm_mergemap_free(&tok->merges);
     for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);
     free(tok->added);
     free(tok->raw_matcher.order);
@@ -780,6 +891,7 @@ void dfm_tokenizer_free(dfm_tokenizer *tok) {
     for (size_t i = 0; i < tok->n_pre; i++) pcre2_code_free(tok->pre[i].re);
     free(tok->pre);
     dfm_tok_cache_free(tok);
+    dfm_unmap_file(tok->map, tok->map_bytes);
     free(tok);
 }
 

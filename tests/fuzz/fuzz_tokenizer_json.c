@@ -9,6 +9,7 @@
 #include "tests/fuzz/fuzz_file.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    setenv("DFM_TOKENIZER_CACHE", "off", 1); /* the JSON parser only (fuzz_tokenizer_cache: the cache file) */
     const char *path = fuzz_file("tokenizer.json", data, size);
     dfm_tokenizer *tok;
     if (!path || dfm_tokenizer_load(path, &tok)) return 0;

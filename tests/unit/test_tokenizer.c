@@ -1,6 +1,8 @@
 /* Unit tests of the tokenizer: every golden case of the real Qwen2.5 and Llama-3.2 tokenizer.json
  * (made with HF `tokenizers` by tests/ref/make_tokenizer_golden.py) must give the same ids, decode,
  * decode with skip_special and single-token decodes; round trips; concurrent encodes; error paths.
+ * Each golden set is checked twice: parsed from its JSON, then mapped from the cache file that load
+ * wrote (DFM_TOKENIZER_CACHE points into this test's scratch folder).
  *
  * The tokenizers come from $DFM_CACHE/tokenizers/ ('make deps'); a missing one is a FAILURE.
  * Golden files: $DFM_ROOT/tests/data/tokenizer/ (DFM_ROOT defaults to the current folder). */
@@ -87,22 +89,23 @@ static char *b64decode(const char *s, size_t *len) {
 typedef struct {
     const char *name;
     const char *rel;
-    dfm_tokenizer *tok;
+    dfm_tokenizer *tok;    /* parsed from the JSON */
+    dfm_tokenizer *cached; /* the same, mapped from the cache file the first load wrote */
     json_t **cases;
     size_t n_cases;
 } golden_set;
 
 static golden_set sets[] = {
-    {"qwen2.5", "tokenizers/qwen2.5/tokenizer.json", NULL, NULL, 0},
-    {"llama-3.2", "tokenizers/llama-3.2/tokenizer.json", NULL, NULL, 0},
+    {"qwen2.5", "tokenizers/qwen2.5/tokenizer.json", NULL, NULL, NULL, 0},
+    {"llama-3.2", "tokenizers/llama-3.2/tokenizer.json", NULL, NULL, NULL, 0},
     /* constructed SentencePiece-style BPE files (no real one is installable), golden made by HF */
-    {"spm-llama2", "@spm-llama2.tokenizer.json", NULL, NULL, 0},
-    {"spm-metaspace", "@spm-metaspace.tokenizer.json", NULL, NULL, 0},
+    {"spm-llama2", "@spm-llama2.tokenizer.json", NULL, NULL, NULL, 0},
+    {"spm-metaspace", "@spm-metaspace.tokenizer.json", NULL, NULL, NULL, 0},
     /* real files patched as the golden header says (GPT-2 layout; ignore_merges = true) */
-    {"qwen2.5-gpt2", "%", NULL, NULL, 0},
-    {"llama-3.2-ignore-merges", "%", NULL, NULL, 0},
-    {"qwen2.5-added-flags", "%", NULL, NULL, 0},
-    {"spm-llama2-unk", "%", NULL, NULL, 0},
+    {"qwen2.5-gpt2", "%", NULL, NULL, NULL, 0},
+    {"llama-3.2-ignore-merges", "%", NULL, NULL, NULL, 0},
+    {"qwen2.5-added-flags", "%", NULL, NULL, NULL, 0},
+    {"spm-llama2-unk", "%", NULL, NULL, NULL, 0},
 };
 
 /* Write the base tokenizer.json with the golden header's patch applied; returns the new path. */
@@ -172,17 +175,24 @@ static void load_set(golden_set *g) {
         free(path);
         fail();
     }
-    double t0 = now_s();
-    int rc = dfm_tokenizer_load(path, &g->tok);
-    if (rc) print_error("load %s: %s\n", path, dfm_last_error());
-    assert_int_equal(rc, DFM_OK);
-    print_message("loaded %s in %.2fs: %s\n", g->name, now_s() - t0, dfm_tokenizer_describe(g->tok));
+    for (int pass = 0; pass < 2; pass++) { /* the scratch cache folder starts empty: parse, then map */
+        dfm_tokenizer **t = pass ? &g->cached : &g->tok;
+        double t0 = now_s();
+        int rc = dfm_tokenizer_load(path, t);
+        if (rc) print_error("load %s: %s\n", path, dfm_last_error());
+        assert_int_equal(rc, DFM_OK);
+        assert_int_equal(dfm_tokenizer_from_cache(*t), pass);
+        print_message("loaded %s %s in %.3fs: %s\n", g->name, pass ? "from the cache" : "from JSON", now_s() - t0,
+                      dfm_tokenizer_describe(*t));
+    }
+    assert_string_equal(dfm_tokenizer_describe(g->tok), dfm_tokenizer_describe(g->cached));
+    assert_int_equal(dfm_tokenizer_hash(g->tok), dfm_tokenizer_hash(g->cached));
     free(path);
 
     char *gp = golden_path(g->name);
     char *buf = NULL;
     size_t len = 0;
-    rc = dfm_read_file(gp, &buf, &len);
+    int rc = dfm_read_file(gp, &buf, &len);
     if (rc) print_error("golden file %s: %s\n", gp, dfm_last_error());
     assert_int_equal(rc, DFM_OK);
     free(gp);
@@ -218,9 +228,10 @@ static void load_set(golden_set *g) {
 static int teardown_sets(void **state) {
     for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
         dfm_tokenizer_free(sets[s].tok);
+        dfm_tokenizer_free(sets[s].cached);
         for (size_t i = 0; i < sets[s].n_cases; i++) json_decref(sets[s].cases[i]);
         free(sets[s].cases);
-        sets[s].tok = NULL, sets[s].cases = NULL, sets[s].n_cases = 0;
+        sets[s].tok = sets[s].cached = NULL, sets[s].cases = NULL, sets[s].n_cases = 0;
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
@@ -229,7 +240,10 @@ static int teardown_sets(void **state) {
 
 static int setup_tmp(void **state) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/dfm-test-tokenizer-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    if (!mkdtemp(tmpdir)) return -1;
+    char cache[300];
+    snprintf(cache, sizeof cache, "%s/tokenizer-cache", tmpdir);
+    return setenv("DFM_TOKENIZER_CACHE", cache, 1);
 }
 
 static char *case_bytes(json_t *c, size_t *len) {
@@ -247,8 +261,7 @@ static int json_str_eq(json_t *s, const char *p, size_t n) {
     return json_is_string(s) && json_string_length(s) == n && !memcmp(json_string_value(s), p, n);
 }
 
-static void run_golden(golden_set *g) {
-    load_set(g);
+static void run_golden_with(golden_set *g, const dfm_tokenizer *tok, const char *how) {
     size_t ok = 0, bad_ids = 0, bad_dec = 0, bad_skip = 0, bad_pieces = 0, bad_rep = 0, bad_rt = 0, n_rt = 0;
     size_t worst_diff = 0;
     char worst[2048] = "";
@@ -260,7 +273,7 @@ static void run_golden(golden_set *g) {
         char *text = case_bytes(c, &len);
         dfm_ids ids = {0};
         size_t rep = 0;
-        int rc = dfm_tokenizer_encode(g->tok, text, len, &ids, &rep);
+        int rc = dfm_tokenizer_encode(tok, text, len, &ids, &rep);
         if (rc) print_error("%s %s: encode failed: %s\n", g->name, name, dfm_last_error());
         assert_int_equal(rc, DFM_OK);
         json_t *exp = json_object_get(c, "ids");
@@ -298,7 +311,7 @@ static void run_golden(golden_set *g) {
         for (int skip = 0; skip < 2; skip++) {
             char *d = NULL;
             size_t dl = 0;
-            rc = dfm_tokenizer_decode(g->tok, eids, ne, skip, &d, &dl);
+            rc = dfm_tokenizer_decode(tok, eids, ne, skip, &d, &dl);
             assert_int_equal(rc, DFM_OK);
             json_t *want = json_object_get(c, skip && json_object_get(c, "decode_skip") ? "decode_skip" : "decode");
             if (!json_str_eq(want, d, dl)) {
@@ -312,7 +325,7 @@ static void run_golden(golden_set *g) {
         for (size_t i = 0; pieces && i < ne; i++) {
             char *d = NULL;
             size_t dl = 0;
-            assert_int_equal(dfm_tokenizer_decode(g->tok, eids + i, 1, 0, &d, &dl), DFM_OK);
+            assert_int_equal(dfm_tokenizer_decode(tok, eids + i, 1, 0, &d, &dl), DFM_OK);
             if (!json_str_eq(json_array_get(pieces, i), d, dl)) {
                 bad_pieces++, case_ok = 0;
                 print_error("MISMATCH %s %s: decode([%u]) \"%s\" vs HF \"%s\"\n", g->name, name, eids[i], d,
@@ -327,7 +340,7 @@ static void run_golden(golden_set *g) {
             char *d = NULL;
             size_t dl = 0;
             n_rt++;
-            assert_int_equal(dfm_tokenizer_decode(g->tok, ids.ids, ids.n, 0, &d, &dl), DFM_OK);
+            assert_int_equal(dfm_tokenizer_decode(tok, ids.ids, ids.n, 0, &d, &dl), DFM_OK);
             if (dl != len || memcmp(d, text, len)) {
                 bad_rt++, case_ok = 0;
                 print_error("ROUND TRIP %s %s: decode(encode(x)) != x\n", g->name, name);
@@ -339,12 +352,18 @@ static void run_golden(golden_set *g) {
         free(text);
         dfm_ids_free(&ids);
     }
-    print_message("%s: %zu/%zu golden cases match exactly (ids mismatches %zu, decode %zu, decode skip_special %zu, "
+    print_message("%s (%s): %zu/%zu golden cases match exactly (ids mismatches %zu, decode %zu, decode skip_special %zu, "
                   "single-token decodes %zu, replacement counts %zu; round trips %zu/%zu) in %.2fs\n",
-                  g->name, ok, g->n_cases, bad_ids, bad_dec, bad_skip, bad_pieces, bad_rep, n_rt - bad_rt, n_rt,
+                  g->name, how, ok, g->n_cases, bad_ids, bad_dec, bad_skip, bad_pieces, bad_rep, n_rt - bad_rt, n_rt,
                   now_s() - t0);
     if (worst_diff) print_error("worst ids mismatch: %s\n", worst);
     assert_int_equal(ok, g->n_cases);
+}
+
+static void run_golden(golden_set *g) {
+    load_set(g);
+    run_golden_with(g, g->tok, "parsed");
+    run_golden_with(g, g->cached, "cached");
 }
 
 static void test_golden_qwen(void **state) { run_golden(&sets[0]); }
