@@ -56,36 +56,22 @@ void embedding_backward(float *dwte, const float *dout, const int *tokens, int N
 /* ---- RMSNorm ------------------------------------------------------------------------------------ */
 void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps) {
 #pragma omp parallel for if ((size_t)N * C > 65536)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float *y = out + (size_t)n * C;
-        double ss = 0.0;
-        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-        float r = (float)(1.0 / sqrt(ss / C + eps));
-        for (int c = 0; c < C; c++) y[c] = x[c] * r * weight[c];
-        rstd[n] = r;
-    }
+    for (int n = 0; n < N; n++)
+        rstd[n] = vm_rmsnorm_row(out + (size_t)n * C, inp + (size_t)n * C, weight, (size_t)C, eps);
 }
 
 void rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *inp, const float *weight,
                       const float *rstd, int N, int C) {
+    if (dweight) { /* one pass, rows in order: dweight's sums have one fixed order whatever the thread count */
+        for (int n = 0; n < N; n++)
+            vm_rmsnorm_backward_row(dinp + (size_t)n * C, dweight, dout + (size_t)n * C, inp + (size_t)n * C, weight,
+                                    rstd[n], (size_t)C);
+        return;
+    }
 #pragma omp parallel for if ((size_t)N * C > 65536)
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
-        float *dx = dinp + (size_t)n * C;
-        float r = rstd[n];
-        double dot = 0.0; /* mean(dnorm * xhat) */
-        for (int c = 0; c < C; c++) dot += (double)dy[c] * weight[c] * x[c] * r;
-        float m = (float)(dot / C);
-        for (int c = 0; c < C; c++) dx[c] += r * (dy[c] * weight[c] - x[c] * r * m);
-    }
-    if (dweight) { /* row by row (contiguous, SIMD), one fixed order whatever the thread count */
-        for (int n = 0; n < N; n++) {
-            const float *dy = dout + (size_t)n * C, *x = inp + (size_t)n * C;
-            float r = rstd[n];
-            for (int c = 0; c < C; c++) dweight[c] += dy[c] * (x[c] * r);
-        }
-    }
+    for (int n = 0; n < N; n++)
+        vm_rmsnorm_backward_row(dinp + (size_t)n * C, NULL, dout + (size_t)n * C, inp + (size_t)n * C, weight, rstd[n],
+                                (size_t)C);
 }
 
 /* ---- LayerNorm ---------------------------------------------------------------------------------- */
@@ -328,14 +314,11 @@ void crossattn_forward(float *out, float *p, const float *q, const float *km, co
             float mx = -INFINITY;
             for (int j = 0; j < K && c < NC; j++) { /* c == NC: the chunk after the sequence, no memory */
                 if (!slot_mask[m0 + j]) continue;
-                const float *kj = km + (m0 + j) * C + (size_t)h * hd;
-                float s = 0.0f;
-                for (int i = 0; i < hd; i++) s += qr[i] * kj[i];
-                s *= scale;
+                float s = vm_dot(qr, km + (m0 + j) * C + (size_t)h * hd, (size_t)hd) * scale;
                 pr[j] = s;
                 if (s > mx) mx = s;
             }
-            for (int i = 0; i < hd; i++) o[i] = 0.0f;
+            memset(o, 0, (size_t)hd * sizeof(float));
             if (mx == -INFINITY) { /* no memory for this chunk */
                 for (int j = 0; j < K; j++) pr[j] = 0.0f;
                 continue;
@@ -349,8 +332,7 @@ void crossattn_forward(float *out, float *p, const float *q, const float *km, co
             for (int j = 0; j < K; j++) {
                 pr[j] *= inv;
                 if (pr[j] == 0.0f) continue;
-                const float *vj = vm + (m0 + j) * C + (size_t)h * hd;
-                for (int i = 0; i < hd; i++) o[i] += pr[j] * vj[i];
+                vm_axpy(o, pr[j], vm + (m0 + j) * C + (size_t)h * hd, (size_t)hd);
             }
         }
     }
@@ -379,25 +361,17 @@ void crossattn_backward(float *dq, float *dkm, float *dvm, const float *dout, co
                     for (int j = 0; j < K; j++) {
                         dp[j] = 0.0f;
                         if (pr[j] == 0.0f) continue;
-                        const float *vj = vm + (m0 + j) * C + (size_t)h * hd;
-                        float *dvj = dvm + (m0 + j) * C + (size_t)h * hd;
-                        float acc = 0.0f;
-                        for (int i = 0; i < hd; i++) {
-                            acc += dor[i] * vj[i];
-                            dvj[i] += pr[j] * dor[i];
-                        }
-                        dp[j] = acc;
-                        pdp += pr[j] * acc;
+                        size_t off = (m0 + j) * C + (size_t)h * hd;
+                        dp[j] = vm_dot(dor, vm + off, (size_t)hd);
+                        vm_axpy(dvm + off, pr[j], dor, (size_t)hd);
+                        pdp += pr[j] * dp[j];
                     }
                     for (int j = 0; j < K; j++) {
                         if (pr[j] == 0.0f) continue;
                         float ds = pr[j] * (dp[j] - pdp) * scale;
-                        const float *kj = km + (m0 + j) * C + (size_t)h * hd;
-                        float *dkj = dkm + (m0 + j) * C + (size_t)h * hd;
-                        for (int i = 0; i < hd; i++) {
-                            dqr[i] += ds * kj[i];
-                            dkj[i] += ds * qr[i];
-                        }
+                        size_t off = (m0 + j) * C + (size_t)h * hd;
+                        vm_axpy(dqr, ds, km + off, (size_t)hd);
+                        vm_axpy(dkm + off, ds, qr, (size_t)hd);
                     }
                 }
             }

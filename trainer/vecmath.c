@@ -119,6 +119,12 @@ VM_CLONES float vm_dot(const float *a, const float *b, size_t n) {
     return vsum(s);
 }
 
+VM_CLONES void vm_axpy(float *y, float a, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i + VN <= n; i += VN) vstore(y + i, vload(y + i) + a * vload(x + i));
+    if (i < n) vstore_tail(y + i, vload_tail(y + i, n - i) + a * vload_tail(x + i, n - i), n - i);
+}
+
 VM_CLONES void vm_softmax_backward(float *d, const float *p, size_t n, float scale) {
     vf s = vsplat(0.0f);
     size_t i = 0;
@@ -154,6 +160,43 @@ VM_CLONES void vm_swiglu_backward(float *dgate, float *dup, const float *dout, c
         vf g = vload_tail(gate + i, k), s = vsigmoid(g), dy = vload_tail(dout + i, k);
         vstore_tail(dgate + i, vload_tail(dgate + i, k) + dy * vload_tail(up + i, k) * s * (1.0f + g * (1.0f - s)), k);
         vstore_tail(dup + i, vload_tail(dup + i, k) + dy * (g * s), k);
+    }
+}
+
+VM_CLONES float vm_rmsnorm_row(float *y, const float *x, const float *w, size_t n, float eps) {
+    vf s = vsplat(0.0f);
+    size_t i = 0;
+    for (; i + VN <= n; i += VN) {
+        vf v = vload(x + i);
+        s += v * v;
+    }
+    if (i < n) {
+        vf v = vload_tail(x + i, n - i);
+        s += v * v;
+    }
+    float r = 1.0f / sqrtf(vsum(s) / (float)n + eps);
+    for (i = 0; i + VN <= n; i += VN) vstore(y + i, vload(x + i) * r * vload(w + i));
+    if (i < n) vstore_tail(y + i, vload_tail(x + i, n - i) * r * vload_tail(w + i, n - i), n - i);
+    return r;
+}
+
+VM_CLONES void vm_rmsnorm_backward_row(float *dx, float *dw, const float *dy, const float *x, const float *w, float r,
+                                       size_t n) {
+    vf s = vsplat(0.0f);
+    size_t i = 0;
+    for (; i + VN <= n; i += VN) s += vload(dy + i) * vload(w + i) * (vload(x + i) * r);
+    if (i < n) s += vload_tail(dy + i, n - i) * vload_tail(w + i, n - i) * (vload_tail(x + i, n - i) * r);
+    float m = vsum(s) / (float)n;
+    for (i = 0; i + VN <= n; i += VN) {
+        vf dyv = vload(dy + i), xh = vload(x + i) * r;
+        vstore(dx + i, vload(dx + i) + r * (dyv * vload(w + i) - xh * m));
+        if (dw) vstore(dw + i, vload(dw + i) + dyv * xh);
+    }
+    if (i < n) {
+        size_t k = n - i;
+        vf dyv = vload_tail(dy + i, k), xh = vload_tail(x + i, k) * r;
+        vstore_tail(dx + i, vload_tail(dx + i, k) + r * (dyv * vload_tail(w + i, k) - xh * m), k);
+        if (dw) vstore_tail(dw + i, vload_tail(dw + i, k) + dyv * xh, k);
     }
 }
 

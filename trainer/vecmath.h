@@ -22,6 +22,8 @@ float vm_exp_sum(float *x, size_t n, float sub);
 void vm_scale(float *x, size_t n, float s);
 /* sum of a[i] * b[i] */
 float vm_dot(const float *a, const float *b, size_t n);
+/* y[i] += a * x[i] */
+void vm_axpy(float *y, float a, const float *x, size_t n);
 /* softmax backward of one row: d[i] = p[i] * (d[i] - dot(p, d)) * scale */
 void vm_softmax_backward(float *d, const float *p, size_t n, float scale);
 /* out = silu(gate) * up */
@@ -32,6 +34,10 @@ void vm_swiglu_backward(float *dgate, float *dup, const float *dout, const float
  * corrections 1 - beta^t. */
 void vm_adamw(float *params, const float *grads, float *m, float *v, const unsigned char *decay, size_t n, float lr,
               float beta1, float beta2, float eps, float wd, float b1c, float b2c);
+/* RMSNorm of one row: y = (x * r) * w with r = 1 / sqrt(mean(x^2) + eps); returns r */
+float vm_rmsnorm_row(float *y, const float *x, const float *w, size_t n, float eps);
+/* its backward: dx += r * (dy * w - (x * r) * m), m = mean(dy * w * (x * r)); dw (or NULL) += dy * (x * r) */
+void vm_rmsnorm_backward_row(float *dx, float *dw, const float *dy, const float *x, const float *w, float r, size_t n);
 /* sum of g[i]^2 in double (lanes of 16, then fixed order) */
 double vm_sumsq(const float *g, size_t n);
 
