@@ -13,6 +13,7 @@
   subclasses from both backends.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_TOKENIZER (tests/run.sh sets them).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -178,6 +179,18 @@ def check_chunk_run(w):
     pad = sum(int((b.labels == -1).sum()) for b in p)
     check(not same_batches(c, p) and len(p) > 0, "tokens of a doc-aligned chunk run: %d batches equal dfm-train's "
           "(%d padded labels = -1)" % (len(p), pad))
+    # targets in the same run (synthetic records over its chunks): the one-argument use, and inspect's texts
+    with open(os.path.join(run, "manifest.json")) as f:
+        n = json.load(f)["stages"]["chunk"]["counts"]["chunks"]
+    sh(DFM, "write-targets", run, "--synthetic", n, "--k", 3, "--d", 8, "--seq-chunks", 2)
+    c = dump(w, "ct", "--data", run, "--targets", run, "--chunk-len", 32, "--val-seqs", 2, "--seed", 4)
+    p = list(dfm.Batches(run, T, B, 0, 1, 4, chunk_len=32, val_seqs=2))
+    check(not same_batches(c, p) and p[0].memory.shape == (B, 2, 3, 8),
+          "dfm.Batches(RUN) with tokens and targets from one run equals dfm-train's batches")
+    a = sh(DFM, "inspect", run, "--chunk", 3)
+    b = subprocess.run([sys.executable, "-m", "dfm", "inspect", run, "--chunk", "3"], capture_output=True, text=True,
+                       env=dict(ENV, PYTHONPATH=os.path.join(ROOT, "python"))).stdout
+    check(a == b and "query chunk text:" in b, "python -m dfm inspect prints dfm inspect's chunk texts too")
 
 
 def check_errors(w, trun):
