@@ -1,7 +1,8 @@
 """The dfm Python package (python/dfm) against the C programs: records, batches, workers, ranks, errors.
 
-- records: dfm.open_run (libdfm through ctypes) equals the pure-Python reader (python/dfm_targets.py) on a
-  synthetic target run (fp16, 3 shards), by get(), records() and sequences(); `python -m dfm inspect`
+- records: dfm.open_run (libdfm through ctypes) equals the pure-Python reader (python/dfm_targets.py) on
+  synthetic target runs (fp16 embeddings, 3 shards; bf16 with store = ids), by get(), records() and
+  sequences(); `python -m dfm inspect`
   prints what `dfm inspect` prints;
 - batches: dfm.Batches equals `dfm-train dump-batches` (the loader dfm-train trains with) byte for byte:
   targets from a run and from a targets file, ranks of a 2-rank world, a later epoch, steps running
@@ -90,9 +91,10 @@ def check_records(run):
     c.close()
     p.close()
     a = sh(DFM, "inspect", run, "--chunk", 57)
-    b = subprocess.run([sys.executable, "-m", "dfm", "inspect", run, "--chunk", "57"], capture_output=True, text=True,
-                       env=dict(ENV, PYTHONPATH=os.path.join(ROOT, "python"))).stdout
-    check(a == b and a.startswith("chunk 57"), "python -m dfm inspect prints what dfm inspect prints")
+    q = subprocess.run([sys.executable, "-m", "dfm", "inspect", run, "--chunk", "57"], capture_output=True, text=True,
+                       env=dict(ENV, PYTHONPATH=os.path.join(ROOT, "python")))
+    check(a == q.stdout and a.startswith("chunk 57"), "python -m dfm inspect prints what dfm inspect prints%s" %
+          ("" if a == q.stdout else ":\n%s\nvs\n%s %s" % (a[:300], q.stdout[:300], q.stderr[-300:])))
 
 
 def check_batches(w, toks, trun, tfile):
@@ -228,6 +230,10 @@ def main():
         sh(DFM, "write-targets", trun, "--synthetic", 481, "--k", 4, "--d", 24, "--target-shards", 3,
            "--seq-chunks", T // L, "--dtype", "fp16")
         check_records(trun)
+        ids_run = os.path.join(w, "ids")
+        sh(DFM, "write-targets", ids_run, "--synthetic", 200, "--k", 5, "--d", 16, "--target-shards", 2,
+           "--seq-chunks", 4, "--dtype", "bf16", "--store", "ids")
+        check_records(ids_run)
         check_batches(w, toks, trun, tfile)
         check_workers(toks, trun)
         check_ddp(w, toks, trun)
