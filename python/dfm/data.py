@@ -124,6 +124,15 @@ def load_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
     return raw.astype(np.int32), None, 0
 
 
+def _checksum64(buf: np.ndarray) -> int:
+    """XXH3-64 of a uint8 array (common/fsutil.h dfm_checksum64): libdfm's, else the xxhash package's."""
+    try:
+        return int(_lib.lib().dfm_checksum64(buf.ctypes.data, buf.size))
+    except ImportError:
+        import xxhash
+        return xxhash.xxh3_64_intdigest(buf.tobytes())
+
+
 # ---- a simple targets file (schemas/targets_file.md) ---------------------------------------------------
 class TargetsFile:
     """`dfm-train synth`'s targets file: mask [n_chunks, K] uint8 and emb [n_chunks, K, d] float32, checked
@@ -143,7 +152,7 @@ class TargetsFile:
             raise TargetTruncatedError(f"{path}: {buf.size} bytes, but its header's {n} chunks x {k} slots x d {d} "
                                        f"need {TGT_HEADER + n * k * (1 + 4 * d)}")
         pay = buf[TGT_HEADER:]
-        if _lib.lib().dfm_checksum64(pay.ctypes.data, pay.size) != ck:
+        if _checksum64(pay) != ck:
             raise TargetChecksumError(f"{path}: payload checksum mismatch (file corrupt)")
         self.mask = pay[:n * k].reshape(n, k)
         self.emb = pay[n * k:].copy().view("<f4").reshape(n, k, d)  # copied: the payload is not 4-aligned
@@ -180,7 +189,8 @@ class Batches(_Base):
     the chunk run's, the targets file's, else 32 as dfm-train), val_seqs (dfm-train --val-seqs),
     split ("train" | "heldout"), steps (batches to yield; None = one epoch), eval_batches (heldout: at
     most this many, 0 = all), format ("numpy" | "torch"), with_targets (False: tokens only),
-    backend ("c" | "python": the target reader), threads (batches read in parallel by this many threads
+    backend ("auto" | "c" | "python": the target reader, see dfm.open_run; a chunk run's tokens are
+    always read through libdfm), threads (batches read in parallel by this many threads
     of this process, each with its own reader: libdfm decodes without the GIL; yielded in order).
 
     len() is the number of batches this rank yields. Attributes after construction: n_seq, ntrain,
@@ -192,7 +202,7 @@ class Batches(_Base):
                  epoch: int = 0, *, data: Optional[str] = None, targets: Optional[str] = None,
                  tokens_run: Optional[str] = None, chunk_len: Optional[int] = None, val_seqs: int = 0,
                  split: str = "train", steps: Optional[int] = None, eval_batches: int = 0, format: str = "numpy",
-                 with_targets: bool = True, backend: str = "c", threads: int = 1) -> None:
+                 with_targets: bool = True, backend: str = "auto", threads: int = 1) -> None:
         if rank is None or world is None:  # DDP: torch.distributed's rank and world size once it is initialised
             r, w = _dist_rank()
             rank, world = (r if rank is None else rank), (w if world is None else world)
@@ -209,6 +219,14 @@ class Batches(_Base):
         self.T, self.B, self.rank, self.world, self.seed, self.epoch0 = seq_len, batch, rank, world, seed, epoch
         self.split, self.steps, self.format, self.backend = split, steps, format, backend
         self.threads = max(1, int(threads))
+        if backend == "auto":
+            try:
+                _lib.lib()
+                self.backend = "c"
+            except ImportError:
+                self.backend = "python"
+        if self.backend == "python" and self.threads > 1:
+            raise ValueError("threads > 1 needs the C backend (the pure reader's LMDB opens a shard once per process)")
         self.tokens, self.pad, cl = load_tokens(self.data)
         self.tokens_run = tokens_run or (self.data if _is_run(self.data) else None)
         n = self.tokens.size
