@@ -1,40 +1,154 @@
 #!/usr/bin/env bash
-# bench_tokenizer.sh — tokenizer throughput, dfm vs Hugging Face `tokenizers` (encode_batch), side by side.
+# bench_tokenizer.sh — tokenizer throughput, dfm vs tiktoken (an Encoding made from the same
+# tokenizer.json's ranks) and Hugging Face `tokenizers`, on cold and on warm text, in interleaved rounds.
 #
-#   bash bench/bench_tokenizer.sh            # MB=4 THREADS="1 2" REPS=3, both cached tokenizers
-#   MB=1 THREADS=1 TOKENIZERS=qwen2.5 bash bench/bench_tokenizer.sh
+#   bash bench/bench_tokenizer.sh            MB=4 THREADS="1 2" REPS=3, Qwen2.5 and Llama-3.2
+#   MB=1 THREADS=1 REPS=3 TOKENIZERS=qwen2.5 bash bench/bench_tokenizer.sh
 #
-# Same texts (the first MB megabytes of the corpus's "text" fields), same thread count (dfm: pthreads
-# over documents; HF: RAYON_NUM_THREADS), add_special_tokens=False, one untimed warm-up pass, best of
-# REPS timed passes. Also checks that both produced the same number of tokens.
+# Texts: the first MB megabytes of the corpus's "text" fields. Each measurement is one process
+# (bench_tokenizer.c for dfm, bench_tokenizer_hf.py for a peer): it loads the tokenizer, encodes every
+# text once from a fresh tokenizer ("cold": the pieces have not been seen, as when `dfm chunk` reads a
+# corpus) and again ("warm": what the old version of this benchmark timed after its warm-up pass).
+# Each round runs every side once, in a rotating order; tables give min / median / max over the rounds
+# of MB per CPU-second (process CPU time, all threads; what to compare on a shared machine) and the
+# median wall MB/s. The ids of every side are compared with dfm's, document by document, in the same
+# run; a difference fails the benchmark. Same thread count on every side (dfm: pthreads over documents;
+# HF: RAYON_NUM_THREADS; tiktoken: encode_batch num_threads). add_special_tokens=False for HF; special
+# tokens written in the text are matched on every side.
+# Env: MB, THREADS, REPS, TOKENIZERS, PEERS ("tiktoken hf"), DFM_CORPUS, PEERS_PYTHON (default
+#      /var/cache/dfm/peers-venv/bin/python from bench/peers.sh; missing, or without the peer's package,
+#      is an error: no other Python is tried). Writes bench/results/tokenizer.md and tokenizer.json.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
-PY=${DFM_PYTHON:-$DFM_CACHE/venv/bin/python}
+PY=${PEERS_PYTHON:-/var/cache/dfm/peers-venv/bin/python}
 CORPUS=${DFM_CORPUS:-$DFM_CACHE/corpus/gcide.jsonl}
 MB=${MB:-4} REPS=${REPS:-3} THREADS=${THREADS:-"1 2"} TOKENIZERS=${TOKENIZERS:-"qwen2.5 llama-3.2"}
-
+PEERS=${PEERS:-"tiktoken hf"}
+declare -A MOD=([hf]=tokenizers [tiktoken]=tiktoken)
+for p in $PEERS; do
+  [ -n "${MOD[$p]:-}" ] || { echo "bench_tokenizer: unknown peer '$p' (tiktoken, hf)" >&2; exit 2; }
+  if [ ! -x "$PY" ] || ! "$PY" -c "import ${MOD[$p]}" 2>/dev/null; then
+    echo "bench_tokenizer: peer '$p' is missing: $PY cannot import ${MOD[$p]}." >&2
+    echo "HINT: bash bench/peers.sh (makes /var/cache/dfm/peers-venv), or PEERS_PYTHON=/path/to/python with ${MOD[$p]}" >&2
+    exit 1
+  fi
+done
+B=$(mktemp -d /tmp/dfm-bench-tokenizer-XXXXXX)
+[ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$B"' EXIT
 make -s --no-print-directory -j2 build/bench/bench_tokenizer
 
-echo "tokenizer throughput: $(date -u '+%F %T') UTC, $(uname -m), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "texts: first ${MB} MB of $(basename "$CORPUS"); best of $REPS passes after a warm-up; HF tokenizers $("$PY" -c 'import tokenizers; print(tokenizers.__version__)')"
-echo "MB/s = wall clock; MB/cpu-s = per second of process CPU time (all threads), which a busy shared machine disturbs less"
-printf '%-10s %3s %9s %12s %10s | %9s %12s %10s | %7s %9s\n' tokenizer thr "dfm MB/s" "dfm tok/s" "dfm MB/cpu" \
-  "HF MB/s" "HF tok/s" "HF MB/cpu" "wall x" "cpu x"
+run_side() {  # side tokenizer threads round
+  local side=$1 name=$2 t=$3 r=$4 tj=$DFM_CACHE/tokenizers/$2/tokenizer.json line ids=$B/ids-$1-$2-$3.bin
+  if [ "$side" = dfm ]; then
+    line=$(./build/bench/bench_tokenizer "$tj" "$CORPUS" "$MB" "$t" "$ids")
+  else
+    line=$(RAYON_NUM_THREADS=$t "$PY" bench/bench_tokenizer_hf.py "$side" "$tj" "$CORPUS" "$MB" "$t" "$ids")
+  fi
+  echo "tokenizer=$name round=$r $line" | tee -a "$B/times" >&2
+  if [ "$side" != dfm ] && [ "$r" = 0 ]; then  # ids, document by document, against dfm's of this round
+    if cmp -s "$ids" "$B/ids-dfm-$name-$t.bin"; then echo "ids $name $t $side equal" >>"$B/agree"
+    else echo "ids $name $t $side DIFFER" >>"$B/agree"; fi
+  fi
+}
+
+echo "tokenizer throughput: $(date -u '+%F %T') UTC, $(uname -m), $(getconf _NPROCESSORS_ONLN) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "texts: first ${MB} MB of $(basename "$CORPUS"); $REPS interleaved rounds; peers: $PEERS"
+sides=(dfm $PEERS)
 for name in $TOKENIZERS; do
-  tj=$DFM_CACHE/tokenizers/$name/tokenizer.json
+  # dfm's first load of a tokenizer.json parses it and writes the cache file; later loads map it
+  ./build/bench/bench_tokenizer "$DFM_CACHE/tokenizers/$name/tokenizer.json" "$CORPUS" 0.001 1 >/dev/null
   for t in $THREADS; do
-    d=$(./build/bench/bench_tokenizer "$tj" "$CORPUS" "$MB" "$t" "$REPS" | tail -1)
-    h=$(RAYON_NUM_THREADS=$t TOKENIZERS_PARALLELISM=true "$PY" bench/bench_tokenizer_hf.py "$tj" "$CORPUS" "$MB" "$t" "$REPS" | tail -1)
-    get() { sed -n "s|.* $2=\([^ ]*\).*|\1|p" <<<"$1"; }
-    if [ -z "$(get "$d" tokens)" ] || [ "$(get "$d" tokens)" != "$(get "$h" tokens)" ]; then
-      echo "ERROR: $name: dfm made $(get "$d" tokens) tokens, HF $(get "$h" tokens)" >&2; exit 1
-    fi
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1fx", a/b}'; }
-    printf '%-10s %3s %9s %12s %10s | %9s %12s %10s | %7s %9s\n' "$name" "$t" "$(get "$d" MB/s)" "$(get "$d" tokens/s)" \
-      "$(get "$d" MB/cpu-s)" "$(get "$h" MB/s)" "$(get "$h" tokens/s)" "$(get "$h" MB/cpu-s)" \
-      "$(ratio "$(get "$d" MB/s)" "$(get "$h" MB/s)")" "$(ratio "$(get "$d" MB/cpu-s)" "$(get "$h" MB/cpu-s)")"
+    for ((r = 0; r < REPS; r++)); do
+      # dfm runs first in round 0 (its ids are the reference), then the order rotates
+      for ((i = 0; i < ${#sides[@]}; i++)); do run_side "${sides[$(((i + r) % ${#sides[@]}))]}" "$name" "$t" "$r"; done
+    done
   done
 done
-echo "same token count from dfm and HF in every row (checked)"
+
+python3 - "$B" "$ROOT/bench/results" "$MB" "$(basename "$CORPUS")" <<'PYEOF'
+import json, os, re, statistics, sys, time
+b, res, mb, corpus = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+rows = [dict(re.findall(r"(\S+)=(\S+)", l)) for l in open(f"{b}/times")]
+for r, l in zip(rows, open(f"{b}/times").read().splitlines()):
+    r["side"] = l.split()[2]  # "tokenizer=.. round=.. SIDE threads=.."
+agree = {}
+for l in open(f"{b}/agree"):
+    _, name, t, side, verdict = l.split()
+    agree[(name, t, side)] = verdict == "equal"
+def med3(v):
+    v = sorted(v)
+    return v[0], statistics.median(v), v[-1]
+keys = sorted({(r["tokenizer"], r["threads"]) for r in rows}, key=lambda k: (k[0], int(k[1])))
+peers = [s for s in ("tiktoken", "hf") if any(r["side"] == s for r in rows)]
+names = {"dfm": "dfm", "hf": "HF tokenizers", "tiktoken": "tiktoken"}
+out = []
+out.append(f"Texts: first {mb:g} MB of {corpus}; {max(int(r['round']) for r in rows) + 1} interleaved rounds; "
+           f"MB/CPU-s min / median / max (process CPU, all threads), wall MB/s median; tokenizer load: median ms CPU.")
+out.append("")
+out.append("| tokenizer | thr | side | cold MB/CPU-s | warm MB/CPU-s | cold wall MB/s | load ms CPU | ids = dfm |")
+out.append("|---|---|---|---|---|---|---|---|")
+result_rows = []
+versions = {}
+for name, t in keys:
+    sel = {s: [r for r in rows if r["tokenizer"] == name and r["threads"] == t and r["side"] == s] for s in ["dfm"] + peers}
+    nbytes = int(sel["dfm"][0]["bytes"])
+    for s, rs in sel.items():
+        if not rs:
+            continue
+        if "version" in rs[0]:
+            versions[s] = rs[0]["version"].replace("-", " ")
+        cold = med3([nbytes / 1e6 / float(r["cold_cpu"]) for r in rs])
+        warm = med3([nbytes / 1e6 / float(r["warm_cpu"]) for r in rs])
+        wall = statistics.median([nbytes / 1e6 / float(r["cold_s"]) for r in rs])
+        load = statistics.median([float(r["load_cpu"]) * 1e3 for r in rs])
+        eq = "—" if s == "dfm" else ("yes" if agree.get((name, t, s)) else "**NO**")
+        out.append(f"| {name} | {t} | {names[s]} | {cold[0]:.2f} / {cold[1]:.2f} / {cold[2]:.2f} | "
+                   f"{warm[0]:.2f} / {warm[1]:.2f} / {warm[2]:.2f} | {wall:.2f} | {load:.0f} | {eq} |")
+    for s in peers:
+        if not sel[s]:
+            continue
+        for temp in ("cold", "warm"):
+            by_round = {r["round"]: float(r[temp + "_cpu"]) for r in sel[s]}
+            pairs = [(float(d[temp + "_cpu"]), by_round[d["round"]]) for d in sel["dfm"] if d["round"] in by_round]
+            ratios = sorted(p / d for d, p in pairs)
+            result_rows.append({
+                "stage": "tokenizer", "peer": f"{names[s]}, {temp} text, {name}", "peer_version": versions.get(s, s),
+                "setting": f"{name}, {temp} text, {t} thread(s), {mb:g} MB", "threads": int(t),
+                "dfm_cpu_s": round(statistics.median(d for d, _ in pairs), 4),
+                "peer_cpu_s": round(statistics.median(p for _, p in pairs), 4),
+                "ratio": round(statistics.median(ratios), 3), "ratio_min_max": [round(ratios[0], 3), round(ratios[-1], 3)],
+                "rounds": len(pairs), "agree": {"ok": bool(agree.get((name, t, s))), "ids_equal": bool(agree.get((name, t, s)))},
+                "unit": f"CPU-seconds to encode {mb:g} MB"})
+out.append("")
+out.append("dfm/peer per CPU-second (median of the per-round ratios peer CPU-s / dfm CPU-s, min–max; above 1: dfm faster):")
+out.append("")
+out.append("| tokenizer | thr | peer | cold | warm |")
+out.append("|---|---|---|---|---|")
+for name, t in keys:
+    for s in peers:
+        c = [x for x in result_rows if x["setting"].startswith(f"{name}, cold") and x["threads"] == int(t) and x["peer"].startswith(names[s])]
+        w = [x for x in result_rows if x["setting"].startswith(f"{name}, warm") and x["threads"] == int(t) and x["peer"].startswith(names[s])]
+        if c and w:
+            fmt = lambda x: f"{x['ratio']:.2f}× ({x['ratio_min_max'][0]:.2f}–{x['ratio_min_max'][1]:.2f})"
+            out.append(f"| {name} | {t} | {names[s]} | {fmt(c[0])} | {fmt(w[0])} |")
+print("\n".join(out))
+ok = all(agree.values()) and len(agree) > 0
+# headline: the strongest peer (lowest CPU) on cold text, the first tokenizer, one thread
+cold1 = [x for x in result_rows if ", cold text," in x["setting"] and x["threads"] == min(int(k[1]) for k in keys)
+         and x["setting"].startswith(keys[0][0])]
+head = min(cold1, key=lambda x: x["peer_cpu_s"])
+doc = dict(head)
+doc.update({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": result_rows,
+            "agree": {"ok": ok, "ids_equal": ok}})
+os.makedirs(res, exist_ok=True)
+json.dump(doc, open(os.path.join(res, "tokenizer.json"), "w"), indent=1)
+with open(os.path.join(res, "tokenizer.md"), "w") as f:
+    f.write("# Tokenizer throughput: dfm vs tiktoken and HF tokenizers, cold and warm text\n\n")
+    f.write(f"`bash bench/bench_tokenizer.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "
+            f"peers: {', '.join(versions.get(s, s) for s in peers)}).\n\n")
+    f.write("\n".join(out) + "\n")
+if not ok:
+    sys.exit("bench_tokenizer: ids differ from dfm's (see the table)")
+PYEOF
