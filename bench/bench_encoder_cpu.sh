@@ -1,121 +1,148 @@
 #!/usr/bin/env bash
-# bench/bench_encoder_cpu.sh — the CPU encoder (all-MiniLM-L6-v2) against sentence-transformers on
-# PyTorch CPU, same real chunk texts, same thread count, side by side in one run; plus achieved GFLOP/s
-# against a measured SGEMM peak, and peak memory (RSS) of `dfm encode` at two sizes.
+# bench/bench_encoder_cpu.sh — dfm's CPU encoder (all-MiniLM-L6-v2, fp32) against its two strongest peers on
+# the same real chunk texts, in one run:
+#   st   sentence-transformers on PyTorch 2.x (CPU)
+#   ort  ONNX Runtime, CPUExecutionProvider, on the fused graph: MiniLM exported to ONNX here from the local
+#        weights (mean pooling and normalisation inside the graph), then ORT's transformer optimizer
+#        (Attention, SkipLayerNormalization, Gelu fused) and ORT_ENABLE_ALL
+# Peers come only from the peer venv (bench/peers.sh). A missing peer is an error: nothing is substituted.
 #
-#   bash bench/bench_encoder_cpu.sh            N=2000 texts, THREADS=2
-#   N=500 THREADS=1 ST_PYTHON=/path/python bash bench/bench_encoder_cpu.sh
+#   bash bench/bench_encoder_cpu.sh                     N=300 texts, THREADS="1 2", ROUNDS=3
+#   N=100 ROUNDS=2 THREADS=1 PEERS=ort bash bench/bench_encoder_cpu.sh
 #
-# ST_PYTHON: a Python that can import sentence_transformers (default: $DFM_PYTHON, then
-# /tmp/stvenv/bin/python). Without one, the comparison falls back to the NumPy reference
-# (tests/ref/encoder_reference.py) and says so.
+# Method, per thread count T (OMP/OpenBLAS/torch/ORT/Rayon threads all T):
+#   - each peer's best batch size: one pass per size in BATCHES on the first SWEEP_N texts, least CPU-seconds
+#     (dfm runs its default batch);
+#   - ROUNDS rounds; each round runs dfm and every peer once, in a rotating order (interleaved pairs: all
+#     sides see the same load). Each run is a fresh process: load, a warm-up call on 64 texts, then one
+#     timed encode of all N texts (tokenisation included on every side, model loading excluded);
+#   - min/median/max of wall and CPU-seconds (process CPU time, all threads) per side; the ratio is
+#     peer CPU-s / dfm CPU-s of the same round (above 1: dfm faster), min/median/max over rounds;
+#   - the last round's vectors compared: dfm vs each peer and ort vs st (max abs error, min cosine).
+# dfm runs through its C API (bench/bench_encoder.c), with OpenBLAS's kernels corrected on CPUs OpenBLAS
+# does not know, as dfm-train does (common/blas_core.h); the kernel set is printed in the table.
+# Writes bench/results/encoder.json (the convention in bench/README.md; headline: ort at 1 thread) and
+# bench/results/encoder_cpu.md (the full table). RECORD=0 writes neither.
+# Env: N, THREADS, ROUNDS, PEERS ("st ort"), BATCHES ("16 32 64 128"), SWEEP_N (128), DFM_BATCH (dfm's batch;
+#      default: the encoder's), MEMORY=1 adds the peak-RSS runs of `dfm encode`, BUILD=0 runs the bench
+#      programs already in build/bench without making them, DFM_REV labels the dfm build in the results
+#      (default: the git commit, flagged when encoder/ or common/ has uncommitted edits), DFM_MODEL.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
-N=${N:-2000}
-THREADS=${THREADS:-2}
-DFM=${DFM:-$ROOT/build/dfm}
+N=${N:-300} THREADS=${THREADS:-"1 2"} ROUNDS=${ROUNDS:-3} PEERS=${PEERS:-"st ort"}
+BATCHES=${BATCHES:-"16 32 64 128"} SWEEP_N=${SWEEP_N:-128} DFM_BATCH=${DFM_BATCH:-} RECORD=${RECORD:-1}
 MODEL=${DFM_MODEL:-$DFM_CACHE/models/all-MiniLM-L6-v2}
+die() { echo "bench_encoder_cpu: $*" >&2; exit 1; }
+
+# ---- the peers: only from the peer venv, each checked before anything is timed ----
+PY=$(bash bench/peers.sh --python) || die "the peer venv is missing or stale: run bash bench/peers.sh (no other peer is used)"
+for p in $PEERS; do
+  case $p in
+    st) "$PY" -c "import torch, sentence_transformers" ||
+          die "peer st (sentence-transformers on torch) does not import from $PY; run bash bench/peers.sh" ;;
+    ort) "$PY" -c "import onnxruntime, onnx, torch, transformers, tokenizers" ||
+          die "peer ort (onnxruntime + onnx export) does not import from $PY; run bash bench/peers.sh" ;;
+    *) die "unknown peer '$p' in PEERS (st, ort)" ;;
+  esac
+done
+[ -f "$MODEL/model.safetensors" ] || die "no model at $MODEL (make deps installs it)"
+
 W=$(mktemp -d /tmp/dfm-bench-enc-XXXXXX)
 trap 'rm -rf "$W"' EXIT
-export OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS DFM_PROGRESS=0
+export DFM_PROGRESS=0 TOKENIZERS_PARALLELISM=true
+if [ "${BUILD:-1}" = 1 ]; then
+  make -s --no-print-directory -C "$ROOT" build/bench/bench_encoder $([ "${MEMORY:-0}" = 1 ] && echo build/dfm) ||
+    die "the build failed"
+fi
 
-echo "== encoder CPU benchmark: $N real chunk texts, $THREADS threads, $(date -u +%F), $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible"
-echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$DFM_PYTHON" tests/ref/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
+echo "== encoder CPU benchmark: $N real chunk texts, threads $THREADS, $ROUNDS interleaved rounds, $(date -u '+%F %T') UTC"
+echo "   $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+"$PY" tests/ref/encoder_reference.py texts --n "$N" --seed 31 --out "$W/texts.jsonl"
+head -n "$SWEEP_N" "$W/texts.jsonl" > "$W/sweep.jsonl"
+if [[ " $PEERS " == *" ort "* ]]; then
+  "$PY" bench/encoder_peer.py export "$MODEL" "$W/minilm.onnx" 2>"$W/export.err" | tee "$W/export.out" ||
+    { tail -20 "$W/export.err" >&2; die "exporting the fused ONNX graph failed"; }
+fi
+EXPORT_OUT=; [ -s "$W/export.out" ] && EXPORT_OUT=$W/export.out
+peer_model() { if [ "$1" = ort ]; then echo "$W/minilm.onnx"; else echo "$MODEL"; fi; }
 
-# ---- SGEMM peak: OpenBLAS at THREADS threads, a large square GEMM and the encoder's FFN shape ----
-make -s --no-print-directory -C "$ROOT" build/bench/sgemm_peak
-read -r PEAK PEAK_FFN < <(build/bench/sgemm_peak "$THREADS")
-echo "SGEMM peak (OpenBLAS, $THREADS threads, best of 5): 2048^3 $PEAK GFLOP/s; encoder FFN shape 4096x1536x384 $PEAK_FFN GFLOP/s"
+: > "$W/runs"     # T side round wall cpu batch
+: > "$W/agree"    # T pair max_abs min_cos
+: > "$W/versions"
+for T in $THREADS; do
+  export OMP_NUM_THREADS=$T OPENBLAS_NUM_THREADS=$T MKL_NUM_THREADS=$T RAYON_NUM_THREADS=$T
+  echo "-- $T thread(s)"
+  declare -A BATCH=()
+  for p in $PEERS; do
+    "$PY" bench/encoder_peer.py sweep "$p" "$(peer_model "$p")" "$W/sweep.jsonl" "$T" $BATCHES \
+      --tokenizer-dir "$MODEL" > "$W/sweep.$p.$T" 2>"$W/err" || { tail -20 "$W/err" >&2; die "peer $p failed (sweep)"; }
+    BATCH[$p]=$(sed -n 's/^best_batch=//p' "$W/sweep.$p.$T")
+    echo "   $p batch sweep on $SWEEP_N texts (CPU-s): $(sed -n 's/.* batch=\([0-9]*\) .*cpu_seconds=\([0-9.]*\).*/\1:\2/p' "$W/sweep.$p.$T" | tr '\n' ' ')-> batch ${BATCH[$p]}"
+  done
+  sides=(dfm $PEERS)
+  for r in $(seq 1 "$ROUNDS"); do
+    k=$(( (r - 1) % ${#sides[@]} ))
+    order=("${sides[@]:$k}" "${sides[@]:0:$k}")
+    line="   round $r:"
+    for s in "${order[@]}"; do
+      if [ "$s" = dfm ]; then
+        build/bench/bench_encoder "$MODEL" "$W/texts.jsonl" 1 "$W/dfm.$T.f32" $DFM_BATCH > "$W/out" 2>"$W/err" ||
+          { tail -20 "$W/err" >&2; die "dfm's bench_encoder failed"; }
+        b=${DFM_BATCH:-default}
+      else
+        "$PY" bench/encoder_peer.py run "$s" "$(peer_model "$s")" "$W/texts.jsonl" "$T" 1 "${BATCH[$s]}" \
+          --out "$W/$s.$T.f32" --tokenizer-dir "$MODEL" > "$W/out" 2>"$W/err" ||
+          { tail -20 "$W/err" >&2; die "peer $s failed"; }
+        sed -n "s/^version /$s: /p" "$W/out" >> "$W/versions"
+        b=${BATCH[$s]}
+      fi
+      wall=$(sed -n 's/.* seconds=\([0-9.]*\) cpu_seconds.*/\1/p' "$W/out")
+      cpu=$(sed -n 's/.* cpu_seconds=\([0-9.]*\).*/\1/p' "$W/out")
+      gf=$(sed -n 's/.* gflop=\([0-9.]*\).*/\1/p' "$W/out")
+      blas=$(sed -n 's/.* blas=\([^ ]*\).*/\1/p' "$W/out")
+      echo "$T $s $r $wall $cpu $b ${gf:-0} ${blas:--}" >> "$W/runs"
+      line="$line $s ${cpu} CPU-s (${wall} s wall);"
+    done
+    echo "$line load $(cut -d' ' -f1 /proc/loadavg)"
+  done
+  for p in $PEERS; do
+    echo "$T dfm-vs-$p $("$PY" bench/encoder_peer.py compare "$W/dfm.$T.f32" "$W/$p.$T.f32")" >> "$W/agree"
+  done
+  [[ " $PEERS " == *" st "* && " $PEERS " == *" ort "* ]] &&
+    echo "$T ort-vs-st $("$PY" bench/encoder_peer.py compare "$W/ort.$T.f32" "$W/st.$T.f32")" >> "$W/agree"
+done
 
-# ---- dfm and the baseline, interleaved ROUNDS times: the machine is shared, so interleaving puts both
-# under the same load; medians and per-round ratios are reported, plus texts per CPU-second ----
-ST_PYTHON=${ST_PYTHON:-}
-if [ -z "$ST_PYTHON" ]; then
-  for p in "$DFM_PYTHON" /tmp/stvenv/bin/python; do
-    [ -x "$p" ] && "$p" -c "import sentence_transformers" 2>/dev/null && { ST_PYTHON=$p; break; }
+sort -u "$W/versions" > "$W/versions.u"
+MD=$W/encoder_cpu.md
+DFM_REV=${DFM_REV:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- encoder common 2>/dev/null || echo ' + uncommitted encoder/common edits')"}
+"$PY" bench/encoder_summary.py --runs "$W/runs" --agree "$W/agree" --versions "$W/versions.u" --dfm-rev "$DFM_REV" \
+  ${EXPORT_OUT:+--export "$EXPORT_OUT"} --n "$N" --rounds "$ROUNDS" --cpu "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" \
+  --md "$MD" --json "$W/encoder.json"
+cat "$MD"
+if [ "$RECORD" = 1 ]; then
+  mkdir -p bench/results
+  cp "$MD" bench/results/encoder_cpu.md
+  cp "$W/encoder.json" bench/results/encoder.json
+  echo "recorded bench/results/encoder_cpu.md and bench/results/encoder.json"
+fi
+
+# ---- optional: peak memory of `dfm encode` (texts mode at N/4 and N; run mode bounded by --window) ----
+if [ "${MEMORY:-0}" = 1 ]; then
+  DFM=${DFM:-$ROOT/build/dfm}
+  for f in quarter full; do
+    if [ $f = quarter ]; then head -n $((N / 4)) "$W/texts.jsonl" > "$W/$f.jsonl"; else cp "$W/texts.jsonl" "$W/$f.jsonl"; fi
+    /usr/bin/time -f "%M" -o "$W/$f.rss" "$DFM" encode --texts "$W/$f.jsonl" --out "$W/$f.bin" --device cpu \
+      --model "$MODEL" >/dev/null 2>&1 || die "dfm encode --texts failed"
+    echo "peak RSS, dfm encode --texts, $(wc -l < "$W/$f.jsonl") texts: $(cat "$W/$f.rss") KB"
+  done
+  for docs in 4 16; do
+    head -$docs "$DFM_CORPUS" > "$W/c$docs.jsonl"
+    "$DFM" chunk "$W/run$docs" "$W/c$docs.jsonl" --tokenizer "$DFM_TOKENIZER" --seq-len 256 >/dev/null 2>&1
+    /usr/bin/time -f "%M" -o "$W/run$docs.rss" "$DFM" encode "$W/run$docs" --device cpu --model "$MODEL" >/dev/null 2>&1
+    echo "peak RSS, dfm encode RUN (one rank, --window 4096), $docs documents: $(cat "$W/run$docs.rss") KB"
   done
 fi
-cat > "$W/st.py" <<'PYEOF'
-import json, sys, time
-import torch
-n_threads, model, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-torch.set_num_threads(n_threads)
-from sentence_transformers import SentenceTransformer
-texts = [json.loads(l)["text"] for l in open(path, encoding="utf-8")]
-m = SentenceTransformer(model, device="cpu")
-m.encode(texts[:64], batch_size=64)
-with torch.inference_mode():
-    t = time.time()
-    e = m.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_tensor=True)
-    dt = time.time() - t
-open(path + ".st.f32", "wb").write(e.float().contiguous().numpy().tobytes())
-import sentence_transformers, transformers
-print(f"{len(texts) / dt:.1f} {dt:.3f} torch {torch.__version__}, sentence-transformers {sentence_transformers.__version__}, "
-      f"transformers {transformers.__version__}, max_seq_length {m.max_seq_length}")
-PYEOF
-ROUNDS=${ROUNDS:-2}
-if [ -n "$ST_PYTHON" ]; then BASE="sentence-transformers (PyTorch CPU, batch 64)"; else
-  BASE="NumPy reference (float64; sentence-transformers not importable)"; fi
-: > "$W/rates"
-BASE_VER=""
-for r in $(seq 1 "$ROUNDS"); do
-  /usr/bin/time -f "%M %U %S" -o "$W/dfm.time" "$DFM" encode --texts "$W/texts.jsonl" --out "$W/dfm.bin" --device cpu \
-    --model "$MODEL" > "$W/dfm.out" 2> "$W/dfm.err" || { cat "$W/dfm.err"; exit 1; }
-  DFM_RATE=$(sed -n 's/.* \([0-9.]*\) texts\/s.*/\1/p' "$W/dfm.out")
-  DFM_GF=$(sed -n 's/.* \([0-9.]*\) GFLOP\/s.*/\1/p' "$W/dfm.out")
-  read -r DFM_RSS DFM_U DFM_S < <(tail -1 "$W/dfm.time")
-  if [ -n "$ST_PYTHON" ]; then
-    /usr/bin/time -f "%M %U %S" -o "$W/st.time" "$ST_PYTHON" "$W/st.py" "$THREADS" "$MODEL" "$W/texts.jsonl" > "$W/st.out" 2>/dev/null
-    read -r BASE_RATE BASE_S BASE_VER < <(tail -1 "$W/st.out")
-    read -r _ ST_U ST_S < <(tail -1 "$W/st.time")
-  else
-    T0=$(date +%s.%N)
-    "$DFM_PYTHON" tests/ref/encoder_reference.py embed --texts "$W/texts.jsonl" --out "$W/ref.npy"
-    BASE_S=$(echo "$(date +%s.%N) - $T0" | bc); BASE_RATE=$(echo "scale=1; $N / $BASE_S" | bc); ST_U=0; ST_S=0
-  fi
-  echo "round $r: dfm $DFM_RATE texts/s ($DFM_GF GFLOP/s, cpu ${DFM_U}+${DFM_S}s, peak RSS ${DFM_RSS} KB)," \
-       "baseline $BASE_RATE texts/s (cpu ${ST_U}+${ST_S}s), ratio $(echo "scale=2; $DFM_RATE / $BASE_RATE" | bc)x," \
-       "load $(cut -d' ' -f1 /proc/loadavg)"
-  echo "$DFM_RATE $BASE_RATE $DFM_GF $(echo "$DFM_U + $DFM_S" | bc) $(echo "$ST_U + $ST_S" | bc)" >> "$W/rates"
-done
-[ -n "$BASE_VER" ] && echo "baseline: $BASE_VER"
-if [ -n "$ST_PYTHON" ]; then
-  "$DFM_PYTHON" - "$W/dfm.bin" "$W/texts.jsonl.st.f32" <<'PYEOF'
-import sys, numpy as np
-a = np.frombuffer(open(sys.argv[1], "rb").read()[128:], dtype="<f4").reshape(-1, 384).astype(np.float64)
-b = np.frombuffer(open(sys.argv[2], "rb").read(), dtype="<f4").reshape(-1, 384).astype(np.float64)
-cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-print(f"dfm vs sentence-transformers on the same {len(a)} texts: max abs error {np.abs(a - b).max():.3g}, min cosine {cos.min():.9f}")
-PYEOF
-fi
-read -r MED_DFM MED_BASE MED_GF MED_DCPU MED_BCPU < <(python3 -c '
-import statistics, sys
-rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
-print(*(statistics.median(c) for c in zip(*rows)))' "$W/rates")
-echo
-printf '%-58s %12s %14s\n' "encoder ($N texts, $THREADS threads, median of $ROUNDS)" "texts/s" "texts/CPU-s"
-printf '%-58s %12s %14s\n' "dfm encode --device cpu (OpenBLAS + OpenMP, fp32)" "$MED_DFM" "$(echo "scale=1; $N / $MED_DCPU" | bc)"
-BCPU="-"; [ "$(echo "$MED_BCPU > 0" | bc)" = 1 ] && BCPU=$(echo "scale=1; $N / $MED_BCPU" | bc)
-printf '%-58s %12s %14s\n' "$BASE" "$MED_BASE" "$BCPU"
-echo "ratio dfm / baseline (medians): $(echo "scale=2; $MED_DFM / $MED_BASE" | bc)x wall-clock" \
-     "$([ "$BCPU" != - ] && echo "; $(echo "scale=2; $MED_BCPU / $MED_DCPU" | bc)x per CPU-second")"
-echo "dfm achieved $MED_GF GFLOP/s = $(echo "scale=0; 100 * $MED_GF / $PEAK" | bc)% of the measured SGEMM peak ($PEAK GFLOP/s)"
-R2=$DFM_RSS
-
-# ---- peak memory: --texts mode at N/4 and N, and run mode (bounded by --window, not by N) ----
-head -n $((N / 4)) "$W/texts.jsonl" > "$W/quarter.jsonl"
-/usr/bin/time -f "%M" -o "$W/q.rss" "$DFM" encode --texts "$W/quarter.jsonl" --out "$W/q.bin" --device cpu --model "$MODEL" >/dev/null 2>&1
-R1=$(cat "$W/q.rss")
-echo "peak RSS, dfm encode --texts: $((N / 4)) texts ${R1} KB, $N texts ${R2} KB; slope $(echo "scale=2; ($R2 - $R1) / ($N - $N / 4)" | bc) KB/text (texts and vectors held whole in this mode)"
-for docs in 4 16; do
-  head -$docs "$DFM_CORPUS" > "$W/c$docs.jsonl"
-  "$DFM" chunk "$W/run$docs" "$W/c$docs.jsonl" --tokenizer "$DFM_TOKENIZER" --seq-len 256 >/dev/null 2>&1
-  /usr/bin/time -f "%M" -o "$W/run$docs.rss" "$DFM" encode "$W/run$docs" --device cpu --model "$MODEL" >/dev/null 2>&1
-  n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['stages']['encode']['counts']['chunks'])" "$W/run$docs/manifest.json")
-  echo "peak RSS, dfm encode RUN (one rank, --window 4096): $n chunks $(cat "$W/run$docs.rss") KB"
-done
 echo "   load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
