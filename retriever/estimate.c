@@ -4,14 +4,17 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/manifest.h"
+#include "pipeline/chunk/chunk.h"
 #include "retriever/index.h"
 #include "schemas/embedding_shard.h"
 #include "schemas/neighbor_shard.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void human(char *out, size_t n, double bytes) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -23,17 +26,38 @@ static void human(char *out, size_t n, double bytes) {
     snprintf(out, n, "%.1f %s", bytes, u[i]);
 }
 
-/* Throughput per rank used when the run has not measured a stage yet: what the 2-core CI machine
- * does (BENCHMARKS.md, 2026-11-29); a run's own manifest timings replace them stage by stage. */
-static const struct {
+/* The cost model of each stage, fitted by bench/growth.sh on its points with n <= 3e5 (bench/results/
+ * growth.md, 2026-12-01, the shared 2-core VM; the 1e6 points check it): CPU-seconds of the slowest rank
+ *     t = t0 + a * n^b * (s + (1 - s) / P) * (d / 64)^e
+ * n the stage's items, P the ranks. t0 is a fixed start-up (loading the tokenizer). s, the part that
+ * does not shrink with more ranks, is by design, not measured (on 2 shared cores MPI's busy polling
+ * bills a waiting rank's idle time as CPU): index trains on rank 0 (about half its time at these
+ * sizes); retrieve quantises every query on every rank (nlist*d per query against nprobe*N/nlist*d
+ * for the scan: 2/3 of its flops at nprobe 8 and nlist 4*sqrt(N)). e = 1 where the work is linear in
+ * d. base_rss is the measured peak RSS per rank at the smallest point minus the stage's own buffers
+ * (process, MPI, libraries; for chunk the tokenizer). encode was not part of the growth runs: its
+ * rate is BENCHMARKS.md's CPU encoder (26 chunks/s per rank). */
+typedef struct {
     const char *stage, *count;
-    double per_rank_s; /* items per second per rank */
-    const char *unit;
-} default_rates[] = {
-    {"chunk", "tokens", 90000, "tokens"},       {"encode", "chunks", 35, "chunks (CPU)"},
-    {"index", "vectors", 60000, "vectors"},      {"retrieve", "queries", 3500, "queries"},
-    {"targets", "records", 7500, "records"},
+    double t0, a, b, s, e;
+    double base_rss;
+} stage_model;
+static const stage_model models[] = {
+    {"chunk", "stream_tokens", 0.75, 2.2e-7, 1.0, 0.0, 0.0, 148e6},
+    {"encode", "chunks", 0.0, 1.0 / 26.0, 1.0, 0.0, 0.0, 330e6},
+    {"index", "vectors", 0.0, 1.11e-6, 1.39, 0.5, 1.0, 32e6},
+    {"retrieve", "queries", 0.0, 7.02e-7, 1.39, 2.0 / 3.0, 1.0, 43e6},
+    {"targets", "records", 0.4, 2.87e-5, 1.0, 0.0, 1.0, 25e6},
 };
+enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
+
+/* bytes of a target record after zstd 3 (random-mantissa embeddings keep about 0.86 of their bytes;
+ * ids and scores 12 per slot; header 64), and what LMDB stores for it: a record over a third of a
+ * 4 KiB page takes whole pages (measured: a 2.0 KB record one page, a 10.5 KB one three), smaller
+ * ones pack with about 15 % overhead. An ids-only record measured 190 bytes. */
+static double trec_disk(double rec) { return rec > 1360 ? ceil((rec + 16) / 4096) * 4096 : rec * 1.15; }
+#define EST_TREC_RATIO 0.86
+#define EST_IDS_RECORD_BYTES 190.0
 
 /* estimate's sizes: from a run's manifest when there is one, else from a config and a token count */
 static int estimate_sizes(const char *arg, int64_t tokens_opt, int64_t chunk_len, json_t **man, char **run_out,
@@ -82,71 +106,145 @@ static int estimate_sizes(const char *arg, int64_t tokens_opt, int64_t chunk_len
     return DFM_OK;
 }
 
+/* one stage's line of the estimate */
+typedef struct {
+    const char *name;
+    double mem, disk, seconds;
+    const char *source; /* "growth fit" or "this run" */
+    char note[160];
+} est_line;
+
+/* seconds of stage st for n items on P ranks at dimension D: the run's own timing scaled by the model's
+ * exponents where the manifest has one, else the fitted model */
+static double stage_seconds(json_t *man, int st, double n, double P, double D, const char **src) {
+    const stage_model *md = &models[st];
+    double t = md->t0 + md->a * pow(n, md->b) * (md->s + (1 - md->s) / P) * pow(D / 64.0, md->e);
+    *src = st == M_ENCODE ? "CPU encoder rate" : "growth fit";
+    json_t *ms = man ? dfm_manifest_stage(man, md->stage) : NULL;
+    double t_run = json_number_value(json_object_get(json_object_get(ms, "timings"), "total_s"));
+    json_t *cnt = json_object_get(json_object_get(ms, "counts"), md->count);
+    double p_run = (double)json_integer_value(json_object_get(ms, "ranks"));
+    if (t_run > 0 && json_is_integer(cnt) && json_integer_value(cnt) > 0) {
+        double n_run = (double)json_integer_value(cnt);
+        /* counts of index and retrieve are vectors and queries, slightly fewer than chunks; scale by chunks */
+        if (st == M_INDEX || st == M_RETRIEVE) n_run = (double)dfm_manifest_count(man, "chunk", "chunks");
+        if (n_run > 0) {
+            double pr = p_run > 0 ? p_run : 1;
+            t = t_run * pow(n / n_run, md->b) * (md->s + (1 - md->s) / P) / (md->s + (1 - md->s) / pr);
+            *src = "this run";
+        }
+    }
+    return t;
+}
+
+static double node_memory_default(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (double)pages * (double)psz : 16e9;
+}
+
 int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
-    int64_t tokens = cfg->tokens, chunk_len = cfg->chunk_len, dim_opt = cfg->dim, ranks = cfg->ranks, k = cfg->k,
-            qblock = cfg->qblock, mem = cfg->mem, train = cfg->train;
-    const char *factory = cfg->factory, *tdtype = cfg->tdtype;
+    int64_t ranks = cfg->ranks, k = cfg->k, qblock = cfg->qblock;
     char *run = NULL;
     json_t *man = NULL;
     long long n = -1, n_tokens = -1;
-    int rc = estimate_sizes(arg, tokens, chunk_len, &man, &run, &n, &n_tokens);
+    int rc = estimate_sizes(arg, cfg->tokens, cfg->chunk_len, &man, &run, &n, &n_tokens);
     json_t *enc = rc ? NULL : dfm_manifest_stage(man, "encode");
-    long long dim = dim_opt ? dim_opt : enc ? (long long)json_integer_value(json_object_get(enc, "dim")) : 384;
+    long long dim = cfg->dim ? cfg->dim : enc ? (long long)json_integer_value(json_object_get(enc, "dim")) : 384;
     const char *edt = enc ? json_string_value(json_object_get(enc, "dtype")) : NULL;
+    json_t *ccfg = json_object_get(dfm_manifest_stage(man, "chunk"), "config");
+    long long L = json_integer_value(json_object_get(ccfg, "chunk-len")) > 0 ? (long long)json_integer_value(json_object_get(ccfg, "chunk-len")) : cfg->chunk_len;
     if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: pass --dim");
-    int tdt = dfm_emb_dtype_parse(tdtype);
+    int tdt = dfm_emb_dtype_parse(cfg->tdtype);
     dfm_index_plan plan;
-    if (!rc) rc = dfm_index_plan_make(factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)mem, DFM_METRIC_IP, (uint64_t)train, &plan);
-    if (!rc) {
-        char a[32], b[32], c[32], d[32], e[32];
-        double N = (double)n, P = (double)ranks, D = (double)dim;
-        double emb_bytes = N * D * (edt ? (double)dfm_emb_dtype_size((uint32_t)dfm_emb_dtype_parse(edt)) : 4.0);
-        double idx_disk = plan.exact_scores ? N * (4 * D + 8) : (double)plan.bytes_per_rank * P;
-        if (plan.nlist) idx_disk += P * (double)plan.nlist * 4 * D;
-        double idx_mem = idx_disk / P;
-        double train_mem = (double)plan.train_n * 4 * D;
-        double round_q = P * (double)qblock;
-        double ret_mem = idx_mem + round_q * (4 * D + 32 + 2.0 * 16 * (double)k) + (double)qblock * (4 * D + 16 * (double)k) +
-                         (double)DFM_EMB_DEFAULT_BLOCK_CHUNKS * (double)dfm_nbr_row_bytes((uint32_t)k);
-        double ret_disk = N * (double)dfm_nbr_row_bytes((uint32_t)k);
-        double tgt = N * ((double)k * D * (double)dfm_emb_dtype_size((uint32_t)tdt) + 12.0 * (double)k + 64);
+    if (!rc) rc = dfm_index_plan_make(cfg->factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)cfg->mem, DFM_METRIC_IP, (uint64_t)cfg->train, &plan);
+    if (rc) {
+        json_decref(man);
+        free(run);
+        return rc;
+    }
+    double N = (double)n, T = (double)n_tokens, P = (double)ranks, D = (double)dim, K = (double)k;
+    double es = (double)dfm_emb_dtype_size((uint32_t)tdt), window = cfg->window > 0 ? (double)cfg->window : (double)DFM_CHUNK_WINDOW_TOKENS;
+    est_line ln[M_STAGES + 1];
+    memset(ln, 0, sizeof ln);
+    /* chunk: bounded window (chunk.h); the spill file is transient, the shards stay */
+    ln[M_CHUNK] = (est_line){"chunk", models[M_CHUNK].base_rss + 4 * window + 8e6 + 2e6, N * (24.0 + 4.0 * (double)L), 0, NULL, ""};
+    snprintf(ln[M_CHUNK].note, sizeof ln[M_CHUNK].note, "bounded: tokenizer + %.0f-token window; %.1f GB per rank spilled while it runs",
+             window, 4.0 * T / P / 1e9);
+    /* encode: a window of 4096 chunks and one batch of activations (BENCHMARKS.md) */
+    double emb_bytes = N * D * (edt ? (double)dfm_emb_dtype_size((uint32_t)dfm_emb_dtype_parse(edt)) : 4.0);
+    ln[M_ENCODE] = (est_line){"encode", models[M_ENCODE].base_rss, emb_bytes, 0, NULL, "bounded: model weights + a 4096-chunk window"};
+    /* index: the rank's shard, the coarse centroids, the training sample on rank 0, one embedding block */
+    double idx_disk = plan.exact_scores ? N * (4 * D + 8) : (double)plan.bytes_per_rank * P;
+    if (plan.nlist) idx_disk += P * (double)plan.nlist * 4 * D;
+    /* the rank's embedding blocks are mapped whole (file-backed pages: counted in RSS, reclaimable) */
+    double emb_rank = emb_bytes / P;
+    double idx_mem = idx_disk / P, train_mem = (double)plan.train_n * 4 * D;
+    ln[M_INDEX] = (est_line){"index", models[M_INDEX].base_rss + idx_mem + train_mem + emb_rank, idx_disk, 0, NULL, ""};
+    snprintf(ln[M_INDEX].note, sizeof ln[M_INDEX].note, "%s; grows as N/P (shard + mapped embeddings) + the training sample (rank 0)", plan.factory);
+    /* retrieve: the index shard + the query rounds + one neighbour block */
+    double round_q = P * (double)qblock;
+    double ret_mem = idx_mem + emb_rank + round_q * (4 * D + 32 + 2.0 * 16 * K) + (double)qblock * (4 * D + 16 * K) +
+                     (double)DFM_EMB_DEFAULT_BLOCK_CHUNKS * (double)dfm_nbr_row_bytes((uint32_t)k);
+    ln[M_RETRIEVE] = (est_line){"retrieve", models[M_RETRIEVE].base_rss + ret_mem, N * (double)dfm_nbr_row_bytes((uint32_t)k), 0, NULL,
+                                "grows as N/P (index shard + mapped embeddings) + P x query block"};
+    /* write-targets: bounded exchange blocks (1024 queries x K x d floats, sent and received) */
+    double emb_store = N * trec_disk(K * D * es * EST_TREC_RATIO + 12.0 * K + 64), ids_store = N * (trec_disk(EST_IDS_RECORD_BYTES) + D * es);
+    double nbr_rank = N / P * (double)dfm_nbr_row_bytes((uint32_t)k);
+    ln[M_TARGETS] = (est_line){"targets", models[M_TARGETS].base_rss + 1024.0 * K * D * 4 * 3 + emb_rank + nbr_rank, emb_store, 0, NULL,
+                               "1024-query exchange blocks + mapped embeddings and neighbours (N/P); disk for --store embeddings"};
+    double items[M_STAGES] = {T, N, N, N, N}, total = 0;
+    for (int st = 0; st < M_STAGES; st++) {
+        ln[st].seconds = stage_seconds(man, st, items[st], P, D, &ln[st].source);
+        total += ln[st].seconds;
+    }
+    /* the target store: ids mode reads each neighbour's row from the shard tables (N x d x dtype in all);
+     * a trainer's random lookups stay in memory while the tables fit a node's page cache */
+    double node_mem = cfg->node_memory > 0 ? (double)cfg->node_memory : node_memory_default();
+    double tables = N * D * es;
+    const char *store = tables <= 0.5 * node_mem ? "ids" : "embeddings";
+    char why[240];
+    if (!strcmp(store, "ids"))
+        snprintf(why, sizeof why, "the ids tables (%.1f GB) fit in half of a node's %.0f GB, so lookups hit memory; %.1fx less disk", tables / 1e9,
+                 node_mem / 1e9, emb_store / ids_store);
+    else
+        snprintf(why, sizeof why, "the ids tables (%.1f GB) exceed half of a node's %.0f GB: each record would cost up to K random reads from disk",
+                 tables / 1e9, node_mem / 1e9);
+    if (cfg->json) {
+        json_t *o = json_pack("{s:s, s:f, s:f, s:I, s:I, s:I, s:f}", "run", run ? run : arg, "tokens", T, "chunks", N, "dim", (json_int_t)dim, "ranks",
+                              (json_int_t)ranks, "k", (json_int_t)k, "total_s", total);
+        json_t *arr = json_array();
+        for (int st = 0; st < M_STAGES; st++)
+            json_array_append_new(arr, json_pack("{s:s, s:f, s:f, s:f, s:s, s:s}", "stage", ln[st].name, "memory_per_rank_bytes", ln[st].mem,
+                                                 "disk_bytes", ln[st].disk, "seconds", ln[st].seconds, "time_source", ln[st].source, "note",
+                                                 ln[st].note));
+        json_object_set_new(o, "stages", arr);
+        json_object_set_new(o, "index", json_pack("{s:s, s:s}", "factory", plan.factory, "why", plan.why));
+        json_object_set_new(o, "target_store", json_pack("{s:f, s:f, s:f, s:f, s:s, s:s}", "embeddings_bytes", emb_store, "ids_bytes", ids_store,
+                                                         "ids_table_bytes", tables, "node_memory_bytes", node_mem, "recommend", store, "why", why));
+        char *txt = json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+        printf("%s\n", txt ? txt : "{}");
+        free(txt);
+        json_decref(o);
+    } else {
+        char a[32], b[32];
         printf("run %s: %lld tokens, %lld chunks, dim %lld, %lld rank(s)\n", run ? run : arg, n_tokens, n, dim, (long long)ranks);
-        human(a, sizeof a, 4.0 * (double)n_tokens / P + 150e6);
-        printf("  chunk: memory/rank about %s (4 bytes per token of the rank's share + the tokenizer)\n", a);
-        human(a, sizeof a, emb_bytes);
-        printf("  embeddings on disk:           %s\n", a);
-        human(a, sizeof a, idx_mem);
-        human(b, sizeof b, idx_disk);
-        human(c, sizeof c, train_mem);
-        printf("  index  %-22s memory/rank %s, disk %s, training sample %s on rank 0\n", plan.factory, a, b, c);
-        printf("         why: %s\n", plan.why);
-        human(a, sizeof a, ret_mem);
-        human(b, sizeof b, ret_disk);
-        printf("  retrieve (K=%lld, block %lld): memory/rank %s (index + query rounds), disk %s\n", (long long)k, (long long)qblock, a, b);
-        human(d, sizeof d, tgt);
-        human(e, sizeof e, tgt / P);
-        printf("  targets (%s, before zstd):   disk up to %s (%s per rank)\n", dfm_emb_dtype_name((uint32_t)tdt), d, e);
-        /* rough time per stage: items / (rate per rank * ranks); the run's own rates where it has them */
-        double items[5] = {(double)n_tokens, N, N, N, N}, total = 0;
-        printf("  rough time per stage on %lld rank(s):\n", (long long)ranks);
-        for (int st = 0; st < 5; st++) {
-            double rate = default_rates[st].per_rank_s;
-            const char *src = "default";
-            json_t *ms = man ? dfm_manifest_stage(man, default_rates[st].stage) : NULL;
-            double t = json_number_value(json_object_get(json_object_get(ms, "timings"), "total_s"));
-            json_t *cnt = json_object_get(json_object_get(ms, "counts"), default_rates[st].count);
-            int pr = (int)json_integer_value(json_object_get(ms, "ranks"));
-            if (t > 0 && json_is_integer(cnt) && json_integer_value(cnt) > 0) {
-                rate = (double)json_integer_value(cnt) / t / (pr > 0 ? pr : 1);
-                src = "this run";
-            }
-            double sec = items[st] / (rate * P);
-            total += sec;
-            printf("    %-9s %10.0f s  (%.0f %s/s per rank, %s)\n", default_rates[st].stage, sec, rate, default_rates[st].unit, src);
+        printf("  %-9s %14s %12s %12s  %s\n", "stage", "memory/rank", "disk", "time", "");
+        for (int st = 0; st < M_STAGES; st++) {
+            human(a, sizeof a, ln[st].mem);
+            human(b, sizeof b, ln[st].disk);
+            printf("  %-9s %14s %12s %10.0f s  (%s) %s\n", ln[st].name, a, b, ln[st].seconds, ln[st].source, ln[st].note);
         }
-        printf("    %-9s %10.0f s  (%.1f h)\n", "total", total, total / 3600);
+        printf("  %-9s %14s %12s %10.0f s  (%.1f h on %lld rank(s); CPU-seconds of the slowest rank, one core each)\n", "total", "", "", total,
+               total / 3600, (long long)ranks);
+        human(a, sizeof a, train_mem);
+        printf("  index: %s; training sample %s on rank 0 (in its memory above)\n", plan.why, a);
+        human(a, sizeof a, emb_store);
+        human(b, sizeof b, ids_store);
+        printf("  targets (%s, K=%lld): --store embeddings %s, --store ids %s (tables %.1f GB)\n", dfm_emb_dtype_name((uint32_t)tdt), (long long)k,
+               a, b, tables / 1e9);
+        printf("  recommended: --store %s (%s)\n", store, why);
     }
     json_decref(man);
     free(run);
-    return rc;
+    return DFM_OK;
 }

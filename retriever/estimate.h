@@ -1,4 +1,5 @@
-/* estimate.h — `dfm estimate`: memory per rank, disk and a rough time per stage before the jobs run. */
+/* estimate.h — `dfm estimate`: memory per rank, disk and time per stage before the jobs run, and which
+ * target store (`--store embeddings` or `ids`) to use for the corpus. */
 #ifndef DFM_RETRIEVER_ESTIMATE_H
 #define DFM_RETRIEVER_ESTIMATE_H
 
@@ -15,11 +16,21 @@ typedef struct {
     int64_t qblock;      /* queries per rank per round */
     int64_t dim;         /* embedding dimension (0: from the manifest, else 384) */
     const char *tdtype;  /* dtype of target embeddings: fp32, fp16 or bf16 */
+    int64_t window;      /* dfm chunk --window-tokens (0: its default) */
+    int64_t node_memory; /* memory of a training node, bytes, for the store advice (0: this machine's) */
+    int json;            /* print one JSON object instead of the text */
 } dfm_estimate_config;
 
 /* Print the estimate for arg: a run folder (sizes from its manifest) or a dfm build config (.json;
- * sizes from its inputs' bytes or cfg->tokens). Times use the run's measured rates where a stage has
- * run, else the defaults of BENCHMARKS.md. DFM_ESTATE without a size to start from. */
+ * sizes from its inputs' bytes or cfg->tokens).
+ *
+ * Per stage: memory per rank (the stage's bounded buffers and data structures plus the process's
+ * measured base), disk, and time. Times are CPU-seconds of the slowest rank on one core of the
+ * machine class that bench/growth.sh measured (BENCHMARKS.md, "Cost growth"): t = a * n^b * P^-g,
+ * n the stage's items (tokens, chunks), P the ranks, scaled by (d / 64)^e for the stages that handle
+ * vectors; where the run's manifest has timed a stage, its own time is scaled by the same exponents
+ * instead. The target-store advice compares the ids tables with node_memory.
+ * DFM_ESTATE without a size to start from. */
 int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg);
 
 #endif

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# dfm estimate: per stage memory per rank, disk and time (--json), by the model of retriever/estimate.c:
+# chunk memory is bounded (the same at 1e6 and 1e11 tokens); index and retrieve memory shrink with more
+# ranks; disk of the stages is what their formats hold (chunk shards, neighbour rows); the time of a stage a
+# run has timed comes from that run, scaled; the target-store advice follows the node memory.
+source "$(dirname "$0")/lib.sh"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
+est() { "$DFM" estimate "$@" --json > "$WORK/e.json" || fail "estimate $*"; }
+q() { "$PY" -c "import json,sys; e=json.load(open('$WORK/e.json')); s={x['stage']: x for x in e['stages']}; print($1)"; }
+printf '{"run": "%s/none"}\n' "$WORK" > "$WORK/c.json"
+
+est "$WORK/c.json" --tokens 1000000 --ranks 4
+m1=$(q "s['chunk']['memory_per_rank_bytes']"); d1=$(q "s['chunk']['disk_bytes']"); r1=$(q "s['retrieve']['disk_bytes']")
+est "$WORK/c.json" --tokens 100000000000 --ranks 4 --index-memory 64G
+m2=$(q "s['chunk']['memory_per_rank_bytes']"); i4=$(q "s['index']['memory_per_rank_bytes']")
+[ "$m1" = "$m2" ] || fail "chunk memory per rank grows with the corpus: $m1 -> $m2"
+ok "chunk memory per rank is bounded: $m1 bytes at 1e6 and 1e11 tokens"
+# 1e6 tokens / 32 = 31250 chunks of 24 + 4*32 bytes; neighbour rows of K = 16: 8K + 4K + 8 bytes
+[ "${d1%.*}" = $((31250 * 152)) ] || fail "chunk disk $d1, expected $((31250 * 152))"
+[ "${r1%.*}" = $((31250 * 200)) ] || fail "retrieve disk $r1, expected $((31250 * 200))"
+ok "chunk and retrieve disk are their formats' bytes"
+est "$WORK/c.json" --tokens 100000000000 --ranks 64 --index-memory 64G
+i64=$(q "s['index']['memory_per_rank_bytes']")
+"$PY" -c "import sys; sys.exit(0 if $i64 < $i4 / 4 else 1)" || fail "index memory per rank does not shrink with ranks: $i4 (4) vs $i64 (64)"
+ok "index memory per rank shrinks with more ranks ($i4 -> $i64 bytes)"
+est "$WORK/c.json" --tokens 5000000000 --ranks 64 --node-memory 64G
+[ "$(q "e['target_store']['recommend']")" = embeddings ] || fail "64 GB nodes for 120 GB of tables: expected embeddings"
+est "$WORK/c.json" --tokens 5000000000 --ranks 64 --node-memory 512G
+[ "$(q "e['target_store']['recommend']")" = ids ] || fail "512 GB nodes for 120 GB of tables: expected ids"
+ok "store advice at 5e9 tokens: embeddings on 64 GB nodes, ids on 512 GB nodes"
+
+# a run that has timed index: its own time, scaled by the model's exponents (4x the chunks -> 4^b x the time)
+make -s --no-print-directory -C "$ROOT" build/tools/retrieve_mkrun
+"$ROOT/build/tools/retrieve_mkrun" "$WORK/run" 3000 32 16 700 7 >/dev/null
+"$DFM" index "$WORK/run" --index Flat > /dev/null 2>&1 || fail "index"
+est "$WORK/run"
+[ "$(q "s['index']['time_source']")" = "this run" ] || fail "index time not from the run: $(cat "$WORK/e.json")"
+[ "$(q "s['retrieve']['time_source']")" = "growth fit" ] || fail "retrieve has not run, yet its time is not the fit's"
+t1=$(q "s['index']['seconds']")
+run_s=$("$PY" -c "import json; print(json.load(open('$WORK/run/manifest.json'))['stages']['index']['timings']['total_s'])")
+"$PY" -c "import sys; sys.exit(0 if abs($t1 / $run_s - 1) < 1e-4 else 1)" || fail "index estimate $t1 s for the run itself, which took $run_s s"
+est "$WORK/run" --tokens $((4 * 4 * 3000)) --chunk-len 4
+t4=$(q "s['index']['seconds']")
+"$PY" -c "import sys; r = $t4 / $t1; sys.exit(0 if abs(r - 4 ** 1.39) < 0.01 * r else 1)" || fail "4x the chunks: index time x $("$PY" -c "print($t4 / $t1)"), expected 4^1.39"
+ok "index time from the run itself ($run_s s), scaled by 4^1.39 for 4x the chunks"
+"$DFM" estimate "$WORK/run" --ranks 2 | grep -q "recommended: --store" || fail "text output lacks the store advice"
+echo "all estimate checks passed"
