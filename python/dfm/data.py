@@ -23,7 +23,9 @@ order; with world > 1 rank r keeps batches r, r+W, ...).
 Arrays are written in place by the C reader (no copies); as a torch IterableDataset (format="torch")
 the same memory is wrapped as tensors (torch.frombuffer). Under a DataLoader with num_workers > 0,
 worker w of n yields batches w, w+n, ... (the DataLoader interleaves them back into order) and opens
-its own reader.
+its own reader. threads=N reads batches in N threads of this process instead: libdfm decodes without
+the GIL, and no batch crosses a process boundary, which DataLoader workers pay for with a shared-memory
+hand-off per batch (bench/results/python_loader.md).
 """
 from __future__ import annotations
 
