@@ -33,7 +33,12 @@ class _Texts:
         if not chunk:
             return
         tp = tokenizer or (chunk.get("tokenizer") or {}).get("path")
-        L = _lib.lib()
+        try:
+            L = _lib.lib()
+        except ImportError:  # the pure-Python backend without libdfm: no texts
+            if tokenizer:
+                raise
+            return
         tok = ctypes.c_void_p()
         rc = L.dfm_tokenizer_load(tp.encode(), ctypes.byref(tok)) if tp else -15
         if rc:
