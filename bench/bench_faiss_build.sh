@@ -14,7 +14,8 @@
 # Data: unit vectors around N/20 random centres (seed 0); queries from the same distribution. Prints a
 # Markdown table of min / median / max per phase, wall and CPU seconds, the search ratio, and how the
 # sides agree: recall@K of each side's labels against the exact nearest neighbour of the first 1000
-# queries, and the overlap@K of the labels of the sides.
+# queries, and the overlap@K of the labels of the sides. Writes bench/results/faiss_build.md and
+# bench/results/faiss.json (bench/README.md; "dfm" there is the Debian build).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PEERS_PYTHON:-/var/cache/dfm/peers-venv/bin/python}
@@ -61,14 +62,16 @@ for ((r = 0; r < REPS; r++)); do
   for ((i = 0; i < ${#sides[@]}; i++)); do run_side "${sides[$(((i + r) % ${#sides[@]}))]}" "$r"; done
 done
 
-"$PY" - "$B" "$DIM" "$K" "$SIDES" <<'PYEOF'
-import re, statistics, sys
+"$PY" - "$B" "$DIM" "$K" "$SIDES" "$ROOT/bench/results" "N=$N DIM=$DIM $FAC nprobe=$NPROBE K=$K NQ=$NQ TRAIN=$TRAIN" <<'PYEOF'
+import json, os, re, statistics, sys, time
 import numpy as np
-b, d, k, sides = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split()
-rows = [dict(re.findall(r"(\S+)=(\S+)", l)) for l in open(f"{b}/times")]
-names = {s: next(r["faiss"] for r in rows if r["side"] == s) for s in sides}
+b, d, k, sides, res, setting = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5], sys.argv[6]
+out = []
+print = lambda *a: out.append(" ".join(str(x) for x in a))  # the report goes to stdout and bench/results/faiss_build.md
+times = [dict(re.findall(r"(\S+)=(\S+)", l)) for l in open(f"{b}/times")]
+names = {s: next(r["faiss"] for r in times if r["side"] == s) for s in sides}
 def stats(side, key):
-    v = sorted(float(r[key]) for r in rows if r["side"] == side)
+    v = sorted(float(r[key]) for r in times if r["side"] == side)
     return v[0], statistics.median(v), v[-1]
 print("| side | build | phase | wall s min / med / max | CPU s min / med / max |")
 print("|---|---|---|---|---|")
@@ -91,8 +94,37 @@ gt = np.argmax(xq @ xb.T, axis=1)  # unit vectors: max inner product = min L2
 labs = {s: np.fromfile(f"{b}/lab-{s}.i64", dtype="<i8").reshape(-1, k) for s in sides}
 for s in sides:
     print(f"- {s}: recall@{k} of the exact nearest neighbour (first {len(xq)} queries) {np.mean([gt[i] in labs[s][i] for i in range(len(xq))]):.3f}")
+recall = {s: float(np.mean([gt[i] in labs[s][i] for i in range(len(xq))])) for s in sides}
 for i, s in enumerate(sides):
     for t in sides[i + 1:]:
         ov = np.mean([len(set(a) & set(c)) / k for a, c in zip(labs[s], labs[t])])
         print(f"- overlap@{k} of {s} and {t} labels: {ov:.3f}")
+sys.stdout.write("\n".join(out) + "\n")
+# bench/results/faiss.json (bench/README.md): "dfm" is the Debian build dfm links, the peer the wheel;
+# ratio = peer CPU-s / dfm CPU-s per round, median (above 1: the Debian build is faster)
+rows = []
+if base in sides:
+    for s in sides:
+        if s == base:
+            continue
+        for ph in ("train", "add", "search"):
+            dfm_r = {r["round"]: float(r[ph + "_cpu"]) for r in times if r["side"] == base}
+            pairs = [(dfm_r[r["round"]], float(r[ph + "_cpu"])) for r in times if r["side"] == s and r["round"] in dfm_r]
+            ratios = sorted(p / q for q, p in pairs)
+            rows.append({"stage": "faiss", "peer": f"faiss-cpu wheel ({names[s]}), IVF-PQ {ph}", "peer_version": names[s],
+                         "setting": f"{ph}: {setting}, 1 thread", "threads": 1,
+                         "dfm_cpu_s": round(statistics.median(q for q, _ in pairs), 3),
+                         "peer_cpu_s": round(statistics.median(p for _, p in pairs), 3),
+                         "ratio": round(statistics.median(ratios), 3), "ratio_min_max": [round(ratios[0], 3), round(ratios[-1], 3)],
+                         "rounds": len(pairs), "agree": {"ok": abs(recall[s] - recall[base]) <= 0.02,
+                                                         "recall_dfm": recall[base], "recall_peer": recall[s]},
+                         "unit": "CPU-seconds (dfm = Debian FAISS 1.7.3 through its C API)"})
+    head = min((r for r in rows if r["peer"].endswith("search")), key=lambda r: r["peer_cpu_s"])
+    doc = dict(head, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rows=rows)
+    os.makedirs(res, exist_ok=True)
+    json.dump(doc, open(os.path.join(res, "faiss.json"), "w"), indent=1)
+    with open(os.path.join(res, "faiss_build.md"), "w") as f:
+        f.write("# FAISS IVF-PQ: Debian 1.7.3 (what dfm links) vs the faiss-cpu wheel\n\n")
+        f.write(f"`bash bench/bench_faiss_build.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC): {setting}, "
+                "1 thread, interleaved rounds.\n\n" + "\n".join(out) + "\n")
 PYEOF
