@@ -6,6 +6,7 @@
 #   bash bench/peers.sh            create/refresh $PEERS_VENV (idempotent: a second run is a no-op)
 #   bash bench/peers.sh --check    exit 0 if the venv is present and matches the pins, 1 otherwise
 #   bash bench/peers.sh --python   print the venv's python path (after --check semantics: fails if absent)
+#   bash bench/peers.sh --pins     print the pins (the stamp a current venv holds)
 #
 # Environment:
 #   PEERS_VENV=DIR         where the venv lives (default /var/cache/dfm/peers-venv)
@@ -51,8 +52,9 @@ case "${1:-}" in
            say "peer venv $PEERS_VENV is missing or does not match the pins; run: bash bench/peers.sh"; exit 1 ;;
   --python) is_current || die "peer venv $PEERS_VENV is missing or stale; run: bash bench/peers.sh"
             echo "$PEERS_VENV/bin/python"; exit 0 ;;
+  --pins) echo "$STAMP_WANT"; exit 0 ;;
   "") ;;
-  *) die "unknown argument '$1' (use --check, --python or nothing)" ;;
+  *) die "unknown argument '$1' (use --check, --python, --pins or nothing)" ;;
 esac
 
 if is_current; then

@@ -7,6 +7,7 @@
 #   bash bench/run_all.sh                      all stages: tokenizer encoder train faiss
 #   bash bench/run_all.sh encoder faiss        only these
 #   TABLE_ONLY=1 bash bench/run_all.sh         print the table from the result files already there
+#   TABLE_ONLY=1 BENCH_RESULTS=DIR bash bench/run_all.sh    the same from DIR (run_all.md is written there)
 #
 # Each benchmark takes minutes to tens of minutes on 2 shared cores; their own knobs (N, ROUNDS, ...)
 # pass through the environment. Exits non-zero if a benchmark fails or writes no fresh result file.
@@ -21,11 +22,12 @@ STAGES=(tokenizer encoder train faiss)
 for s in "${STAGES[@]}"; do
   [ -n "${SCRIPT[$s]:-}" ] || { echo "run_all: unknown stage '$s' (tokenizer encoder train faiss)" >&2; exit 2; }
 done
-RES=$HERE/results
+RES=${BENCH_RESULTS:-$HERE/results}
 mkdir -p "$RES"
 
 failed=()
 if [ "${TABLE_ONLY:-0}" != 1 ]; then
+  [ -z "${BENCH_RESULTS:-}" ] || { echo "run_all: BENCH_RESULTS is for TABLE_ONLY=1 (the benchmarks write bench/results)" >&2; exit 2; }
   bash "$HERE/peers.sh" || { echo "run_all: bench/peers.sh could not make the peer venv" >&2; exit 1; }
   PEERS_PYTHON=$(bash "$HERE/peers.sh" --python)
   export PEERS_PYTHON
