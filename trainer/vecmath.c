@@ -11,15 +11,17 @@
 /* the helpers below pass 64-byte vectors but are always inlined: no ABI crosses a call */
 #pragma GCC diagnostic ignored "-Wpsabi"
 
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(64), aligned(16)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(16)));
 typedef unsigned char vb __attribute__((vector_size(16)));
 #define VN 16
 
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define VM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define VM_NO_ERRNO __attribute__((optimize("no-math-errno"))) /* sqrt as one instruction per vector */
 #else
 #define VM_CLONES
+#define VM_NO_ERRNO
 #endif
 #define VM_INLINE static inline __attribute__((always_inline))
 
@@ -28,29 +30,38 @@ VM_INLINE vf vload(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
-VM_INLINE void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+/* vector arguments go by pointer or through macros: a 64-byte vector parameter draws GCC's ABI note */
+#define vstore(p, v)                                                                                           \
+    do {                                                                                                       \
+        vf vs_ = (v);                                                                                          \
+        memcpy((p), &vs_, sizeof vs_);                                                                         \
+    } while (0)
 VM_INLINE vf vsplat(float x) { return (vf){0} + x; }
 /* m ? a : b, m from a vector comparison (all bits set or clear) */
-VM_INLINE vf vsel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+#define vsel(m, a, b) ((vf)(((vi)(a) & (m)) | ((vi)(b) & ~(m))))
 /* a zero-padded copy of the last n < VN floats */
 VM_INLINE vf vload_tail(const float *p, size_t n) {
     float t[VN] = {0};
     memcpy(t, p, n * sizeof(float));
     return vload(t);
 }
-VM_INLINE void vstore_tail(float *p, vf v, size_t n) {
-    float t[VN];
-    vstore(t, v);
-    memcpy(p, t, n * sizeof(float));
-}
-VM_INLINE float vsum(vf v) { /* fixed order: pairwise over the lanes */
+#define vstore_tail(p, v, n)                                                                                   \
+    do {                                                                                                       \
+        float vt_[VN];                                                                                         \
+        vf vs_ = (v);                                                                                          \
+        memcpy(vt_, &vs_, sizeof vs_);                                                                         \
+        memcpy((p), vt_, (n) * sizeof(float));                                                                 \
+    } while (0)
+VM_INLINE float vsum_p(const vf *vp) { /* fixed order: pairwise over the lanes */
+    vf v = *vp;
     for (int w = VN / 2; w >= 1; w /= 2)
         for (int i = 0; i < w; i++) v[i] += v[i + w];
     return v[0];
 }
 
 /* Cephes expf: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts) */
-VM_INLINE vf vexp(vf x) {
+VM_INLINE vf vexp_p(const vf *xp) {
+    vf x = *xp;
     const float lo = -87.33654475f, hi = 88.72283905f;
     vi under = x < vsplat(lo);
     x = vsel(x > vsplat(hi), vsplat(hi), x);
@@ -73,7 +84,9 @@ VM_INLINE vf vexp(vf x) {
     return vsel(under, vsplat(0.0f), y * scale);
 }
 
-VM_INLINE vf vsigmoid(vf g) { return 1.0f / (1.0f + vexp(-g)); }
+#define vsum(v) ({ vf vv_ = (v); vsum_p(&vv_); })
+#define vexp(x) ({ vf vx_ = (x); vexp_p(&vx_); })
+#define vsigmoid(g) (1.0f / (1.0f + vexp(-(g))))
 
 VM_CLONES float vm_max(const float *x, size_t n) {
     vf m = vsplat(-INFINITY);
@@ -201,9 +214,9 @@ VM_CLONES void vm_rmsnorm_backward_row(float *dx, float *dw, const float *dy, co
 }
 
 /* one lane block of AdamW; sqrt per lane (the compiler turns the loop into the vector instruction) */
-VM_INLINE void adamw_block(float *p, const float *g, float *m, float *v, vf wdv, float lr, float beta1, float beta2,
+VM_INLINE void adamw_block(float *p, const float *g, float *m, float *v, const vf *wdp, float lr, float beta1, float beta2,
                            float eps, float b1c, float b2c) {
-    vf gi = vload(g), mi = vload(m) * beta1 + gi * (1.0f - beta1);
+    vf wdv = *wdp, gi = vload(g), mi = vload(m) * beta1 + gi * (1.0f - beta1);
     vf vi_ = vload(v) * beta2 + gi * gi * (1.0f - beta2);
     vstore(m, mi);
     vstore(v, vi_);
@@ -213,10 +226,9 @@ VM_INLINE void adamw_block(float *p, const float *g, float *m, float *v, vf wdv,
     vstore(p, pi - lr * ((mi / b1c) / (den + eps) + wdv * pi));
 }
 
-VM_CLONES __attribute__((optimize("no-math-errno"))) void vm_adamw(float *params, const float *grads, float *m,
-                                                                   float *v, const unsigned char *decay, size_t n,
-                                                                   float lr, float beta1, float beta2, float eps,
-                                                                   float wd, float b1c, float b2c) {
+VM_CLONES VM_NO_ERRNO void vm_adamw(float *params, const float *grads, float *m, float *v, const unsigned char *decay,
+                                    size_t n, float lr, float beta1, float beta2, float eps, float wd, float b1c,
+                                    float b2c) {
     size_t i = 0;
     for (; i + VN <= n; i += VN) {
         vf wdv = vsplat(0.0f);
@@ -225,7 +237,7 @@ VM_CLONES __attribute__((optimize("no-math-errno"))) void vm_adamw(float *params
             memcpy(&d, decay + i, sizeof d);
             wdv = __builtin_convertvector(d, vf) * wd;
         }
-        adamw_block(params + i, grads + i, m + i, v + i, wdv, lr, beta1, beta2, eps, b1c, b2c);
+        adamw_block(params + i, grads + i, m + i, v + i, &wdv, lr, beta1, beta2, eps, b1c, b2c);
     }
     for (; i < n; i++) { /* the same operations, one element */
         float g = grads[i];
