@@ -49,31 +49,49 @@ python3 - "$RES" "${STAGES[@]}" <<'PY' | tee "$RES/run_all.md" || rc=$?
 import json, os, sys, time
 res, stages = sys.argv[1], sys.argv[2:]
 need = ("stage", "peer", "peer_version", "dfm_cpu_s", "peer_cpu_s", "ratio", "agree")
-print(f"dfm against its peers, per CPU-second (dfm/peer above 1: dfm faster); table made {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
-print()
-print("| stage | peer | peer version | setting | dfm CPU-s | peer CPU-s | dfm/peer | outputs agree | measured |")
-print("|---|---|---|---|---|---|---|---|---|")
-bad = 0
+HEAD = ("| stage | peer | peer version | setting | dfm CPU-s | peer CPU-s | dfm/peer | outputs agree | measured |\n"
+        "|---|---|---|---|---|---|---|---|---|")
+
+def row(s, x, date):
+    ag = x["agree"]
+    ok = ag.get("ok") if isinstance(ag, dict) else bool(ag)
+    figs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                     for k, v in ag.items() if k not in ("ok", "tol")) if isinstance(ag, dict) else ""
+    setting = ", ".join(str(v) for v in (f"{x['threads']} thr" if "threads" in x else None, x.get("unit")) if v)
+    return (f"| {s} | {x['peer']} | {x['peer_version']} | {setting} | {x['dfm_cpu_s']:.3g} | {x['peer_cpu_s']:.3g} "
+            f"| **{x['ratio']:.2f}×** | {'yes' if ok else 'NO'}{' (' + figs + ')' if figs else ''} | {date} |")
+
+found, bad = {}, 0
 for s in stages:
     p = os.path.join(res, s + ".json")
     try:
         r = json.load(open(p))
-        miss = [k for k in need if k not in r]
+        miss = [k for k in need if k not in r] + [f"rows[{i}].{k}" for i, x in enumerate(r.get("rows") or [])
+                                                  for k in need if k not in x]
         if miss:
             raise ValueError(f"missing fields {miss}")
+        found[s] = (r, r.get("date", time.strftime("%Y-%m-%d", time.gmtime(os.path.getmtime(p)))))
     except (OSError, ValueError) as e:
-        print(f"| {s} | (no result: {e}) | | | | | | | |")
+        found[s] = e
         bad = 1
-        continue
-    for x in r.get("rows") or [r]:
-        ag = x["agree"]
-        ok = ag.get("ok") if isinstance(ag, dict) else bool(ag)
-        figs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                         for k, v in ag.items() if k not in ("ok", "tol")) if isinstance(ag, dict) else ""
-        setting = ", ".join(str(v) for v in (f"{x['threads']} thr" if "threads" in x else None, x.get("unit")) if v)
-        print(f"| {s} | {x['peer']} | {x['peer_version']} | {setting} | {x['dfm_cpu_s']:.3g} | {x['peer_cpu_s']:.3g} "
-              f"| **{x['ratio']:.2f}×** | {'yes' if ok else 'NO'}{' (' + figs + ')' if figs else ''} "
-              f"| {r.get('date', time.strftime('%Y-%m-%d', time.gmtime(os.path.getmtime(p))))} |")
+print(f"dfm against its peers, per CPU-second (dfm/peer above 1: dfm faster); "
+      f"table made {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
+print()
+print("Headline per stage (the strongest peer at the benchmark's main setting):")
+print()
+print(HEAD)
+for s in stages:
+    f = found[s]
+    print(f"| {s} | (no result: {f}) | | | | | | | |" if isinstance(f, Exception) else row(s, *f))
+print()
+print("Every comparison:")
+print()
+print(HEAD)
+for s in stages:
+    f = found[s]
+    if not isinstance(f, Exception):
+        for x in f[0].get("rows") or [f[0]]:
+            print(row(s, x, f[1]))
 sys.exit(bad)
 PY
 if [ ${#failed[@]} -gt 0 ]; then echo "run_all: failed stages: ${failed[*]}" >&2; exit 1; fi
