@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/blas_core.h"
 #include "common/error.h"
 
 #ifdef DFM_HAVE_CUDA
@@ -188,9 +189,9 @@ int engine_create(DfmModel *m, const EngineOptions *o, const dfm_mpi *mp, Engine
     int rc = (!e->m1 || !e->m2 || !e->decay) ? DFM_FAIL(DFM_ENOMEM, "optimizer state for %zu parameters", e->np)
                                              : DFM_OK;
     snprintf(e->desc, sizeof e->desc,
-             "CPU, fp32 (the reference); memory: parameters %.1f MiB, gradients %.1f MiB, AdamW %.1f MiB, "
-             "activations %.1f MiB", (m->bb_num + m->dfm_num) * 4.0 / 1048576.0, m->grad_num * 4.0 / 1048576.0,
-             e->np * 8.0 / 1048576.0, m->act_num * 4.0 / 1048576.0);
+             "CPU, fp32 (the reference), OpenBLAS %s kernels; memory: parameters %.1f MiB, gradients %.1f MiB, "
+             "AdamW %.1f MiB, activations %.1f MiB", dfm_blas_core_name(), (m->bb_num + m->dfm_num) * 4.0 / 1048576.0,
+             m->grad_num * 4.0 / 1048576.0, e->np * 8.0 / 1048576.0, m->act_num * 4.0 / 1048576.0);
 #ifdef DFM_HAVE_CUDA
     if (o->cuda) rc = create_cuda(e, mp, rc);
 #endif
