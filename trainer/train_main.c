@@ -24,6 +24,7 @@ static const command commands[] = {
     {"train", cmd_train, "train predictor + projector + fusion on a frozen backbone with target memory"},
     {"eval", cmd_eval, "held-out CE with predicted / no / target memory, MSE and cosine of the slots"},
     {"generate", cmd_generate, "greedy decoding with memory predicted from the prompt and held fixed"},
+    {"hidden", cmd_hidden, "write a frozen backbone's hidden states over a token stream: token-level datastore keys"},
     {"synth", cmd_synth, "write a synthetic token shard + targets file with informative memory (tests, demos)"},
     {"dump-batches", cmd_dump_batches, "write the micro-batches the loader gives one rank (checks of other loaders)"},
     {"debug-state", cmd_debug_state, "write a tiny model's forward/backward state for the PyTorch parity test"},

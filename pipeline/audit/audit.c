@@ -11,7 +11,6 @@
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/index_factory_c.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,11 +71,9 @@ void dfm_audit_key(uint64_t seed, uint32_t dim, float *out) {
     for (uint32_t j = 0; j < dim; j++) out[j] *= inv;
 }
 
-/* The index of one side: the run's family when the sample can train it (IVF with fewer lists if need
- * be), otherwise what `dfm index` would choose for this size; the reason into side->why. */
-static int side_plan(const dfm_audit_side_opts *o, uint64_t n_keys, dfm_index_plan *plan, dfm_audit_side *side) {
-    const char *want = o->index && o->index[0] ? o->index : "auto";
-    int rc = dfm_index_plan_make(want, n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
+int dfm_audit_plan(const char *index, uint32_t metric, uint32_t dim, uint64_t n_keys, dfm_index_plan *plan, char *why, size_t n_why) {
+    const char *want = index && index[0] ? index : "auto";
+    int rc = dfm_index_plan_make(want, n_keys, dim, 1, 0, metric, n_keys, plan);
     if (rc && strcmp(want, "auto")) {
         char first[400];
         snprintf(first, sizeof first, "%s", dfm_last_error());
@@ -91,21 +88,21 @@ static int side_plan(const dfm_audit_side_opts *o, uint64_t n_keys, dfm_index_pl
             uint64_t nl = n_keys / 39, cap = (uint64_t)llround(4.0 * sqrt((double)n_keys));
             if (nl > cap) nl = cap;
             snprintf(scaled, sizeof scaled, "%.*s%llu%s", (int)(ivf + 3 - want), want, (unsigned long long)(nl ? nl : 1), end);
-            rc = dfm_index_plan_make(scaled, n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
+            rc = dfm_index_plan_make(scaled, n_keys, dim, 1, 0, metric, n_keys, plan);
             if (rc) dfm_error_clear();
         }
         if (!rc) {
-            snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with keys/39 lists: %s",
+            snprintf(why, n_why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); same family with keys/39 lists: %s",
                      want, (unsigned long long)n_keys, first, plan->factory);
         } else {
-            rc = dfm_index_plan_make("auto", n_keys, o->dim, 1, 0, o->metric, n_keys, plan);
+            rc = dfm_index_plan_make("auto", n_keys, dim, 1, 0, metric, n_keys, plan);
             if (!rc)
-                snprintf(side->why, sizeof side->why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); used %s: %.200s",
+                snprintf(why, n_why, "the run's '%s' cannot be trained on %llu sample keys (%.200s); used %s: %.200s",
                          want, (unsigned long long)n_keys, first, plan->factory, plan->why);
         }
     } else if (!rc) {
-        if (strcmp(want, "auto")) snprintf(side->why, sizeof side->why, "the run's factory %s", plan->factory);
-        else snprintf(side->why, sizeof side->why, "chosen for %llu keys as dfm index would: %.450s", (unsigned long long)n_keys, plan->why);
+        if (strcmp(want, "auto")) snprintf(why, n_why, "the run's factory %s", plan->factory);
+        else snprintf(why, n_why, "chosen for %llu keys as dfm index would: %.450s", (unsigned long long)n_keys, plan->why);
     }
     return rc;
 }
@@ -122,7 +119,7 @@ int dfm_audit_measure_side(const dfm_audit_side_opts *o, const uint64_t *seeds, 
     side->queries = n_queries;
 
     dfm_index_plan plan;
-    int rc = side_plan(o, n_keys, &plan, side);
+    int rc = dfm_audit_plan(o->index, o->metric, o->dim, n_keys, &plan, side->why, sizeof side->why);
     if (rc) return rc;
     snprintf(side->factory, sizeof side->factory, "%s", plan.factory);
 
@@ -218,120 +215,6 @@ const char *dfm_audit_human(double v, char *buf, size_t n) {
     if (i == 0 && v == floor(v)) snprintf(buf, n, "%.0f", v);
     else snprintf(buf, n, "%.3g%s", v, pre[i]);
     return buf;
-}
-
-/* ---- chart ------------------------------------------------------------------------------------ */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int w = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (w < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->p && b->n + (size_t)w < b->cap) {
-            b->n += (size_t)w;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + (size_t)w + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-}
-
-static void xml_text(sbuf *b, const char *s) {
-    for (; *s; s++) {
-        if (*s == '<') sb_printf(b, "&lt;");
-        else if (*s == '>') sb_printf(b, "&gt;");
-        else if (*s == '&') sb_printf(b, "&amp;");
-        else sb_printf(b, "%c", *s);
-    }
-}
-
-int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars) {
-    /* horizontal bars on a shared log10 axis from 10^0 to the decade above the largest value */
-    double vmax = 1;
-    for (int i = 0; i < n_bars; i++) {
-        if (bars[i].chunk > vmax) vmax = bars[i].chunk;
-        if (bars[i].token > vmax) vmax = bars[i].token;
-    }
-    int dec_lo = 0;
-    for (int i = 0; i < n_bars; i++) {
-        double lo = bars[i].chunk > 0 && bars[i].chunk < bars[i].token ? bars[i].chunk : bars[i].token;
-        if (lo > 0 && floor(log10(lo)) < dec_lo) dec_lo = (int)floor(log10(lo));
-    }
-    int dec_hi = (int)ceil(log10(vmax));
-    if (dec_hi <= dec_lo) dec_hi = dec_lo + 1;
-    const double left = 170, width = 560, top = 60, group_h = 70, bar_h = 22;
-    const double H = top + n_bars * group_h + 70;
-    const double W = left + width + 160;
-    sbuf b = {0};
-    sb_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-                  "font-family=\"sans-serif\" font-size=\"12\">\n", W, H, W, H);
-    sb_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"24\" font-size=\"15\" font-weight=\"bold\">", 10.0);
-    xml_text(&b, title);
-    sb_printf(&b, "</text>\n");
-    sb_printf(&b, "<rect x=\"%.0f\" y=\"34\" width=\"12\" height=\"12\" fill=\"#2b6cb0\"/><text x=\"%.0f\" y=\"45\">chunk level (DFM)</text>\n",
-              left, left + 16);
-    sb_printf(&b, "<rect x=\"%.0f\" y=\"34\" width=\"12\" height=\"12\" fill=\"#c05621\"/><text x=\"%.0f\" y=\"45\">token level (one query per token, k per query)</text>\n",
-              left + 150, left + 166);
-    double span = dec_hi - dec_lo;
-    double y_axis = top + n_bars * group_h + 10;
-    for (int d = dec_lo; d <= dec_hi; d++) {
-        double x = left + width * (d - dec_lo) / span;
-        sb_printf(&b, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#ddd\"/>\n", x, top - 6, x, y_axis);
-        sb_printf(&b, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#555\">1e%d</text>\n", x, y_axis + 16, d);
-    }
-    sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#555\">log10 scale</text>\n", left + width / 2, y_axis + 36);
-    for (int i = 0; i < n_bars; i++) {
-        double y = top + i * group_h;
-        char h1[32], h2[32];
-        sb_printf(&b, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\" font-weight=\"bold\">", left - 10, y + bar_h + 4);
-        xml_text(&b, bars[i].label);
-        sb_printf(&b, "</text>\n<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\" fill=\"#555\">", left - 10, y + bar_h + 18);
-        xml_text(&b, bars[i].unit);
-        sb_printf(&b, "</text>\n");
-        const double vals[2] = {bars[i].chunk, bars[i].token};
-        const char *col[2] = {"#2b6cb0", "#c05621"};
-        for (int s = 0; s < 2; s++) {
-            double v = vals[s];
-            double by = y + s * (bar_h + 4);
-            double w = v > 0 ? width * (log10(v) - dec_lo) / span : 0;
-            if (w < 1 && v > 0) w = 1;
-            sb_printf(&b, "<rect x=\"%.0f\" y=\"%.1f\" width=\"%.1f\" height=\"%.0f\" fill=\"%s\"><title>%.6g</title></rect>\n", left, by,
-                      w, bar_h, col[s], v);
-            sb_printf(&b, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", left + w + 5, by + 15, v > 0 ? dfm_audit_human(v, s ? h2 : h1, 32) : "n/a");
-        }
-        if (vals[0] > 0 && vals[1] > 0)
-            sb_printf(&b, "<text x=\"%.0f\" y=\"%.1f\" fill=\"#2f855a\">%.3f %% fewer</text>\n", left + width + 70, y + bar_h + 4,
-                      100.0 * (1.0 - vals[0] / vals[1]));
-    }
-    sb_printf(&b, "</svg>\n");
-    if (b.oom) {
-        free(b.p);
-        return DFM_FAIL(DFM_ENOMEM, "audit: no memory for the chart %s", path);
-    }
-    int rc = dfm_write_file_atomic(path, b.p, b.n);
-    free(b.p);
-    return rc;
 }
 
 /* ---- helpers ---------------------------------------------------------------------------------------- */

@@ -20,6 +20,9 @@
 
 #include <jansson.h>
 
+#include "pipeline/audit/audit_scale.h"
+#include "retriever/index.h"
+
 /* ---- counted ---------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -86,6 +89,11 @@ typedef struct {
  * uniform in [-1, 1) per component, L2-normalised). Equal seeds give equal keys. */
 void dfm_audit_key(uint64_t seed, uint32_t dim, float *out);
 
+/* The index for n_keys keys of width dim: the given family when that many keys can train it (IVF with
+ * keys/39 lists if need be), otherwise what `dfm index` would choose for this size ("auto" chooses as
+ * dfm index does); the reason into why. DFM_EARG when nothing fits. */
+int dfm_audit_plan(const char *index, uint32_t metric, uint32_t dim, uint64_t n_keys, dfm_index_plan *plan, char *why, size_t n_why);
+
 /* Build the datastore from n_keys seeded keys, then run one query for each index in qidx (n_queries
  * of them, indexes into the keys) with top-k, timing both. The index follows o->index: "auto" is
  * chosen for n_keys like `dfm index` does; a factory string is used as given when the sample can
@@ -102,8 +110,31 @@ typedef struct {
     double chunk, token;     /* values (> 0 to be drawn) */
 } dfm_audit_bar;
 
-/* Write an SVG bar chart (log10 scale, chunk- vs token-level bars per group) atomically to path. */
+/* One side's growth in a panel: measured (x = corpus tokens, y) and, with has_fit, its power law. */
+typedef struct {
+    int n;
+    double x[DFM_AUDIT_MAX_SIZES], y[DFM_AUDIT_MAX_SIZES];
+    int has_fit;
+    dfm_audit_fit fit;
+} dfm_audit_series;
+
+typedef struct {
+    const char *title, *unit;
+    dfm_audit_series side[2]; /* chunk level, token level */
+} dfm_audit_panel;
+
+/* Write audit.svg atomically to path (audit_chart.c): the title and legend, n_panels growth panels side
+ * by side (log-log, measured points, the fit solid over the measured range and dashed up to x_hi), then
+ * the savings bars (log10 scale, chunk- vs token-level bars per group, the saving in %), then note
+ * (NULL: none). The canvas is sized from estimated text widths (dfm_audit_text_width) so every label
+ * lies inside it. DFM_ENOMEM, DFM_EIO. */
+int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_panel *panels, int n_panels, double x_hi,
+                          const char *note, const dfm_audit_bar *bars, int n_bars);
+/* The bars alone. */
 int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars);
+/* Estimated width in pixels of UTF-8 text s at font size `size` in DejaVu Sans (bold: 1), rounded up per
+ * character class; tests/integration/test_audit_chart.sh uses the same table. */
+double dfm_audit_text_width(const char *s, double size, int bold);
 
 /* ---- helpers --------------------------------------------------------------------------------------- */
 
@@ -130,6 +161,9 @@ typedef struct {
     int64_t seed;        /* of the sample and of the keys */
     int64_t threads;     /* OpenMP threads for the measured searches (0: OpenMP's default) */
     double large;        /* the large corpus, in tokens, to extrapolate both pipelines to */
+    /* the measurement at several sizes (audit_scale.h; measure_tokens 0: not run) */
+    int64_t measure_tokens, measure_sizes, repeats, measure_queries, recall_queries, token_nprobe;
+    const char *token_keys; /* a hidden-states file or "random" */
 } dfm_audit_config;
 
 /* The report of cfg->run: count (the run's manifest, dfm_audit_count), measure (cfg->sample sequences,

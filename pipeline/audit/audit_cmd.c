@@ -13,7 +13,7 @@ int dfm_cmd_audit(int argc, char **argv) {
     char *out = NULL;
     int compare = 0;
     dfm_audit_config a = {0};
-    char *out_dir = NULL;
+    char *out_dir = NULL, *token_keys = NULL, *keys_path = NULL;
     dfm_opt opts[] = {
         {"out", DFM_OPT_STR, &out, NULL, "DIR", "write audit.json, audit.md, audit.svg here (default RUN/audit)", 1},
         {"token-level-sample", DFM_OPT_INT, &a.sample, "2", "N",
@@ -22,6 +22,17 @@ int dfm_cmd_audit(int argc, char **argv) {
         {"token-key-dim", DFM_OPT_INT, &a.key_dim, "4096", "D", "token-level key width: the LM hidden size (4096 for a 7B model)", 0, .min = "1", .max = "65536"},
         {"extrapolate-tokens", DFM_OPT_DOUBLE, &a.large, "5e9", "T", "the large corpus to extrapolate both pipelines to", 0, .min = "1"},
         {"seed", DFM_OPT_INT, &a.seed, "1234", "S", "seed of the sample and of the keys", 0},
+        {"measure-tokens", DFM_OPT_INT, &a.measure_tokens, "0", "N",
+         "build and search both datastores over the first n tokens of the same text at --measure-sizes sizes up to N (token level: "
+         "--token-keys, IVF-PQ; chunk level: the run's embeddings and index), fit the growth and extrapolate (0: skip)", 0, .min = "0"},
+        {"token-keys", DFM_OPT_STR, &token_keys, NULL, "FILE",
+         "token-level keys for --measure-tokens: a hidden-states file of `dfm-train hidden` (default RUN/audit/hidden_states.bin), "
+         "or 'random' for seeded random keys of width --token-key-dim (labelled as such)", 0},
+        {"measure-sizes", DFM_OPT_INT, &a.measure_sizes, "4", "S", "sizes for --measure-tokens, each 4x the previous", 0, .min = "2", .max = "12"},
+        {"repeats", DFM_OPT_INT, &a.repeats, "3", "R", "builds and search passes per size (min/median/max)", 0, .min = "1", .max = "15"},
+        {"measure-queries", DFM_OPT_INT, &a.measure_queries, "500", "Q", "timed queries per size and side", 0, .min = "1"},
+        {"recall-queries", DFM_OPT_INT, &a.recall_queries, "50", "Q", "of those, also searched exactly for recall@k", 0, .min = "0"},
+        {"token-nprobe", DFM_OPT_INT, &a.token_nprobe, "32", "N", "IVF lists visited per token-level query (kNN-LM: 32)", 0, .min = "1"},
         {"threads", DFM_OPT_INT, &a.threads, "1", "N", "OpenMP threads for the measured searches, both sides alike (0: OpenMP's default)", 0, .min = "0"},
         {"compare", DFM_OPT_FLAG, &compare, NULL, NULL, "dfm audit --compare RUN_A RUN_B: check that two runs' counts and target records agree", 1},
         {0},
@@ -50,8 +61,11 @@ int dfm_cmd_audit(int argc, char **argv) {
         rc = DFM_FAIL(DFM_ENOMEM, "no memory");
         goto done;
     }
-    rc = dfm_audit_run(&a);
+    if (token_keys) a.token_keys = token_keys;
+    else if (!(a.token_keys = keys_path = dfm_path_join(out_dir, "hidden_states.bin"))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) rc = dfm_audit_run(&a);
 done:
+    free(keys_path);
     free(out_dir);
     free(pos);
     dfm_opts_free(opts);

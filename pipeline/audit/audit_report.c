@@ -1,6 +1,7 @@
 /* audit_report.c — `dfm audit RUN`: count (the manifest), measure (a sample), extrapolate, render
  * (audit.json, audit.md, audit.svg). See audit.h. */
 #include "pipeline/audit/audit.h"
+#include "pipeline/audit/audit_scale.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -20,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+void openblas_set_num_threads(int n); /* cblas.h of some OpenBLAS builds lacks the prototype */
 
 /* ---- manifest access -------------------------------------------------------------------------- */
 
@@ -260,6 +263,9 @@ typedef struct {
     int measured, threads_used;
     sample_t smp;
     dfm_audit_side cs, ts;
+    /* measured at several sizes (--measure-tokens) */
+    int scaled;
+    dfm_audit_scale sc;
     /* extrapolated */
     double q_per_tok, keys_per_tok;
     extrap_t ex[2];
@@ -332,16 +338,35 @@ static int audit_count(audit_ctx *x) {
 static int audit_measure(audit_ctx *x) {
     const dfm_audit_config *a = x->a;
     x->threads_used = omp_get_max_threads();
-    if (a->sample <= 0) return DFM_OK;
+    if (a->sample <= 0 && a->measure_tokens <= 0) return DFM_OK;
     /* one thread by default: on a shared, loaded machine a parallel region waits for its slowest
      * descheduled thread, which would swamp the small chunk-level searches with scheduler noise */
     int prev_threads = omp_get_max_threads();
     if (a->threads > 0) omp_set_num_threads((int)a->threads);
     x->threads_used = omp_get_max_threads();
-    int rc = sample_build(a->run, (uint64_t)a->sample, (uint64_t)a->seed, &x->smp);
-    if (!rc) rc = measure_both(a, &x->smp, x->factory, x->metric, x->enc_dim, x->K, x->margin, x->nprobe, &x->cs, &x->ts);
+    openblas_set_num_threads(x->threads_used); /* FAISS's training and exact search run BLAS: its threads too */
+    int rc = DFM_OK;
+    if (a->sample > 0) {
+        rc = sample_build(a->run, (uint64_t)a->sample, (uint64_t)a->seed, &x->smp);
+        if (!rc) rc = measure_both(a, &x->smp, x->factory, x->metric, x->enc_dim, x->K, x->margin, x->nprobe, &x->cs, &x->ts);
+        if (!rc) x->measured = 1;
+    }
+    if (!rc && a->measure_tokens > 0) {
+        if (!x->have_encode) {
+            rc = DFM_FAIL(DFM_ESTATE, "audit: --measure-tokens needs the run's chunk embeddings (the encode stage) as chunk-level keys");
+        } else {
+            dfm_audit_scale_cfg c = {
+                .run = a->run, .token_keys = a->token_keys, .random_dim = (uint32_t)a->key_dim, .max_tokens = (uint64_t)a->measure_tokens,
+                .sizes = (int)a->measure_sizes, .repeats = (int)a->repeats, .queries = (uint64_t)a->measure_queries,
+                .recall_queries = (uint64_t)a->recall_queries, .k_token = (uint32_t)a->k_token, .k_chunk = x->K + x->margin,
+                .token_nprobe = a->token_nprobe, .chunk_nprobe = x->nprobe, .chunk_index = x->index_req ? x->index_req : x->factory,
+                .chunk_metric = x->metric, .chunk_keys_per_token = x->tokens ? (double)(x->vectors ? x->vectors : x->chunks) / (double)x->tokens : 0,
+                .chunk_queries_per_token = x->tokens ? (double)x->queries / (double)x->tokens : 0, .seed = (uint64_t)a->seed};
+            rc = dfm_audit_scale_run(&c, &x->sc);
+            if (!rc) x->scaled = 1;
+        }
+    }
     omp_set_num_threads(prev_threads);
-    if (!rc) x->measured = 1;
     return rc;
 }
 
@@ -452,6 +477,19 @@ static json_t *render_json(const audit_ctx *x) {
     json_array_append_new(ej, extrap_json("corpus", &x->ex[0], x->measured));
     json_array_append_new(ej, extrap_json("large", &x->ex[1], x->measured));
     json_object_set_new(J, "extrapolated", ej);
+    if (x->scaled) {
+        const double tg[2] = {(double)x->tokens, x->a->large};
+        const char *const nm[2] = {"corpus", "large"};
+        json_t *sj = dfm_audit_scale_json(&x->sc, tg, nm, 2);
+        if (sj) {
+            json_object_set_new(sj, "cpu", json_string(x->cpu));
+            json_object_set_new(sj, "threads", json_integer(x->threads_used));
+            json_object_set_new(sj, "cpus_online", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
+        }
+        json_object_set_new(J, "scale", sj ? sj : json_null());
+    } else {
+        json_object_set_new(J, "scale", json_null());
+    }
     json_object_set_new(J, "scaling_model",
                         json_string("search_s_constant = queries x measured seconds per query (a lower bound: the per-query cost of "
                                     "the sample's small datastore); search_s_scaled also grows the per-query cost with the datastore: "
@@ -464,15 +502,50 @@ static int render_svg(const audit_ctx *x, const char *path) {
     dfm_audit_bar bars[4] = {
         {"queries", "whole corpus", (double)x->queries, (double)x->tokens},
         {"items", "kept, whole corpus", (double)x->kept, (double)x->ct.token_items},
-        {"search time", x->measured ? "s, corpus, measured/query" : "s (not measured)", x->measured ? x->ex[0].t_chunk_const : 0,
-         x->measured ? x->ex[0].t_token_const : 0},
-        {"index storage", x->measured ? "bytes, corpus" : "bytes (not measured)", x->measured ? x->ex[0].bytes_chunk : 0,
-         x->measured ? x->ex[0].bytes_token : 0},
+        {"search time", "not measured", 0, 0},
+        {"index storage", "not measured", 0, 0},
     };
+    dfm_audit_panel panels[3];
+    memset(panels, 0, sizeof panels);
+    char note[300] = "";
+    if (x->scaled) {
+        /* the corpus from the growth fits */
+        dfm_audit_extrap e;
+        dfm_audit_scale_extrapolate(&x->sc, (double)x->tokens, &e);
+        bars[2] = (dfm_audit_bar){"search time", "CPU s, all queries, fit", e.search_s[0], e.search_s[1]};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, fit", e.index_bytes[0], e.index_bytes[1]};
+        panels[0] = (dfm_audit_panel){"search time, all queries", "CPU seconds (a query per token / per chunk)", {{0}}};
+        panels[1] = (dfm_audit_panel){"build time (train + add)", "CPU seconds", {{0}}};
+        panels[2] = (dfm_audit_panel){"index size", "bytes", {{0}}};
+        for (int side = 0; side < 2; side++) {
+            double rate = side ? 1.0 : x->sc.cfg.chunk_queries_per_token;
+            for (int p = 0; p < 3; p++) panels[p].side[side].n = x->sc.n, panels[p].side[side].has_fit = 1;
+            for (int i = 0; i < x->sc.n; i++) {
+                const dfm_audit_point *pt = side ? &x->sc.s[i].tok : &x->sc.s[i].chk;
+                double n = (double)x->sc.s[i].tokens;
+                for (int p = 0; p < 3; p++) panels[p].side[side].x[i] = n;
+                panels[0].side[side].y[i] = n * rate * pt->query_cpu.med;
+                panels[1].side[side].y[i] = pt->build_cpu.med;
+                panels[2].side[side].y[i] = (double)pt->index_bytes;
+            }
+            /* all queries of n tokens: rate·n queries of a·n^b seconds */
+            panels[0].side[side].fit = x->sc.fit_q[side];
+            panels[0].side[side].fit.a *= rate;
+            panels[0].side[side].fit.b += 1;
+            panels[1].side[side].fit = x->sc.fit_build[side];
+            panels[2].side[side].fit = x->sc.fit_bytes[side];
+        }
+        snprintf(note, sizeof note, "dots: measured (median of %d); solid: power-law fit; dashed: the fit extrapolated to %s tokens. "
+                 "Token keys: %s.", x->sc.cfg.repeats, H(x->a->large, (char[32]){0}),
+                 strcmp(x->sc.cfg.token_keys, "random") ? "a decoder's hidden states" : "RANDOM (not hidden states)");
+    } else if (x->measured) {
+        bars[2] = (dfm_audit_bar){"search time", "s, corpus, sample rate", x->ex[0].t_chunk_const, x->ex[0].t_token_const};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, corpus", x->ex[0].bytes_chunk, x->ex[0].bytes_token};
+    }
     char title[256];
     snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", x->L, x->K,
              (long long)x->a->k_token, H((double)x->tokens, (char[32]){0}));
-    return dfm_audit_write_svg(path, title, bars, 4);
+    return dfm_audit_write_chart(path, title, panels, x->scaled ? 3 : 0, x->a->large, note[0] ? note : NULL, bars, 4);
 }
 
 /* render, audit.md: title, inputs, chart, the claim counted */
@@ -583,7 +656,7 @@ static void md_measured(FILE *mf, const audit_ctx *x) {
                     "are not hidden states or embeddings and neighbours found among them mean nothing; the audit measures cost: "
                     "build time, time per query, index size, at the sizes, widths, k and index type each method needs.\n\n");
     } else {
-        fprintf(mf, "## Measured\n\nNot run (use `--token-level-sample N`).\n\n");
+        if (!x->scaled) fprintf(mf, "## Measured\n\nNot run (use `--measure-tokens N` or `--token-level-sample N`).\n\n");
     }
 }
 
@@ -664,6 +737,11 @@ static int audit_render(const audit_ctx *x) {
     if (!rc) {
         md_counted(mf, x);
         md_run(mf, x);
+        if (x->scaled) {
+            const double tg[2] = {(double)x->tokens, x->a->large};
+            const char *const nm[2] = {"this corpus", "large"};
+            dfm_audit_scale_md(mf, &x->sc, x->cpu, x->threads_used, tg, nm, 2);
+        }
         md_measured(mf, x);
         md_extrapolated(mf, x);
         fclose(mf);

@@ -1,0 +1,288 @@
+/* audit_scale.c — one datastore measured at one size, and the power-law growth fit (audit_scale.h). */
+#include "pipeline/audit/audit_scale.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "pipeline/audit/audit.h"
+#include "retriever/index.h"
+#include "schemas/neighbor_shard.h"
+
+#include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/index_factory_c.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double cpu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- growth fit --------------------------------------------------------------------------------- */
+
+static int fit_points(const double *x, const double *y, int n, int skip, dfm_audit_fit *f) {
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (i == skip || !(x[i] > 0) || !(y[i] > 0)) continue;
+        double lx = log10(x[i]), ly = log10(y[i]);
+        sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly;
+        m++;
+    }
+    double den = m * sxx - sx * sx;
+    if (m < 2 || !(fabs(den) > 1e-12 * (m * sxx + 1))) return DFM_FAIL(DFM_EARG, "audit: a growth fit needs two sizes or more (%d usable)", m);
+    f->n = m;
+    f->b = (m * sxy - sx * sy) / den;
+    f->a = pow(10.0, (sy - f->b * sx) / m);
+    return DFM_OK;
+}
+
+double dfm_audit_fit_eval(const dfm_audit_fit *f, double x) { return f->a * pow(x, f->b); }
+
+int dfm_audit_fit_power(const double *x, const double *y, int n, dfm_audit_fit *f) {
+    memset(f, 0, sizeof *f);
+    DFM_TRY(fit_points(x, y, n, -1, f));
+    double ss = 0;
+    int big = -1;
+    for (int i = 0; i < n; i++) {
+        if (!(x[i] > 0) || !(y[i] > 0)) continue;
+        double r = log10(dfm_audit_fit_eval(f, x[i])) - log10(y[i]);
+        ss += r * r;
+        double rel = fabs(dfm_audit_fit_eval(f, x[i]) / y[i] - 1);
+        if (rel > f->max_rel) f->max_rel = rel;
+        if (big < 0 || x[i] > x[big]) big = i;
+    }
+    f->rms_log10 = sqrt(ss / f->n);
+    f->loo_rel = NAN;
+    if (f->n >= 3) {
+        dfm_audit_fit g;
+        if (!fit_points(x, y, n, big, &g)) f->loo_rel = dfm_audit_fit_eval(&g, x[big]) / y[big] - 1;
+        else dfm_error_clear();
+    }
+    return DFM_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+dfm_audit_spread dfm_audit_spread_of(const double *v, int n) {
+    double s[DFM_AUDIT_MAX_REPEATS];
+    dfm_audit_spread r = {0, 0, 0, 0};
+    if (n <= 0) return r;
+    if (n > DFM_AUDIT_MAX_REPEATS) n = DFM_AUDIT_MAX_REPEATS;
+    memcpy(s, v, sizeof(double) * n);
+    qsort(s, n, sizeof(double), cmp_double);
+    r.min = s[0];
+    r.max = s[n - 1];
+    r.med = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    r.n = n;
+    return r;
+}
+
+/* ---- the token-level index ------------------------------------------------------------------------ */
+
+void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, char *why, size_t n_why) {
+    if (n < 1000) {
+        snprintf(out, n_out, "Flat");
+        snprintf(why, n_why, "%llu keys are too few to train IVF-PQ (PQ codebooks need 256 points per sub-quantizer): exact Flat",
+                 (unsigned long long)n);
+        return;
+    }
+    uint64_t nl = 1;
+    double want = sqrt((double)n);
+    while ((double)(nl * 2) <= want * M_SQRT2) nl *= 2; /* the power of two nearest sqrt(n) on a log scale */
+    while (nl > 1 && nl * 39 > n) nl /= 2;
+    uint32_t m = 1, cap = dim / 2 < 64 ? dim / 2 : 64;
+    for (uint32_t c = cap; c >= 1; c--)
+        if (dim % c == 0) {
+            m = c;
+            break;
+        }
+    /* "np": no polysemous training (FAISS's factory adds it to IVF-PQ; kNN-LM's index has none, and it costs minutes) */
+    snprintf(out, n_out, "IVF%llu,PQ%unp", (unsigned long long)nl, m);
+    snprintf(why, n_why, "token-level datastore as kNN-LM / Memory Decoder build it (IVF-PQ: 4096 lists and 64-byte codes for ~10^8 "
+                         "keys of width 1024), scaled to %llu keys of width %u: %llu lists (~sqrt(n)), %u-byte PQ codes (%u dims per byte)",
+             (unsigned long long)n, dim, (unsigned long long)nl, m, dim / m);
+}
+
+/* ---- one datastore at one size ---------------------------------------------------------------------- */
+
+typedef struct {
+    char factory[256];
+    uint32_t metric;
+    uint64_t nlist, train_n;
+} plan_t;
+
+static int point_plan(const dfm_audit_point_opts *o, uint64_t n, plan_t *pl, char *why, size_t n_why) {
+    memset(pl, 0, sizeof *pl);
+    pl->metric = o->metric;
+    if (o->factory && !strcmp(o->factory, "ivfpq")) {
+        dfm_audit_ivfpq_factory(n, o->dim, pl->factory, sizeof pl->factory, why, n_why);
+        const char *ivf = strstr(pl->factory, "IVF");
+        pl->nlist = ivf ? strtoull(ivf + 3, NULL, 10) : 0;
+        /* FAISS's k-means keeps at most 256 points per list; 64 per list trains as well for cost purposes */
+        uint64_t t = pl->nlist ? 64 * pl->nlist : 0;
+        if (t && t < 9984) t = 9984; /* 39 * 256: a PQ codebook's minimum */
+        pl->train_n = t > n ? n : t;
+        if (!strncmp(pl->factory, "Flat", 4)) {
+            snprintf(pl->factory, sizeof pl->factory, "IDMap,Flat");
+            pl->train_n = 0;
+        }
+        return DFM_OK;
+    }
+    dfm_index_plan plan;
+    DFM_TRY(dfm_audit_plan(o->factory, o->metric, o->dim, n, &plan, why, n_why));
+    snprintf(pl->factory, sizeof pl->factory, "%s", plan.factory);
+    pl->metric = plan.metric;
+    pl->nlist = plan.nlist;
+    pl->train_n = plan.train_n > n ? n : plan.train_n;
+    return DFM_OK;
+}
+
+/* one build: create, train on the sample, add every key (ids 0..n-1) */
+static int build_once(const plan_t *pl, uint32_t dim, const float *keys, uint64_t n, const float *train, uint64_t train_n,
+                      const int64_t *ids, FaissIndex **out) {
+    FaissIndex *idx = NULL;
+    int rc = DFM_FAISS_CHECK(faiss_index_factory(&idx, (int)dim, pl->factory, pl->metric == DFM_METRIC_IP ? METRIC_INNER_PRODUCT : METRIC_L2),
+                             "creating the audit index");
+    if (rc) return dfm_error_prefix("audit: factory '%s' (dim %u)", pl->factory, dim);
+    if (!faiss_Index_is_trained(idx)) rc = DFM_FAISS_CHECK(faiss_Index_train(idx, (int64_t)train_n, train), "training the audit index");
+    if (!rc) rc = DFM_FAISS_CHECK(faiss_Index_add_with_ids(idx, (int64_t)n, keys, ids), "adding keys to the audit index");
+    if (rc) {
+        faiss_Index_free(idx);
+        return rc;
+    }
+    *out = idx;
+    return DFM_OK;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* mean over nq queries of |approx ∩ exact| / k (labels < 0 never count) */
+static double recall_at_k(const int64_t *approx, int64_t *exact, uint64_t nq, uint32_t k) {
+    double sum = 0;
+    for (uint64_t q = 0; q < nq; q++) {
+        int64_t *e = exact + q * k;
+        qsort(e, k, sizeof(int64_t), cmp_i64);
+        uint64_t hit = 0;
+        for (uint32_t j = 0; j < k; j++) {
+            int64_t a = approx[q * k + j];
+            if (a >= 0 && bsearch(&a, e, k, sizeof(int64_t), cmp_i64)) hit++;
+        }
+        sum += (double)hit / k;
+    }
+    return nq ? sum / (double)nq : 0;
+}
+
+int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, uint64_t n, const uint64_t *qidx, uint64_t nq,
+                            dfm_audit_point *p) {
+    memset(p, 0, sizeof *p);
+    if (!n || !o->dim || !o->k) return DFM_FAIL(DFM_EARG, "audit: a datastore of %llu keys of width %u, k %u", (unsigned long long)n, o->dim, o->k);
+    if (o->repeats < 1 || o->repeats > DFM_AUDIT_MAX_REPEATS)
+        return DFM_FAIL(DFM_EARG, "audit: --repeats %d outside 1..%d", o->repeats, DFM_AUDIT_MAX_REPEATS);
+    for (uint64_t q = 0; q < nq; q++)
+        if (qidx[q] >= n) return DFM_FAIL(DFM_EINTERNAL, "audit: query %llu is key %llu of %llu", (unsigned long long)q, (unsigned long long)qidx[q], (unsigned long long)n);
+    plan_t pl;
+    DFM_TRY(point_plan(o, n, &pl, p->why, sizeof p->why));
+    snprintf(p->factory, sizeof p->factory, "%s", pl.factory);
+    p->keys = n;
+    p->queries = nq;
+    p->nlist = pl.nlist;
+    p->train_n = pl.train_n;
+    uint32_t d = o->dim, k = o->k;
+    uint64_t rq = o->recall_queries < nq ? o->recall_queries : nq;
+    int64_t *ids = malloc(sizeof(int64_t) * n);
+    uint64_t *tid = malloc(sizeof(uint64_t) * (pl.train_n ? pl.train_n : 1));
+    float *train = malloc(sizeof(float) * d * (pl.train_n ? pl.train_n : 1));
+    float *qbuf = malloc(sizeof(float) * d * (nq ? nq : 1));
+    float *dist = malloc(sizeof(float) * k * (nq ? nq : 1));
+    int64_t *lab = malloc(sizeof(int64_t) * k * (nq ? nq : 1));
+    int64_t *exact = malloc(sizeof(int64_t) * k * (rq ? rq : 1));
+    FaissIndex *idx = NULL, *flat = NULL;
+    uint8_t *ser = NULL;
+    size_t ser_n = 0;
+    int rc = DFM_OK;
+    if (!ids || !tid || !train || !qbuf || !dist || !lab || !exact) {
+        rc = DFM_FAIL(DFM_ENOMEM, "audit: no memory for %llu queries of k=%u", (unsigned long long)nq, k);
+        goto done;
+    }
+    for (uint64_t i = 0; i < n; i++) ids[i] = (int64_t)i;
+    if (pl.train_n) {
+        dfm_sample_ids(n, pl.train_n, 0x7a11ull, tid);
+        for (uint64_t i = 0; i < pl.train_n; i++) memcpy(train + i * d, keys + tid[i] * d, sizeof(float) * d);
+    }
+    for (uint64_t q = 0; q < nq; q++) memcpy(qbuf + q * d, keys + qidx[q] * d, sizeof(float) * d);
+
+    double bt[DFM_AUDIT_MAX_REPEATS], qt[DFM_AUDIT_MAX_REPEATS], bc[DFM_AUDIT_MAX_REPEATS], qc[DFM_AUDIT_MAX_REPEATS];
+    for (int r = 0; r < o->repeats; r++) {
+        if (idx) faiss_Index_free(idx);
+        idx = NULL;
+        double t0 = dfm_now(), c0 = cpu_now();
+        if ((rc = build_once(&pl, d, keys, n, train, pl.train_n, ids, &idx))) goto done;
+        bt[r] = dfm_now() - t0;
+        bc[r] = cpu_now() - c0;
+    }
+    p->build_s = dfm_audit_spread_of(bt, o->repeats);
+    p->build_cpu = dfm_audit_spread_of(bc, o->repeats);
+    if (pl.nlist && o->nprobe > 0) {
+        p->nprobe = o->nprobe < (int64_t)pl.nlist ? o->nprobe : (int64_t)pl.nlist;
+        if ((rc = dfm_index_set_param(idx, "nprobe", (double)p->nprobe))) goto done;
+    } else if (pl.nlist) {
+        p->nprobe = 1; /* FAISS's default */
+    }
+    if (nq) {
+        /* one untimed pass over a few queries: thread start-up and first touch are not the index's cost */
+        int64_t nw = nq < 8 ? (int64_t)nq : 8;
+        if ((rc = DFM_FAISS_CHECK(faiss_Index_search(idx, nw, qbuf, k, dist, lab), "searching the audit index"))) goto done;
+        for (int r = 0; r < o->repeats; r++) {
+            double t0 = dfm_now(), c0 = cpu_now();
+            if ((rc = DFM_FAISS_CHECK(faiss_Index_search(idx, (int64_t)nq, qbuf, k, dist, lab), "searching the audit index"))) goto done;
+            qt[r] = (dfm_now() - t0) / (double)nq;
+            qc[r] = (cpu_now() - c0) / (double)nq;
+        }
+        p->query_s = dfm_audit_spread_of(qt, o->repeats);
+        p->query_cpu = dfm_audit_spread_of(qc, o->repeats);
+        for (uint64_t j = 0; j < nq * k; j++) p->results += lab[j] >= 0;
+    }
+    if (rq) {
+        if (!strcmp(pl.factory, "IDMap,Flat") || !strcmp(pl.factory, "Flat")) {
+            p->recall = 1.0; /* the index is the exact search */
+        } else {
+            plan_t fl = pl;
+            snprintf(fl.factory, sizeof fl.factory, "IDMap,Flat");
+            if ((rc = build_once(&fl, d, keys, n, NULL, 0, ids, &flat))) goto done;
+            float *ed = malloc(sizeof(float) * k * rq);
+            if (!ed) {
+                rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+                goto done;
+            }
+            rc = DFM_FAISS_CHECK(faiss_Index_search(flat, (int64_t)rq, qbuf, k, ed, exact), "exact search for recall");
+            free(ed);
+            if (rc) goto done;
+            p->recall = recall_at_k(lab, exact, rq, k);
+        }
+        p->recall_queries = rq;
+    }
+    if ((rc = dfm_index_to_buffer(idx, &ser, &ser_n))) goto done;
+    p->index_bytes = ser_n;
+done:
+    if (idx) faiss_Index_free(idx);
+    if (flat) faiss_Index_free(flat);
+    free(ser);
+    free(ids);
+    free(tid);
+    free(train);
+    free(qbuf);
+    free(dist);
+    free(lab);
+    free(exact);
+    return rc;
+}

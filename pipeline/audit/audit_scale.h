@@ -1,0 +1,149 @@
+/* audit_scale.h — `dfm audit --measure-tokens N`: both datastores built and searched at several sizes of the
+ * same text, growth fitted on log-log axes and extrapolated from the fit with its error.
+ *
+ * Token level: one key per token (a decoder's hidden states, schemas/hidden_states.h, or seeded random
+ * keys when asked), IVF-PQ as kNN-LM and Memory Decoder use (lists scaled to the size, PQ codes, k =
+ * 1024). Chunk level: one key per chunk (the run's encoder embeddings), the run's own index family, k = K
+ * + margin. At each size: build time, search seconds per query (min/median/max over repeats), index
+ * bytes, recall@k against exact search on a sample of the queries. Spec of the figures: schemas/audit.md.
+ */
+#ifndef DFM_AUDIT_SCALE_H
+#define DFM_AUDIT_SCALE_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define DFM_AUDIT_MAX_REPEATS 15
+#define DFM_AUDIT_MAX_SIZES 12
+
+/* ---- growth fit --------------------------------------------------------------------------------- */
+
+/* y = a * x^b fitted by least squares on (log10 x, log10 y). */
+typedef struct {
+    int n;              /* points used */
+    double a, b;
+    double rms_log10;   /* RMS residual in log10 units (0.0414 = ±10 %) */
+    double max_rel;     /* largest |y_fit / y - 1| over the points */
+    double loo_rel;     /* fitted without the largest x, the prediction of that point: y_pred / y - 1 (NAN with < 3 points) */
+} dfm_audit_fit;
+
+/* Fit n points (x, y > 0; others skipped). DFM_EARG with fewer than 2 usable points or one x only. */
+int dfm_audit_fit_power(const double *x, const double *y, int n, dfm_audit_fit *f);
+double dfm_audit_fit_eval(const dfm_audit_fit *f, double x);
+
+/* ---- one datastore at one size ---------------------------------------------------------------------- */
+
+typedef struct {
+    double min, med, max;
+    int n;
+} dfm_audit_spread;
+
+/* min / median / max of n values (n >= 1) */
+dfm_audit_spread dfm_audit_spread_of(const double *v, int n);
+
+typedef struct {
+    const char *factory;  /* FAISS factory string, or "ivfpq" (dfm_audit_ivfpq_factory) or "auto" (as dfm index) */
+    uint32_t metric;      /* DFM_METRIC_IP / DFM_METRIC_L2 */
+    uint32_t dim, k;
+    int64_t nprobe;       /* IVF lists visited (capped at the lists; 0: FAISS's default) */
+    int repeats;          /* timed builds and timed passes over the queries (1..DFM_AUDIT_MAX_REPEATS) */
+    uint64_t recall_queries; /* queries also searched exactly for recall@k (0: none) */
+} dfm_audit_point_opts;
+
+typedef struct {
+    uint64_t keys, queries;
+    char factory[256];
+    char why[600];
+    uint64_t nlist;
+    int64_t nprobe;
+    uint64_t train_n;         /* keys the index was trained on */
+    dfm_audit_spread build_s; /* train + add, wall seconds, over `repeats` builds */
+    dfm_audit_spread query_s; /* wall seconds per query, over `repeats` timed passes after an untimed warm-up */
+    dfm_audit_spread build_cpu, query_cpu; /* the same in process CPU seconds (all threads) */
+    uint64_t index_bytes;     /* serialised FAISS index */
+    uint64_t results;         /* valid neighbours returned in one pass */
+    double recall;            /* mean |approx top-k ∩ exact top-k| / k over recall_queries (1 for an exact index) */
+    uint64_t recall_queries;
+} dfm_audit_point;
+
+/* "IVF<lists>,PQ<m>" for n keys of width dim, the token-level datastore of kNN-LM / Memory Decoder scaled
+ * down: lists = the power of two nearest sqrt(n) (at most n / 39), m = the largest divisor of dim that is
+ * at most min(64, dim / 2) (64-byte codes for wide keys). Below 1000 keys, "Flat" (IVF-PQ cannot be
+ * trained). The reason into why. */
+void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, char *why, size_t n_why);
+
+/* Build o's index over keys[n_keys * dim] `repeats` times (training on a stratified sample of at most 64
+ * keys per list), search the nq queries (rows of keys given by qidx) `repeats` times, then recall@k of
+ * the first recall_queries of them against an exact Flat search. DFM_EARG, DFM_ENOMEM, DFM_EFAISS. */
+int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, uint64_t n_keys, const uint64_t *qidx, uint64_t nq,
+                            dfm_audit_point *p);
+
+/* ---- the measurement at several sizes (audit_scale_run.c) ------------------------------------------ */
+
+typedef struct {
+    const char *run;          /* the audited run: its chunk embeddings are the chunk-level keys */
+    const char *token_keys;   /* a hidden-states file, or "random" (seeded unit vectors of width random_dim) */
+    uint32_t random_dim;      /* width of random token keys (--token-key-dim) */
+    uint64_t max_tokens;      /* the largest size, in tokens (--measure-tokens) */
+    int sizes;                /* sizes, each 4x the previous, ending at max_tokens (2..DFM_AUDIT_MAX_SIZES) */
+    int repeats;              /* builds and search passes per size */
+    uint64_t queries;         /* timed queries per size and side (fewer when the datastore is smaller) */
+    uint64_t recall_queries;  /* of those, searched exactly too */
+    uint32_t k_token, k_chunk;/* token_k; K + margin */
+    int64_t token_nprobe, chunk_nprobe;
+    const char *chunk_index;  /* the run's --index ("auto" or a factory string) */
+    uint32_t chunk_metric;    /* the run's metric */
+    double chunk_keys_per_token, chunk_queries_per_token; /* the run's rates */
+    uint64_t seed;
+} dfm_audit_scale_cfg;
+
+typedef struct {
+    uint64_t tokens;          /* the size: tokens of the text's prefix */
+    dfm_audit_point tok, chk;
+    uint64_t chunk_real_keys; /* chunk-level keys that are the run's embeddings (the rest: seeded random) */
+} dfm_audit_size;
+
+typedef struct {
+    dfm_audit_scale_cfg cfg;
+    char token_keys_desc[600];/* where the token keys came from */
+    uint64_t text_keys;       /* keys the token-key source holds */
+    uint64_t run_chunks;      /* chunk embeddings the run holds */
+    uint64_t text_agree;      /* tokens over which the hidden states' text equals the run's (next-token values) */
+    int64_t text_differs_at;  /* first differing token, -1 when none */
+    int n;
+    dfm_audit_size s[DFM_AUDIT_MAX_SIZES];
+    /* fits in tokens: [side 0 chunk, 1 token] of s/query, index bytes, build s (medians of CPU seconds:
+     * on a shared machine wall time carries other processes' load; with one thread they agree when idle) */
+    dfm_audit_fit fit_q[2], fit_bytes[2], fit_build[2];
+    double wall_s;
+    double load_before[3], load_after[3];
+} dfm_audit_scale;
+
+/* Measure both sides at cfg->sizes sizes (see the top of this file). Progress on the log. DFM_EARG for
+ * a size the text cannot hold (the sizes shrink to what it holds, with a note, unless fewer than two
+ * remain), the errors of the reader and of dfm_audit_measure_point. */
+int dfm_audit_scale_run(const dfm_audit_scale_cfg *cfg, dfm_audit_scale *out);
+
+/* ---- extrapolation and the report's scale section (audit_scale_report.c) --------------------------- */
+
+/* Both sides at a corpus of `tokens` tokens from the fits: [0] chunk level, [1] token level. */
+typedef struct {
+    double tokens;
+    double keys[2], queries[2];
+    double s_per_query[2], search_s[2]; /* fit of s/query at this size; x queries */
+    double index_bytes[2], build_s[2];
+} dfm_audit_extrap;
+
+void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double tokens, dfm_audit_extrap *e);
+
+/* The "scale" object of audit.json (schemas/audit.md), with the extrapolations to each of targets[n]
+ * (named names[n]); NULL on no memory. */
+json_t *dfm_audit_scale_json(const dfm_audit_scale *s, const double *targets, const char *const *names, int n);
+
+/* The "Measured at scale" section of audit.md. */
+void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int threads, const double *targets,
+                        const char *const *names, int n);
+
+#endif
