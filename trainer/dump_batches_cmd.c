@@ -168,7 +168,8 @@ int cmd_dump_batches(int argc, char **argv) {
     memset(&ds, 0, sizeof ds);
     Bytes pay = {0};
     if (!rc && (!o.data || !o.out)) rc = DFM_FAIL(DFM_EARG, "--data and --out are required");
-    if (!rc && rank >= world) rc = DFM_FAIL(DFM_EARG, "--rank %lld of --world %lld", (long long)rank, (long long)world);
+    if (!rc && rank >= world) rc = DFM_FAIL(DFM_EARG, "--rank %lld is not below --world %lld. HINT: ranks are 0 to W-1",
+                                             (long long)rank, (long long)world);
     if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
     int L = o.targets ? (int)o.chunk_len : (int)o.seq_len;
     if (!rc && o.targets) rc = train_open_targets(&o, &ds);
