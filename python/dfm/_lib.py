@@ -54,9 +54,16 @@ class ChunkMeta(ctypes.Structure):
                 ("flags", ctypes.c_uint16), ("reserved", ctypes.c_uint32)]
 
 
+class ChunkShard(ctypes.Structure):
+    """dfm_chunk_shard (schemas/chunk_shard.h): the 128-byte header as bytes, the read-only mapping."""
+    _fields_ = [("path", ctypes.c_char_p), ("hdr", ctypes.c_uint8 * 128), ("map", ctypes.c_void_p),
+                ("map_bytes", ctypes.c_size_t), ("record_bytes", ctypes.c_size_t)]
+
+
 class ChunkSet(ctypes.Structure):
     """The public head of dfm_chunk_set (schemas/chunk_shard.h)."""
-    _fields_ = [("n_shards", ctypes.c_int), ("shards", ctypes.c_void_p), ("n_chunks", ctypes.c_uint64),
+    _fields_ = [("n_shards", ctypes.c_int), ("shards", ctypes.POINTER(ctypes.POINTER(ChunkShard))),
+                ("n_chunks", ctypes.c_uint64),
                 ("chunk_len", ctypes.c_uint32), ("seq_len", ctypes.c_uint32), ("n_docs", ctypes.c_uint64)]
 
 

@@ -89,21 +89,27 @@ def load_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
         L = _lib.lib()
         cs = ctypes.POINTER(_lib.ChunkSet)()
         _lib.check(L.dfm_chunk_set_open(os.fsencode(path), ctypes.byref(cs)), f"tokens of {path}")
-        try:
+        try:  # every shard was checked whole by dfm_chunk_set_open; its records are read from its mapping
             n, cl = int(cs.contents.n_chunks), int(cs.contents.chunk_len)
             tok = np.empty((n, cl), np.int32)
             pad = None
-            meta, ids = ctypes.POINTER(_lib.ChunkMeta)(), ctypes.POINTER(ctypes.c_uint32)()
-            base, row = tok.ctypes.data, cl * 4
-            get = L.dfm_chunk_set_get
-            for c in range(n):
-                _lib.check(get(cs, c, ctypes.byref(meta), ctypes.byref(ids)), f"tokens of {path}")
-                ctypes.memmove(base + c * row, ids, row)
-                nv = meta.contents.n_valid
-                if nv < cl:
+            for i in range(cs.contents.n_shards):
+                sh = cs.contents.shards[i].contents
+                hdr = bytes(sh.hdr)
+                first, count = int.from_bytes(hdr[32:40], "little"), int.from_bytes(hdr[40:48], "little")
+                rb = int(sh.record_bytes)
+                if rb != 24 + 4 * cl or first + count > n or 128 + count * rb > sh.map_bytes:
+                    raise TargetFormatError(f"{path}: chunk shard {sh.path.decode()} does not fit the run")
+                if not count:
+                    continue
+                rec = np.ctypeslib.as_array((ctypes.c_uint8 * (count * rb)).from_address(sh.map + 128)).reshape(count, rb)
+                tok[first:first + count] = rec[:, 24:].view("<u4")
+                nv = rec[:, 16:18].view("<u2")[:, 0]
+                short = np.nonzero(nv < cl)[0]
+                if short.size:  # filler after a document's end (doc-aligned runs)
                     if pad is None:
                         pad = np.zeros((n, cl), np.uint8)
-                    pad[c, nv:] = 1
+                    pad[first + short] = (np.arange(cl)[None, :] >= nv[short, None]).astype(np.uint8)
         finally:
             L.dfm_chunk_set_close(cs)
         if (tok < 0).any():
