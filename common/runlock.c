@@ -64,7 +64,12 @@ static int write_holder(int fd, const char *path) {
     time_t now = time(NULL);
     struct tm tm;
     if (gmtime_r(&now, &tm)) strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    int n = snprintf(line, sizeof line, "host %s pid %ld command %s since %s\n", host, (long)getpid(), cmd, since);
+    /* on a cluster, the job to wait for or cancel (a job's ranks can run on any of its nodes) */
+    char job[160] = "";
+    if (getenv("SLURM_JOB_ID"))
+        snprintf(job, sizeof job, " (Slurm job %.40s, node %.80s)", getenv("SLURM_JOB_ID"),
+                 getenv("SLURMD_NODENAME") ? getenv("SLURMD_NODENAME") : host);
+    int n = snprintf(line, sizeof line, "host %s pid %ld command %s since %s%s\n", host, (long)getpid(), cmd, since, job);
     if (n < 0 || (size_t)n >= sizeof line) n = (int)sizeof line - 1, line[n - 1] = '\n';
     if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)n, 0) != n)
         return DFM_FAIL(DFM_EIO, "cannot write the holder line of %s: %s", path, strerror(errno));

@@ -3,9 +3,9 @@
  * A writing stage (every stage's begin, and `dfm build` before its first stage) takes an exclusive
  * flock(2) on RUN/.lock on rank 0 and holds it for the rest of the process: the lock goes when the
  * process exits or dies, so a killed writer never leaves a lock that blocks the next one. The file
- * also names its holder ("host H pid P command C since T") for the refusal message of a second
- * writer; that text is informative only, and a holder line left behind by a dead process is simply
- * overwritten by the next writer that gets the flock.
+ * also names its holder ("host H pid P command C since T", then "(Slurm job J, node N)" in a Slurm
+ * job) for the refusal message of a second writer; that text is informative only, and a holder line
+ * left behind by a dead process is simply overwritten by the next writer that gets the flock.
  *
  * Readers (verify, inspect, the C and Python readers, dfm-train) take no lock: they read only
  * stages the manifest records as complete, and a stage is "running" while its writer holds the lock.

@@ -16,6 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef DFM_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 /* --device: auto (or unset), cpu or cuda */
 static void parse_device(const char *s, int *dev) {
@@ -364,6 +367,35 @@ static int encode_stage(encode_run *r, json_t *config) {
     return dfm_mpi_agree(m, finish(r));
 }
 
+/* This rank's GPU: the ranks of a node that all see its G GPUs (mpirun, or Slurm's --gres=gpu:G) take
+ * GPU (node-local rank mod G), not all GPU 0. Collective (the node split): every rank calls it. *gpu is
+ * the index made current for this thread, which loads and runs the encoder; -1 on the CPU. */
+static int select_gpu(const dfm_mpi *m, int device, int *local, int *gpu) {
+    MPI_Comm node;
+    *local = 0, *gpu = -1;
+    if (MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, local);
+        MPI_Comm_free(&node);
+    }
+#ifdef DFM_HAVE_CUDA
+    int n = 0;
+    if (device == DFM_DEVICE_CUDA && cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* no usable GPU: dfm_encoder_load reports it */
+        n = 0;
+    }
+    if (n > 0) {
+        cudaError_t e = cudaSetDevice(*local % n);
+        if (e != cudaSuccess)
+            return DFM_FAIL(DFM_ECUDA, "cudaSetDevice(%d) for node-local rank %d: %s. HINT: check the GPUs with nvidia-smi",
+                            *local % n, *local, cudaGetErrorString(e));
+        *gpu = *local % n;
+    }
+#else
+    (void)device;
+#endif
+    return DFM_OK;
+}
+
 int dfm_encode_run(const dfm_mpi *m, const dfm_encode_config *cfg, const char *run, json_t *config) {
     encode_run r;
     memset(&r, 0, sizeof r);
@@ -372,6 +404,9 @@ int dfm_encode_run(const dfm_mpi *m, const dfm_encode_config *cfg, const char *r
     parse_device(cfg->device, &r.device);
     r.dtype = dfm_emb_dtype_parse(cfg->dtype);
     int rc = r.dtype < 0 ? DFM_FAIL(DFM_EARG, "--dtype %s: use fp32, fp16 or bf16", cfg->dtype ? cfg->dtype : "(none)") : DFM_OK;
+    int local, gpu, grc = select_gpu(m, r.device, &local, &gpu); /* collective: before anything can fail */
+    if (!rc) rc = grc;
+    if (gpu >= 0) DFM_LOG_I("node-local rank %d encodes on visible GPU %d", local, gpu);
     if (!rc) json_object_set_new(config, "dtype", json_string(dfm_emb_dtype_name((uint32_t)r.dtype)));
     if (!rc) rc = encode_open(&r);
     rc = dfm_mpi_agree(m, rc);

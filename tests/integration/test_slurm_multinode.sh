@@ -9,13 +9,15 @@
 #     aside, as a one-node `mpirun -np 4 dfm build`; its config has relative paths, submitted from the
 #     folder they are relative to, and the job logs land in that run's jobs/ folder;
 #  2. the run lock across nodes: while a 2-node job writes a run (its rank 0 held by SIGSTOP), a writer
-#     started on the other node is refused, naming the holder's host and pid; the job then completes;
+#     started on the other node is refused, naming the holder's host, pid, Slurm job and node; the job
+#     then completes;
 #  3. a rank on the second node dies (DFM_FAULT on rank 3): the chain fails and stops; resubmitted, it
 #     completes with the same records as the one-node run;
 #  4. dfm-train across 2 nodes (submit_train.sh --nodes 2 --ntasks 2) == mpirun -np 2, byte for byte.
-# A tiny random encoder (tests/tools/tiny_bert.py) keeps the encode stage cheap. The two nodes share
-# this host's file system, PIDs and host name: what differs between them here is Slurm's (one slurmd,
-# slurmstepd and PMIx server per node) and MPI's view (node ids, node-local ranks, TCP between nodes).
+# A 60 KB tokenizer from tests/data and a tiny random encoder (tests/tools/tiny_bert.py) keep it cheap.
+# The two nodes share this host's file system, PIDs and host name: what differs between them here is
+# Slurm's view (one slurmd, slurmstepd and PMIx server per node) and MPI's (node ids, node-local ranks,
+# TCP between nodes).
 source "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || fail "the Slurm test starts daemons and needs root"
 TRAIN=${DFM_TRAIN:-$DFM_ROOT/build/dfm-train}
@@ -47,7 +49,7 @@ head -n 3 "$DFM_CORPUS" > corpus.jsonl
 mkdir -p cfg
 for r in one multi lost; do
   cat > "cfg/$r.json" <<JSON
-{"run": "runs/$r", "inputs": ["corpus.jsonl"], "tokenizer": "$DFM_TOKENIZER",
+{"run": "runs/$r", "inputs": ["corpus.jsonl"], "tokenizer": "$DFM_ROOT/tests/data/tokenizer/spm-llama2.tokenizer.json",
  "chunk": {"seq-len": 128}, "encode": {"device": "cpu", "model": "tiny"},
  "write-targets": {"target-shards": 3}}
 JSON
@@ -84,7 +86,7 @@ salloc -N 2 -n 4 --overcommit -t 5 srun --mpi=pmix ./nodelocal 2>salloc.err | so
   { cat salloc.err; fail "node-local ranks (rank local/size nodeid): $(xargs < nodelocal.txt)"; }
 ok "2 nodes: ranks 0,1 on dfm-n1 and 2,3 on dfm-n2; MPI_COMM_TYPE_SHARED gives node-local ranks 0,1 on each"
 
-SUB=("$DFM_ROOT/jobs/submit.sh" --nodes 2 --ntasks 4 --encode-gpus 0 --overcommit --time 10:00 --dfm "$DFM")
+SUB=("$DFM_ROOT/jobs/submit.sh" --nodes 2 --ntasks 4 --encode-gpus 0 --overcommit --time 5:00 --dfm "$DFM")
 # same(A, B): every stage file of run A equals run B's, byte for byte; the manifests agree but for timings
 same_run() {
   local a=$1 b=$2 f n=0
@@ -134,12 +136,14 @@ wait_until 60 '[ -n "$(holder)" ]' || { cat lockjob.out; fail "job $a never held
 STOPPED=$(holder)
 kill -STOP "$STOPPED"
 tr '\0' '\n' < "/proc/$STOPPED/environ" | grep -qx "SLURM_NODEID=0" || fail "the lock holder is not on the first node"
-expect_fail "is being written by another process: host $(hostname) pid $STOPPED command" \
-  srun --mpi=pmix -w dfm-n2 -N 1 -n 1 -t 5 "$DFM" write-targets "$WORK/lockrun" "${A[@]}"
+srun --mpi=pmix -w dfm-n2 -N 1 -n 1 -t 5 "$DFM" write-targets "$WORK/lockrun" "${A[@]}" > second.log 2>&1 &&
+  fail "a second writer on dfm-n2 was not refused"
+grep -q "is being written by another process: host $(hostname) pid $STOPPED command .* (Slurm job $a, node dfm-n1)" second.log ||
+  { cat second.log; fail "the refusal does not name the holder's pid $STOPPED, job $a and node dfm-n1"; }
 kill -CONT "$STOPPED"; STOPPED=""
 "$WAIT" "$a" >/dev/null || { cat lockjob.out; fail "the lock-holding job did not complete"; }
 "$DFM" verify lockrun > verify.log 2>&1 || { cat verify.log; fail "verify of the lock-holding job's run"; }
-ok "run lock: rank 0 of a 2-node job holds it (node 0); a writer on dfm-n2 is refused naming that pid; the job completes"
+ok "run lock: rank 0 of a 2-node job holds it; a writer on dfm-n2 is refused naming its pid, job and node; the job completes"
 
 # ---- 3. a rank on the second node dies in the chunk stage; the chain stops; resubmitted, it completes
 DFM_FAULT=chunk:shard-written DFM_FAULT_RANK=3 "${SUB[@]}" cfg/lost.json > lost.ids
