@@ -832,15 +832,16 @@ int dfm_tokenizer_load(const char *path, dfm_tokenizer **out) {
     if (!stat(path, &st) && S_ISDIR(st.st_mode)) file = dfm_path_join(path, "tokenizer.json");
     else file = strdup(path);
     if (!file) return DFM_FAIL(DFM_ENOMEM, "no memory");
-    char *buf = NULL;
+    const uint8_t *map = NULL; /* mapped, not read: with a valid cache file only its hash is needed */
     size_t len = 0;
-    int rc = dfm_read_file(file, &buf, &len);
+    int rc = dfm_map_file(file, NULL, &map, &len);
     if (rc) {
         dfm_error_prefix("loading tokenizer %s (HINT: pass a tokenizer.json or its folder; 'make deps' installs "
                          "the default ones)", file);
         free(file);
         return rc;
     }
+    const char *buf = map ? (const char *)map : "";
     uint64_t hash = dfm_checksum64(buf, len);
     char *cache = NULL, *meta = NULL;
     size_t meta_len = 0;
@@ -864,7 +865,7 @@ int dfm_tokenizer_load(const char *path, dfm_tokenizer **out) {
 done:
     free(meta);
     free(cache);
-    free(buf);
+    dfm_unmap_file(map, len);
     free(file);
     return rc;
 }
