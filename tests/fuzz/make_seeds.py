@@ -50,6 +50,17 @@ def embedding_shard():
         put("embedding_shard", f"two_rows_{size * 8}", seal128(head, rows, 64))
 
 
+def hidden_states():
+    """dim 4, three keys and their next-token values; payload hash at 72, header hash at 80 (field zero)."""
+    dim, n = 4, 3
+    payload = b"".join(struct.pack("<f", 0.5 * r - 0.25 * c) for r in range(n) for c in range(dim))
+    payload += struct.pack("<3I", 7, 9, 0xFFFFFFFF)
+    h = bytearray(b"DFMHIDN1" + struct.pack("<IIQII7Q", 1, 128, n, dim, 64, 64, 0, 0xAB, 0x1234, len(payload), h64(payload), 0))
+    h = h.ljust(128, b"\0")
+    h[80:88] = struct.pack("<Q", h64(bytes(h)))
+    put("hidden_states", "three_keys", bytes(h) + payload)
+
+
 def neighbor_shard():
     k, n, total = 3, 2, 10
     k2 = (k + 1) & ~1
@@ -142,6 +153,7 @@ def regression_seeds():
 if __name__ == "__main__":
     chunk_shard()
     embedding_shard()
+    hidden_states()
     neighbor_shard()
     target_record()
     safetensors()
