@@ -55,16 +55,18 @@ def memory(runs, out, command, seconds, load):
     lines.append("Held-out CE (nats per token); Δ = mode − fusion off (negative: memory helps).")
     lines.append("")
     cols = [mode_name(m) for m in modes] + ["Δ " + mode_name(m) for m in modes if m != "ce_none"]
-    lines.append("| corpus | DFM flags | " + " | ".join(cols) + " | cosine | MSE | trained with target | DFM s |")
-    lines.append("|---|---|" + "---:|" * (len(cols) + 4))
+    lines.append("| corpus | backbone pretrained on | DFM flags | " + " | ".join(cols) +
+                 " | cosine | MSE | trained with target | DFM s |")
+    lines.append("|---|---|---|" + "---:|" * (len(cols) + 4))
     for r in runs:
         ev = r["eval"]
         base = ev.get("ce_none")
         cells = [fmt(ev.get(m)) for m in modes]
         cells += ["%+.4f" % (ev[m] - base) if m in ev and base is not None else "n/a" for m in modes if m != "ce_none"]
         twt = {True: "yes (target memory = retrieval at inference)", False: "no"}.get(ev.get("trained_with_target"), "n/a")
-        lines.append("| %s | %s | %s | %s | %s | %s | %s |" % (r["corpus"], r["flags"], " | ".join(cells), fmt(ev.get("cos")),
-                                                              fmt(ev.get("mse")), twt, ev.get("seconds", "")))
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["corpus"], r.get("backbone", r["corpus"]), r["flags"], " | ".join(cells), fmt(ev.get("cos")),
+            fmt(ev.get("mse")), twt, ev.get("seconds", "")))
     lines += ["", "Ideal cross-entropies of each corpus on the same held-out tokens (bench/keyed_ideal.py):", "",
               "| corpus | key known (best target memory) | Bayes from context (best predicted memory, best backbone) "
               "| Bayes from the chunk's own tokens | key worth (in-chunk − key known) |", "|---|---:|---:|---:|---:|"]
@@ -80,8 +82,8 @@ def memory(runs, out, command, seconds, load):
                  for k in ("key_known_per_position", "from_context_per_position", "in_chunk_per_position")]
         if not pp:
             rows.insert(0, ("(the trainer logs no per-position CE)", [None] * L))
-        lines += ["", "Per-position CE inside a chunk, %s, %s (position of the predicted token, 0 = a chunk's first):"
-                  % (r["corpus"], r["flags"]), "",
+        lines += ["", "Per-position CE inside a chunk, %s, backbone pretrained on %s, %s (position of the predicted "
+                  "token, 0 = a chunk's first):" % (r["corpus"], r.get("backbone", r["corpus"]), r["flags"]), "",
                   "| | " + " | ".join(str(j) for j in range(L)) + " |", "|---|" + "---:|" * L]
         for name, v in rows:
             lines.append("| %s | %s |" % (name, " | ".join("%.2f" % x if isinstance(x, (int, float)) else "" for x in v[:L])))
