@@ -67,14 +67,17 @@ struct dfm_encoder {
     dfm_encoder_stats stats;
     char desc[256];
     char *model_dir;
-    /* CPU work buffers, grown on demand */
-    float *act;
-    size_t act_floats;
+    struct bert_cpu *cpu; /* CPU state (bert_cpu.c): packed weights, per-thread work buffers */
     dfm_bert_cuda *cuda;
 };
 
-/* CPU forward: pooled, L2-normalised rows into out[n_seq * H]. */
+/* CPU (bert_cpu.c): pack the weights for the kernel this CPU runs (bert_gemm.h); free; the forward,
+ * pooled, L2-normalised rows into out[n_seq * H]. */
+int bert_cpu_init(dfm_encoder *enc);
+void bert_cpu_free(dfm_encoder *enc);
 int bert_forward_cpu(dfm_encoder *enc, const dfm_bert_batch *b, float *out);
+/* "avx512" / "avx2" / "blas": the GEMM kernel the CPU forward runs */
+const char *bert_cpu_kernel(const dfm_encoder *enc);
 
 /* CUDA (bert_cuda.cu; stubs returning DFM_ECUDA when built without CUDA). */
 int bert_cuda_init(dfm_encoder *enc);           /* upload weights, create handles */

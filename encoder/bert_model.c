@@ -313,7 +313,7 @@ void dfm_encoder_free(dfm_encoder *enc) {
     dfm_wordpiece_free(enc->wp);
     free(enc->w.mem);
     free(enc->w.layer);
-    free(enc->act);
+    bert_cpu_free(enc);
     free(enc->model_dir);
     free(enc);
 }
@@ -360,13 +360,17 @@ int dfm_encoder_load(const char *model_dir, int device, int compute, dfm_encoder
                       dfm_wordpiece_vocab_size(enc->wp), enc->cfg.vocab);
     if (!rc) rc = load_weights(enc, model_dir);
     if (!rc && device == DFM_DEVICE_CUDA) rc = bert_cuda_init(enc);
+    if (!rc && device == DFM_DEVICE_CPU) rc = bert_cpu_init(enc);
     if (rc) {
         dfm_encoder_free(enc);
         return rc;
     }
     if (!enc->cfg.normalize)
         DFM_LOG_D("%s: modules.json has no Normalize module; embeddings are L2-normalised anyway", model_dir);
-    if (device == DFM_DEVICE_CPU) openblas_set_num_threads(1); /* see matmul_forward in bert_cpu.c */
+    if (device == DFM_DEVICE_CPU) {
+        openblas_set_num_threads(1); /* the BLAS fallback runs inside the forward's own OpenMP threads */
+        DFM_LOG_D("%s: CPU GEMM kernel %s", model_dir, bert_cpu_kernel(enc));
+    }
     describe(enc);
     *out = enc;
     return DFM_OK;
