@@ -4,6 +4,8 @@
 #  1. 3 documents, 96 chunks, 12 embedding blocks, 3 target shards: at np = 8 and 16 there are more ranks
 #     than documents, and at 16 more ranks than blocks, sequences' worth of input and target shards:
 #     ranks that read no input, own no chunk shard rows, encode no block and write no target shard;
+#     The same with an IVF index (IVF2,Flat: trained once on a sample gathered from every rank, most of
+#     which hold no vector; nprobe tuned on held-out queries), np = 1 and 16;
 #  2. a corpus of one document, np = 1 and 16: with --exclude sequence (9 sequences for 16 ranks), and
 #     with --exclude document, where every neighbour is excluded and every record is empty;
 #  3. an empty corpus on 16 ranks is refused on every rank (no hang), naming the reason.
@@ -18,13 +20,13 @@ TOK=$DFM_ROOT/tests/data/tokenizer/spm-llama2.tokenizer.json
 head -n 3 "$DFM_CORPUS" > three.jsonl
 head -n 1 "$DFM_CORPUS" > one.jsonl
 
-# build NAME NP [CORPUS [EXCLUDE]]: run NAME-NP from CORPUS.jsonl (default NAME.jsonl) on NP ranks
+# build NAME NP [CORPUS [EXCLUDE [INDEX]]]: run NAME-NP from CORPUS.jsonl (default NAME.jsonl) on NP ranks
 build() {
   local c=${3:-$1} np=$2 r=$1-$2
   cat > "$r.json" <<JSON
 {"run": "$r", "inputs": ["$c.jsonl"], "tokenizer": "$TOK",
  "chunk": {"seq-len": 128}, "encode": {"device": "cpu", "model": "tiny", "block-chunks": 8},
- "retrieve": {"k": 4, "query-block": 16, "exclude": "${4:-sequence}"},
+ "index": {"index": "${5:-auto}"}, "retrieve": {"k": 4, "query-block": 16, "exclude": "${4:-sequence}"},
  "write-targets": {"target-shards": 3, "block-queries": 8}}
 JSON
   mpirun -np "$np" "$DFM" build "$r.json" > "$r.log" 2>&1 || { cat "$r.log"; fail "dfm build on $np ranks ($c)"; }
@@ -59,6 +61,12 @@ done
 empty=$("$DFM_PYTHON" -c 'import json,sys; print(sum(o["n_chunks"] == 0 for o in json.load(open(sys.argv[1]))["stages"]["chunk"]["outputs"]))' three-16/manifest.json)
 [ "$empty" -ge 13 ] || fail "np=16 on 3 documents: only $empty of 16 ranks had no input (want >= 13)"
 ok "np=16: $empty ranks read no document; 16 ranks for $blocks embedding blocks and 3 target shards"
+build ivf 1 three sequence IVF2,Flat
+"$DFM" chunk-dump ivf-1 > ivf-1.dump
+build ivf 16 three sequence IVF2,Flat
+grep -q "nprobe=2: recall@4" ivf-16.log || { grep retrieve ivf-16.log; fail "np=16: no nprobe tuning logged for the IVF index"; }
+same ivf 16
+ok "IVF2,Flat: np=16 == np=1 (trained on a sample from 16 ranks, nprobe tuned alike)"
 
 echo "== 2. one document, np = 1 and 16; --exclude sequence and document"
 for ex in sequence document; do
