@@ -239,7 +239,7 @@ static void test_resealed_mutations(void **state) {
     snprintf(mpath, sizeof mpath, "%s/mutant.dfmtok", tmpdir);
     uint64_t st = 12345;
     size_t loaded = 0, refused = 0;
-    const int rounds = 800;
+    const int rounds = 600;
     for (int r = 0; r < rounds; r++) {
         memcpy(b, good, n);
         int flips = 1 + r % 4;
