@@ -162,7 +162,7 @@ typedef struct {
     int64_t threads;     /* OpenMP threads for the measured searches (0: OpenMP's default) */
     double large;        /* the large corpus, in tokens, to extrapolate both pipelines to */
     /* the measurement at several sizes (audit_scale.h; measure_tokens 0: not run) */
-    int64_t measure_tokens, measure_sizes, repeats, measure_queries, recall_queries, token_nprobe;
+    int64_t measure_tokens, measure_sizes, repeats, build_repeats, measure_queries, recall_queries, token_nprobe;
     const char *token_keys; /* a hidden-states file or "random" */
 } dfm_audit_config;
 

@@ -29,7 +29,8 @@ int dfm_cmd_audit(int argc, char **argv) {
          "token-level keys for --measure-tokens: a hidden-states file of `dfm-train hidden` (default RUN/audit/hidden_states.bin), "
          "or 'random' for seeded random keys of width --token-key-dim (labelled as such)", 0},
         {"measure-sizes", DFM_OPT_INT, &a.measure_sizes, "4", "S", "sizes for --measure-tokens, each 4x the previous", 0, .min = "2", .max = "12"},
-        {"repeats", DFM_OPT_INT, &a.repeats, "3", "R", "builds and search passes per size (min/median/max)", 0, .min = "1", .max = "15"},
+        {"repeats", DFM_OPT_INT, &a.repeats, "3", "R", "timed passes over the queries per size and side (min/median/max)", 0, .min = "1", .max = "15"},
+        {"build-repeats", DFM_OPT_INT, &a.build_repeats, "3", "R", "timed builds per size and side (min/median/max)", 0, .min = "1", .max = "15"},
         {"measure-queries", DFM_OPT_INT, &a.measure_queries, "500", "Q", "timed queries per size and side", 0, .min = "1"},
         {"recall-queries", DFM_OPT_INT, &a.recall_queries, "50", "Q", "of those, also searched exactly for recall@k", 0, .min = "0"},
         {"token-nprobe", DFM_OPT_INT, &a.token_nprobe, "32", "N", "IVF lists visited per token-level query (kNN-LM: 32)", 0, .min = "1"},

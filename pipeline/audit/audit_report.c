@@ -357,7 +357,7 @@ static int audit_measure(audit_ctx *x) {
         } else {
             dfm_audit_scale_cfg c = {
                 .run = a->run, .token_keys = a->token_keys, .random_dim = (uint32_t)a->key_dim, .max_tokens = (uint64_t)a->measure_tokens,
-                .sizes = (int)a->measure_sizes, .repeats = (int)a->repeats, .queries = (uint64_t)a->measure_queries,
+                .sizes = (int)a->measure_sizes, .repeats = (int)a->repeats, .build_repeats = (int)a->build_repeats, .queries = (uint64_t)a->measure_queries,
                 .recall_queries = (uint64_t)a->recall_queries, .k_token = (uint32_t)a->k_token, .k_chunk = x->K + x->margin,
                 .token_nprobe = a->token_nprobe, .chunk_nprobe = x->nprobe, .chunk_index = x->index_req ? x->index_req : x->factory,
                 .chunk_metric = x->metric, .chunk_keys_per_token = x->tokens ? (double)(x->vectors ? x->vectors : x->chunks) / (double)x->tokens : 0,
@@ -717,6 +717,20 @@ static void print_summary(const audit_ctx *x, char *const paths[3]) {
         printf("  measured on %llu tokens: search %s (chunk) vs %s (token), index %s vs %s; corpus extrapolation %s vs %s\n",
                (unsigned long long)x->smp.tokens, secs(x->cs.search_s, b1), secs(x->ts.search_s, b2), bytes((double)x->cs.index_bytes, b3),
                bytes((double)x->ts.index_bytes, b4), secs(x->ex[0].t_chunk_const, (char[32]){0}), secs(x->ex[0].t_token_const, (char[32]){0}));
+    if (x->scaled) {
+        const dfm_audit_size *z = &x->sc.s[x->sc.n - 1];
+        dfm_audit_extrap e;
+        dfm_audit_scale_extrapolate(&x->sc, x->a->large, &e);
+        printf("  at scale %llu tokens (%s): token level %s %.3g ms/query (CPU, median of %d), %s, recall@%u %.3f; chunk level %s %.3g ms/query, %s\n",
+               (unsigned long long)z->tokens, strcmp(x->sc.cfg.token_keys, "random") ? "hidden states" : "RANDOM keys", z->tok.factory,
+               z->tok.query_cpu.med * 1e3, z->tok.query_cpu.n, bytes((double)z->tok.index_bytes, b1), x->sc.cfg.k_token, z->tok.recall,
+               z->chk.factory, z->chk.query_cpu.med * 1e3, bytes((double)z->chk.index_bytes, b2));
+        printf("  fit s/query ~ n^%.2f (token, ±%.0f %%) and n^%.2f (chunk, ±%.0f %%); at %s tokens: search %s vs %s (%.3f %% less)\n",
+               x->sc.fit_q[1].b, 100 * (pow(10, x->sc.fit_q[1].rms_log10) - 1), x->sc.fit_q[0].b, 100 * (pow(10, x->sc.fit_q[0].rms_log10) - 1),
+               H(x->a->large, b3), secs(e.search_s[0], b4), secs(e.search_s[1], (char[32]){0}), 100 * (1 - e.search_s[0] / e.search_s[1]));
+        printf("  conditions: %s, %d thread(s), load average %.2f before / %.2f after, %s\n", x->cpu, x->threads_used, x->sc.load_before[0],
+               x->sc.load_after[0], secs(x->sc.wall_s, b1));
+    }
     printf("  report %s, chart %s, data %s\n", paths[1], paths[2], paths[0]);
 }
 

@@ -97,7 +97,7 @@ void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, 
     double want = sqrt((double)n);
     while ((double)(nl * 2) <= want * M_SQRT2) nl *= 2; /* the power of two nearest sqrt(n) on a log scale */
     while (nl > 1 && nl * 39 > n) nl /= 2;
-    uint32_t m = 1, cap = dim / 2 < 64 ? dim / 2 : 64;
+    uint32_t m = 1, cap = dim / 4 < 64 ? dim / 4 : 64;
     for (uint32_t c = cap; c >= 1; c--)
         if (dim % c == 0) {
             m = c;
@@ -106,7 +106,7 @@ void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, 
     /* "np": no polysemous training (FAISS's factory adds it to IVF-PQ; kNN-LM's index has none, and it costs minutes) */
     snprintf(out, n_out, "IVF%llu,PQ%unp", (unsigned long long)nl, m);
     snprintf(why, n_why, "token-level datastore as kNN-LM / Memory Decoder build it (IVF-PQ: 4096 lists and 64-byte codes for ~10^8 "
-                         "keys of width 1024), scaled to %llu keys of width %u: %llu lists (~sqrt(n)), %u-byte PQ codes (%u dims per byte)",
+                         "keys of width 1024), scaled to %llu keys of width %u: %llu lists (~sqrt(n)), %u-byte PQ codes (%u dims per byte; theirs: 16)",
              (unsigned long long)n, dim, (unsigned long long)nl, m, dim / m);
 }
 
@@ -125,8 +125,9 @@ static int point_plan(const dfm_audit_point_opts *o, uint64_t n, plan_t *pl, cha
         dfm_audit_ivfpq_factory(n, o->dim, pl->factory, sizeof pl->factory, why, n_why);
         const char *ivf = strstr(pl->factory, "IVF");
         pl->nlist = ivf ? strtoull(ivf + 3, NULL, 10) : 0;
-        /* FAISS's k-means keeps at most 256 points per list; 64 per list trains as well for cost purposes */
-        uint64_t t = pl->nlist ? 64 * pl->nlist : 0;
+        /* FAISS's minimum, 39 points per list (its k-means would keep up to 256): training is a one-off cost
+         * that grows with the lists, not with the datastore, and dominates small builds */
+        uint64_t t = pl->nlist ? 39 * pl->nlist : 0;
         if (t && t < 9984) t = 9984; /* 39 * 256: a PQ codebook's minimum */
         pl->train_n = t > n ? n : t;
         if (!strncmp(pl->factory, "Flat", 4)) {
@@ -186,8 +187,8 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
                             dfm_audit_point *p) {
     memset(p, 0, sizeof *p);
     if (!n || !o->dim || !o->k) return DFM_FAIL(DFM_EARG, "audit: a datastore of %llu keys of width %u, k %u", (unsigned long long)n, o->dim, o->k);
-    if (o->repeats < 1 || o->repeats > DFM_AUDIT_MAX_REPEATS)
-        return DFM_FAIL(DFM_EARG, "audit: --repeats %d outside 1..%d", o->repeats, DFM_AUDIT_MAX_REPEATS);
+    if (o->repeats < 1 || o->repeats > DFM_AUDIT_MAX_REPEATS || o->build_repeats < 1 || o->build_repeats > DFM_AUDIT_MAX_REPEATS)
+        return DFM_FAIL(DFM_EARG, "audit: --repeats %d / --build-repeats %d outside 1..%d", o->repeats, o->build_repeats, DFM_AUDIT_MAX_REPEATS);
     for (uint64_t q = 0; q < nq; q++)
         if (qidx[q] >= n) return DFM_FAIL(DFM_EINTERNAL, "audit: query %llu is key %llu of %llu", (unsigned long long)q, (unsigned long long)qidx[q], (unsigned long long)n);
     plan_t pl;
@@ -222,7 +223,7 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
     for (uint64_t q = 0; q < nq; q++) memcpy(qbuf + q * d, keys + qidx[q] * d, sizeof(float) * d);
 
     double bt[DFM_AUDIT_MAX_REPEATS], qt[DFM_AUDIT_MAX_REPEATS], bc[DFM_AUDIT_MAX_REPEATS], qc[DFM_AUDIT_MAX_REPEATS];
-    for (int r = 0; r < o->repeats; r++) {
+    for (int r = 0; r < o->build_repeats; r++) {
         if (idx) faiss_Index_free(idx);
         idx = NULL;
         double t0 = dfm_now(), c0 = cpu_now();
@@ -230,8 +231,8 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
         bt[r] = dfm_now() - t0;
         bc[r] = cpu_now() - c0;
     }
-    p->build_s = dfm_audit_spread_of(bt, o->repeats);
-    p->build_cpu = dfm_audit_spread_of(bc, o->repeats);
+    p->build_s = dfm_audit_spread_of(bt, o->build_repeats);
+    p->build_cpu = dfm_audit_spread_of(bc, o->build_repeats);
     if (pl.nlist && o->nprobe > 0) {
         p->nprobe = o->nprobe < (int64_t)pl.nlist ? o->nprobe : (int64_t)pl.nlist;
         if ((rc = dfm_index_set_param(idx, "nprobe", (double)p->nprobe))) goto done;

@@ -48,7 +48,8 @@ typedef struct {
     uint32_t metric;      /* DFM_METRIC_IP / DFM_METRIC_L2 */
     uint32_t dim, k;
     int64_t nprobe;       /* IVF lists visited (capped at the lists; 0: FAISS's default) */
-    int repeats;          /* timed builds and timed passes over the queries (1..DFM_AUDIT_MAX_REPEATS) */
+    int repeats;          /* timed passes over the queries (1..DFM_AUDIT_MAX_REPEATS) */
+    int build_repeats;    /* timed builds (1..DFM_AUDIT_MAX_REPEATS) */
     uint64_t recall_queries; /* queries also searched exactly for recall@k (0: none) */
 } dfm_audit_point_opts;
 
@@ -70,12 +71,12 @@ typedef struct {
 
 /* "IVF<lists>,PQ<m>" for n keys of width dim, the token-level datastore of kNN-LM / Memory Decoder scaled
  * down: lists = the power of two nearest sqrt(n) (at most n / 39), m = the largest divisor of dim that is
- * at most min(64, dim / 2) (64-byte codes for wide keys). Below 1000 keys, "Flat" (IVF-PQ cannot be
+ * at most min(64, dim / 4) (64-byte codes for keys of 256 and wider, as theirs for 1024). Below 1000 keys, "Flat" (IVF-PQ cannot be
  * trained). The reason into why. */
 void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, char *why, size_t n_why);
 
-/* Build o's index over keys[n_keys * dim] `repeats` times (training on a stratified sample of at most 64
- * keys per list), search the nq queries (rows of keys given by qidx) `repeats` times, then recall@k of
+/* Build o's index over keys[n_keys * dim] `repeats` times (training on a stratified sample of 39 keys per
+ * list, at least 9984 for PQ codebooks), search the nq queries (rows of keys given by qidx) `repeats` times, then recall@k of
  * the first recall_queries of them against an exact Flat search. DFM_EARG, DFM_ENOMEM, DFM_EFAISS. */
 int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, uint64_t n_keys, const uint64_t *qidx, uint64_t nq,
                             dfm_audit_point *p);
@@ -88,7 +89,8 @@ typedef struct {
     uint32_t random_dim;      /* width of random token keys (--token-key-dim) */
     uint64_t max_tokens;      /* the largest size, in tokens (--measure-tokens) */
     int sizes;                /* sizes, each 4x the previous, ending at max_tokens (2..DFM_AUDIT_MAX_SIZES) */
-    int repeats;              /* builds and search passes per size */
+    int repeats;              /* search passes per size */
+    int build_repeats;        /* builds per size */
     uint64_t queries;         /* timed queries per size and side (fewer when the datastore is smaller) */
     uint64_t recall_queries;  /* of those, searched exactly too */
     uint32_t k_token, k_chunk;/* token_k; K + margin */

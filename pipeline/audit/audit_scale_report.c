@@ -52,10 +52,10 @@ static json_t *fit_json(const dfm_audit_fit *f) {
 
 json_t *dfm_audit_scale_json(const dfm_audit_scale *s, const double *targets, const char *const *names, int n) {
     const dfm_audit_scale_cfg *c = &s->cfg;
-    json_t *J = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:[f,f,f], s:[f,f,f]}",
+    json_t *J = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:[f,f,f], s:[f,f,f]}",
                           "token_keys", c->token_keys, "token_keys_are", s->token_keys_desc, "text_keys", (json_int_t)s->text_keys,
                           "run_chunk_embeddings", (json_int_t)s->run_chunks, "text_agrees_with_run_tokens", (json_int_t)s->text_agree,
-                          "text_differs_at", (json_int_t)s->text_differs_at, "repeats", c->repeats, "queries_per_size", (json_int_t)c->queries,
+                          "text_differs_at", (json_int_t)s->text_differs_at, "repeats", c->repeats, "build_repeats", c->build_repeats, "queries_per_size", (json_int_t)c->queries,
                           "recall_queries", (json_int_t)c->recall_queries, "token_k", (json_int_t)c->k_token, "chunk_k", (json_int_t)c->k_chunk,
                           "token_nprobe", (json_int_t)c->token_nprobe, "chunk_nprobe", (json_int_t)c->chunk_nprobe, "wall_s", s->wall_s,
                           "chunk_keys_per_token", c->chunk_keys_per_token, "load_average_before", s->load_before[0], s->load_before[1],
@@ -142,12 +142,12 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
     fprintf(mf, "## Measured at scale\n\n");
     fprintf(mf, "Both datastores over the first n tokens of the same text, n from %llu to %llu (×4 apart), built and searched one "
                 "after the other in one run of `dfm audit --measure-tokens %llu`, on %s with %d OpenMP thread(s) for both sides; "
-                "load average %.2f / %.2f / %.2f (1/5/15 min) before and %.2f / %.2f / %.2f after; %s in all. Each build and each "
-                "pass over the queries is repeated %d times: figures are min / median / max. Times are given as process CPU seconds "
+                "load average %.2f / %.2f / %.2f (1/5/15 min) before and %.2f / %.2f / %.2f after; %s in all. Each build is repeated %d "
+                "time(s) and each pass over the queries %d times: figures are min / median / max. Times are given as process CPU seconds "
                 "(the work done: with one thread it equals the wall time on an idle machine) and as wall seconds (which include waiting "
                 "for other processes on a loaded machine); the fits and extrapolations use the CPU medians.\n\n",
             (unsigned long long)s->s[0].tokens, (unsigned long long)big, (unsigned long long)c->max_tokens, cpu, threads, s->load_before[0],
-            s->load_before[1], s->load_before[2], s->load_after[0], s->load_after[1], s->load_after[2], secs(s->wall_s, b1), c->repeats);
+            s->load_before[1], s->load_before[2], s->load_after[0], s->load_after[1], s->load_after[2], secs(s->wall_s, b1), c->build_repeats, c->repeats);
     if (c->max_tokens > big * 4 / 3 + 1 || c->max_tokens > s->text_keys)
         fprintf(mf, "**The text holds %llu token keys, fewer than the %llu asked for**: the largest size is %llu.\n\n",
                 (unsigned long long)s->text_keys, (unsigned long long)c->max_tokens, (unsigned long long)big);

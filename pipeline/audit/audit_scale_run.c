@@ -135,7 +135,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         dfm_audit_size *z = &s->s[i];
         uint64_t n = z->tokens;
         DFM_LOG_I("audit: size %d/%d: %llu tokens", i + 1, s->n, (unsigned long long)n);
-        dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->recall_queries};
+        dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
         uint64_t nq = c->queries < n ? c->queries : n;
         dfm_sample_ids(n, nq, c->seed, qidx);
         if ((rc = dfm_audit_measure_point(&to, tk, n, qidx, nq, &z->tok))) goto done;
@@ -144,7 +144,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if (!nc) nc = 1;
         if (nc > nc_max) nc = nc_max;
         z->chunk_real_keys = nc < s->run_chunks ? nc : s->run_chunks;
-        dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->recall_queries};
+        dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->build_repeats, c->recall_queries};
         uint64_t nqc = c->queries < nc ? c->queries : nc;
         dfm_sample_ids(nc, nqc, c->seed ^ 0xc4u, qidx);
         if ((rc = dfm_audit_measure_point(&co, ck, nc, qidx, nqc, &z->chk))) goto done;

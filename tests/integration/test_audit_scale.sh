@@ -53,7 +53,7 @@ expect_fail "shorter than the 128-byte header" "$DFM" audit "$WORK/a" --measure-
 
 # ---- the measurement at scale ----
 N=$("$PY" -c "import struct,sys; print(struct.unpack_from('<Q', open(sys.argv[1],'rb').read(), 16)[0])" "$H")
-"$DFM" audit "$WORK/a" --token-level-sample 0 --measure-tokens 100000 --measure-sizes 2 --repeats 2 --measure-queries 40 \
+"$DFM" audit "$WORK/a" --token-level-sample 0 --measure-tokens 100000 --measure-sizes 2 --repeats 2 --build-repeats 2 --measure-queries 40 \
   --recall-queries 10 > "$WORK/audit.log" 2>&1 || { cat "$WORK/audit.log"; fail "dfm audit --measure-tokens"; }
 "$PY" - "$WORK/a/audit/audit.json" "$N" <<'PY' || fail "audit.json scale"
 import json, math, sys
@@ -63,7 +63,7 @@ assert s["text_keys"] == N and s["text_differs_at"] == -1 and s["text_agrees_wit
 z = s["sizes"]; assert [x["tokens"] for x in z] == [N // 4, N], [x["tokens"] for x in z]  # capped at the text, x4 apart
 for x in z:
     t, c = x["token_level"], x["chunk_level"]
-    assert t["factory"].startswith("IVF") and ",PQ16np" in t["factory"], t["factory"]  # width 32: 16-byte codes
+    assert t["factory"].startswith("IVF") and ",PQ8np" in t["factory"], t["factory"]  # width 32: 8-byte codes
     assert t["keys"] == x["tokens"] and 0 < t["recall_at_k"] <= 1 and t["recall_queries"] == 10
     assert c["recall_at_k"] == 1 and c["keys"] == x["chunk_real_keys"] > 0   # the run's embeddings, exact Flat
     for side in (t, c):
