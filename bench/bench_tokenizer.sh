@@ -12,7 +12,7 @@
 # Each round runs every side once, in a rotating order; tables give min / median / max over the rounds
 # of MB per CPU-second (process CPU time, all threads; what to compare on a shared machine) and the
 # median wall MB/s. The ids of every side are compared with dfm's, document by document, in the same
-# run; a difference fails the benchmark. Same thread count on every side (dfm: pthreads over documents;
+# run; a difference from HF (the reference) fails the benchmark, one from tiktoken is reported. Same thread count on every side (dfm: pthreads over documents;
 # HF: RAYON_NUM_THREADS; tiktoken: encode_batch num_threads). add_special_tokens=False for HF; special
 # tokens written in the text are matched on every side.
 # Env: MB, THREADS, REPS, TOKENIZERS, PEERS ("tiktoken hf"), DFM_CORPUS, PEERS_PYTHON (default
@@ -48,8 +48,19 @@ run_side() {  # side tokenizer threads round
   fi
   echo "tokenizer=$name round=$r $line" | tee -a "$B/times" >&2
   if [ "$side" != dfm ] && [ "$r" = 0 ]; then  # ids, document by document, against dfm's of this round
-    if cmp -s "$ids" "$B/ids-dfm-$name-$t.bin"; then echo "ids $name $t $side equal" >>"$B/agree"
-    else echo "ids $name $t $side DIFFER" >>"$B/agree"; fi
+    python3 - "$ids" "$B/ids-dfm-$name-$t.bin" "$name $t $side" >>"$B/agree" <<'PYEOF'
+import struct, sys
+def docs(p):
+    b, i, out = open(p, "rb").read(), 0, []
+    while i < len(b):
+        n = struct.unpack_from("<I", b, i)[0]
+        out.append(b[i + 4:i + 4 + 4 * n])
+        i += 4 + 4 * n
+    return out
+a, d = docs(sys.argv[1]), docs(sys.argv[2])
+diff = sum(x != y for x, y in zip(a, d)) + abs(len(a) - len(d))
+print("ids", sys.argv[3], diff, len(d))
+PYEOF
   fi
 }
 
@@ -73,14 +84,16 @@ b, res, mb, corpus = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 rows = [dict(re.findall(r"(\S+)=(\S+)", l)) for l in open(f"{b}/times")]
 for r, l in zip(rows, open(f"{b}/times").read().splitlines()):
     r["side"] = l.split()[2]  # "tokenizer=.. round=.. SIDE threads=.."
-agree = {}
+agree, differ = {}, {}
 for l in open(f"{b}/agree"):
-    _, name, t, side, verdict = l.split()
-    agree[(name, t, side)] = verdict == "equal"
+    _, name, t, side, ndiff, ndocs = l.split()
+    agree[(name, t, side)] = ndiff == "0"
+    differ[(name, t, side)] = f"{ndiff} of {ndocs} docs differ"
 def med3(v):
     v = sorted(v)
     return v[0], statistics.median(v), v[-1]
-keys = sorted({(r["tokenizer"], r["threads"]) for r in rows}, key=lambda k: (k[0], int(k[1])))
+order = list(dict.fromkeys(r["tokenizer"] for r in rows))  # as TOKENIZERS lists them
+keys = sorted({(r["tokenizer"], r["threads"]) for r in rows}, key=lambda k: (order.index(k[0]), int(k[1])))
 peers = [s for s in ("tiktoken", "hf") if any(r["side"] == s for r in rows)]
 names = {"dfm": "dfm", "hf": "HF tokenizers", "tiktoken": "tiktoken"}
 out = []
@@ -103,7 +116,7 @@ for name, t in keys:
         warm = med3([nbytes / 1e6 / float(r["warm_cpu"]) for r in rs])
         wall = statistics.median([nbytes / 1e6 / float(r["cold_s"]) for r in rs])
         load = statistics.median([float(r["load_cpu"]) * 1e3 for r in rs])
-        eq = "—" if s == "dfm" else ("yes" if agree.get((name, t, s)) else "**NO**")
+        eq = "—" if s == "dfm" else ("yes" if agree.get((name, t, s)) else "**no**: " + differ.get((name, t, s), "not compared"))
         out.append(f"| {name} | {t} | {names[s]} | {cold[0]:.2f} / {cold[1]:.2f} / {cold[2]:.2f} | "
                    f"{warm[0]:.2f} / {warm[1]:.2f} / {warm[2]:.2f} | {wall:.2f} | {load:.0f} | {eq} |")
     for s in peers:
@@ -119,7 +132,8 @@ for name, t in keys:
                 "dfm_cpu_s": round(statistics.median(d for d, _ in pairs), 4),
                 "peer_cpu_s": round(statistics.median(p for _, p in pairs), 4),
                 "ratio": round(statistics.median(ratios), 3), "ratio_min_max": [round(ratios[0], 3), round(ratios[-1], 3)],
-                "rounds": len(pairs), "agree": {"ok": bool(agree.get((name, t, s))), "ids_equal": bool(agree.get((name, t, s)))},
+                "rounds": len(pairs), "agree": {"ok": bool(agree.get((name, t, s))), "ids_equal": bool(agree.get((name, t, s))),
+                                                **({} if agree.get((name, t, s)) else {"ids": differ.get((name, t, s))})},
                 "unit": f"CPU-seconds to encode {mb:g} MB"})
 out.append("")
 out.append("dfm/peer per CPU-second (median of the per-round ratios peer CPU-s / dfm CPU-s, min–max; above 1: dfm faster):")
@@ -133,15 +147,21 @@ for name, t in keys:
         if c and w:
             fmt = lambda x: f"{x['ratio']:.2f}× ({x['ratio_min_max'][0]:.2f}–{x['ratio_min_max'][1]:.2f})"
             out.append(f"| {name} | {t} | {names[s]} | {fmt(c[0])} | {fmt(w[0])} |")
+out.append("")
+out.append("A peer whose ids differ from dfm's did different work on those documents: its ratio is not a like-for-like "
+           "comparison. HF `tokenizers` is the reference (the golden tests are made with it); tiktoken stands in "
+           "through an Encoding built from the tokenizer.json, which is exact only where HF's pipeline reduces to "
+           "tiktoken's (Qwen2.5 here).")
 print("\n".join(out))
-ok = all(agree.values()) and len(agree) > 0
-# headline: the strongest peer (lowest CPU) on cold text, the first tokenizer, one thread
+# HF tokenizers is the reference: its ids must equal dfm's; a tiktoken difference is reported, not fatal
+ok = len(agree) > 0 and all(v for (n, t, s), v in agree.items() if s == "hf")
+# headline: the strongest peer (lowest CPU) with equal ids, cold text, the first tokenizer, fewest threads
 cold1 = [x for x in result_rows if ", cold text," in x["setting"] and x["threads"] == min(int(k[1]) for k in keys)
-         and x["setting"].startswith(keys[0][0])]
-head = min(cold1, key=lambda x: x["peer_cpu_s"])
-doc = dict(head)
-doc.update({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": result_rows,
-            "agree": {"ok": ok, "ids_equal": ok}})
+         and x["setting"].startswith(keys[0][0] + ",") and x["agree"]["ok"]]
+if not cold1:
+    sys.exit("bench_tokenizer: no peer gave dfm's ids on " + keys[0][0])
+doc = dict(min(cold1, key=lambda x: x["peer_cpu_s"]))
+doc.update({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": result_rows})
 os.makedirs(res, exist_ok=True)
 json.dump(doc, open(os.path.join(res, "tokenizer.json"), "w"), indent=1)
 with open(os.path.join(res, "tokenizer.md"), "w") as f:
@@ -150,5 +170,5 @@ with open(os.path.join(res, "tokenizer.md"), "w") as f:
             f"peers: {', '.join(versions.get(s, s) for s in peers)}).\n\n")
     f.write("\n".join(out) + "\n")
 if not ok:
-    sys.exit("bench_tokenizer: ids differ from dfm's (see the table)")
+    sys.exit("bench_tokenizer: HF tokenizers' ids differ from dfm's (see the table)")
 PYEOF
