@@ -8,7 +8,9 @@
 #     which hold no vector; nprobe tuned on held-out queries), np = 1 and 16;
 #  2. a corpus of one document, np = 1 and 16: with --exclude sequence (9 sequences for 16 ranks), and
 #     with --exclude document, where every neighbour is excluded and every record is empty;
-#  3. an empty corpus on 16 ranks is refused on every rank (no hang), naming the reason.
+#  3. an empty corpus on 16 ranks is refused on every rank (no hang), naming the reason;
+#  4. dfm chunk on mixed inputs (JSONL, JSONL.zst, plain text; 7 documents in 3 files), in both packing
+#     modes: np = 16 gives the chunks of np = 1.
 # Every np is compared with np = 1: the chunks (dfm chunk-dump), the embedding blocks, the neighbour
 # blocks and the target shards byte for byte, and `dfm verify --compare`. Index shards are one per rank,
 # so they are compared through what retrieval finds in them. Small on purpose (2 cores, 16 ranks): a
@@ -87,4 +89,19 @@ timeout 300 mpirun -np 16 "$DFM" build empty-16.json > empty-16.log 2>&1 && fail
 [ $? != 124 ] || fail "16 ranks on an empty corpus hung (killed after 300 s)"
 [ "$(grep -c 'the inputs hold no text' empty-16.log)" -ge 1 ] || { cat empty-16.log; fail "the refusal of an empty corpus does not say why"; }
 ok "empty corpus on 16 ranks: refused ($(grep -o 'the inputs hold no text[^[]*' empty-16.log | head -n 1))"
+
+echo "== 4. dfm chunk, mixed inputs, np = 1 and 16, both packing modes"
+sed -n '4,7p' "$DFM_CORPUS" > m.jsonl
+sed -n '8,9p' "$DFM_CORPUS" | zstd -q -o m.jsonl.zst
+printf 'A plain text document.\nIt has two lines.\n' > m.txt
+for mode in plain doc-aligned; do
+  flags=(--tokenizer "$TOK" --seq-len 64); [ $mode = doc-aligned ] && flags+=(--doc-aligned)
+  for np in 1 16; do
+    mpirun -np $np "$DFM" chunk "mixed-$mode-$np" m.jsonl m.jsonl.zst m.txt "${flags[@]}" > "mixed-$mode-$np.log" 2>&1 ||
+      { cat "mixed-$mode-$np.log"; fail "chunk np=$np $mode"; }
+    "$DFM" chunk-dump "mixed-$mode-$np" > "mixed-$mode-$np.dump" || fail "chunk-dump mixed-$mode-$np"
+  done
+  cmp -s "mixed-$mode-1.dump" "mixed-$mode-16.dump" || fail "chunk $mode: np=16 differs from np=1"
+  ok "chunk $mode on 3 files, 7 documents: np=16 == np=1 ($(count mixed-$mode-1 chunk chunks) chunks)"
+done
 echo "all many-rank checks passed"
