@@ -23,7 +23,7 @@
 # does not know, as dfm-train does (common/blas_core.h); the kernel set is printed in the table.
 # Writes bench/results/encoder.json (the convention in bench/README.md; headline: ort at 1 thread) and
 # bench/results/encoder_cpu.md (the full table). RECORD=0 writes neither.
-# Env: N, THREADS, ROUNDS, PEERS ("st ort"), BATCHES ("16 32 64 128"), SWEEP_N (128), DFM_BATCH (dfm's batch;
+# Env: N, THREADS, ROUNDS, PEERS ("st ort"), BATCHES ("8 16 32 64 128"), SWEEP_N (128), DFM_BATCH (dfm's batch;
 #      default: the encoder's), MEMORY=1 adds the peak-RSS runs of `dfm encode`, BUILD=0 runs the bench
 #      programs already in build/bench without making them, DFM_REV labels the dfm build in the results
 #      (default: the git commit, flagged when encoder/ or common/ has uncommitted edits), DFM_MODEL.
@@ -33,7 +33,7 @@ cd "$ROOT"
 DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 N=${N:-300} THREADS=${THREADS:-"1 2"} ROUNDS=${ROUNDS:-3} PEERS=${PEERS:-"st ort"}
-BATCHES=${BATCHES:-"16 32 64 128"} SWEEP_N=${SWEEP_N:-128} DFM_BATCH=${DFM_BATCH:-} RECORD=${RECORD:-1}
+BATCHES=${BATCHES:-"8 16 32 64 128"} SWEEP_N=${SWEEP_N:-128} DFM_BATCH=${DFM_BATCH:-} RECORD=${RECORD:-1}
 MODEL=${DFM_MODEL:-$DFM_CACHE/models/all-MiniLM-L6-v2}
 die() { echo "bench_encoder_cpu: $*" >&2; exit 1; }
 
