@@ -13,7 +13,11 @@
 #     then completes;
 #  3. a rank on the second node dies (DFM_FAULT on rank 3): the chain fails and stops; resubmitted, it
 #     completes with the same records as the one-node run;
-#  4. dfm-train across 2 nodes (submit_train.sh --nodes 2 --ntasks 2) == mpirun -np 2, byte for byte.
+#  4. dfm-train across 2 nodes (submit_train.sh --nodes 2 --ntasks 2) == mpirun -np 2, byte for byte;
+#  5. GPU encoding's request (2 fake GPUs per node, tests/slurm/slurm_up.sh SLURM_CI_GPUS): submit.sh
+#     --encode-gpus 2 --nodes 2 --ntasks 4 shows each rank both GPUs of its node, and the node-local
+#     ranks are 0 and 1 on each node, so the encoder's choice (node-local rank mod GPUs) spreads the
+#     ranks of a node over its GPUs. A stand-in for dfm prints what each rank sees.
 # A 60 KB tokenizer from tests/data and a tiny random encoder (tests/tools/tiny_bert.py) keep it cheap.
 # The two nodes share this host's file system, PIDs and host name: what differs between them here is
 # Slurm's view (one slurmd, slurmstepd and PMIx server per node) and MPI's (node ids, node-local ranks,
@@ -23,7 +27,7 @@ source "$(dirname "$0")/lib.sh"
 TRAIN=${DFM_TRAIN:-$DFM_ROOT/build/dfm-train}
 [ -x "$TRAIN" ] || fail "no $TRAIN: make build/dfm-train"
 WAIT=$DFM_ROOT/tests/slurm/slurm_wait.sh
-export SLURM_CI_DIR=$WORK/slurm SLURM_CI_NODES=2
+export SLURM_CI_DIR=$WORK/slurm SLURM_CI_NODES=2 SLURM_CI_GPUS=2
 # Between the fake nodes, TCP: Open MPI's shared-memory transport names its segments by host name and
 # node-local rank, which two nodes on one host share (on a real cluster they differ).
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
@@ -47,7 +51,7 @@ wait_until() { local secs=$1; shift; for _ in $(seq $((secs * 20))); do eval "$1
 head -n 3 "$DFM_CORPUS" > corpus.jsonl
 "$DFM_PYTHON" "$DFM_ROOT/tests/tools/tiny_bert.py" "$DFM_MODEL" tiny || fail "tiny_bert.py"
 mkdir -p cfg
-for r in one multi lost; do
+for r in one multi lost gpu; do
   cat > "cfg/$r.json" <<JSON
 {"run": "runs/$r", "inputs": ["corpus.jsonl"], "tokenizer": "$DFM_ROOT/tests/data/tokenizer/spm-llama2.tokenizer.json",
  "chunk": {"seq-len": 128}, "encode": {"device": "cpu", "model": "tiny"},
@@ -172,4 +176,15 @@ for f in ckpt_000006.bin ckpt_final.bin dfm_modules.safetensors; do
   cmp -s "slurm/$f" "direct/$f" || fail "dfm-train on 2 nodes: $f differs from mpirun -np 2"
 done
 ok "dfm-train train on 2 nodes x 1 task == mpirun -np 2 (checkpoints and modules byte-identical)"
+
+# ---- 5. GPU encoding on 2 nodes x 2 fake GPUs
+printf '#!/bin/sh\necho "RANK $SLURM_PROCID $SLURMD_NODENAME local $SLURM_LOCALID sees ${CUDA_VISIBLE_DEVICES-all}"\n' > stub.sh
+chmod +x stub.sh
+"$DFM_ROOT/jobs/submit.sh" cfg/gpu.json --stages encode --nodes 2 --ntasks 4 --encode-gpus 2 --overcommit --time 5:00 \
+  --dfm stub.sh > gpu.ids 2>&1 || { cat gpu.ids; fail "submit.sh --encode-gpus 2"; }
+"$WAIT" "$(awk '{print $2}' gpu.ids)" > /dev/null || { cat runs/gpu/jobs/*.out; fail "the GPU encode job"; }
+seen=$(grep -ho 'RANK .*' runs/gpu/jobs/encode-*.out | sort | xargs)
+[ "$seen" = "RANK 0 dfm-n1 local 0 sees 0,1 RANK 1 dfm-n1 local 1 sees 0,1 RANK 2 dfm-n2 local 0 sees 0,1 RANK 3 dfm-n2 local 1 sees 0,1" ] ||
+  fail "--encode-gpus 2 on 2 nodes: each rank should see its node's 2 GPUs, node-local ranks 0 and 1: $seen"
+ok "--encode-gpus 2 on 2 nodes: every rank sees GPUs 0,1 of its node; node-local ranks 0,1 on each -> GPUs 0 and 1"
 echo "all multi-node Slurm checks passed"
