@@ -171,13 +171,13 @@ clean:
 CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check
 ops_cuda_check_DEF := DFM_OPS_CUDA_CHECK_MAIN
 ops_cuda_check_CU := trainer/ops_cuda.cu
-ops_cuda_check_C := trainer/ops.c trainer/adamw.c common/error.c
+ops_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
 attention_cuda_check_DEF := DFM_ATTN_CUDA_CHECK_MAIN
 attention_cuda_check_CU := trainer/attention_cuda.cu
-attention_cuda_check_C := trainer/ops.c trainer/adamw.c common/error.c
+attention_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
 model_cuda_check_DEF := DFM_MODEL_CUDA_CHECK_MAIN
 model_cuda_check_CU := trainer/ops_cuda.cu trainer/attention_cuda.cu trainer/stack_cuda.cu trainer/model_cuda.cu
-model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/adamw.c common/error.c
+model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
 
 PYTHON ?= python3
 BLAS_LIBS := $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)

@@ -298,82 +298,83 @@ void gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
 }
 
 /* ---- chunk cross-attention + gate ---------------------------------------------------------------- */
+/* Per (sequence, chunk, head): the rows that read the chunk are contiguous (tokens [c*L - shift, (c+1)*L -
+ * shift)), so scores, products and their gradients are small sgemm calls on strided views (a head's
+ * columns every C floats; p's rows for one head every nh*K floats). */
+static void crossattn_rows(int c, int L, int T, int shift, int *s0, int *s1) {
+    *s0 = c * L - shift < 0 ? 0 : c * L - shift;
+    *s1 = (c + 1) * L - shift > T ? T : (c + 1) * L - shift;
+}
+
 void crossattn_forward(float *out, float *p, const float *q, const float *km, const float *vm,
                        const uint8_t *slot_mask, int B, int T, int L, int shift, int K, int nh, int hd) {
     int NC = T / L;
-    size_t C = (size_t)nh * hd;
+    size_t C = (size_t)nh * hd, pk = (size_t)nh * K;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for if ((size_t)B * T * C * K > 262144)
-    for (int r = 0; r < B * T; r++) {
-        int b = r / T, c = (r % T + shift) / L;
-        size_t m0 = ((size_t)b * NC + c) * K;
-        for (int h = 0; h < nh; h++) {
-            const float *qr = q + (size_t)r * C + (size_t)h * hd;
-            float *pr = p + ((size_t)r * nh + h) * K;
-            float *o = out + (size_t)r * C + (size_t)h * hd;
-            float mx = -INFINITY;
-            for (int j = 0; j < K && c < NC; j++) { /* c == NC: the chunk after the sequence, no memory */
-                if (!slot_mask[m0 + j]) continue;
-                float s = vm_dot(qr, km + (m0 + j) * C + (size_t)h * hd, (size_t)hd) * scale;
-                pr[j] = s;
-                if (s > mx) mx = s;
-            }
-            memset(o, 0, (size_t)hd * sizeof(float));
-            if (mx == -INFINITY) { /* no memory for this chunk */
-                for (int j = 0; j < K; j++) pr[j] = 0.0f;
+#pragma omp parallel for collapse(2) if ((size_t)B * T * C * K > 262144)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c <= NC; c++) { /* c == NC: the rows past the last chunk (shift 1), no memory */
+            int s0, s1;
+            crossattn_rows(c, L, T, shift, &s0, &s1);
+            if (s1 <= s0) continue;
+            size_t r0 = (size_t)b * T + s0, R = (size_t)(s1 - s0), m0 = ((size_t)b * NC + c) * K;
+            int any = 0;
+            for (int j = 0; c < NC && j < K; j++) any |= slot_mask[m0 + j];
+            if (!any) { /* no memory for these rows: no update */
+                memset(out + r0 * C, 0, R * C * sizeof(float));
+                memset(p + r0 * pk, 0, R * pk * sizeof(float));
                 continue;
             }
-            float sum = 0.0f;
-            for (int j = 0; j < K; j++) {
-                pr[j] = slot_mask[m0 + j] ? expf(pr[j] - mx) : 0.0f;
-                sum += pr[j];
-            }
-            float inv = 1.0f / sum;
-            for (int j = 0; j < K; j++) {
-                pr[j] *= inv;
-                if (pr[j] == 0.0f) continue;
-                vm_axpy(o, pr[j], vm + (m0 + j) * C + (size_t)h * hd, (size_t)hd);
+            for (int h = 0; h < nh; h++) {
+                float *ph = p + r0 * pk + (size_t)h * K;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, K, hd, scale, q + r0 * C + (size_t)h * hd,
+                            (int)C, km + m0 * C + (size_t)h * hd, (int)C, 0.0f, ph, (int)pk);
+                for (size_t r = 0; r < R; r++) {
+                    float *pr = ph + r * pk, mx = -INFINITY, sum = 0.0f;
+                    for (int j = 0; j < K; j++)
+                        if (slot_mask[m0 + j] && pr[j] > mx) mx = pr[j];
+                    for (int j = 0; j < K; j++) {
+                        pr[j] = slot_mask[m0 + j] ? expf(pr[j] - mx) : 0.0f;
+                        sum += pr[j];
+                    }
+                    vm_scale(pr, (size_t)K, 1.0f / sum);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, hd, K, 1.0f, ph, (int)pk,
+                            vm + m0 * C + (size_t)h * hd, (int)C, 0.0f, out + r0 * C + (size_t)h * hd, (int)C);
             }
         }
-    }
 }
 
 void crossattn_backward(float *dq, float *dkm, float *dvm, const float *dout, const float *p, const float *q,
                         const float *km, const float *vm, int B, int T, int L, int shift, int K, int nh, int hd) {
     int NC = T / L;
-    size_t C = (size_t)nh * hd;
+    size_t C = (size_t)nh * hd, pk = (size_t)nh * K;
     float scale = 1.0f / sqrtf((float)hd);
-    /* parallel over (b, chunk): the L rows attending a chunk write the same memory rows */
+    /* parallel over (b, chunk): the rows attending a chunk write the same memory rows */
 #pragma omp parallel for collapse(2) if ((size_t)B * T * C * K > 262144)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < NC; c++) {
-            size_t m0 = ((size_t)b * NC + c) * K;
-            int s0 = c * L - shift, s1 = (c + 1) * L - shift;
-            for (int s = s0 < 0 ? 0 : s0; s < s1; s++) {
-                size_t r = (size_t)b * T + s;
-                for (int h = 0; h < nh; h++) {
-                    const float *pr = p + (r * nh + h) * K;
-                    const float *dor = dout + r * C + (size_t)h * hd;
-                    const float *qr = q + r * C + (size_t)h * hd;
-                    float *dqr = dq + r * C + (size_t)h * hd;
-                    float dp[K > 0 ? K : 1];
-                    float pdp = 0.0f;
-                    for (int j = 0; j < K; j++) {
-                        dp[j] = 0.0f;
-                        if (pr[j] == 0.0f) continue;
-                        size_t off = (m0 + j) * C + (size_t)h * hd;
-                        dp[j] = vm_dot(dor, vm + off, (size_t)hd);
-                        vm_axpy(dvm + off, pr[j], dor, (size_t)hd);
-                        pdp += pr[j] * dp[j];
-                    }
-                    for (int j = 0; j < K; j++) {
-                        if (pr[j] == 0.0f) continue;
-                        float ds = pr[j] * (dp[j] - pdp) * scale;
-                        size_t off = (m0 + j) * C + (size_t)h * hd;
-                        vm_axpy(dqr, ds, km + off, (size_t)hd);
-                        vm_axpy(dkm + off, ds, qr, (size_t)hd);
-                    }
-                }
+            int s0, s1;
+            crossattn_rows(c, L, T, shift, &s0, &s1);
+            if (s1 <= s0) continue;
+            size_t r0 = (size_t)b * T + s0, R = (size_t)(s1 - s0), m0 = ((size_t)b * NC + c) * K;
+            float ds[R * (size_t)K]; /* dP, then dS, of one head */
+            for (int h = 0; h < nh; h++) {
+                const float *ph = p + r0 * pk + (size_t)h * K, *doh = dout + r0 * C + (size_t)h * hd;
+                const float *qh = q + r0 * C + (size_t)h * hd;
+                size_t mo = m0 * C + (size_t)h * hd;
+                /* dVm += P^T dO;  dP = dO Vm^T */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, hd, (int)R, 1.0f, ph, (int)pk, doh, (int)C, 1.0f,
+                            dvm + mo, (int)C);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, K, hd, 1.0f, doh, (int)C, vm + mo, (int)C,
+                            0.0f, ds, K);
+                for (size_t r = 0; r < R; r++) /* a row with no memory has P = 0: dS = 0 */
+                    vm_softmax_backward(ds + r * K, ph + r * pk, (size_t)K, scale);
+                /* dQ += dS Km;  dKm += dS^T Q */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, hd, K, 1.0f, ds, K, km + mo, (int)C, 1.0f,
+                            dq + r0 * C + (size_t)h * hd, (int)C);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, K, hd, (int)R, 1.0f, ds, K, qh, (int)C, 1.0f,
+                            dkm + mo, (int)C);
             }
         }
 }
