@@ -10,6 +10,8 @@
  *   faiss=c-api-debian train_s=.. train_cpu=.. add_s=.. add_cpu=.. search_s=.. search_cpu=.. nq=..
  * (wall seconds and process CPU seconds per phase). Run it with OMP_NUM_THREADS=1 for single-thread
  * numbers. Built by `make bench-programs` (build/bench/bench_faiss_build). */
+#include "common/log.h"
+
 #include <faiss/c_api/AutoTune_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <faiss/c_api/error_c.h>
@@ -19,12 +21,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-static double wall(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
+/* Process CPU seconds, all threads (wall time: dfm_now). */
 static double cpu(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -79,17 +76,17 @@ int main(int argc, char **argv) {
     idx_t *lab = malloc(nq * (size_t)k * sizeof *lab);
     if (!dist || !lab) { fprintf(stderr, "no memory for %zu x %d results\n", nq, k); return 1; }
     if (check(faiss_index_factory(&idx, dim, argv[4], METRIC_L2), "index_factory")) return 1;
-    double w0 = wall(), c0 = cpu();
+    double w0 = dfm_now(), c0 = cpu();
     if (check(faiss_Index_train(idx, (idx_t)train_n, xb), "train")) return 1;
-    double w1 = wall(), c1 = cpu();
+    double w1 = dfm_now(), c1 = cpu();
     if (check(faiss_Index_add(idx, (idx_t)nb, xb), "add")) return 1;
-    double w2 = wall(), c2 = cpu();
+    double w2 = dfm_now(), c2 = cpu();
     if (check(faiss_ParameterSpace_new(&ps), "ParameterSpace") ||
         check(faiss_ParameterSpace_set_index_parameter(ps, idx, "nprobe", nprobe), "setting nprobe"))
         return 1;
-    double w3 = wall(), c3 = cpu();
+    double w3 = dfm_now(), c3 = cpu();
     if (check(faiss_Index_search(idx, (idx_t)nq, xq, k, dist, lab), "search")) return 1;
-    double w4 = wall(), c4 = cpu();
+    double w4 = dfm_now(), c4 = cpu();
     FILE *f = fopen(argv[8], "wb");
     if (!f || fwrite(lab, sizeof *lab, nq * (size_t)k, f) != nq * (size_t)k || fclose(f)) {
         perror(argv[8]);

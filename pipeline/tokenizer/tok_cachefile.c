@@ -29,20 +29,20 @@ enum {
     H_N_MERGES = 44, H_UNK = 48, H_SECTIONS = 64, H_PAYLOAD_SUM = 240, H_HEADER_SUM = 248
 };
 
-static uint64_t rd64(const uint8_t *p) {
+static uint64_t rd64(const void *p) {
     uint64_t v;
     memcpy(&v, p, 8);
     return v;
 }
 
-static uint32_t rd32(const uint8_t *p) {
+static uint32_t rd32(const void *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
 }
 
-static void wr64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static void wr32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void wr64(void *p, uint64_t v) { memcpy(p, &v, 8); }
+static void wr32(void *p, uint32_t v) { memcpy(p, &v, 4); }
 
 /* ================================================================ where */
 
@@ -68,43 +68,20 @@ int dfm_tokfile_path(uint64_t src_hash, char **out) {
 
 /* ================================================================ write */
 
-typedef struct {
-    uint8_t *p;
-    size_t n, cap;
-} obuf;
-
-static int ob_reserve(obuf *b, size_t need) {
-    if (need <= b->cap) return DFM_OK;
-    size_t c = b->cap ? b->cap : 1 << 16;
-    while (c < need) c *= 2;
-    uint8_t *q = realloc(b->p, c);
-    if (!q) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu bytes of tokenizer cache", c);
-    b->p = q;
-    b->cap = c;
-    return DFM_OK;
-}
-
-static int ob_add(obuf *b, const void *s, size_t n) {
-    DFM_TRY(ob_reserve(b, b->n + n));
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    return DFM_OK;
-}
-
 /* Start a section at the next 8-byte boundary; records its offset in the header table. */
-static int ob_section(obuf *b, int sec) {
+static int sb_section(sbuf *b, int sec) {
     static const uint8_t zero[8] = {0};
-    DFM_TRY(ob_add(b, zero, (8 - b->n % 8) % 8));
+    DFM_TRY(dfm_sbuf_add(b, zero, (8 - b->n % 8) % 8));
     wr64(b->p + H_SECTIONS + 16 * sec, b->n);
     return DFM_OK;
 }
 
-static void ob_section_end(obuf *b, int sec) {
+static void sb_section_end(sbuf *b, int sec) {
     wr64(b->p + H_SECTIONS + 16 * sec + 8, b->n - rd64(b->p + H_SECTIONS + 16 * sec));
 }
 
-static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_len, uint64_t src_bytes, obuf *b) {
-    DFM_TRY(ob_reserve(b, TOKC_HEADER));
+static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_len, uint64_t src_bytes, sbuf *b) {
+    DFM_TRY(dfm_sbuf_reserve(b, TOKC_HEADER));
     memset(b->p, 0, TOKC_HEADER);
     b->n = TOKC_HEADER;
     memcpy(b->p + H_MAGIC, TOKC_MAGIC, 8);
@@ -116,26 +93,26 @@ static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_l
     wr32(b->p + H_N_MERGES, tok->n_merges);
     wr64(b->p + H_UNK, (uint64_t)tok->unk_id);
 
-    DFM_TRY(ob_section(b, DFM_TOKC_META));
-    DFM_TRY(ob_add(b, meta, meta_len));
-    ob_section_end(b, DFM_TOKC_META);
-    DFM_TRY(ob_section(b, DFM_TOKC_BYTE_ID));
-    DFM_TRY(ob_add(b, tok->byte_id, sizeof tok->byte_id));
-    ob_section_end(b, DFM_TOKC_BYTE_ID);
+    DFM_TRY(sb_section(b, DFM_TOKC_META));
+    DFM_TRY(dfm_sbuf_add(b, meta, meta_len));
+    sb_section_end(b, DFM_TOKC_META);
+    DFM_TRY(sb_section(b, DFM_TOKC_BYTE_ID));
+    DFM_TRY(dfm_sbuf_add(b, tok->byte_id, sizeof tok->byte_id));
+    sb_section_end(b, DFM_TOKC_BYTE_ID);
 
     /* strings first (into a side buffer), so the per-id tables can be written in one pass each */
     uint32_t n = tok->n_ids;
     uint8_t *flags = calloc(n ? n : 1, 1);
     uint64_t *key_off = calloc(n ? n : 1, 8), *dec_off = calloc(n ? n : 1, 8);
     uint32_t *key_len = calloc(n ? n : 1, 4), *dec_len = calloc(n ? n : 1, 4);
-    obuf str = {0};
+    sbuf str = {0};
     int rc = flags && key_off && dec_off && key_len && dec_len ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     for (uint32_t i = 0; i < n && !rc; i++) {
         if (tok->key[i]) {
             flags[i] |= FL_KEY;
             key_off[i] = str.n, key_len[i] = tok->key_len[i];
-            rc = ob_add(&str, tok->key[i], tok->key_len[i]);
-            if (!rc) rc = ob_add(&str, "", 1);
+            rc = dfm_sbuf_add(&str, tok->key[i], tok->key_len[i]);
+            if (!rc) rc = dfm_sbuf_add(&str, "", 1);
         }
         if (!rc && tok->dec[i] && tok->dec[i] == tok->key[i]) {
             flags[i] |= FL_DEC | FL_DEC_IS_KEY;
@@ -143,8 +120,8 @@ static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_l
         } else if (!rc && tok->dec[i]) {
             flags[i] |= FL_DEC;
             dec_off[i] = str.n, dec_len[i] = tok->dec_len[i];
-            rc = ob_add(&str, tok->dec[i], tok->dec_len[i]);
-            if (!rc) rc = ob_add(&str, "", 1);
+            rc = dfm_sbuf_add(&str, tok->dec[i], tok->dec_len[i]);
+            if (!rc) rc = dfm_sbuf_add(&str, "", 1);
         }
     }
     const struct {
@@ -163,9 +140,9 @@ static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_l
         {DFM_TOKC_MERGE_VALS, tok->merges.vals, (tok->merges.mask + 1) * 8},
     };
     for (size_t k = 0; k < sizeof parts / sizeof parts[0] && !rc; k++) {
-        rc = ob_section(b, parts[k].sec);
-        if (!rc) rc = ob_add(b, parts[k].p, parts[k].n);
-        if (!rc) ob_section_end(b, parts[k].sec);
+        rc = sb_section(b, parts[k].sec);
+        if (!rc) rc = dfm_sbuf_add(b, parts[k].p, parts[k].n);
+        if (!rc) sb_section_end(b, parts[k].sec);
     }
     free(flags), free(key_off), free(dec_off), free(key_len), free(dec_len), free(str.p);
     if (rc) return rc;
@@ -187,7 +164,7 @@ int dfm_tokfile_write(const dfm_tokenizer *tok, const char *meta, size_t meta_le
         free(dir);
         DFM_TRY(rc);
     }
-    obuf b = {0};
+    sbuf b = {0};
     int rc = build_image(tok, meta, meta_len, src_bytes, &b);
     /* temporary + rename (fsutil): ranks that build it at the same moment each rename a whole file */
     if (!rc) rc = dfm_write_file_atomic(path, b.p, b.n);

@@ -18,6 +18,18 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+/* ---- growable byte buffer (tokenizer.c, tok_cachefile.c); zero-initialise, free(b.p) ---- */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+/* Room for need bytes in all (tokenizer.c). */
+int dfm_sbuf_reserve(sbuf *b, size_t need);
+/* Append n bytes and keep the content NUL-terminated (the NUL is not counted in n). */
+int dfm_sbuf_add(sbuf *b, const void *s, size_t n);
+
 /* ---- UTF-8 (tok_utf8.c) ---- */
 
 /* Length of the valid UTF-8 prefix of s[0..n) (== n when valid). */

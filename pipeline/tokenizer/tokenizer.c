@@ -47,12 +47,7 @@ int dfm_ids_push(dfm_ids *v, uint32_t id) {
 
 /* ================================================================ small helpers */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-static int sb_reserve(sbuf *b, size_t need) {
+int dfm_sbuf_reserve(sbuf *b, size_t need) {
     if (b->cap >= need) return DFM_OK;
     size_t c = b->cap ? b->cap : 256;
     while (c < need) c *= 2;
@@ -63,8 +58,8 @@ static int sb_reserve(sbuf *b, size_t need) {
     return DFM_OK;
 }
 
-static int sb_add(sbuf *b, const void *s, size_t n) {
-    DFM_TRY(sb_reserve(b, b->n + n + 1));
+int dfm_sbuf_add(sbuf *b, const void *s, size_t n) {
+    DFM_TRY(dfm_sbuf_reserve(b, b->n + n + 1));
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
@@ -127,7 +122,7 @@ static int jbool(json_t *o, const char *key, int def) {
 static int token_raw(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *b, size_t *len) {
     size_t start = b->n;
     if (tok->byte_level) {
-        DFM_TRY(sb_reserve(b, b->n + n + 1));
+        DFM_TRY(dfm_sbuf_reserve(b, b->n + n + 1));
         size_t i = 0;
         while (i < n) {
             uint32_t cp;
@@ -143,7 +138,7 @@ static int token_raw(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *b,
         }
         b->n = start;
     }
-    DFM_TRY(sb_add(b, s, n));
+    DFM_TRY(dfm_sbuf_add(b, s, n));
     *len = n;
     return DFM_OK;
 }
@@ -157,23 +152,23 @@ static int translate_regex(const char *pat, sbuf *out) {
         char c = pat[i];
         if (c == '\\' && pat[i + 1]) {
             char e = pat[i + 1];
-            if (e == 's') DFM_TRY(in_class ? sb_add(out, ONIG_WS, strlen(ONIG_WS)) : sb_add(out, "[" ONIG_WS "]", strlen(ONIG_WS) + 2));
-            else if (e == 'S' && !in_class) DFM_TRY(sb_add(out, "[^" ONIG_WS "]", strlen(ONIG_WS) + 3));
-            else DFM_TRY(sb_add(out, pat + i, 2));
+            if (e == 's') DFM_TRY(in_class ? dfm_sbuf_add(out, ONIG_WS, strlen(ONIG_WS)) : dfm_sbuf_add(out, "[" ONIG_WS "]", strlen(ONIG_WS) + 2));
+            else if (e == 'S' && !in_class) DFM_TRY(dfm_sbuf_add(out, "[^" ONIG_WS "]", strlen(ONIG_WS) + 3));
+            else DFM_TRY(dfm_sbuf_add(out, pat + i, 2));
             i++;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = 1;
-            DFM_TRY(sb_add(out, "[", 1));
-            if (pat[i + 1] == '^') { DFM_TRY(sb_add(out, "^", 1)); i++; }
-            if (pat[i + 1] == ']') { DFM_TRY(sb_add(out, "]", 1)); i++; } /* literal ']' first in a class */
+            DFM_TRY(dfm_sbuf_add(out, "[", 1));
+            if (pat[i + 1] == '^') { DFM_TRY(dfm_sbuf_add(out, "^", 1)); i++; }
+            if (pat[i + 1] == ']') { DFM_TRY(dfm_sbuf_add(out, "]", 1)); i++; } /* literal ']' first in a class */
             continue;
         }
         if (in_class && c == ']') in_class = 0;
-        DFM_TRY(sb_add(out, &c, 1));
+        DFM_TRY(dfm_sbuf_add(out, &c, 1));
     }
-    if (!out->p) DFM_TRY(sb_add(out, "", 0));
+    if (!out->p) DFM_TRY(dfm_sbuf_add(out, "", 0));
     return DFM_OK;
 }
 
@@ -243,9 +238,9 @@ static int add_pre_stage(load_ctx *lc, dfm_tokenizer *tok, json_t *p, const char
             DFM_TRY(compile_regex(lc, re, where, &st.re));
         } else { /* a literal string: quote it for PCRE2 */
             sbuf q = {0};
-            DFM_TRY(sb_add(&q, "\\Q", 2));
-            DFM_TRY(sb_add(&q, lit, strlen(lit)));
-            DFM_TRY(sb_add(&q, "\\E", 2));
+            DFM_TRY(dfm_sbuf_add(&q, "\\Q", 2));
+            DFM_TRY(dfm_sbuf_add(&q, lit, strlen(lit)));
+            DFM_TRY(dfm_sbuf_add(&q, "\\E", 2));
             int err;
             PCRE2_SIZE off;
             st.re = pcre2_compile((PCRE2_SPTR)q.p, q.n, PCRE2_UTF, &err, &off, NULL);
@@ -423,12 +418,12 @@ static int make_dec(dfm_tokenizer *tok, uint32_t id, const char *s, size_t n) {
         DFM_TRY(rc);
     } else {
         for (size_t i = 0; i < n;) {
-            if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) { DFM_TRY(sb_add(&b, " ", 1)); i += 3; }
-            else { DFM_TRY(sb_add(&b, s + i, 1)); i++; }
+            if (i + 3 <= n && !memcmp(s + i, "\xe2\x96\x81", 3)) { DFM_TRY(dfm_sbuf_add(&b, " ", 1)); i += 3; }
+            else { DFM_TRY(dfm_sbuf_add(&b, s + i, 1)); i++; }
         }
         len = b.n;
     }
-    if (!b.p) DFM_TRY(sb_add(&b, "", 0));
+    if (!b.p) DFM_TRY(dfm_sbuf_add(&b, "", 0));
     if (tok->dec[id] != tok->key[id]) free(tok->dec[id]);
     tok->dec[id] = b.p;
     tok->dec_len[id] = (uint32_t)len;
@@ -439,7 +434,7 @@ static int set_key(dfm_tokenizer *tok, uint32_t id, const char *s, size_t n) {
     sbuf b = {0};
     size_t len;
     DFM_TRY(token_raw(tok, s, n, &b, &len));
-    if (!b.p) DFM_TRY(sb_add(&b, "", 0));
+    if (!b.p) DFM_TRY(dfm_sbuf_add(&b, "", 0));
     tok->key[id] = b.p; /* only ever set once (callers check), so nothing to free */
     tok->key_len[id] = (uint32_t)len;
     return DFM_OK;
@@ -684,7 +679,8 @@ static int load_added(load_ctx *lc, dfm_tokenizer *tok, json_t *added, int ids_r
         if (!t->content) { rc = DFM_FAIL(DFM_ENOMEM, "no memory"); break; }
         if (t->special) tok->is_special[t->id] = 1;
         if (ids_ready) {
-            if (!tok->key[t->id] || !tok->dec[t->id]) rc = LFAIL(lc, DFM_EFORMAT, "added_tokens[%zu]: id %u has no token", i, t->id);
+            if (!tok->key[t->id] || !tok->dec[t->id])
+                rc = LFAIL(lc, DFM_EFORMAT, "added_tokens[%zu]: id %u has no token", i, t->id);
             continue;
         }
         /* HF decodes added tokens by their content (normalized, if the token is) through the decoder */
@@ -737,7 +733,9 @@ static char *meta_json(json_t *root, size_t *len) {
     char *s = NULL;
     if (meta && model) {
         json_object_foreach(root, k, v) if (strcmp(k, "model")) json_object_set(meta, k, v);
-        json_object_foreach(src_model, k, v) if (strcmp(k, "vocab") && strcmp(k, "merges")) json_object_set(model, k, v);
+        json_object_foreach(src_model, k, v) {
+            if (strcmp(k, "vocab") && strcmp(k, "merges")) json_object_set(model, k, v);
+        }
         json_object_set_new(model, "vocab", json_object());
         json_object_set_new(model, "merges", json_array());
         json_object_set(meta, "model", model);
@@ -775,7 +773,8 @@ int dfm_tokenizer_load_cachefile(const char *cache_path, uint64_t src_hash, uint
     if (rc) dfm_error_prefix("%s", cache_path);
     if (!rc) {
         json_error_t jerr;
-        root = json_loadb((const char *)f.sec[DFM_TOKC_META], f.sec_bytes[DFM_TOKC_META], JSON_REJECT_DUPLICATES, &jerr);
+        root = json_loadb((const char *)f.sec[DFM_TOKC_META], f.sec_bytes[DFM_TOKC_META], JSON_REJECT_DUPLICATES,
+                          &jerr);
         if (!json_is_object(root)) rc = LFAIL(&lc, DFM_EFORMAT, "meta section is not a JSON object: %s", jerr.text);
     }
     if (!rc) rc = load_model_head(&lc, tok, root);
@@ -928,9 +927,9 @@ static int nfc_append(const char *s, size_t n, sbuf *out) {
     while (i < n) {
         size_t j = i;
         while (j < n && (uint8_t)s[j] < 0x80) j++;
-        if (j == n) return sb_add(out, s + i, n - i);
+        if (j == n) return dfm_sbuf_add(out, s + i, n - i);
         size_t start = j > i ? j - 1 : j; /* include the ASCII character before the run */
-        DFM_TRY(sb_add(out, s + i, start - i));
+        DFM_TRY(dfm_sbuf_add(out, s + i, start - i));
         size_t e = j;
         while (e < n && (uint8_t)s[e] >= 0x80) e++;
         utf8proc_uint8_t *dst = NULL;
@@ -940,7 +939,7 @@ static int nfc_append(const char *s, size_t n, sbuf *out) {
             free(dst);
             return DFM_FAIL(DFM_EINTERNAL, "utf8proc NFC failed: %s", utf8proc_errmsg(r));
         }
-        int rc = sb_add(out, dst, (size_t)r);
+        int rc = dfm_sbuf_add(out, dst, (size_t)r);
         free(dst);
         DFM_TRY(rc);
         i = e;
@@ -951,7 +950,7 @@ static int nfc_append(const char *s, size_t n, sbuf *out) {
 /* Apply the normalizer stages to s; result in out (replacing its content). */
 static int normalize_segment(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *out, sbuf *tmp) {
     out->n = 0;
-    DFM_TRY(sb_add(out, s, n));
+    DFM_TRY(dfm_sbuf_add(out, s, n));
     for (size_t k = 0; k < tok->n_norm; k++) {
         const dfm_norm_stage *st = &tok->norm[k];
         tmp->n = 0;
@@ -959,15 +958,15 @@ static int normalize_segment(const dfm_tokenizer *tok, const char *s, size_t n, 
             DFM_TRY(nfc_append(out->p, out->n, tmp));
         } else if (st->kind == DFM_NORM_PREPEND) {
             if (!out->n) continue; /* HF: an empty string stays empty */
-            DFM_TRY(sb_add(tmp, st->a, st->alen));
-            DFM_TRY(sb_add(tmp, out->p, out->n));
+            DFM_TRY(dfm_sbuf_add(tmp, st->a, st->alen));
+            DFM_TRY(dfm_sbuf_add(tmp, out->p, out->n));
         } else {
             for (size_t i = 0; i < out->n;) {
                 if (i + st->alen <= out->n && !memcmp(out->p + i, st->a, st->alen)) {
-                    DFM_TRY(sb_add(tmp, st->b, st->blen));
+                    DFM_TRY(dfm_sbuf_add(tmp, st->b, st->blen));
                     i += st->alen;
                 } else {
-                    DFM_TRY(sb_add(tmp, out->p + i, 1));
+                    DFM_TRY(dfm_sbuf_add(tmp, out->p + i, 1));
                     i++;
                 }
             }
@@ -976,7 +975,7 @@ static int normalize_segment(const dfm_tokenizer *tok, const char *s, size_t n, 
         *out = *tmp;
         *tmp = t;
     }
-    if (!out->p) DFM_TRY(sb_add(out, "", 0));
+    if (!out->p) DFM_TRY(dfm_sbuf_add(out, "", 0));
     return DFM_OK;
 }
 
@@ -1028,8 +1027,8 @@ static int pre_tokenize(enc_ctx *c, size_t stage, const uint8_t *s, size_t n) {
     if (st->kind == DFM_PRE_BYTELEVEL) {
         if (st->add_prefix_space && s[0] != ' ') {
             b->n = 0;
-            DFM_TRY(sb_add(b, " ", 1));
-            DFM_TRY(sb_add(b, s, n));
+            DFM_TRY(dfm_sbuf_add(b, " ", 1));
+            DFM_TRY(dfm_sbuf_add(b, s, n));
             s = (const uint8_t *)b->p, n = b->n; /* b stays valid: deeper stages have their own buffers */
         }
         if (st->re) return regex_pieces(c, stage, st->re, s, n);
@@ -1039,10 +1038,10 @@ static int pre_tokenize(enc_ctx *c, size_t stage, const uint8_t *s, size_t n) {
     b->n = 0;
     int prepend = st->add_prefix_space && (!st->prepend_first_only || c->first_piece);
     /* HF replaces ' ' first, then prepends unless the piece already starts with "▁" */
-    if (prepend && s[0] != ' ' && !(n >= 3 && !memcmp(s, "\xe2\x96\x81", 3))) DFM_TRY(sb_add(b, "\xe2\x96\x81", 3));
+    if (prepend && s[0] != ' ' && !(n >= 3 && !memcmp(s, "\xe2\x96\x81", 3))) DFM_TRY(dfm_sbuf_add(b, "\xe2\x96\x81", 3));
     for (size_t i = 0; i < n; i++) {
-        if (s[i] == ' ') DFM_TRY(sb_add(b, "\xe2\x96\x81", 3));
-        else DFM_TRY(sb_add(b, s + i, 1));
+        if (s[i] == ' ') DFM_TRY(dfm_sbuf_add(b, "\xe2\x96\x81", 3));
+        else DFM_TRY(dfm_sbuf_add(b, s + i, 1));
     }
     c->first_piece = 0;
     const uint8_t *m = (const uint8_t *)b->p; /* b stays valid: deeper stages have their own buffers */
@@ -1166,7 +1165,7 @@ int dfm_tokenizer_decode(const dfm_tokenizer *tok, const uint32_t *ids, size_t n
     *text = NULL;
     if (len) *len = 0;
     sbuf b = {0};
-    int rc = sb_add(&b, "", 0), first_done = 0;
+    int rc = dfm_sbuf_add(&b, "", 0), first_done = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         uint32_t id = ids[i];
         if (id >= tok->n_ids || !tok->dec[id]) {
@@ -1183,7 +1182,7 @@ int dfm_tokenizer_decode(const dfm_tokenizer *tok, const uint32_t *ids, size_t n
             size_t kn = tok->key[id] ? tok->key_len[id] : tok->dec_len[id];
             for (size_t q = 0; q < kn && !rc;) {
                 if (q + 3 <= kn && !memcmp(k + q, "\xe2\x96\x81", 3)) q += 3;
-                else rc = sb_add(&b, k + q, 1), q++;
+                else rc = dfm_sbuf_add(&b, k + q, 1), q++;
             }
             continue;
         }
@@ -1196,19 +1195,19 @@ int dfm_tokenizer_decode(const dfm_tokenizer *tok, const uint32_t *ids, size_t n
             while (j < n && !rc && ids[j] < tok->n_ids && tok->dec[ids[j]] &&
                    is_byte_token(tok->dec[ids[j]], tok->dec_len[ids[j]], &byte)) {
                 uint8_t c = (uint8_t)byte;
-                rc = sb_add(&run, &c, 1);
+                rc = dfm_sbuf_add(&run, &c, 1);
                 j++;
             }
             if (!rc) {
-                if (dfm_utf8_valid_prefix((uint8_t *)run.p, run.n) == run.n) rc = sb_add(&b, run.p, run.n);
+                if (dfm_utf8_valid_prefix((uint8_t *)run.p, run.n) == run.n) rc = dfm_sbuf_add(&b, run.p, run.n);
                 else
-                    for (size_t q = 0; q < run.n && !rc; q++) rc = sb_add(&b, "\xef\xbf\xbd", 3);
+                    for (size_t q = 0; q < run.n && !rc; q++) rc = dfm_sbuf_add(&b, "\xef\xbf\xbd", 3);
             }
             free(run.p);
             i = j - 1;
             continue;
         }
-        rc = sb_add(&b, tok->dec[id], tok->dec_len[id]);
+        rc = dfm_sbuf_add(&b, tok->dec[id], tok->dec_len[id]);
     }
     if (rc) {
         free(b.p);
