@@ -8,7 +8,9 @@
 #
 # Env: N base vectors, DIM, NLIST, PQ (sub-quantizers, 8 bits each), NPROBE, K (16), NQ queries, TRAIN
 #      (training rows, default 50000), REPS (interleaved rounds; each round runs every side once, in a
-#      rotated order), SIDES ("debian wheel wheel-avx2"), KEEP=1 keeps the scratch folder.
+#      rotated order), SIDES ("debian wheel wheel-avx2"; also wheel-generic: the wheel without SIMD, which
+#      separates the SIMD gain from the 1.7.3 -> 1.15 gain), KEEP=1 keeps the scratch folder, RESULTS
+#      (default bench/results) where faiss.json and faiss_build.md go.
 #      PEERS_PYTHON: the Python with faiss-cpu and numpy (default /var/cache/dfm/peers-venv/bin/python,
 #      made by bench/peers.sh); missing, or without faiss, is an error: no other Python is tried.
 # Data: unit vectors around N/20 random centres (seed 0); queries from the same distribution. Prints a
@@ -51,7 +53,8 @@ run_side() {  # side, round -> appends one line to $B/times
     debian) line=$("$ROOT/build/bench/bench_faiss_build" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
     wheel) line=$("$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
     wheel-avx2) line=$(FAISS_SIMD=AVX2 "$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
-    *) echo "unknown side $side (debian, wheel, wheel-avx2)" >&2; exit 2 ;;
+    wheel-generic) line=$(FAISS_SIMD=NONE "$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
+    *) echo "unknown side $side (debian, wheel, wheel-avx2, wheel-generic)" >&2; exit 2 ;;
   esac
   echo "side=$side round=$r $line" | tee -a "$B/times" >&2
 }
@@ -62,7 +65,7 @@ for ((r = 0; r < REPS; r++)); do
   for ((i = 0; i < ${#sides[@]}; i++)); do run_side "${sides[$(((i + r) % ${#sides[@]}))]}" "$r"; done
 done
 
-"$PY" - "$B" "$DIM" "$K" "$SIDES" "$ROOT/bench/results" "N=$N DIM=$DIM $FAC nprobe=$NPROBE K=$K NQ=$NQ TRAIN=$TRAIN" <<'PYEOF'
+"$PY" - "$B" "$DIM" "$K" "$SIDES" "${RESULTS:-$ROOT/bench/results}" "N=$N DIM=$DIM $FAC nprobe=$NPROBE K=$K NQ=$NQ TRAIN=$TRAIN" <<'PYEOF'
 import json, os, re, statistics, sys, time
 import numpy as np
 b, d, k, sides, res, setting = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(), sys.argv[5], sys.argv[6]
