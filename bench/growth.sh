@@ -44,7 +44,7 @@ DFM=$B/bin/dfm
 "$DFM" --version >/dev/null
 now() { date +%s.%N; }
 calc() { echo "$*" | bc -l; }
-disk() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+disk() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
 
 # run NP TAG CMD...: under mpirun, each rank in /usr/bin/time; sets WALL; rank r's "elapsed user sys maxrss_kb"
 # goes to $B/t-TAG.r

@@ -26,15 +26,18 @@ static void human(char *out, size_t n, double bytes) {
     snprintf(out, n, "%.1f %s", bytes, u[i]);
 }
 
-/* The cost model of each stage, fitted by bench/growth.sh on its points with n <= 3e5 (bench/results/
- * growth.md, 2026-12-01, the shared 2-core VM; the 1e6 points check it): CPU-seconds of the slowest rank
+/* The cost model of each stage, fitted by bench/growth.sh on its np = 1 points (bench/results/growth.md,
+ * 2026-12-01, the shared 2-core VM; 1e5, 3e5 and 1e6 chunks, 1.3M to 21M tokens for chunk). Fitted on
+ * the two smaller sizes only, it predicted the 1e6 point within +54 % (index), -12 % (retrieve) and
+ * -17 % (write-targets); these constants use all three. CPU-seconds of the slowest rank
  *     t = t0 + a * n^b * (s + (1 - s) / P) * (d / 64)^e
  * n the stage's items, P the ranks. t0 is a fixed start-up (loading the tokenizer). s, the part that
  * does not shrink with more ranks, is by design, not measured (on 2 shared cores MPI's busy polling
  * bills a waiting rank's idle time as CPU): index trains on rank 0 (about half its time at these
  * sizes); retrieve quantises every query on every rank (nlist*d per query against nprobe*N/nlist*d
- * for the scan: 2/3 of its flops at nprobe 8 and nlist 4*sqrt(N)). e = 1 where the work is linear in
- * d. base_rss is the measured peak RSS per rank at the smallest point minus the stage's own buffers
+ * for the scan: 2/3 of its flops at nprobe 8 and nlist 4*sqrt(N)). e from the point at d = 384 (index
+ * 0.94, retrieve 0.92: about linear in d; write-targets 0.46: zstd and LMDB costs per record that do
+ * not grow with d). base_rss is the measured peak RSS per rank at the smallest point minus the stage's own buffers
  * (process, MPI, libraries; for chunk the tokenizer). encode was not part of the growth runs: its
  * rate is BENCHMARKS.md's CPU encoder (26 chunks/s per rank). */
 typedef struct {
@@ -43,11 +46,11 @@ typedef struct {
     double base_rss;
 } stage_model;
 static const stage_model models[] = {
-    {"chunk", "stream_tokens", 0.75, 2.2e-7, 1.0, 0.0, 0.0, 148e6},
+    {"chunk", "stream_tokens", 0.87, 1.99e-7, 1.0, 0.0, 0.0, 148e6},
     {"encode", "chunks", 0.0, 1.0 / 26.0, 1.0, 0.0, 0.0, 330e6},
-    {"index", "vectors", 0.0, 1.11e-6, 1.39, 0.5, 1.0, 32e6},
-    {"retrieve", "queries", 0.0, 7.02e-7, 1.39, 2.0 / 3.0, 1.0, 43e6},
-    {"targets", "records", 0.4, 2.87e-5, 1.0, 0.0, 1.0, 25e6},
+    {"index", "vectors", 0.0, 7.77e-6, 1.22, 0.5, 0.94, 32e6},
+    {"retrieve", "queries", 0.0, 3.67e-7, 1.45, 2.0 / 3.0, 0.92, 43e6},
+    {"targets", "records", 0.0, 2.23e-5, 1.03, 0.0, 0.46, 25e6},
 };
 enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
 
@@ -202,12 +205,12 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     double node_mem = cfg->node_memory > 0 ? (double)cfg->node_memory : node_memory_default();
     double tables = N * D * es;
     const char *store = tables <= 0.5 * node_mem ? "ids" : "embeddings";
-    char why[240];
+    char why[320];
     if (!strcmp(store, "ids"))
         snprintf(why, sizeof why, "the ids tables (%.1f GB) fit in half of a node's %.0f GB, so lookups hit memory; %.1fx less disk", tables / 1e9,
                  node_mem / 1e9, emb_store / ids_store);
     else
-        snprintf(why, sizeof why, "the ids tables (%.1f GB) exceed half of a node's %.0f GB: each record would cost up to K random reads from disk",
+        snprintf(why, sizeof why, "the ids tables (%.1f GB) exceed half of a node's %.0f GB: each record would cost up to K random reads (tolerable on local NVMe, slow on a network file system)",
                  tables / 1e9, node_mem / 1e9);
     if (cfg->json) {
         json_t *o = json_pack("{s:s, s:f, s:f, s:I, s:I, s:I, s:f}", "run", run ? run : arg, "tokens", T, "chunks", N, "dim", (json_int_t)dim, "ranks",
