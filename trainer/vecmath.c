@@ -62,7 +62,7 @@ VM_INLINE float vsum_p(const vf *vp) { /* fixed order: pairwise over the lanes *
 /* Cephes expf: exp(x) = 2^n exp(r), n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts) */
 VM_INLINE vf vexp_p(const vf *xp) {
     vf x = *xp;
-    const float lo = -87.33654475f, hi = 88.72283905f;
+    const float lo = -87.33654475f, hi = 88.0f; /* above 88.38, n = 128 would overflow the exponent */
     vi under = x < vsplat(lo);
     x = vsel(x > vsplat(hi), vsplat(hi), x);
     x = vsel(under, vsplat(0.0f), x);

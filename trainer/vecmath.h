@@ -5,9 +5,9 @@
  * same IEEE operations in the same order (ISO C: no FMA contraction), so results are bit-identical
  * whichever one runs, and a run is reproducible on any x86-64.
  *
- * vm_exp is a Cephes-style expf (range reduction by ln 2 in two parts, degree-6 polynomial): relative
- * error below 2e-7 on [-87.3, 88.7], 0 below that range, clamped above it. Sums are reduced over 16 lanes,
- * then in a fixed order.
+ * The exp inside (vm_exp_sum, the SwiGLU sigmoid) is a Cephes-style expf (range reduction by ln 2 in
+ * two parts, degree-6 polynomial): relative error below 2e-7 on [-87.3, 88], 0 below that range, exp(88)
+ * above it. Sums are reduced over 16 lanes, then in a fixed order.
  */
 #ifndef DFM_TRAINER_VECMATH_H
 #define DFM_TRAINER_VECMATH_H
