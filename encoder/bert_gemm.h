@@ -12,7 +12,8 @@
  * the CPU selects), never on the batch it is in or on the number of threads.
  *
  * Without AVX2+FMA (or with DFM_ENCODER_ISA=blas) the same calls go to OpenBLAS's cblas_sgemm on the
- * unpacked weights, single-threaded per call. DFM_ENCODER_ISA=avx2 forces the AVX2 kernel (tests). */
+ * unpacked weights, single-threaded per call; its blocking follows m, so there a row's last bits can
+ * depend on the chunk it is computed in (still never on the thread count). DFM_ENCODER_ISA=avx2 forces the AVX2 kernel (tests). */
 #ifndef DFM_BERT_GEMM_H
 #define DFM_BERT_GEMM_H
 
