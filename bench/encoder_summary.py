@@ -60,7 +60,7 @@ def main():
         gf = statistics.median(v[3] for v in d.values())
         gfs = gf / statistics.median(dc) if gf else 0
         note = f", {gfs:.1f} GFLOP per CPU-s" if gf else ""
-        md.append(f"| {t} | dfm (C API, OpenBLAS {d[min(d)][4]}{note}) | {d[min(d)][2]} | {'%.2f / %.2f / %.2f' % mmm(dc)} | "
+        md.append(f"| {t} | dfm (C API{note}) | {d[min(d)][2]} | {'%.2f / %.2f / %.2f' % mmm(dc)} | "
                   f"{'%.2f / %.2f / %.2f' % mmm(dw)} | {a.n / statistics.median(dc):.1f} | | | | |")
         for p in peers:
             q = runs.get((t, p))
@@ -94,7 +94,9 @@ def main():
         if pair == "ort-vs-st":
             md.append(f"- ONNX Runtime vs sentence-transformers at {t} thread(s): max abs error "
                       f"{ag['max_abs_err']:.2g}, min cosine {ag['min_cos']:.9f}.")
-    md.append(f"- dfm: commit {a.dfm_rev}.")
+    blas = sorted({v[4] for (t, side), q in runs.items() if side == "dfm" for v in q.values()})
+    md.append(f"- dfm: commit {a.dfm_rev}; OpenBLAS's kernel set in its process: {', '.join(blas)} "
+              "(corrected on CPUs OpenBLAS does not know, as dfm-train does: common/blas_core.h).")
     for p in peers:
         md.append(f"- {p}: {versions.get(p, '?')}")
     if export:
