@@ -80,6 +80,7 @@ def main():
             rows.append({
                 "stage": "encoder", "peer": NAMES[p], "peer_version": versions.get(p, "?"), "threads": t,
                 "batch": int(q[common[0]][2]), "unit": f"CPU-seconds to encode {a.n} texts",
+                "setting": f"MiniLM fp32, peer batch {q[common[0]][2]}, dfm batch {d[min(d)][2]}",
                 "dfm_cpu_s": round(statistics.median([d[r][1] for r in common]), 4),
                 "peer_cpu_s": round(statistics.median(pc), 4),
                 "ratio": round(statistics.median(rc), 4),

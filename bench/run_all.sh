@@ -57,9 +57,12 @@ def row(s, x, date):
     ok = ag.get("ok") if isinstance(ag, dict) else bool(ag)
     figs = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
                      for k, v in ag.items() if k not in ("ok", "tol")) if isinstance(ag, dict) else ""
-    setting = ", ".join(str(v) for v in (f"{x['threads']} thr" if "threads" in x else None, x.get("unit")) if v)
+    setting = ", ".join(str(v) for v in (f"{x['threads']} thr" if "threads" in x else None, x.get("setting"),
+                                         x.get("unit")) if v)
+    mm = x.get("ratio_min_max")
+    spread = f" ({mm[0]:.2f}–{mm[1]:.2f})" if isinstance(mm, list) and len(mm) == 2 else ""
     return (f"| {s} | {x['peer']} | {x['peer_version']} | {setting} | {x['dfm_cpu_s']:.3g} | {x['peer_cpu_s']:.3g} "
-            f"| **{x['ratio']:.2f}×** | {'yes' if ok else 'NO'}{' (' + figs + ')' if figs else ''} | {date} |")
+            f"| **{x['ratio']:.2f}×**{spread} | {'yes' if ok else 'NO'}{' (' + figs + ')' if figs else ''} | {date} |")
 
 found, bad = {}, 0
 for s in stages:
