@@ -4,17 +4,20 @@
 # chunk stage on the real corpus concatenated to growing sizes. bench/growth_report.py then fits each
 # stage's growth, predicts a large job and draws the chart.
 #
-#   bash bench/growth.sh                       sizes 1e5 3e5 1e6 chunks, d = 64 (about 20 min on 2 cores)
+#   bash bench/growth.sh                       sizes 1e5 3e5 1e6 chunks, d = 64 (about 15 CPU-minutes; an hour of
+#                                              wall time on the shared 2-core VM at load 15-20)
 #   SIZES="100000 300000" PARTS=synth bash bench/growth.sh
 #
 # Env: SIZES (chunks), DIM (64: d = 384 costs 6x the time and disk on a shared 2-core machine), NPS ("1 2"),
 #      K (16), NPROBE (8), MULTS (corpus copies for the chunk stage: "1 4 16" = 4, 16, 64 MB of GCIDE),
 #      DCHECK (1: one extra point at N = 1e5 with d = 384, np = 1, to measure the cost of d),
 #      PARTS ("chunk synth"), OUT (bench/results), JSONL (OUT/growth-PARTS.jsonl), DFM (build/dfm; a copy is used),
-#      SUFFIX (added to the chunk stage's name, e.g. "-before" for another build), REPORT=0 skips the report, KEEP=1 keeps the scratch folder.
+#      SUFFIX (added to the chunk stage's name, e.g. "-before" for another build), REPORT=0 skips the report,
+#      KEEP=1 keeps the scratch folder. The committed results were made in parts (PARTS=chunk, then synth at np 1,
+#      then np 2 and d = 384 separately) with REPORT=0, then growth_report.py once.
 # Index: IVF(4*sqrt(N)),Flat — the rule `--index auto` uses above 1e5 vectors — with --nprobe NPROBE fixed
 # (not tuned) so every point does the same kind of work. One thread per process.
-# Writes OUT/growth.jsonl (one line per stage, size and rank count) and calls growth_report.py, which writes
+# Writes JSONL (one line per stage, size and rank count) and calls growth_report.py on OUT/growth-*.jsonl, which writes
 # OUT/growth.md and OUT/growth.svg.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
