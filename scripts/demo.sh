@@ -47,7 +47,7 @@ if has audit; then
     "$DFM" chunk "$RUN/audit/text" "$TEXT" --tokenizer "$DFM_TOKENIZER" --chunk-len 32 --seq-len 256 > /dev/null
     "$ROOT/build/dfm-train" hidden --backbone "$PRE" --data "$RUN/audit/text" --out "$RUN/audit/hidden_states.bin" \
       --unseen replace --max-tokens "$AUDIT_TOKENS" --threads 2 2>&1 | { grep -v INFO || true; }
-    "$DFM" audit "$RUN" --token-level-sample 0 --measure-tokens "$AUDIT_TOKENS" --build-repeats 1 2>&1 | { grep -v "^WARNING clustering" || true; }
+    "$DFM" audit "$RUN" --token-level-sample 0 --measure-tokens "$AUDIT_TOKENS" --measure-sizes 3 --build-repeats 1 2>&1 | { grep -v "^WARNING clustering" || true; }
   else
     "$DFM" audit "$RUN" --token-level-sample 2
   fi

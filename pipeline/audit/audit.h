@@ -120,7 +120,7 @@ typedef struct {
 
 typedef struct {
     const char *title, *unit;
-    dfm_audit_series side[2]; /* chunk level, token level */
+    dfm_audit_series side[DFM_AUDIT_SIDES]; /* chunk level (the run's index), token level, chunk level (IVF-PQ); n 0: not drawn */
 } dfm_audit_panel;
 
 /* Write audit.svg atomically to path (audit_chart.c): the title and legend, n_panels growth panels side

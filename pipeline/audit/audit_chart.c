@@ -75,7 +75,7 @@ static void text_el(sbuf *b, double x, double y, const char *anchor, double size
     sb_printf(b, "</text>\n");
 }
 
-static const char *COL[2] = {"#2b6cb0", "#c05621"}; /* chunk level, token level */
+static const char *COL[DFM_AUDIT_SIDES] = {"#2b6cb0", "#c05621", "#38a169"}; /* chunk level, token level, chunk level IVF-PQ */
 
 /* a decade tick label: 1e-3 ... 1e12 */
 static void decade(int d, char *buf, size_t n) { snprintf(buf, n, "1e%d", d); }
@@ -86,7 +86,7 @@ static double panel_height(void) { return 250; }
 static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, double w, double x_lo, double x_hi) {
     const double fs = 11, H = panel_height();
     double y_lo = INFINITY, y_hi = -INFINITY;
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < DFM_AUDIT_SIDES; s++) {
         const dfm_audit_series *sr = &p->side[s];
         for (int i = 0; i < sr->n; i++)
             if (sr->y[i] > 0) y_lo = fmin(y_lo, sr->y[i]), y_hi = fmax(y_hi, sr->y[i]);
@@ -124,9 +124,9 @@ static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, 
     }
     text_el(b, (pl + pr) / 2, pb + 28, "middle", fs, 0, "#555", "corpus tokens");
     sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n", pl, pt, pr - pl, pb - pt);
-    for (int s = 0; s < 2; s++) {
+    for (int s = 0; s < DFM_AUDIT_SIDES; s++) {
         const dfm_audit_series *sr = &p->side[s];
-        if (sr->has_fit) {
+        if (sr->has_fit && sr->n) {
             /* the fit: solid over the measured range, dashed beyond it (the extrapolation) */
             double mx = 0;
             for (int i = 0; i < sr->n; i++) mx = fmax(mx, sr->x[i]);
@@ -160,7 +160,8 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
             val_w = fmax(val_w, dfm_audit_text_width(bars[i].chunk > 0 || s ? dfm_audit_human(s ? bars[i].token : bars[i].chunk, h, sizeof h) : "n/a", fs, 0));
     }
     val_w = fmax(val_w, dfm_audit_text_width("n/a", fs, 0));
-    double legend_w = dfm_audit_text_width("chunk level (DFM)", fs, 0) + dfm_audit_text_width("token level (one query per token, k per query)", fs, 0) + 80;
+    double legend_w = dfm_audit_text_width("chunk level (DFM)", fs, 0) + dfm_audit_text_width("token level (one query per token, k per query)", fs, 0) +
+                      dfm_audit_text_width("chunk level in IVF-PQ (curves)", fs, 0) + 120;
     double W = fmax(960, M + lab_w + 12 + 380 + 8 + val_w + 16 + pct_w + M);
     W = fmax(W, 2 * M + dfm_audit_text_width(title, 15, 1));
     W = fmax(W, 2 * M + legend_w);
@@ -185,11 +186,16 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
     lx += 16 + dfm_audit_text_width("chunk level (DFM)", fs, 0) + 24;
     sb_printf(&b, "<rect x=\"%.1f\" y=\"34\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx, COL[1]);
     text_el(&b, lx + 16, 45, "start", fs, 0, "#222", "token level (one query per token, k per query)");
+    if (n_panels > 0) {
+        lx += 16 + dfm_audit_text_width("token level (one query per token, k per query)", fs, 0) + 24;
+        sb_printf(&b, "<rect x=\"%.1f\" y=\"34\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx, COL[2]);
+        text_el(&b, lx + 16, 45, "start", fs, 0, "#222", "chunk level in IVF-PQ (curves)");
+    }
 
     if (n_panels > 0) {
         double x_lo = INFINITY;
         for (int i = 0; i < n_panels; i++)
-            for (int s = 0; s < 2; s++)
+            for (int s = 0; s < DFM_AUDIT_SIDES; s++)
                 for (int j = 0; j < panels[i].side[s].n; j++) x_lo = fmin(x_lo, panels[i].side[s].x[j]);
         if (!(x_lo < INFINITY) || x_lo <= 0) x_lo = 1;
         if (!(x_hi > x_lo)) x_hi = x_lo * 10;

@@ -17,6 +17,7 @@
 
 #define DFM_AUDIT_MAX_REPEATS 15
 #define DFM_AUDIT_MAX_SIZES 12
+#define DFM_AUDIT_SIDES 3 /* chunk level with the run's index, token level, chunk level with IVF-PQ */
 
 /* ---- growth fit --------------------------------------------------------------------------------- */
 
@@ -104,6 +105,7 @@ typedef struct {
 typedef struct {
     uint64_t tokens;          /* the size: tokens of the text's prefix */
     dfm_audit_point tok, chk;
+    dfm_audit_point chk_pq;   /* the chunk-level keys in the token level's family (IVF-PQ, same rule): like for like */
     uint64_t chunk_real_keys; /* chunk-level keys that are the run's embeddings (the rest: seeded random) */
 } dfm_audit_size;
 
@@ -116,9 +118,9 @@ typedef struct {
     int64_t text_differs_at;  /* first differing token, -1 when none */
     int n;
     dfm_audit_size s[DFM_AUDIT_MAX_SIZES];
-    /* fits in tokens: [side 0 chunk, 1 token] of s/query, index bytes, build s (medians of CPU seconds:
+    /* fits in tokens: [side 0 chunk (run's index), 1 token, 2 chunk (IVF-PQ)] of s/query, index bytes, build s (medians of CPU seconds:
      * on a shared machine wall time carries other processes' load; with one thread they agree when idle) */
-    dfm_audit_fit fit_q[2], fit_bytes[2], fit_build[2];
+    dfm_audit_fit fit_q[DFM_AUDIT_SIDES], fit_bytes[DFM_AUDIT_SIDES], fit_build[DFM_AUDIT_SIDES];
     double wall_s;
     double load_before[3], load_after[3];
 } dfm_audit_scale;
@@ -130,13 +132,17 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *cfg, dfm_audit_scale *out);
 
 /* ---- extrapolation and the report's scale section (audit_scale_report.c) --------------------------- */
 
-/* Both sides at a corpus of `tokens` tokens from the fits: [0] chunk level, [1] token level. */
+/* The sides at a corpus of `tokens` tokens from the fits: [0] chunk level (the run's index), [1] token
+ * level, [2] chunk level in IVF-PQ. */
 typedef struct {
     double tokens;
-    double keys[2], queries[2];
-    double s_per_query[2], search_s[2]; /* fit of s/query at this size; x queries */
-    double index_bytes[2], build_s[2];
+    double keys[DFM_AUDIT_SIDES], queries[DFM_AUDIT_SIDES];
+    double s_per_query[DFM_AUDIT_SIDES], search_s[DFM_AUDIT_SIDES]; /* fit of s/query at this size; x queries */
+    double index_bytes[DFM_AUDIT_SIDES], build_s[DFM_AUDIT_SIDES];
 } dfm_audit_extrap;
+
+/* A size's point of side 0, 1 or 2. */
+const dfm_audit_point *dfm_audit_side_point(const dfm_audit_size *z, int side);
 
 void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double tokens, dfm_audit_extrap *e);
 

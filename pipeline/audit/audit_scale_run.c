@@ -65,6 +65,10 @@ static int chunk_keys(const char *run, uint64_t n, uint64_t seed, float **out, u
     return rc;
 }
 
+const dfm_audit_point *dfm_audit_side_point(const dfm_audit_size *z, int side) {
+    return side == 1 ? &z->tok : side == 2 ? &z->chk_pq : &z->chk;
+}
+
 static void log_point(const char *side, const dfm_audit_point *p) {
     DFM_LOG_I("audit:   %s %llu keys (%s, nprobe %lld): build %.3f s (CPU %.3f s), %.3g ms/query (CPU %.3g ms; medians of %d), %llu bytes, "
               "recall@k %.3f", side, (unsigned long long)p->keys, p->factory, (long long)p->nprobe, p->build_s.med, p->build_cpu.med,
@@ -149,12 +153,16 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         dfm_sample_ids(nc, nqc, c->seed ^ 0xc4u, qidx);
         if ((rc = dfm_audit_measure_point(&co, ck, nc, qidx, nqc, &z->chk))) goto done;
         log_point("chunk level", &z->chk);
+        /* like for like: the same keys in the token level's index family and rule */
+        dfm_audit_point_opts cq = {"ivfpq", c->chunk_metric, cdim, c->k_chunk, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
+        if ((rc = dfm_audit_measure_point(&cq, ck, nc, qidx, nqc, &z->chk_pq))) goto done;
+        log_point("chunk level, IVF-PQ", &z->chk_pq);
     }
     /* growth in tokens of text, both sides on the same axis */
-    for (int side = 0; side < 2 && !rc; side++) {
+    for (int side = 0; side < DFM_AUDIT_SIDES && !rc; side++) {
         double x[DFM_AUDIT_MAX_SIZES], yq[DFM_AUDIT_MAX_SIZES], yb[DFM_AUDIT_MAX_SIZES], yt[DFM_AUDIT_MAX_SIZES];
         for (int i = 0; i < s->n; i++) {
-            const dfm_audit_point *p = side ? &s->s[i].tok : &s->s[i].chk;
+            const dfm_audit_point *p = dfm_audit_side_point(&s->s[i], side);
             x[i] = (double)s->s[i].tokens;
             yq[i] = p->query_cpu.med;
             yb[i] = (double)p->index_bytes;

@@ -62,7 +62,8 @@ assert "hidden states of a real decoder" in s["token_keys_are"], s["token_keys_a
 assert s["text_keys"] == N and s["text_differs_at"] == -1 and s["text_agrees_with_run_tokens"] > 0.9 * N, s
 z = s["sizes"]; assert [x["tokens"] for x in z] == [N // 4, N], [x["tokens"] for x in z]  # capped at the text, x4 apart
 for x in z:
-    t, c = x["token_level"], x["chunk_level"]
+    t, c, cq = x["token_level"], x["chunk_level"], x["chunk_level_ivfpq"]
+    assert cq["keys"] == c["keys"] and cq["queries"] == c["queries"]  # the same chunk keys, like for like
     assert t["factory"].startswith("IVF") and ",PQ8np" in t["factory"], t["factory"]  # width 32: 8-byte codes
     assert t["keys"] == x["tokens"] and 0 < t["recall_at_k"] <= 1 and t["recall_queries"] == 10
     assert c["recall_at_k"] == 1 and c["keys"] == x["chunk_real_keys"] > 0   # the run's embeddings, exact Flat
@@ -70,13 +71,14 @@ for x in z:
         for f in ("build_s", "s_per_query", "build_cpu_s", "cpu_s_per_query"):
             sp = side[f]; assert sp["n"] == 2 and 0 < sp["min"] <= sp["median"] <= sp["max"], (f, sp)
         assert side["index_bytes"] > 0 and side["queries"] == min(40, side["keys"])
-for side in ("token_level", "chunk_level"):
+for side in ("token_level", "chunk_level", "chunk_level_ivfpq"):
     for q in ("s_per_query", "index_bytes", "build_s"):
         f = s["fits"][side][q]; assert f["points"] == 2 and math.isfinite(f["b"]) and f["rms_log10"] >= 0
 assert s["fits"]["token_level"]["index_bytes"]["b"] > 0.5  # the datastore grows with the text
 ex = {e["name"]: e for e in s["extrapolated"]}
 assert ex["large"]["tokens"] == 5e9 and ex["large"]["token_level"]["queries"] == 5e9
 assert ex["large"]["token_level"]["search_s"] > ex["large"]["chunk_level"]["search_s"] > 0
+assert ex["large"]["chunk_level_ivfpq"]["search_s"] > 0 and "savings_ivfpq" in ex["large"]
 assert len(s["load_average_before"]) == 3 and s["threads"] == 1 and s["cpu"]
 print("scale ok")
 PY
