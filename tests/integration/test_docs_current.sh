@@ -51,7 +51,7 @@ for script in ("jobs/submit.sh", "jobs/submit_train.sh"):
 every_flag = set().union(*(f for p in programs.values() for f in p.values()))
 stages = set(programs["dfm"]) - {""}
 
-FOREIGN = {"mpirun", "srun", "sbatch", "squeue", "scontrol", "make", "git", "python", "python3", "bash", "env"}
+FOREIGN = {"mpirun", "srun", "sbatch", "squeue", "scontrol", "make", "git", "python", "python3", "bash", "env", "pip", "pip3"}
 INVOKE = re.compile(r"(?:^|(?<=[\s(]))(?:build[\w-]*/)?(dfm-train|dfm|jobs/submit_train\.sh|jobs/submit\.sh)(?=\s|$)")
 FLAG = re.compile(r"^--[a-z][a-z0-9-]*")
 errors = []
