@@ -77,8 +77,14 @@ for side in ("token_level", "chunk_level", "chunk_level_ivfpq"):
 assert s["fits"]["token_level"]["index_bytes"]["b"] > 0.5  # the datastore grows with the text
 ex = {e["name"]: e for e in s["extrapolated"]}
 assert ex["large"]["tokens"] == 5e9 and ex["large"]["token_level"]["queries"] == 5e9
-assert ex["large"]["token_level"]["search_s"] > ex["large"]["chunk_level"]["search_s"] > 0
-assert ex["large"]["chunk_level_ivfpq"]["search_s"] > 0 and "savings_ivfpq" in ex["large"]
+L = ex["large"]
+for side in ("token_level", "chunk_level", "chunk_level_ivfpq"):
+    assert L[side]["search_s"] > 0 and L[side]["index_bytes"] > 0, side
+    assert abs(L[side]["search_s"] - L[side]["queries"] * L[side]["s_per_query"]) <= 1e-9 * L[side]["search_s"]
+assert abs(L["savings"]["search_s"] - (1 - L["chunk_level"]["search_s"] / L["token_level"]["search_s"])) < 1e-12
+assert abs(L["savings_ivfpq"]["index_bytes"] - (1 - L["chunk_level_ivfpq"]["index_bytes"] / L["token_level"]["index_bytes"])) < 1e-12
+# the token level issues one query per token, the chunk level the run's rate
+assert L["token_level"]["queries"] == 5e9 and abs(L["chunk_level"]["queries"] / 5e9 - s["chunk_queries_per_token"]) < 1e-12
 assert len(s["load_average_before"]) == 3 and s["threads"] == 1 and s["cpu"]
 print("scale ok")
 PY
