@@ -1,10 +1,12 @@
 /* dfm — one binary, one subcommand per pipeline step. See README.md for the reference. */
+#include "common/blas_core.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
 #include "common/version.h"
 
 #include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,6 +35,9 @@ static void usage(FILE *out) {
 }
 
 int main(int argc, char **argv) {
+    /* OpenBLAS (FAISS's search and training, the encoder's fallback GEMMs) may have fallen back to its SSE3
+     * kernels on a CPU model it does not know: set OPENBLAS_CORETYPE and load it again (common/blas_core.h). */
+    if (dfm_blas_core_env()) execv("/proc/self/exe", argv); /* returns only on failure: run as we are */
     dfm_log_init(-1);
     /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
     signal(SIGXFSZ, SIG_IGN);
