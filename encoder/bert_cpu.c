@@ -5,9 +5,9 @@
  * OpenMP thread carries a chunk through every layer and the pooling: one parallel region per batch, no
  * barrier between operations (barriers cost most on a busy machine, where a descheduled thread stalls
  * the others), and a chunk's activations stay in that core's cache. Inside a chunk the linear layers run
- * over tiles of up to TILE_ROWS rows (bert_gemm.h: weights packed once at load), each followed at
- * once by its epilogue (GELU; residual + LayerNorm) while the rows are in cache; the feed-forward block
- * goes tile by tile (up-projection, GELU, down-projection), so its [rows, intermediate] activations
+ * over tiles of up to TILE_ROWS rows (bert_gemm.h: weights packed once at load), GELU applied in the
+ * GEMM's registers, residual + LayerNorm right after each tile while its rows are in cache; the
+ * feed-forward block goes tile by tile (up-projection, GELU, down-projection), so its [rows, intermediate] activations
  * never leave L2. Attention is fused per (sequence, head): scores, softmax and the weighted sum of
  * values in one pass over a [T, T] block.
  *
@@ -102,12 +102,6 @@ static CLONES void residual_layernorm(float *x, float *y, const float *weight, c
         for (int i = 0; i < C; i++) yr[i] += xr[i];
         layernorm_row(xr, yr, weight, bias, C, eps);
     }
-}
-
-/* x = 0.5 x (1 + erf(x / sqrt 2)), in place */
-static CLONES void gelu_rows(float *x, size_t n) {
-#pragma omp simd
-    for (size_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + dfm_erf_approx(x[i] * 0.70710678118654752f));
 }
 
 /* floats of attention_head's work area for sequences of up to T tokens and heads of HS */
@@ -314,7 +308,7 @@ static void forward_chunk(const dfm_encoder *enc, const dfm_bert_batch *b, int s
     const dfm_bert_config *c = &enc->cfg;
     const dfm_bert_weights *w = &enc->w;
     const struct bert_cpu *P = enc->cpu;
-    int H = c->hidden, FF = c->inter, NH = c->heads, HS = H / NH, r0 = b->off[s0], R = b->off[s1] - r0;
+    int H = c->hidden, NH = c->heads, HS = H / NH, r0 = b->off[s0], R = b->off[s1] - r0;
     float *x = cw->x, *qkv = cw->qkv, *att = cw->att, *tmp = cw->tmp, *fc = cw->fc;
     int tile = chunk_tile(R);
     for (int s = s0; s < s1; s++)
@@ -330,7 +324,7 @@ static void forward_chunk(const dfm_encoder *enc, const dfm_bert_batch *b, int s
          * fc = GELU(x Wfc + b); x = LN2(fc Wproj + b + x) */
         for (int t = 0; t < R; t += tile) {
             int m = R - t < tile ? R - t : tile;
-            bert_gemm(qkv + (size_t)t * 3 * H, x + (size_t)t * H, m, &PL->qkv, L->qkv_b);
+            bert_gemm(qkv + (size_t)t * 3 * H, x + (size_t)t * H, m, &PL->qkv, L->qkv_b, BERT_ACT_NONE);
         }
         for (int s = s0; s < s1; s++) {
             int o = b->off[s] - r0, T = b->off[s + 1] - b->off[s];
@@ -340,11 +334,10 @@ static void forward_chunk(const dfm_encoder *enc, const dfm_bert_batch *b, int s
         for (int t = 0; t < R; t += tile) {
             int m = R - t < tile ? R - t : tile;
             float *xt = x + (size_t)t * H, *yt = tmp + (size_t)t * H;
-            bert_gemm(yt, att + (size_t)t * H, m, &PL->ao, L->ao_b);
+            bert_gemm(yt, att + (size_t)t * H, m, &PL->ao, L->ao_b, BERT_ACT_NONE);
             residual_layernorm(xt, yt, L->ln1_w, L->ln1_b, m, H, c->ln_eps);
-            bert_gemm(fc, xt, m, &PL->fc, L->fc_b);
-            gelu_rows(fc, (size_t)m * FF);
-            bert_gemm(yt, fc, m, &PL->proj, L->proj_b);
+            bert_gemm(fc, xt, m, &PL->fc, L->fc_b, BERT_ACT_GELU);
+            bert_gemm(yt, fc, m, &PL->proj, L->proj_b, BERT_ACT_NONE);
             residual_layernorm(xt, yt, L->ln2_w, L->ln2_b, m, H, c->ln_eps);
         }
     }

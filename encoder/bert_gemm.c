@@ -1,6 +1,8 @@
 /* bert_gemm.c — packed-panel SGEMM of the CPU encoder (see bert_gemm.h). */
 #include "encoder/bert_gemm.h"
 
+#include "encoder/bert.h" /* dfm_erf_approx */
+
 #include "common/error.h"
 
 #include <cblas.h>
@@ -19,6 +21,30 @@
 
 static int isa_nr(int isa) { return isa == BERT_ISA_AVX512 ? NR512 : NR256; }
 static int isa_mr(int isa) { return isa == BERT_ISA_AVX512 ? MR512 : MR256; }
+
+/* GELU (erf form) of one value, the arithmetic of dfm_erf_approx; the AVX-512 form below does the same
+ * IEEE operations lane by lane (no FMA contraction in this file), so both kernels agree bit for bit. */
+static inline float gelu1(float y) { return 0.5f * y * (1.0f + dfm_erf_approx(y * 0.70710678118654752f)); }
+
+__attribute__((target("avx512f"), always_inline)) static inline __m512 gelu16(__m512 y) {
+    __m512 x = y * 0.70710678118654752f;
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(4.f)), _mm512_set1_ps(-4.f));
+    __m512 x2 = x * x;
+    __m512 p = _mm512_set1_ps(-2.72614225801306e-10f);
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 + -2.10102402082508e-06f;
+    p = p * x2 + -5.69250639462346e-05f;
+    p = p * x2 + -7.34990630326855e-04f;
+    p = p * x2 + -2.95459980854025e-03f;
+    p = p * x2 + -1.60960333262415e-02f;
+    p = p * x;
+    __m512 q = _mm512_set1_ps(-1.45660718464996e-05f);
+    q = q * x2 + -2.13374055278905e-04f;
+    q = q * x2 + -1.68282697438203e-03f;
+    q = q * x2 + -7.37332916720468e-03f;
+    q = q * x2 + -1.42647390514189e-02f;
+    return 0.5f * y * (1.0f + p / q);
+}
 
 int bert_gemm_isa(void) {
     __builtin_cpu_init(); /* libgcc's checks include the OS's saved-state support (XGETBV) */
@@ -62,7 +88,7 @@ void bert_gemm_free(bert_gemm_w *p) {
  * the weights come from L3 or memory, and a tile's first pass over a panel would otherwise wait on them. */
 __attribute__((target("avx512f,fma"))) static void kernel_avx512(const float *const a[MR512], const float *restrict B, int k,
                                                                    float *restrict C, int ldc, const float *restrict bias,
-                                                                   int rows, int cols, const float *pf) {
+                                                                   int rows, int cols, const float *pf, int act) {
     __m512 c0[MR512], c1[MR512];
     const float *ar[MR512];
 #pragma GCC unroll 16
@@ -86,14 +112,16 @@ __attribute__((target("avx512f,fma"))) static void kernel_avx512(const float *co
 #pragma GCC unroll 16
     for (int r = 0; r < MR512; r++)
         if (r < rows) {
-            _mm512_mask_storeu_ps(C + (size_t)r * ldc, m0, _mm512_add_ps(c0[r], bb0));
-            _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16, m1, _mm512_add_ps(c1[r], bb1));
+            __m512 y0 = _mm512_add_ps(c0[r], bb0), y1 = _mm512_add_ps(c1[r], bb1);
+            if (act == BERT_ACT_GELU) y0 = gelu16(y0), y1 = gelu16(y1);
+            _mm512_mask_storeu_ps(C + (size_t)r * ldc, m0, y0);
+            _mm512_mask_storeu_ps(C + (size_t)r * ldc + 16, m1, y1);
         }
 }
 
 __attribute__((target("avx2,fma"))) static void kernel_avx2(const float *const a[MR256], const float *restrict B, int k,
                                                              float *restrict C, int ldc, const float *restrict bias,
-                                                             int rows, int cols, const float *pf) {
+                                                             int rows, int cols, const float *pf, int act) {
     __m256 c0[MR256], c1[MR256];
     const float *ar[MR256];
 #pragma GCC unroll 6
@@ -115,14 +143,19 @@ __attribute__((target("avx2,fma"))) static void kernel_avx2(const float *const a
         _mm256_store_ps(t[r] + 8, c1[r]);
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) C[(size_t)r * ldc + c] = t[r][c] + bias[c];
+        for (int c = 0; c < cols; c++) {
+            float y = t[r][c] + bias[c];
+            C[(size_t)r * ldc + c] = act == BERT_ACT_GELU ? gelu1(y) : y;
+        }
 }
 
-void bert_gemm(float *out, const float *inp, int m, const bert_gemm_w *p, const float *bias) {
+void bert_gemm(float *out, const float *inp, int m, const bert_gemm_w *p, const float *bias, int act) {
     int n = p->n, k = p->k;
     if (p->isa == BERT_ISA_BLAS) {
         for (int r = 0; r < m; r++) memcpy(out + (size_t)r * n, bias, n * sizeof(float));
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, inp, k, p->w, k, 1.0f, out, n);
+        if (act == BERT_ACT_GELU)
+            for (size_t i = 0; i < (size_t)m * n; i++) out[i] = gelu1(out[i]);
         return;
     }
     int mr = isa_mr(p->isa), nr = isa_nr(p->isa), nb = (m + mr - 1) / mr, np = (n + nr - 1) / nr;
@@ -137,9 +170,9 @@ void bert_gemm(float *out, const float *inp, int m, const bert_gemm_w *p, const 
             float *C = out + (size_t)b * mr * n + (size_t)j * nr;
             const float *pf = b == 0 && j + 1 < np ? B + (size_t)k * nr : NULL;
             if (p->isa == BERT_ISA_AVX512)
-                kernel_avx512(a, B, k, C, n, bias + j * nr, rows, cols, pf);
+                kernel_avx512(a, B, k, C, n, bias + j * nr, rows, cols, pf, act);
             else
-                kernel_avx2(a, B, k, C, n, bias + j * nr, rows, cols, pf);
+                kernel_avx2(a, B, k, C, n, bias + j * nr, rows, cols, pf, act);
         }
     }
 }

@@ -40,7 +40,10 @@ int bert_gemm_pack(bert_gemm_w *p, const float *w, int n, int k, int isa);
 /* Free the panels; a zeroed or already freed p is a no-op. */
 void bert_gemm_free(bert_gemm_w *p);
 
-/* out[m, p->n] = inp[m, p->k] · W^T + bias, single-threaded (rows stride p->k and p->n). */
-void bert_gemm(float *out, const float *inp, int m, const bert_gemm_w *p, const float *bias);
+enum { BERT_ACT_NONE = 0, BERT_ACT_GELU = 1 };
+
+/* out[m, p->n] = act(inp[m, p->k] · W^T + bias), single-threaded (rows stride p->k and p->n); act
+ * BERT_ACT_GELU applies the erf GELU (bert.h's dfm_erf_approx) to each output while it is in registers. */
+void bert_gemm(float *out, const float *inp, int m, const bert_gemm_w *p, const float *bias, int act);
 
 #endif

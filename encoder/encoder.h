@@ -1,5 +1,5 @@
 /* encoder.h — the frozen sentence encoder: a BERT-family model from a Hugging Face / sentence-transformers
- * folder, run on the CPU (BLAS + OpenMP) or on an NVIDIA GPU (cuBLAS), giving one pooled,
+ * folder, run on the CPU (packed AVX-512/AVX2 GEMM + OpenMP) or on an NVIDIA GPU (cuBLAS), giving one pooled,
  * L2-normalised vector per text.
  *
  * A model folder holds:
@@ -55,7 +55,7 @@ typedef struct {
 /* Load a model folder for a device. DFM_ENOTFOUND / DFM_EFORMAT / DFM_EMISMATCH / DFM_EUNSUPPORTED name
  * the file and field (unsupported architecture, shapes that disagree with config.json, a missing
  * tensor). device CUDA in a build without CUDA, or with no usable GPU: DFM_ECUDA with a HINT.
- * CPU threads: OpenMP's (OMP_NUM_THREADS); BLAS is set to the same count. */
+ * CPU threads: OpenMP's (OMP_NUM_THREADS); the OpenBLAS fallback runs single-threaded inside them. */
 int dfm_encoder_load(const char *model_dir, int device, int compute, dfm_encoder **out);
 
 /* Encode n texts (UTF-8, texts[i] of lens[i] bytes; lens may be NULL for NUL-terminated texts) into
