@@ -80,21 +80,17 @@ for s in stages:
 print(f"dfm against its peers, per CPU-second (dfm/peer above 1: dfm faster); "
       f"table made {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC")
 print()
-print("Headline per stage (the strongest peer at the benchmark's main setting):")
-print()
-print(HEAD)
-for s in stages:
-    f = found[s]
-    print(f"| {s} | (no result: {f}) | | | | | | | |" if isinstance(f, Exception) else row(s, *f))
-print()
-print("Every comparison:")
-print()
-print(HEAD)
-for s in stages:
-    f = found[s]
-    if not isinstance(f, Exception):
-        for x in f[0].get("rows") or [f[0]]:
-            print(row(s, x, f[1]))
+def lines(every):
+    """The headline of each stage, or (every) each of its rows; a stage without a result says why."""
+    for s in stages:
+        f = found[s]
+        if isinstance(f, Exception):
+            yield f"| {s} | (no result: {f}) | | | | | | | |"
+        else:
+            yield from (row(s, x, f[1]) for x in ((f[0].get("rows") or [f[0]]) if every else [f[0]]))
+
+print("\n\n".join("\n".join([title, "", HEAD, *lines(every)]) for title, every in (
+    ("Headline per stage (the strongest peer at the benchmark's main setting):", False), ("Every comparison:", True))))
 sys.exit(bad)
 PY
 if [ ${#failed[@]} -gt 0 ]; then echo "run_all: failed stages: ${failed[*]}" >&2; exit 1; fi
