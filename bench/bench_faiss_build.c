@@ -10,6 +10,7 @@
  *   faiss=c-api-debian train_s=.. train_cpu=.. add_s=.. add_cpu=.. search_s=.. search_cpu=.. nq=..
  * (wall seconds and process CPU seconds per phase). Run it with OMP_NUM_THREADS=1 for single-thread
  * numbers. Built by `make bench-programs` (build/bench/bench_faiss_build). */
+#include "common/blas_core.h"
 #include "common/log.h"
 
 #include <faiss/c_api/AutoTune_c.h>
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Process CPU seconds, all threads (wall time: dfm_now). */
 static double cpu(void) {
@@ -59,6 +61,8 @@ static int check(int rc, const char *what) {
 }
 
 int main(int argc, char **argv) {
+    /* as dfm does: OpenBLAS's kernels for this CPU, not its SSE3 fallback (common/blas_core.h) */
+    if (dfm_blas_core_env()) execv("/proc/self/exe", argv);
     if (argc != 9) {
         fprintf(stderr, "usage: %s BASE.f32 QUERIES.f32 DIM FACTORY TRAIN_N NPROBE K LABELS_OUT\n", argv[0]);
         return 2;
