@@ -6,7 +6,9 @@ command -v nvcc >/dev/null || fail "nvcc not found: the CUDA toolkit is required
 make -C "$DFM_ROOT" --no-print-directory CUDA=1 BUILD="$WORK/build-cuda" -j2 all > "$WORK/make.log" 2>&1 ||
   { tail -n 40 "$WORK/make.log"; fail "make CUDA=1 failed"; }
 ls "$WORK"/build-cuda/obj/*/*.cu.o >/dev/null 2>&1 || fail "no .cu object was compiled"
-nm -D "$WORK/build-cuda/dfm" | grep -q cublas || ldd "$WORK/build-cuda/dfm" | grep -q cublas || fail "dfm is not linked with cuBLAS"
+# read the whole listing first: `nm | grep -q` under pipefail fails when grep's early exit stops nm (SIGPIPE)
+linked=$(nm -D "$WORK/build-cuda/dfm"; ldd "$WORK/build-cuda/dfm")
+grep -q cublas <<<"$linked" || fail "dfm is not linked with cuBLAS"
 ok "make CUDA=1: $(ls "$WORK"/build-cuda/obj/*/*.cu.o | wc -l) CUDA objects compiled and linked"
 printf '{"text": "a test sentence"}\n' > "$WORK/t.jsonl"
 if ! nvidia-smi -L >/dev/null 2>&1; then
