@@ -203,6 +203,26 @@ done:
 
 /* ---- helpers ---------------------------------------------------------------------------------- */
 
+const char *dfm_audit_secs(double s, char *b, size_t n) {
+    if (!(s > 0)) snprintf(b, n, "0");
+    else if (s < 1e-3) snprintf(b, n, "%.3g µs", s * 1e6);
+    else if (s < 1) snprintf(b, n, "%.3g ms", s * 1e3);
+    else if (s < 100) snprintf(b, n, "%.3g s", s);
+    else if (s < 3600) snprintf(b, n, "%.0f s", s);
+    else if (s < 86400 * 3) snprintf(b, n, "%.3g h", s / 3600);
+    else if (s < 86400 * 365.25 * 3) snprintf(b, n, "%.3g days", s / 86400);
+    else snprintf(b, n, "%.3g years", s / (86400 * 365.25));
+    return b;
+}
+
+const char *dfm_audit_bytes(double v, char *b, size_t n) {
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int i = 0;
+    while (v >= 1024 && i < 6) v /= 1024, i++;
+    snprintf(b, n, i ? "%.3g %s" : "%.0f %s", v, u[i]);
+    return b;
+}
+
 const char *dfm_audit_human(double v, char *buf, size_t n) {
     static const char *pre[] = {"", " k", " M", " G", " T", " P", " E"};
     int i = 0;

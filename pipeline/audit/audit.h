@@ -140,6 +140,10 @@ double dfm_audit_text_width(const char *s, double size, int bold);
 
 /* "1.23 k", "4.56 M", "7.89 G" ... into buf (engineering prefixes, 3 significant digits). */
 const char *dfm_audit_human(double v, char *buf, size_t n);
+/* A duration in the unit that reads best ("12.3 ms", "4.5 h", "3.2 years"; "0" for s <= 0) into buf. */
+const char *dfm_audit_secs(double s, char *buf, size_t n);
+/* A size in bytes with binary prefixes ("512 B", "23.2 MiB") into buf. */
+const char *dfm_audit_bytes(double v, char *buf, size_t n);
 
 /* The stages an audit reads, in pipeline order: chunk, encode, index, retrieve, targets. */
 #define DFM_AUDIT_N_STAGES 5

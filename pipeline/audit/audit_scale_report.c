@@ -105,24 +105,8 @@ json_t *dfm_audit_scale_json(const dfm_audit_scale *s, const double *targets, co
 
 /* ---- audit.md ------------------------------------------------------------------------------------ */
 
-static const char *secs(double s, char *b) {
-    if (!(s > 0)) snprintf(b, 32, "0");
-    else if (s < 1e-3) snprintf(b, 32, "%.3g µs", s * 1e6);
-    else if (s < 1) snprintf(b, 32, "%.3g ms", s * 1e3);
-    else if (s < 100) snprintf(b, 32, "%.3g s", s);
-    else if (s < 3600) snprintf(b, 32, "%.0f s", s);
-    else if (s < 86400 * 3) snprintf(b, 32, "%.3g h", s / 3600);
-    else if (s < 86400 * 365.25 * 3) snprintf(b, 32, "%.3g days", s / 86400);
-    else snprintf(b, 32, "%.3g years", s / (86400 * 365.25));
-    return b;
-}
-static const char *bytes(double v, char *b) {
-    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    int i = 0;
-    while (v >= 1024 && i < 6) v /= 1024, i++;
-    snprintf(b, 32, i ? "%.3g %s" : "%.0f %s", v, u[i]);
-    return b;
-}
+static const char *secs(double s, char *b) { return dfm_audit_secs(s, b, 32); }
+static const char *bytes(double v, char *b) { return dfm_audit_bytes(v, b, 32); }
 /* "min / median / max" of seconds, one unit for the three */
 static const char *spread_ms(const dfm_audit_spread *p, char *b) {
     snprintf(b, 96, "%.3g / %.3g / %.3g", p->min * 1e3, p->med * 1e3, p->max * 1e3);
