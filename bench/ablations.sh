@@ -11,11 +11,12 @@
 #   alignment      --memory-align next (default) / same (the old one), when the trainer has the flag
 #   fusion memory  --fusion-memory predicted / target / mixed:0.5 (the default is the first row)
 #   init and lr    (not in the paper) --init-std 0.05, and --lr 1e-2
-# Short runs: PRE_STEPS=400 DFM_STEPS=250 SEQS=2000 unless set (bench/keyed_lib.sh); about 15 minutes on 2
-# idle cores. Δ is against fusion off of the same backbone.
+#   keys           (not in the paper) 64 / 128 (default) / 256 keys in the chain: how much knowledge the
+#                  corpus holds beyond what its own backbone absorbs (a corpus and a backbone per count)
+# The benchmark's sizes (bench/keyed_lib.sh: SEQS=3000 PRE_STEPS=600 DFM_STEPS=1500 unless set); about 10
+# minutes on 2 idle cores. Δ is against fusion off of the same backbone.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-PRE_STEPS=${PRE_STEPS:-400} DFM_STEPS=${DFM_STEPS:-250} SEQS=${SEQS:-2000}
 source "$HERE/keyed_lib.sh"
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-ablations-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
 RES=${RESULTS:-$HERE/results}
@@ -66,6 +67,12 @@ fi
 # with --init-std) and a larger learning rate
 row "init and lr" "--init-std 0.05" "$W/L16" "$BB" "$W/init05" --init-std 0.05
 row "init and lr" "--lr 1e-2" "$W/L16" "$BB" "$W/lr1e2" --lr 1e-2
+for n in 64 256; do
+  echo "-- $n keys: corpus and backbone"
+  keyed_data "$W/keys$n" keyed --keys "$n"
+  keyed_pretrain "$W/keys$n" "$W/keys$n-pre"
+  row "keys" "$n keys" "$W/keys$n" "$W/keys$n-pre/model" "$W/keys$n-dfm"
+done
 python3 "$HERE/keyed_report.py" ablations "$W/runs.jsonl" "$RES/ablations.md" "$RES/ablations.svg" \
   --command "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/ablations.sh" \
   --seconds $(( $(date +%s) - T0 ))

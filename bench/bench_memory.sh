@@ -4,22 +4,24 @@
 #
 #   bash bench/bench_memory.sh [WORK_DIR]     # writes bench/results/memory.md and memory.json
 #
-# Two corpora with the same key sets (same seed), a 2-layer x 64 backbone pretrained on each, DFM modules
+# Corpora with the same key sets (same seed), a 2-layer x 64 backbone pretrained on each, DFM modules
 # trained with the trainer's default flags:
-#   keyed         keys follow a chain: predicted memory can know chunk c's key from chunk c-1;
-#   keyed-random  independent keys: only the target memory (retrieval at inference) can help.
-# Four rows:
-#   1. keyed corpus, backbone pretrained on it: the backbone itself has learnt part of the chain from its
-#      context, so memory can only add what it missed (the hard case);
-#   2. keyed corpus, backbone pretrained on the keyed-random text: it knows the language (the key sets) but
+#   keyed           128 keys follow a chain: predicted memory can know chunk c's key from chunk c-1;
+#   keyed-64-keys   the same with 64 keys: a chain small enough that the backbone learns much of it;
+#   keyed-random    independent keys: only the target memory (retrieval at inference) can help.
+# Rows:
+#   1. keyed corpus, backbone pretrained on it: memory adds what the backbone did not absorb of the chain;
+#   2. keyed-64-keys, backbone pretrained on it: the backbone absorbed more, and what is left is bounded
+#      (the gain's split and the head's ceiling below say by what);
+#   3. keyed corpus, backbone pretrained on the keyed-random text: it knows the language (the key sets) but
 #      not the corpus's knowledge (the chain), which the memory must supply: DFM's use case (a frozen LM,
 #      a datastore holding what it does not know);
-#   3. keyed-random, its own backbone, defaults: no mode may be worse than fusion off;
-#   4. keyed-random, modules trained on the target memory only (--fusion-memory target): the fusion path
+#   4. keyed-random, its own backbone, defaults: no mode may be worse than fusion off;
+#   5. keyed-random, modules trained on the target memory only (--fusion-memory target): the fusion path
 #      alone.
 # Every evaluation mode the trainer reports is in the table, per-position CE inside a chunk, and the corpus's
 # ideal cross-entropies (bench/keyed_ideal.py: key known, Bayes from context, Bayes from the chunk's own
-# tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 5 minutes on 2
+# tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 3.5 minutes on 2
 # idle cores.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,21 +32,36 @@ mkdir -p "$RES"
 T0=$(date +%s)
 has_flag() { "$DFM_TRAIN" train --help | grep -q -- "--$1 "; }
 
+# the gain's split and the head's ceiling (bench/keyed_analysis.py) need torch >= 2: the peer venv of bench/peers.sh
+ANALYSIS_PYTHON=${ANALYSIS_PYTHON-/var/cache/dfm/peers-venv/bin/python}
+if [ -n "$ANALYSIS_PYTHON" ] && ! "$ANALYSIS_PYTHON" -c 'import torch, sys; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
+  echo "-- no torch >= 2 at $ANALYSIS_PYTHON (bash bench/peers.sh makes it): the gain's split is left out"
+  ANALYSIS_PYTHON=
+fi
 : >"$W/runs.jsonl"
 for mode in keyed keyed-random; do
   echo "-- $mode: corpus, backbone ($PRE_STEPS steps)"
   keyed_data "$W/$mode" "$mode"
   keyed_pretrain "$W/$mode" "$W/$mode-pre"
 done
+echo "-- keyed-64-keys: corpus, backbone ($PRE_STEPS steps)"
+keyed_data "$W/keyed-64-keys" keyed --keys 64
+keyed_pretrain "$W/keyed-64-keys" "$W/keyed-64-keys-pre"
 # row CORPUS BACKBONE_CORPUS NAME [flags...]
 row() {
   local corpus=$1 bb=$2 name=$3; shift 3
   echo "-- $corpus, backbone pretrained on $bb: DFM modules ($DFM_STEPS steps${*:+, $*})"
   local ev; ev=$(keyed_dfm "$W/$corpus" "$W/$bb-pre/model" "$W/$name" "$@")
-  echo "{\"corpus\": \"$corpus\", \"backbone\": \"$bb\", \"flags\": \"${*:-defaults}\", \"eval\": $ev, \"ideal\": $(keyed_ideal "$W/$corpus")}" >>"$W/runs.jsonl"
+  local an=null
+  if [ "$corpus" != keyed-random ] && [ -n "$ANALYSIS_PYTHON" ]; then
+    an=$("$ANALYSIS_PYTHON" "$HERE/keyed_analysis.py" --data "$W/$corpus" --backbone "$W/$bb-pre/model" --modules "$W/$name" \
+      --seq-len "$T" --val-seqs "$VAL")
+  fi
+  echo "{\"corpus\": \"$corpus\", \"backbone\": \"$bb\", \"flags\": \"${*:-defaults}\", \"eval\": $ev, \"ideal\": $(keyed_ideal "$W/$corpus"), \"analysis\": $an}" >>"$W/runs.jsonl"
   echo "   $ev"
 }
 row keyed keyed keyed-dfm
+row keyed-64-keys keyed-64-keys keyed64-dfm
 row keyed keyed-random keyed-lm-dfm
 row keyed-random keyed-random random-dfm
 has_flag fusion-memory && row keyed-random keyed-random random-target-dfm --fusion-memory target

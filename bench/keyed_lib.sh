@@ -2,10 +2,10 @@
 # A corpus (`dfm-train synth --mode keyed|keyed-random`), a backbone pretrained on it, DFM modules
 # trained on that frozen backbone; each DFM run's final held-out evaluation is the last "eval" record of
 # its log.jsonl. Sizes come from the environment (defaults: the full benchmark on 2 CPU cores):
-#   THREADS=2 SEQS=3000 T=128 L=16 PRE_STEPS=600 DFM_STEPS=600 VAL=64
+#   THREADS=2 SEQS=3000 T=128 L=16 PRE_STEPS=600 DFM_STEPS=1500 VAL=64
 DFM_TRAIN=${DFM_TRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/dfm-train}
 THREADS=${THREADS:-2} SEQS=${SEQS:-3000} T=${T:-128} L=${L:-16} PRE_STEPS=${PRE_STEPS:-600}
-DFM_STEPS=${DFM_STEPS:-600} VAL=${VAL:-64}
+DFM_STEPS=${DFM_STEPS:-1500} VAL=${VAL:-64}
 
 # keyed_data DIR MODE [synth flags...]: the corpus (chunk length $L unless the flags say otherwise)
 keyed_data() {

@@ -74,6 +74,22 @@ def memory(runs, out, command, seconds, load):
         i = r["ideal"]
         lines.append("| %s | %.4f | %.4f | %.4f | %.4f |" % (r["corpus"], i["key_known"], i["from_context"],
                                                            i["in_chunk"], i["in_chunk"] - i["key_known"]))
+    an = [r for r in runs if r.get("analysis")]
+    if an:
+        lines += ["", "Where the gain goes (bench/keyed_analysis.py, the same trained modules in PyTorch): held-out CE of "
+                  "chunks 1.. of each sequence, split by whether the chunk's key followed the chain (predicted memory "
+                  "can know it) or was drawn fresh (predicted memory is confidently wrong); and the frozen head's "
+                  "ceiling, the best CE any final hidden state gives each key's token distribution, against that "
+                  "distribution's entropy (both on the corpus's empirical p(token | key)):", "",
+                  "| corpus | backbone pretrained on | DFM flags | chunks followed / fresh | followed: fusion off | "
+                  "followed: predicted | followed: target | fresh: fusion off | fresh: predicted | fresh: target | "
+                  "head ceiling | key entropy |", "|---|---|---|---|" + "---:|" * 8]
+        for r in an:
+            a = r["analysis"]
+            lines.append("| %s | %s | %s | %d / %d | %s | %s |" % (
+                r["corpus"], r.get("backbone", r["corpus"]), r["flags"], a["chunks_followed"], a["chunks_fresh"],
+                " | ".join(fmt(a[m][k]) for k in ("followed", "fresh") for m in ("none", "predicted", "target")),
+                " | ".join(fmt(a[k]) for k in ("head_ceiling", "key_entropy"))))
     for r in runs:
         pp = per_position(r["eval"])
         L = r["ideal"]["chunk_len"]
@@ -94,7 +110,7 @@ def svg_bars(groups, path, title):
     """groups: [(group label, [(bar label, delta), ...]), ...]; horizontal bars of Δ CE."""
     bars = sum(len(b) for _, b in groups)
     w, row, left, top = 760, 18, 250, 40
-    h = top + row * bars + 12 * len(groups) + 40
+    h = top + row * (bars + len(groups)) + 6 * len(groups) + 40
     lo = min([0.0] + [d for _, b in groups for _, d in b])
     hi = max([0.0] + [d for _, b in groups for _, d in b])
     span = (hi - lo) or 1.0
@@ -104,7 +120,8 @@ def svg_bars(groups, path, title):
          '<text x="10" y="18" font-size="13" font-weight="bold">%s</text>' % title]
     y = top
     for g, b in groups:
-        s.append('<text x="10" y="%d" font-weight="bold">%s</text>' % (y + 11, g))
+        s.append('<text x="10" y="%d" font-weight="bold">%s</text>' % (y + 12, g))  # a row of its own
+        y += row
         for label, d in b:
             x0, x1 = sorted((x(0), x(d)))
             s.append('<text x="%d" y="%d" text-anchor="end">%s</text>' % (left - 6, y + 12, label))
@@ -112,10 +129,10 @@ def svg_bars(groups, path, title):
                 x0, y + 2, max(x1 - x0, 1), row - 4, "#3b7dd8" if d < 0 else "#d8603b"))
             s.append('<text x="%.1f" y="%d">%+.3f</text>' % (max(x1, x0) + 4, y + 12, d))
             y += row
-        y += 12
+        y += 6
     s.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>' % (x(0), top - 4, x(0), y))
     s.append('<text x="%.1f" y="%d" text-anchor="middle">Δ held-out CE vs fusion off (nats; left = memory helps)</text>'
-             % (x(0), y + 16))
+             % ((left + w - 80) / 2, y + 16))
     s.append("</svg>")
     open(path, "w").write("\n".join(s) + "\n")
 

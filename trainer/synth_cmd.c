@@ -18,7 +18,7 @@ int cmd_synth(int argc, char **argv) {
          "learn from the previous chunk) or keyed-random (independent keys: only target memory helps)", 0,
          .choices = "topic|keyed|keyed-random"},
         {"vocab", DFM_OPT_INT, &vocab, "512", "V", "vocabulary", 0, .min = "50", .max = "16777216"},
-        {"keys", DFM_OPT_INT, &keys, "0", "N", "hidden keys (topics) (0 = 16 for topic, 64 for keyed)", 0,
+        {"keys", DFM_OPT_INT, &keys, "0", "N", "hidden keys (topics) (0 = 16 for topic, 128 for keyed)", 0,
          .min = "0", .max = "65536"},
         {"seq-len", DFM_OPT_INT, &T, "128", "T", "tokens per sequence", 0, .min = "1", .max = "1048576"},
         {"chunk-len", DFM_OPT_INT, &L, "16", "L", "tokens per chunk", 0, .min = "1", .max = "65535"},

@@ -25,13 +25,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_cli import check, finish, run  # noqa: E402
 
-T, L, SEQS, VAL, PRE_STEPS, DFM_STEPS = 128, 16, 1500, 48, 300, 200
-# measured with these sizes (defaults, projector and fusion initialised by fan-in): keyed gain 0.092 nats,
-# cos 0.868, every mode below fusion off; keyed-random target-memory gain 0.546 nats; 81 s on 2 loaded
-# cores; the backbone without the chain: gain 0.350 nats, cos 0.858 (2026-12-01). With every DFM matrix at std 0.02 (the earlier init) the keyed gain was 0.066: below MIN_GAIN_PRED.
-MIN_GAIN_PRED = 0.075     # nats: fusion off - predicted memory, keyed corpus
+T, L, SEQS, VAL, PRE_STEPS = 128, 16, 3000, 64, 600
+DFM_STEPS = 1500          # the keyed row: the full benchmark's sizes (bench/keyed_lib.sh)
+DFM_STEPS_OTHER = 600     # the other two rows: their effects are large
+# measured with these sizes (2 threads, 2026-12-01; 128 keys): keyed gain 0.163 nats, cos 0.923, every
+# mode below fusion off (69 s on 2 idle cores for the whole test); the backbone without the chain: gain
+# 0.475, cos 0.870; keyed-random target-memory gain 0.650. With 64 keys (a chain the backbone learns much of itself)
+# the keyed gain was 0.067: below MIN_GAIN_PRED.
+MIN_GAIN_PRED = 0.14      # nats: fusion off - predicted memory, keyed corpus (the benchmark asks 0.15: margin
+                          # for other CPUs' rounding)
+MIN_COS = 0.9             # predicted vs target slots, keyed corpus
 MIN_GAIN_PRED_LM = 0.15   # nats: the same, backbone pretrained on keyed-random text (knows the key sets, not the chain)
-MIN_COS = 0.8             # predicted vs target slots, keyed corpus
+MIN_COS_LM = 0.8
 MIN_GAIN_TARGET = 0.1     # nats: fusion off - target memory, keyed-random corpus, modules trained on targets
 SLACK = 0.002             # no mode may be worse than fusion off by more than this
 
@@ -57,14 +62,13 @@ def main():
             pres[mode] = os.path.join(w, mode + "-pre")
             run("pretrain", "--data", os.path.join(w, mode, "tokens.bin"), "--out", pres[mode], "--steps", PRE_STEPS,
                 "--lr", 3e-3, "--warmup", 20, "--layers", 2, "--hidden", 64, "--heads", 4, "--kv-heads", 2, *common)
-        dfm = ["--chunk-len", L, "--steps", DFM_STEPS, "--lr", 5e-3, "--warmup", 20, "--fusion-layers", "0,1",
-               "--pred-hidden", 64, *common]
+        dfm = ["--chunk-len", L, "--lr", 5e-3, "--warmup", 20, "--fusion-layers", "0,1", "--pred-hidden", 64, *common]
 
-        def train(mode, *flags, backbone=None):
+        def train(mode, *flags, backbone=None, steps=DFM_STEPS_OTHER):
             backbone = backbone or mode
             d, out = os.path.join(w, mode), os.path.join(w, "%s-on-%s-dfm" % (mode, backbone))
             run("train", "--backbone", os.path.join(pres[backbone], "model"), "--data", os.path.join(d, "tokens.bin"),
-                "--targets", os.path.join(d, "targets.bin"), "--out", out, *dfm, *flags)
+                "--targets", os.path.join(d, "targets.bin"), "--out", out, "--steps", steps, *dfm, *flags)
             ev = final_eval(out)
             print("%s, backbone pretrained on %s, %s: %s" % (mode, backbone, " ".join(flags) or "(defaults)",
                                                             json.dumps(ev)))
@@ -75,7 +79,7 @@ def main():
                 check(v <= ev["ce_none"] + SLACK, "%s: mode %s %.4f is not worse than fusion off %.4f"
                       % (what, k, v, ev["ce_none"]))
 
-        ev = train("keyed")
+        ev = train("keyed", steps=DFM_STEPS)
         gain = ev["ce_none"] - ev["ce_pred"]
         check(gain >= MIN_GAIN_PRED, "keyed, default flags: predicted memory %.4f is %.4f nats below fusion off %.4f "
               "(>= %.3f)" % (ev["ce_pred"], gain, ev["ce_none"], MIN_GAIN_PRED))
@@ -87,7 +91,7 @@ def main():
         gain = ev["ce_none"] - ev["ce_pred"]
         check(gain >= MIN_GAIN_PRED_LM, "keyed, backbone without the chain: predicted memory %.4f is %.4f nats below "
               "fusion off %.4f (>= %.2f)" % (ev["ce_pred"], gain, ev["ce_none"], MIN_GAIN_PRED_LM))
-        check(ev["cos"] >= MIN_COS, "keyed, backbone without the chain: cosine %.3f >= %.2f" % (ev["cos"], MIN_COS))
+        check(ev["cos"] >= MIN_COS_LM, "keyed, backbone without the chain: cosine %.3f >= %.2f" % (ev["cos"], MIN_COS_LM))
         no_mode_worse(ev, "keyed, backbone without the chain")
 
         ev = train("keyed-random", "--fusion-memory", "target")
