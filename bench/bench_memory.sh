@@ -4,13 +4,15 @@
 #
 #   bash bench/bench_memory.sh [WORK_DIR]     # writes bench/results/memory.md and memory.json
 #
-# Corpora with the same key sets (same seed), a 2-layer x 64 backbone pretrained on each, DFM modules
-# trained with the trainer's default flags:
+# Corpora with the same key sets (seed 1 unless named), a 2-layer x 64 backbone pretrained on each, DFM
+# modules trained with the trainer's default flags:
 #   keyed           128 keys follow a chain: predicted memory can know chunk c's key from chunk c-1;
 #   keyed-64-keys   the same with 64 keys: a chain small enough that the backbone learns much of it;
 #   keyed-random    independent keys: only the target memory (retrieval at inference) can help.
 # Rows:
 #   1. keyed corpus, backbone pretrained on it: memory adds what the backbone did not absorb of the chain;
+#      and the same with the corpus drawn from seeds 2 and 3 (keyed-seed2, keyed-seed3): how much of the
+#      figure is the draw;
 #   2. keyed-64-keys, backbone pretrained on it: the backbone absorbed more, and what is left is bounded
 #      (the gain's split and the head's ceiling below say by what);
 #   3. keyed corpus, backbone pretrained on the keyed-random text: it knows the language (the key sets) but
@@ -21,7 +23,7 @@
 #      alone.
 # Every evaluation mode the trainer reports is in the table, per-position CE inside a chunk, and the corpus's
 # ideal cross-entropies (bench/keyed_ideal.py: key known, Bayes from context, Bayes from the chunk's own
-# tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 3.5 minutes on 2
+# tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 5 minutes on 2
 # idle cores.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -47,6 +49,11 @@ done
 echo "-- keyed-64-keys: corpus, backbone ($PRE_STEPS steps)"
 keyed_data "$W/keyed-64-keys" keyed --keys 64
 keyed_pretrain "$W/keyed-64-keys" "$W/keyed-64-keys-pre"
+for seed in 2 3; do
+  echo "-- keyed-seed$seed: corpus, backbone ($PRE_STEPS steps)"
+  keyed_data "$W/keyed-seed$seed" keyed --seed "$seed"
+  keyed_pretrain "$W/keyed-seed$seed" "$W/keyed-seed$seed-pre"
+done
 # row CORPUS BACKBONE_CORPUS NAME [flags...]
 row() {
   local corpus=$1 bb=$2 name=$3; shift 3
@@ -61,6 +68,8 @@ row() {
   echo "   $ev"
 }
 row keyed keyed keyed-dfm
+row keyed-seed2 keyed-seed2 keyed-seed2-dfm
+row keyed-seed3 keyed-seed3 keyed-seed3-dfm
 row keyed-64-keys keyed-64-keys keyed64-dfm
 row keyed keyed-random keyed-lm-dfm
 row keyed-random keyed-random random-dfm
