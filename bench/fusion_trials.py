@@ -14,7 +14,8 @@ benchmark's by the random streams). Variants, combined with "+":
   corruptN     teacher forcing with wrong memory: each chunk fuses a random other chunk's target with
                probability N % (the predictor's loss still uses the right target)
   ffn          a Flamingo-style feed-forward after each cross-attention: RMSNorm, Linear C->4C, GELU,
-               Linear 4C->C, scaled by tanh of a learned scalar that starts at 0
+               Linear 4C->C, scaled by tanh of a learned scalar that starts at 0 (capacity beside the
+               frozen backbone: run it on a keyed-random corpus too, where memory carries nothing)
 
   python bench/fusion_trials.py --data DIR --backbone MODEL_DIR --variant null+corrupt25 [--layers 0,1]
       [--steps 1500] [--fusion-memory mixed:0.5]
@@ -171,7 +172,7 @@ def main():
     held = list(range(n_train, S))
     ci = np.array([[s * NC + c for c in range(NC)] for s in held])
     followed = torch.from_numpy(keys[ci[:, 1:]] == succ[keys[ci[:, :-1]]])
-    out = {"variant": a.variant, "layers": a.layers, "fusion_memory": a.fusion_memory, "steps": a.steps}
+    out = {"corpus": os.path.basename(os.path.normpath(a.data)), "variant": a.variant, "layers": a.layers, "fusion_memory": a.fusion_memory, "steps": a.steps}
     with torch.no_grad():
         for mode in ("none", "predicted", "target"):
             rows = torch.cat([forward(held[i:i + 8], mode)[0] for i in range(0, len(held), 8)])
