@@ -29,7 +29,6 @@ import math
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
 sys.path.insert(0, HERE)
 import dfm_torch as D  # noqa: E402
-from keyed_analysis import read_shard, read_targets  # noqa: E402
+from keyed_analysis import chain_followed, chain_split, held_out_batch, read_shard, read_targets  # noqa: E402
 
 
 def main():
@@ -121,11 +120,7 @@ def main():
     def forward(seqs, mem, gen=None):
         """Per-row CE [B, T] and the predictor loss; mem: none | predicted | target | mixed:P (training)."""
         W = {**P, **Q}
-        x = torch.stack([tok[s * T:s * T + T] for s in seqs])
-        y = torch.stack([tok[s * T + 1:s * T + T + 1] for s in seqs])
-        ci = torch.tensor([[s * NC + c for c in range(NC)] for s in seqs])
-        tm, tk = emb[ci], mask[ci].clone()
-        tk[:, 0] = False
+        x, y, tm, tk = held_out_batch(tok, mask, emb, seqs, T, L)
         fused, src, mode = tm, None, mem
         if mem.startswith("mixed:") or (gen is not None and corrupt > 0):
             p = float(mem.split(":")[1]) if mem.startswith("mixed:") else (1.0 if mem == "target" else 0.0)
@@ -166,19 +161,14 @@ def main():
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
 
-    succ = np.zeros(int(keys.max()) + 1, dtype=np.int64)
-    for z in range(len(succ)):
-        succ[z] = np.bincount(keys[1:][keys[:-1] == z], minlength=len(succ)).argmax()
     held = list(range(n_train, S))
-    ci = np.array([[s * NC + c for c in range(NC)] for s in held])
-    followed = torch.from_numpy(keys[ci[:, 1:]] == succ[keys[ci[:, :-1]]])
-    out = {"corpus": os.path.basename(os.path.normpath(a.data)), "variant": a.variant, "layers": a.layers, "fusion_memory": a.fusion_memory, "steps": a.steps}
+    followed = chain_followed(keys, held, T, L)
+    out = {"corpus": os.path.basename(os.path.normpath(a.data)), "variant": a.variant, "layers": a.layers,
+           "fusion_memory": a.fusion_memory, "steps": a.steps}
     with torch.no_grad():
         for mode in ("none", "predicted", "target"):
             rows = torch.cat([forward(held[i:i + 8], mode)[0] for i in range(0, len(held), 8)])
-            per = rows[:, L - 1:T - 1].reshape(len(held), NC - 1, L)
-            out[mode] = {"all": round(float(rows.mean()), 4), "followed": round(float(per[followed].mean()), 4),
-                         "fresh": round(float(per[~followed].mean()), 4)}
+            out[mode] = chain_split(rows, followed, T, L)
     print(json.dumps(out))
 
 

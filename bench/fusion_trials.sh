@@ -46,14 +46,15 @@ while [ $# -gt 0 ]; do
   [ -z "$b" ] || cat "$W/b.json" >>"$W/trials.jsonl"
 done
 python3 - "$W/trials.jsonl" "$RES/fusion_trials.md" "$(( $(date +%s) - T0 ))" \
-  "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/fusion_trials.sh" <<'PY'
+  "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/fusion_trials.sh" \
+  "$("$PY" -c 'import torch; print(torch.__version__)')" <<'PY'
 import json, os, sys, time
 runs = [json.loads(l) for l in open(sys.argv[1])]
 out = ["# Fusion variants on the keyed benchmark (PyTorch trials)", "",
        "Run %s on %s (%d CPUs, load average %.1f at the end), %s s in all." % (
            time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.uname().machine, os.cpu_count(),
            os.getloadavg()[0], sys.argv[3]),
-       "Command: `%s`" % sys.argv[4], "",
+       "Command: `%s` (PyTorch %s, the venv of bench/peers.sh)" % (sys.argv[4], sys.argv[5]), "",
        "Held-out CE (nats). `followed` / `fresh`: chunks 1.. of each sequence whose key followed the chain / was "
        "drawn fresh (predicted memory is confidently wrong there). Δ = predicted memory − fusion off.", "",
        "| corpus | variant | fusion after layers | fusion off | predicted | target | Δ predicted | followed: off / predicted | fresh: off / predicted | fresh: target |",

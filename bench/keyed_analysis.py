@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
 sys.path.insert(0, HERE)
 import dfm_torch as D  # noqa: E402
-from keyed_ideal import read_shard  # noqa: E402,F401  (fusion_trials.py imports it from here)
+from keyed_ideal import chain_successors, read_shard  # noqa: E402,F401  (fusion_trials.py imports read_shard from here)
 
 
 def read_targets(path):
@@ -40,6 +40,39 @@ def read_targets(path):
     mask = np.frombuffer(b, np.uint8, n * k, 64).reshape(n, k).astype(bool)
     emb = np.frombuffer(b, np.float32, n * k * d, 64 + n * k).reshape(n, k, d)
     return torch.from_numpy(mask.copy()), torch.from_numpy(emb.copy()), L
+
+
+def held_out_batch(tok, mask, emb, seqs, T, L):
+    """Tokens, next-token targets [B,T] and target memory [B,NC,K,d] / mask [B,NC,K] of the given sequences,
+    as the trainer batches them (sequence i = tokens [iT, iT+T); chunk 0 has no preceding context, hence no
+    target)."""
+    NC = T // L
+    x = torch.stack([tok[s * T:s * T + T] for s in seqs])
+    y = torch.stack([tok[s * T + 1:s * T + T + 1] for s in seqs])
+    ci = torch.tensor([[s * NC + c for c in range(NC)] for s in seqs])
+    tm, tk = emb[ci], mask[ci].clone()
+    tk[:, 0] = False
+    return x, y, tm, tk
+
+
+def chain_followed(keys, seqs, T, L):
+    """[B, NC-1] bool: whether chunk c >= 1 of each sequence took the chain's successor of chunk c-1's key."""
+    NC = T // L
+    succ, _ = chain_successors(keys, NC)
+    ci = np.array([[s * NC + c for c in range(NC)] for s in seqs])
+    return torch.from_numpy(keys[ci[:, 1:]] == succ[keys[ci[:, :-1]]])
+
+
+def chain_split(rows, followed, T, L, per_position=False):
+    """Mean CE of per-row losses rows [B,T] over all rows, and over the tokens of chunks 1.. that followed the
+    chain / were drawn fresh (row s predicts token s+1, so chunk c's tokens are rows cL-1 .. cL+L-2)."""
+    per = rows[:, L - 1:T - 1].reshape(rows.shape[0], T // L - 1, L)
+    out = {"all": round(float(rows.mean()), 4), "followed": round(float(per[followed].mean()), 4),
+           "fresh": round(float(per[~followed].mean()), 4)}
+    if per_position:
+        out["followed_pos"] = [round(v, 3) for v in per[followed].mean(0).tolist()]
+        out["fresh_pos"] = [round(v, 3) for v in per[~followed].mean(0).tolist()]
+    return out
 
 
 def head_ceiling(P, bc, probs, steps=2000):
@@ -82,38 +115,24 @@ def main():
     P = {k: v.double() if v.is_floating_point() else v for k, v in P.items()}
     model = D.DfmTorch(bc, dc)
 
-    # the corpus: p(token | key) and the chain (each key's most frequent successor)
-    T, NC = a.seq_len, a.seq_len // L
+    # the corpus: p(token | key)
     nk, V = int(keys.max()) + 1, int(bc["vocab_size"])
     counts = np.zeros((nk, V))
     np.add.at(counts, (np.repeat(keys, L), tok[: len(keys) * L].numpy()), 1)
     ceiling, entropy = head_ceiling(P, bc, counts / counts.sum(1, keepdims=True))
-    succ = np.zeros(nk, dtype=np.int64)
-    for z in range(nk):
-        succ[z] = np.bincount(keys[1:][keys[:-1] == z], minlength=nk).argmax()
 
-    # held-out sequences: the trainer's split (sequence i = tokens [iT, iT+T), the last val-seqs held out)
+    # held-out sequences: the trainer's split (the last val-seqs sequences)
+    T = a.seq_len
     S = (len(tok) - 1) // T
-    first = S - a.val_seqs
-    seqs = list(range(first, S))
-    x = torch.stack([tok[s * T:s * T + T] for s in seqs])
-    y = torch.stack([tok[s * T + 1:s * T + T + 1] for s in seqs])
-    ci = torch.tensor([[s * NC + c for c in range(NC)] for s in seqs])
-    tm, tk = emb[ci].double(), mask[ci].clone()
-    tk[:, 0] = False  # the loader's rule: chunk 0 has no preceding context, hence no target
-    followed = torch.from_numpy(keys[ci[:, 1:].numpy()] == succ[keys[ci[:, :-1].numpy()]])
+    seqs = list(range(S - a.val_seqs, S))
+    x, y, tm, tk = held_out_batch(tok, mask, emb, seqs, T, L)
+    followed = chain_followed(keys, seqs, T, L)
     out = {"head_ceiling": round(ceiling, 4), "key_entropy": round(entropy, 4),
            "chunks_followed": int(followed.sum()), "chunks_fresh": int((~followed).sum())}
     with torch.no_grad():
         for mode in ("none", "predicted", "target"):
-            rows = model.forward(P, x, y, tm, tk, mem=mode)["rows"].view(len(seqs), T)
-            # row s predicts token s+1; chunk c >= 1's tokens are predicted by rows cL-1 .. cL+L-2
-            per = rows[:, L - 1:T - 1].reshape(len(seqs), NC - 1, L)
-            out[mode] = {"all": round(float(rows.mean()), 4),
-                         "followed": round(float(per[followed].mean()), 4),
-                         "fresh": round(float(per[~followed].mean()), 4),
-                         "followed_pos": [round(v, 3) for v in per[followed].mean(0).tolist()],
-                         "fresh_pos": [round(v, 3) for v in per[~followed].mean(0).tolist()]}
+            rows = model.forward(P, x, y, tm.double(), tk, mem=mode)["rows"].view(len(seqs), T)
+            out[mode] = chain_split(rows, followed, T, L, per_position=True)
     print(json.dumps(out))
 
 

@@ -31,6 +31,17 @@ def read_shard(path):
     return np.fromfile(path, dtype=np.uint32 if wide else np.uint16, offset=1024, count=int(h[2])).astype(np.int64)
 
 
+def chain_successors(keys, per_seq):
+    """(each key's most frequent successor inside a sequence of per_seq chunks, the share of transitions
+    that went to it) from the chunk keys of a keyed corpus."""
+    n = int(keys.max()) + 1
+    inside = (np.arange(1, len(keys)) % per_seq) != 0
+    trans = np.zeros((n, n))
+    np.add.at(trans, (keys[:-1][inside], keys[1:][inside]), 1)
+    succ = trans.argmax(1)
+    return succ, trans[np.arange(n), succ].sum() / max(trans.sum(), 1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
@@ -51,13 +62,8 @@ def main():
     for k in range(N):
         p[k, np.argsort(-counts[k])[:M]] += share / M
     logp = np.log(p)
-    # chain: each key's most frequent successor inside a sequence, and how often it is followed
     per_seq = T // L
-    inside = (np.arange(1, nc) % per_seq) != 0
-    trans = np.zeros((N, N))
-    np.add.at(trans, (keys[:-1][inside], keys[1:][inside]), 1)
-    succ = trans.argmax(1)
-    follow_hat = trans[np.arange(N), succ].sum() / max(trans.sum(), 1)
+    succ, follow_hat = chain_successors(keys, per_seq)
     f = max(follow_hat - (1 - follow_hat) / (N - 1), 0.0)  # P(succ) = f + (1 - f) / N
     n_seq = (len(tok) - 1) // T
     first = n_seq - a.val_seqs
