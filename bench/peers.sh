@@ -35,6 +35,9 @@ PINS=(
   "tiktoken==0.14.0"
   "tokenizers==0.23.3"
   "faiss-cpu==1.15.1"
+  "gguf==0.19.0"
+  "sentencepiece==0.2.3"
+  "pyarrow==26.0.1"
 )
 
 say() { echo "[peers] $*" >&2; }
@@ -105,7 +108,8 @@ TV=$("$PEERS_VENV/bin/python" -c 'import importlib.metadata as m; print(m.versio
 import importlib.metadata as md, sys
 mods = {"torch": "torch", "numpy": "numpy", "sentence-transformers": "sentence_transformers",
         "transformers": "transformers", "onnxruntime": "onnxruntime", "onnx": "onnx",
-        "onnxscript": "onnxscript", "tiktoken": "tiktoken", "tokenizers": "tokenizers", "faiss-cpu": "faiss"}
+        "onnxscript": "onnxscript", "tiktoken": "tiktoken", "tokenizers": "tokenizers", "faiss-cpu": "faiss",
+        "gguf": "gguf", "sentencepiece": "sentencepiece", "pyarrow": "pyarrow"}
 bad = 0
 for pin in sys.argv[1:]:
     name, want = pin.split("==")
@@ -118,4 +122,4 @@ PY
 echo "$STAMP_WANT" > "$STAMP"
 say "peer venv ready: $PEERS_VENV/bin/python"
 "$PEERS_VENV/bin/python" -m pip list --format=freeze 2>/dev/null |
-  grep -iE '^(torch|numpy|sentence-transformers|transformers|onnxruntime|onnx|onnxscript|tiktoken|tokenizers|faiss-cpu)==' >&2
+  grep -iE '^(torch|numpy|sentence-transformers|transformers|onnxruntime|onnx|onnxscript|tiktoken|tokenizers|faiss-cpu|gguf|sentencepiece|pyarrow)==' >&2
