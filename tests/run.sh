@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# tests/run.sh — run every test program and print one closing line: "N passed, N failed".
+# tests/run.sh — run every test program and print one closing line: "N passed, N failed, N skipped".
 #
 # Runs, in order: unit tests (build/tests/test_*), the same under ASan+UBSan (build-san/tests/test_*),
 # the fuzzers for FUZZ_RUNS inputs (build-fuzz/fuzz/*, default 2000), integration tests
 # (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among them the CUDA
 # checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
 # Each program is one test; its own output says which case failed. A unit test that is not built counts
-# as failed. Exit status is non-zero if any failed, 2 if none was selected.
+# as failed. A passing test that could not run part of its checks says so on a line of its output that
+# starts with "SKIP: " (what was not checked and why); each such line counts as one skipped section in
+# the closing line, named above it, so that a skip is never read as a pass. Exit status is non-zero if
+# any failed, 2 if none was selected.
 #   TESTS=REGEX tests/run.sh    run only tests whose name matches REGEX (one that matches nothing is an error)
 #   KEEP=1                      keep the scratch folders of integration tests
 set -uo pipefail
@@ -20,7 +23,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 FILTER=${TESTS:-.}
-pass=0; fail=0; failed=()
+pass=0; fail=0; failed=(); skipped=()
 LOGDIR=$ROOT/build/test-logs; mkdir -p "$LOGDIR"
 
 run_one() {  # name, command...
@@ -33,6 +36,8 @@ run_one() {  # name, command...
   dt=$(printf '%d.%d' $((ms / 1000)) $(((ms % 1000) / 100)))
   if [ $rc = 0 ]; then
     pass=$((pass + 1)); echo "PASS $name (${dt}s)"
+    local why
+    while IFS= read -r why; do skipped+=("$name: ${why#SKIP: }"); echo "    $why"; done < <(grep -a '^SKIP: ' "$log")
     [ "${VERBOSE:-0}" = 1 ] && cat "$log"
   else
     fail=$((fail + 1)); failed+=("$name"); echo "FAIL $name (${dt}s, exit $rc); last lines of $log:"
@@ -75,5 +80,6 @@ if [ $((pass + fail)) = 0 ]; then
 fi
 echo
 [ $fail -gt 0 ] && echo "failed: ${failed[*]}"
-echo "$pass passed, $fail failed"
+[ ${#skipped[@]} -gt 0 ] && printf 'skipped: %s\n' "${skipped[@]}"
+echo "$pass passed, $fail failed, ${#skipped[@]} skipped"
 [ $fail = 0 ]

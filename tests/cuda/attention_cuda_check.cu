@@ -80,20 +80,15 @@ static int cmp(const char *name, const float *cpu, const float *dgpu, size_t n) 
     std::vector<float> g(n + GUARD);
     CT(cudaDeviceSynchronize());
     CT(cudaMemcpy(g.data(), dgpu, g.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    double mabs = 0.0, mref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - (double)cpu[i]);
-        if (isnan(d) || d > mabs) mabs = isnan(d) ? INFINITY : d;
-        if (fabs(cpu[i]) > mref) mref = fabs(cpu[i]);
-    }
-    double rel = mabs / (mref > 1e-30 ? mref : 1e-30);
+    check_diff d = check_compare(g.data(), cpu, n);  // rel INFINITY if a value is not finite
+    double rel = d.nonfinite ? d.rel : d.max_abs / (d.max_ref > 1e-30 ? d.max_ref : 1e-30);
     int guard_ok = 1;
     for (size_t i = n; i < n + GUARD; i++) guard_ok &= g[i] == GUARD_VAL;
     int ok = rel <= TOL_FP32 && guard_ok;
-    if (rel > g_worst) g_worst = rel;
-    char line[160];
-    snprintf(line, sizeof line, "n=%-7zu max_abs=%.3e rel=%.3e tol=%.0e%s", n, mabs, rel, TOL_FP32,
-             guard_ok ? "" : "  WRITE PAST THE END");
+    if (!(rel <= g_worst)) g_worst = rel;
+    char line[200];
+    snprintf(line, sizeof line, "n=%-7zu max_abs=%.3e rel=%.3e tol=%.0e%s%s", n, d.max_abs, rel, TOL_FP32,
+             guard_ok ? "" : "  WRITE PAST THE END", d.nonfinite ? "  VALUES NOT FINITE" : "");
     record(name, ok, line);
     return DFM_OK;
 }

@@ -1,11 +1,14 @@
 /* check_common.h — shared by the GPU-vs-CPU checker programs (ops_cuda_check.cu, attention_cuda_check.cu,
- * model_cuda_check.cu): error propagation that prints the failing call, and a fixed-seed uniform RNG.
- * Include after common/error.h and cuda_runtime.h. CHECK_SEED (before the include) picks the seed. */
+ * model_cuda_check.cu): error propagation that prints the failing call, a fixed-seed uniform RNG, and the
+ * comparison of check_compare.h. Include after common/error.h and cuda_runtime.h. CHECK_SEED (before the
+ * include) picks the seed. */
 #ifndef DFM_TRAINER_CHECK_COMMON_H
 #define DFM_TRAINER_CHECK_COMMON_H
 
 #include <stdint.h>
 #include <stdio.h>
+
+#include "tests/cuda/check_compare.h"
 
 /* a call returning a dfm code: report it with its message and propagate */
 #define GT(call)                                                                                               \

@@ -10,6 +10,8 @@
 // Per tensor: rel = max|gpu - cpu| / max|cpu| and the cosine between the two gradient tensors.
 // Bounds: fp32 rel <= 1e-4 for gradients and 1e-5 (relative) for the loss terms; bf16 (GEMM operands
 // and frozen weights rounded to bf16) rel <= 5e-2 and cosine >= 0.999 for gradients, 1e-2 for losses.
+// A value that is not finite (a gradient, a loss, a parameter after AdamW) fails every bound
+// (tests/cuda/check_compare.h).
 // Exit 0 pass, 1 a bound failed, 2 no GPU or a CUDA error.
 #ifdef DFM_MODEL_CUDA_CHECK_MAIN
 
@@ -42,21 +44,8 @@ struct Variant {
     int quick;  // in the quick set (MODEL_CHECK_SET=quick: CI's emulated run, which is slow)
 };
 
-static double rel_err(const float *a, const float *b, size_t n, double *cosine) {
-    double mx = 0, md = 0, ab = 0, aa = 0, bb = 0;
-    for (size_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs((double)b[i]));
-        md = fmax(md, fabs((double)a[i] - b[i]));
-        ab += (double)a[i] * b[i];
-        aa += (double)a[i] * a[i];
-        bb += (double)b[i] * b[i];
-    }
-    *cosine = (aa == 0 && bb == 0) ? 1.0 : ab / (sqrt(aa * bb) + 1e-300);
-    return mx > 0 ? md / mx : md;
-}
-
 static void check_scalar(const char *v, const char *what, double gpu, double cpu, double tol) {
-    double r = fabs(gpu - cpu) / fmax(fabs(cpu), 1e-6);
+    double r = check_scalar_rel(gpu, cpu, 1e-6);  // INFINITY if either is not finite
     int ok = r <= tol;
     g_checks++;
     if (!ok) g_fail++;
@@ -76,17 +65,20 @@ static void check_grads(const Variant *va, DfmModel *h, const float *gpu_grads, 
         if (!v[i].data) continue;
         if (!h->dc.enabled && h->bc.tie_embeddings && !strcmp(v[i].name, "lm_head.weight")) continue;
         size_t off = (size_t)(v[i].data - h->grad_memory);
-        double cs, r = rel_err(gpu_grads + off, v[i].data, v[i].numel, &cs);
+        // every non-finite value fails, in fp32 and bf16 alike (rel is then INFINITY, the cosine NaN)
+        check_diff d = check_compare(gpu_grads + off, v[i].data, v[i].numel);
+        double r = d.rel, cs = d.cosine;
         int ok = r <= tol && (!va->bf16 || cs >= 0.999);
         g_checks++;
         if (!ok) {
             g_fail++;
             bad++;
-            printf("FAIL %-34s %-40s rel %.2e cos %.6f (bound %.0e)\n", va->name, v[i].name, r, cs, tol);
+            printf("FAIL %-34s %-40s rel %.2e cos %.6f (bound %.0e)%s\n", va->name, v[i].name, r, cs, tol,
+                   d.nonfinite ? ": VALUES NOT FINITE" : "");
         }
-        if (r > worst) worst = r, worst_name = v[i].name;
+        if (!(r <= worst)) worst = r, worst_name = v[i].name;
     }
-    g_worst[va->bf16] = fmax(g_worst[va->bf16], worst);
+    if (!(worst <= g_worst[va->bf16])) g_worst[va->bf16] = worst;
     printf("%-4s %-34s %s: %d gradient tensors, worst rel %.2e (%s)\n", bad ? "FAIL" : "PASS", va->name, tag, n, worst,
            worst_name);
 }
@@ -243,18 +235,23 @@ static int run_variant(const Variant *va) {
         if (cudaStreamSynchronize(ctx->stream) != cudaSuccess ||
             cudaMemcpy(hp_gpu.data(), dp, np * 4, cudaMemcpyDeviceToHost) != cudaSuccess)
             return 2;
-        size_t off = 0;
-        for (size_t i = 0; i < np; i++) off += fabs((double)hp_gpu[i] - hp[i]) > 0.1 * ac.lr;
+        size_t off = 0, nonfinite = 0;  // a parameter that is not finite counts as off, and fails on its own
+        for (size_t i = 0; i < np; i++) {
+            off += !(fabs((double)hp_gpu[i] - hp[i]) <= 0.1 * ac.lr);
+            nonfinite += !isfinite(hp_gpu[i]) || !isfinite(hp[i]);
+        }
         double frac = (double)off / np;
         GT(model_forward(h, inp.data(), tgt.data(), tm, tk, B, T, mode, 0, 1.0f));
         double c_after = h->loss;
         GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, mode, 0, 1.0f));
         check_scalar(va->name, "loss after 3 AdamW steps", h->loss, c_after, va->bf16 ? 1e-2 : 1e-4);
-        int ok = va->bf16 || frac <= 0.01;  // bf16 gradients flip the sign of more near-zero Adam steps
+        // bf16 gradients flip the sign of more near-zero Adam steps: no bound on frac there
+        int ok = nonfinite == 0 && (va->bf16 || frac <= 0.01);
         g_checks++;
         if (!ok) g_fail++;
-        printf("%-4s %-34s 3 AdamW steps: %.3f%% of parameters differ by more than 0.1 lr (bound %s)\n",
-               ok ? "PASS" : "FAIL", va->name, 100.0 * frac, va->bf16 ? "none in bf16" : "1%");
+        printf("%-4s %-34s 3 AdamW steps: %.3f%% of parameters differ by more than 0.1 lr (bound %s), %zu not finite "
+               "(bound 0)\n", ok ? "PASS" : "FAIL", va->name, 100.0 * frac, va->bf16 ? "none in bf16" : "1%",
+               nonfinite);
         cudaFree(dm);
         cudaFree(dv);
     }

@@ -82,31 +82,29 @@ static void release_all(void) {
     g_host.clear();
 }
 
-static void record(const char *name, double max_abs, double rel, double tol, size_t n) {
-    int ok = rel <= tol && !isnan(rel);
+// rel is INFINITY when a value is not finite (check_compare.h): then it fails every bound
+static void record(const char *name, double max_abs, double rel, double tol, size_t n, size_t nonfinite) {
+    int ok = rel <= tol;
     g_checks++;
     if (!ok) g_fail++;
-    if (tol >= TOL_BF16) { if (rel > g_worst_bf16 || isnan(rel)) g_worst_bf16 = rel; }
-    else if (rel > g_worst_fp32 || isnan(rel)) g_worst_fp32 = rel;
-    printf("%s %-34s n=%-8zu max_abs=%.3e rel=%.3e tol=%.0e\n", ok ? "PASS" : "FAIL", name, n, max_abs, rel, tol);
+    double &worst = tol >= TOL_BF16 ? g_worst_bf16 : g_worst_fp32;
+    if (!(rel <= worst)) worst = rel;
+    printf("%s %-34s n=%-8zu max_abs=%.3e rel=%.3e tol=%.0e", ok ? "PASS" : "FAIL", name, n, max_abs, rel, tol);
+    if (nonfinite) printf("  %zu VALUES NOT FINITE", nonfinite);
+    printf("\n");
 }
 // compare a device tensor with the CPU result
 static int cmp(const char *name, const float *cpu, const float *dgpu, size_t n, double tol) {
     std::vector<float> g(n ? n : 1);
     CT(cudaDeviceSynchronize());
     CT(cudaMemcpy(g.data(), dgpu, n * sizeof(float), cudaMemcpyDeviceToHost));
-    double mabs = 0.0, mref = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)g[i] - (double)cpu[i]);
-        if (d > mabs || isnan(d)) mabs = isnan(d) ? NAN : (d > mabs ? d : mabs);
-        if (fabs(cpu[i]) > mref) mref = fabs(cpu[i]);
-    }
-    record(name, mabs, mabs / (mref > 1e-30 ? mref : 1e-30), tol, n);
+    check_diff d = check_compare(g.data(), cpu, n);
+    record(name, d.max_abs, d.nonfinite ? d.rel : d.max_abs / (d.max_ref > 1e-30 ? d.max_ref : 1e-30), tol, n,
+           d.nonfinite);
     return DFM_OK;
 }
 static void cmp_scalar(const char *name, double cpu, double gpu, double tol) {
-    double d = fabs(gpu - cpu);
-    record(name, d, d / (fabs(cpu) > 1e-30 ? fabs(cpu) : 1e-30), tol, 1);
+    record(name, fabs(gpu - cpu), check_scalar_rel(gpu, cpu, 1e-30), tol, 1, !isfinite(gpu) + !isfinite(cpu));
 }
 
 // ---- sizes ----
@@ -413,7 +411,7 @@ static int check_frozen_bf16(OpsCudaContext *ctx, cudaStream_t st) {
     CT(cudaMemcpy(got.data(), d_w16, got.size() * 2, cudaMemcpyDeviceToHost));
     size_t wrong = 0;
     for (size_t i = 0; i < got.size(); i++) wrong += got[i] != bf16_bits(w[i]);
-    record("to_bf16 (bits differing)", (double)wrong, (double)wrong, 0.0, got.size());
+    record("to_bf16 (bits differing)", (double)wrong, (double)wrong, 0.0, got.size(), 0);
     float *wr = rounded(w, (size_t)OC * C), *ir = rounded(inp, (size_t)N * C);
     float *out = hnew((size_t)N * OC), *d_out = dnew(NULL, (size_t)N * OC);
     matmul_forward(out, ir, wr, bias, N, C, OC);

@@ -25,6 +25,7 @@ for mode in plain doc-aligned; do
   ok "$mode matches the Hugging Face reference"
 done
 # the same run again is a no-op; other options on the same run directory are refused
-"$DFM" chunk "$WORK/run-plain-1" "${INPUTS[@]}" --tokenizer "$T" --seq-len 256 2>&1 | grep -q "already complete" || fail "rerun not skipped"
+out=$("$DFM" chunk "$WORK/run-plain-1" "${INPUTS[@]}" --tokenizer "$T" --seq-len 256 2>&1) || fail "rerun failed: $out"
+grep -q "already complete" <<<"$out" || fail "rerun not skipped: $out"
 expect_fail "other inputs or options" "$DFM" chunk "$WORK/run-plain-1" "${INPUTS[@]}" --tokenizer "$T" --seq-len 512
 echo "all chunk MPI checks passed"

@@ -44,5 +44,6 @@ est "$WORK/run" --tokens $((4 * 4 * 3000)) --chunk-len 4
 t4=$(q "s['index']['seconds']")
 "$PY" -c "import sys; r = $t4 / $t1; sys.exit(0 if abs(r - 4 ** 1.22) < 0.01 * r else 1)" || fail "4x the chunks: index time x $("$PY" -c "print($t4 / $t1)"), expected 4^1.22 (the index exponent in retriever/estimate.c)"
 ok "index time from the run itself ($run_s s), scaled by 4^1.22 for 4x the chunks"
-"$DFM" estimate "$WORK/run" --ranks 2 | grep -q "recommended: --store" || fail "text output lacks the store advice"
+out=$("$DFM" estimate "$WORK/run" --ranks 2) || fail "dfm estimate (text output) failed"
+grep -q "recommended: --store" <<<"$out" || fail "text output lacks the store advice: $out"
 echo "all estimate checks passed"

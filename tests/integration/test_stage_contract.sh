@@ -51,7 +51,8 @@ build "$WORK/c.json" --stages index --force || { cat "$WORK/log"; fail "build --
 [ "$(mstate)" = "chunk:complete encode:complete index:complete" ] || fail "after index --force: $(mstate)"
 [ ! -e "$R/retrieve" ] && [ ! -e "$R/targets" ] || fail "stale retrieve/targets folders left on disk"
 expect_fail "dfm write-targets" "$DFM" verify "$R"
-"$DFM" verify "$R" 2>&1 | grep -q "dfm targets" && fail "verify suggests 'dfm targets'"
+out=$("$DFM" verify "$R" 2>&1) && fail "verify passed on a run without targets"
+grep -q "dfm targets" <<<"$out" && fail "verify suggests 'dfm targets': $out"
 mkcfg "$WORK/k8.json" 's/"k": 16/"k": 8/'
 build "$WORK/k8.json" --stages retrieve || { cat "$WORK/log"; fail "retrieve after the drop"; }
 build "$WORK/c.json" --force --stages retrieve,write-targets || { cat "$WORK/log"; fail "retrieve --force back to k=16"; }

@@ -6,7 +6,7 @@ invariance on real chunk texts of mixed lengths (2 to 256 tokens, so chunks of o
 of many short ones both occur).
 
 - the kernel the CPU picks (AVX-512 here), DFM_ENCODER_ISA=avx2 and DFM_ENCODER_ISA=blas (OpenBLAS);
-  a kernel the CPU lacks is skipped and said so;
+  a kernel the CPU lacks is skipped with a SKIP line (counted by tests/run.sh);
 - the AVX-512 and AVX2 kernels give byte-identical files (both sum each product in k order with one FMA
   per term, then add the bias);
 - for each: 1 OpenMP thread at the default batching and 2 threads at --batch 3 give byte-identical
@@ -70,7 +70,7 @@ def main():
                     f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
         for isa, name, have in kernels:
             if not have:
-                print(f"{name}: this CPU lacks it; skipped")
+                print(f"SKIP: the {name} kernels (this CPU lacks them)")
                 continue
             _, e = encode(rp, os.path.join(d, "r.bin"), isa, 1)
             raw1, _ = encode(tp, os.path.join(d, "a.bin"), isa, 1)

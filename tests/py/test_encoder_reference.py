@@ -5,7 +5,8 @@
    model's max_seq_length) for every text.
 2. Embeddings: `dfm encode --texts` (CPU, fp32) vs tests/ref/encoder_reference.py (NumPy, float64):
    max abs error <= 1e-4 and cosine >= 0.99999 for every text.
-3. If sentence-transformers is importable, the same bounds against it (skipped otherwise, and said so).
+3. If sentence-transformers is importable, the same bounds against it (otherwise a SKIP line, counted by
+   tests/run.sh).
 4. The embedding file itself is parsed independently here (header fields, both checksums if xxhash
    is importable) so the format is checked from outside C.
 Exit status non-zero on any failure.
@@ -42,7 +43,7 @@ def read_emb(path):
         assert xxhash.xxh3_64_intdigest(buf[:120]) == hck, "header checksum"
         assert xxhash.xxh3_64_intdigest(buf[128:]) == pck, "payload checksum"
     except ImportError:
-        pass
+        print("SKIP: the embedding file's checksums (xxhash is not importable by this Python)")
     raw = np.frombuffer(buf, dtype={0: "<f4", 1: "<f2", 2: "<u2"}[dtype], offset=128)
     if dtype == 2:
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -89,15 +90,17 @@ def main():
     ref = R.bert_embed(R.MODEL, ids_hf)
     ok &= compare("numpy reference (float64)", got, ref)
 
-    # 3. sentence-transformers, when some Python can import it (this one, $DFM_ST_PYTHON, /tmp/stvenv)
+    # 3. sentence-transformers, when some Python can import it (this one, $DFM_ST_PYTHON, the benchmarks'
+    # peer venv of bench/peers.sh, /tmp/stvenv)
     st_py = None
-    for p in (sys.executable, os.environ.get("DFM_ST_PYTHON"), "/tmp/stvenv/bin/python"):
+    peers = os.path.join(os.environ.get("DFM_CACHE", "/var/cache/dfm"), "peers-venv", "bin", "python")
+    for p in (sys.executable, os.environ.get("DFM_ST_PYTHON"), peers, "/tmp/stvenv/bin/python"):
         if p and os.path.exists(p) and subprocess.run([p, "-c", "import sentence_transformers"],
                                                       capture_output=True).returncode == 0:
             st_py = p
             break
     if st_py is None:
-        print("sentence-transformers: not importable by any Python here; compared with the NumPy reference only")
+        print("SKIP: sentence-transformers (not importable by any Python here): compared with the NumPy reference only")
     else:
         with tempfile.TemporaryDirectory() as d:
             tp, op = os.path.join(d, "t.json"), os.path.join(d, "st.f32")

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import dfm  # noqa: E402
 import dfm.torch as dt  # noqa: E402
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import check, finish, run, worst_diff  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 T, L, VAL, B = 64, 16, 12, 4
@@ -50,7 +50,8 @@ def compare(w, name, backbone, modules, targets):
     batches = dfm.Batches(None, T, B, data=os.path.join(w, "syn", "tokens.bin"), targets=targets, chunk_len=L,
                           val_seqs=VAL, split="heldout", format="torch")
     py = dt.evaluate(model, batches)
-    worst = max(abs(py[k] - c[k]) for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos"))
+    keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos")
+    worst = worst_diff((py[k] for k in keys), (c[k] for k in keys))
     check(worst < TOL and py["batches"] == c["batches"],
           "%s: dfm.torch %s vs dfm-train eval %s (worst |diff| %.2e < %g)" % (
               name, {k: round(py[k], 6) for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos")},

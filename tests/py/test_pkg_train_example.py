@@ -12,7 +12,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import check, finish, run, worst_diff  # noqa: E402
 
 STEPS, TOL = 40, 1e-3
 T, L = 64, 16
@@ -43,7 +43,7 @@ def main():
             print(p.stdout[-2000:], p.stderr[-3000:])
             raise SystemExit("examples/train_torch.py failed")
         a, b = losses(os.path.join(w, "c", "log.jsonl")), losses(os.path.join(w, "py", "log.jsonl"))
-        worst = max(abs(x - y) for x, y in zip(a, b)) if a and b else float("inf")
+        worst = worst_diff(a, b)
         check(len(a) == len(b) == STEPS and worst < TOL and a[-1] < a[0] - 0.3,
               "loss curves: dfm-train %.4f -> %.4f, example %.4f -> %.4f over %d steps; worst step |diff| %.2e < %g"
               % (a[0], a[-1], b[0], b[-1], len(b), worst, TOL))
@@ -52,7 +52,8 @@ def main():
             r = run("eval", *args, "--modules", os.path.join(w, out, "dfm_modules.safetensors"), "--seq-len", T,
                     "--batch", 4, "--val-seqs", 12, "--threads", 1)
             ev.append(json.loads(r.stdout.strip().splitlines()[-1]))
-        d = max(abs(ev[0][k] - ev[1][k]) for k in ("ce_pred", "ce_none", "ce_target"))
+        keys = ("ce_pred", "ce_none", "ce_target")
+        d = worst_diff((ev[0][k] for k in keys), (ev[1][k] for k in keys))
         check(d < TOL, "dfm-train eval of the example's modules %.5f / of dfm-train's %.5f (ce_pred; worst |diff| %.2e)"
               % (ev[1]["ce_pred"], ev[0]["ce_pred"], d))
     finish("examples/train_torch.py tracks dfm-train train")

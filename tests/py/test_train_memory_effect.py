@@ -15,7 +15,8 @@ checked.)
 The keyed row runs at the benchmark's own sizes (the first row of bench/bench_memory.sh, bit for bit) and
 must reach 0.14 nats with slot cosine >= 0.9 (the benchmark's goal is 0.15; the margin is for another
 CPU's rounding); the other two rows run shorter, with thresholds they reach with margin (see the
-constants). Exits non-zero on any failure.
+constants). Every CE an evaluation reports must be a finite number (dfm-train writes NaN as null).
+Exits non-zero on any failure.
 Run: $DFM_PYTHON tests/py/test_train_memory_effect.py   (DFM_TRAIN = path of dfm-train)
 """
 import json
@@ -25,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import ce_modes, check, finish, run  # noqa: E402
 
 T, L, SEQS, VAL, PRE_STEPS = 128, 16, 3000, 64, 600
 DFM_STEPS = 1500          # the keyed row: the full benchmark's sizes (bench/keyed_lib.sh)
@@ -48,10 +49,6 @@ def final_eval(out):
     return ev[-1]["eval"]
 
 
-def modes(ev):
-    return {k: v for k, v in ev.items() if k.startswith("ce_") and isinstance(v, float) and v == v}
-
-
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as w:
@@ -72,12 +69,13 @@ def main():
             run("train", "--backbone", os.path.join(pres[backbone], "model"), "--data", os.path.join(d, "tokens.bin"),
                 "--targets", os.path.join(d, "targets.bin"), "--out", out, "--steps", steps, *dfm, *flags)
             ev = final_eval(out)
-            print("%s, backbone pretrained on %s, %s: %s" % (mode, backbone, " ".join(flags) or "(defaults)",
-                                                            json.dumps(ev)))
+            what = "%s, backbone pretrained on %s, %s" % (mode, backbone, " ".join(flags) or "(defaults)")
+            print("%s: %s" % (what, json.dumps(ev)))
+            ce_modes(ev, what)  # every mode a finite number, in every row
             return ev
 
         def no_mode_worse(ev, what):
-            for k, v in modes(ev).items():
+            for k, v in ce_modes(ev, what).items():
                 check(v <= ev["ce_none"] + SLACK, "%s: mode %s %.4f is not worse than fusion off %.4f"
                       % (what, k, v, ev["ce_none"]))
 

@@ -1,6 +1,7 @@
 """What the dfm-train Python tests share: run a dfm-train command (its output shown and the test stopped
 when it fails, unless ok=False), record checks, and finish with the exit status (non-zero on any failed
 check). DFM_TRAIN is the path of dfm-train (default build/dfm-train)."""
+import math
 import os
 import subprocess
 import sys
@@ -22,6 +23,37 @@ def check(cond, what):
     print(("ok: " if cond else "FAIL: ") + what)
     if not cond:
         FAILS.append(what)
+
+
+def finite(x):
+    """x is a finite number (not None, which is how dfm-train's JSON writes NaN, and not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def worst_diff(a, b):
+    """max |x - y| over the pairs of a and b; inf when a value is not finite or the lengths differ (Python's
+    max() keeps the first of NaN and a number, so a NaN would drop out of a plain max of differences)."""
+    a, b = list(a), list(b)
+    if len(a) != len(b) or not a:
+        return math.inf
+    return max(abs(x - y) if finite(x) and finite(y) else math.inf for x, y in zip(a, b))
+
+
+def ce_modes(ev, what):
+    """The eval's CE of every mode (the ce_* numbers), each checked to be a finite number: a mode whose CE is
+    NaN (null in the JSON) fails here rather than dropping out of the comparisons. Lists (ce_pos_*: CE by
+    position in the chunk) are checked element by element and not returned."""
+    out = {}
+    for k, v in ev.items():
+        if not k.startswith("ce_"):
+            continue
+        if isinstance(v, list):
+            check(len(v) > 0 and all(finite(x) for x in v), "%s: every value of %s is a finite number: %s" % (what, k, v))
+        else:
+            check(finite(v), "%s: %s is a finite number: %r" % (what, k, v))
+            out[k] = v
+    check(len(out) > 0, "%s: the eval reports CE values: %s" % (what, sorted(ev)))
+    return out
 
 
 def finish(what):

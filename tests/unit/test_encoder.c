@@ -12,6 +12,7 @@
 #include "common/fsutil.h"
 #include "encoder/encoder.h"
 #include "schemas/safetensors.h"
+#include "tests/cuda/check_compare.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -73,7 +74,7 @@ static void test_reference(void **state) {
     assert_int_equal(dfm_encoder_encode(enc, texts, lens, n, out), DFM_OK);
     double max_err = 0, min_cos = 1;
     for (int r = 0; r < n; r++) {
-        for (int i = 0; i < 384; i++) max_err = fmax(max_err, fabs(out[r * 384 + i] - ref[r * 384 + i]));
+        for (int i = 0; i < 384; i++) max_err = check_max(max_err, fabs(out[r * 384 + i] - ref[r * 384 + i]));
         min_cos = fmin(min_cos, cosine(out + r * 384, ref + r * 384, 384));
     }
     printf("reference (%d texts): max abs error %.3g, min cosine %.9f\n", n, max_err, min_cos);
@@ -91,7 +92,7 @@ static void test_reference(void **state) {
     float *one = malloc((size_t)n * 384 * sizeof(float));
     assert_int_equal(dfm_encoder_encode(enc, texts, lens, n, one), DFM_OK);
     double d = 0;
-    for (int i = 0; i < n * 384; i++) d = fmax(d, fabs(one[i] - out[i]));
+    for (int i = 0; i < n * 384; i++) d = check_max(d, fabs(one[i] - out[i]));
     printf("batch 1 vs batch 64: max abs difference %.3g\n", d);
     assert_true(d <= 1e-5);
     /* unit norm */
@@ -121,7 +122,7 @@ static void test_meaning(void **state) {
     for (int i = 0; i < 8; i += 2) worst_para = fmin(worst_para, cosine(e + i * 384, e + (i + 1) * 384, 384));
     for (int i = 0; i < 8; i++)
         for (int j = 0; j < 8; j++)
-            if (i / 2 != j / 2) best_unrel = fmax(best_unrel, cosine(e + i * 384, e + j * 384, 384));
+            if (i / 2 != j / 2) best_unrel = check_max(best_unrel, cosine(e + i * 384, e + j * 384, 384));
     printf("meaning: weakest paraphrase pair %.3f > strongest unrelated pair %.3f\n", worst_para, best_unrel);
     assert_true(worst_para > best_unrel);
     assert_true(worst_para > 0.5);

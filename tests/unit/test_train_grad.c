@@ -23,6 +23,7 @@
 #include "trainer/model.h"
 #include "trainer/ops.h"
 #include "trainer/rng.h"
+#include "tests/cuda/check_compare.h"
 
 static double g_worst = 0.0;
 static char g_worst_name[128] = "";
@@ -500,10 +501,10 @@ static void leak_diff(DfmModel *m, const int *a, const int *b, const float *tabl
     assert_int_equal(model_forward(m, b, tgb, tb, mb, 1, LK_T, mode, 0, 1.0f), 0);
     *d_state = *d_mem = 0.0;
     for (int r = 0; r < p; r++) {
-        for (int i = 0; i < LK_C; i++) *d_state = fmax(*d_state, fabs(sa[r * LK_C + i] - m->lnf_out[r * LK_C + i]));
+        for (int i = 0; i < LK_C; i++) *d_state = check_max(*d_state, fabs(sa[r * LK_C + i] - m->lnf_out[r * LK_C + i]));
         int c = (r + m->dc.mem_align) / LK_L;
         for (int k = 0; c < LK_NC && k < LK_K * LK_C; k++)
-            *d_mem = fmax(*d_mem, fabs(mema[(size_t)c * LK_K * LK_C + k] - m->mem[(size_t)c * LK_K * LK_C + k]));
+            *d_mem = check_max(*d_mem, fabs(mema[(size_t)c * LK_K * LK_C + k] - m->mem[(size_t)c * LK_K * LK_C + k]));
     }
 }
 
@@ -550,14 +551,14 @@ static void test_no_leak(void **state) {
             for (int mode = MEM_PREDICTED; mode <= MEM_TARGET; mode++) {
                 double ds, dm;
                 leak_diff(m, a, b, table, 0, mode, p, &ds, &dm);
-                worst = fmax(worst, fmax(ds, dm));
+                worst = check_max(check_max(worst, ds), dm);
                 if (ds > 1e-6 || dm > 1e-6)
                     printf("  LEAK: align %s, %s memory, tokens >= %d change rows < %d by %.3e (memory %.3e)\n",
                            align ? "next" : "same", mode == MEM_TARGET ? "target" : "predicted", p, p, ds, dm);
             }
             double ds, dm; /* a leaky target definition must be detected */
             leak_diff(m, a, b, table, 1, MEM_TARGET, p, &ds, &dm);
-            caught = fmax(caught, ds);
+            caught = check_max(caught, ds);
         }
         printf("  no leak, memory of the %s chunk: worst change of rows before the changed tokens %.3e; a leaky "
                "target changes them by %.3e\n", align ? "next" : "same", worst, caught);
@@ -590,7 +591,7 @@ static void test_alignment_rows(void **state) {
         assert_int_equal(model_forward(m, tok, tgt, tm, mask, 1, LK_T, MEM_TARGET, 0, 1.0f), 0);
         for (int row = 0; row < LK_T; row++) {
             double d = 0;
-            for (int i = 0; i < LK_C; i++) d = fmax(d, fabs(s0[row * LK_C + i] - m->lnf_out[row * LK_C + i]));
+            for (int i = 0; i < LK_C; i++) d = check_max(d, fabs(s0[row * LK_C + i] - m->lnf_out[row * LK_C + i]));
             int reads = (row + align) / LK_L == 1;
             if (reads) assert_true(d > 1e-4);
             else assert_true(d == 0.0);
