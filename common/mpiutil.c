@@ -57,3 +57,19 @@ int dfm_mpi_exscan_u64(const dfm_mpi *m, uint64_t mine, uint64_t *before, uint64
     if (total) *total = t;
     return DFM_OK;
 }
+
+int dfm_mpi_local_rank(const dfm_mpi *m) {
+    MPI_Comm node;
+    int r = 0;
+    if (MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+        MPI_Comm_rank(node, &r);
+        MPI_Comm_free(&node);
+    }
+    return r;
+}
+
+int dfm_gpu_for_rank(int local_rank, int n_visible, int requested) {
+    if (requested >= 0) return requested;
+    if (n_visible <= 0) return -1;
+    return (local_rank > 0 ? local_rank : 0) % n_visible;
+}

@@ -34,4 +34,15 @@ int dfm_mpi_check_at(int mpi_rc, const char *what, const char *file, int line);
 /* Exclusive prefix sum and total of a uint64 over ranks (collective). */
 int dfm_mpi_exscan_u64(const dfm_mpi *m, uint64_t mine, uint64_t *before, uint64_t *total);
 
+/* This rank's rank among the ranks of its node (those that share memory: MPI_COMM_TYPE_SHARED); 0 when
+ * the split fails. Collective: every rank calls it. */
+int dfm_mpi_local_rank(const dfm_mpi *m);
+
+/* The GPU a rank uses, of the n_visible its process sees (CUDA_VISIBLE_DEVICES as mpirun or Slurm set
+ * it): requested when >= 0 (a --gpu N flag; the caller checks that it exists); else the node-local rank
+ * mod n_visible, so that the ranks of a node that all see its G GPUs (mpirun, Slurm's --gres=gpu:G or
+ * --gpus-per-node G) spread over them instead of all taking GPU 0, and a rank that sees one GPU
+ * (--gpus-per-task 1) takes it; -1 (the CPU) when none is visible. Pure: tests/unit/test_common.c. */
+int dfm_gpu_for_rank(int local_rank, int n_visible, int requested);
+
 #endif

@@ -371,24 +371,20 @@ static int encode_stage(encode_run *r, json_t *config) {
  * GPU (node-local rank mod G), not all GPU 0. Collective (the node split): every rank calls it. *gpu is
  * the index made current for this thread, which loads and runs the encoder; -1 on the CPU. */
 static int select_gpu(const dfm_mpi *m, int device, int *local, int *gpu) {
-    MPI_Comm node;
-    *local = 0, *gpu = -1;
-    if (MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_rank(node, local);
-        MPI_Comm_free(&node);
-    }
+    *local = dfm_mpi_local_rank(m), *gpu = -1;
 #ifdef DFM_HAVE_CUDA
     int n = 0;
     if (device == DFM_DEVICE_CUDA && cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError(); /* no usable GPU: dfm_encoder_load reports it */
         n = 0;
     }
-    if (n > 0) {
-        cudaError_t e = cudaSetDevice(*local % n);
+    int g = dfm_gpu_for_rank(*local, n, -1);
+    if (g >= 0) {
+        cudaError_t e = cudaSetDevice(g);
         if (e != cudaSuccess)
             return DFM_FAIL(DFM_ECUDA, "cudaSetDevice(%d) for node-local rank %d: %s. HINT: check the GPUs with nvidia-smi",
-                            *local % n, *local, cudaGetErrorString(e));
-        *gpu = *local % n;
+                            g, *local, cudaGetErrorString(e));
+        *gpu = g;
     }
 #else
     (void)device;

@@ -68,17 +68,6 @@ static unsigned char *decay_mask(DfmModel *m) {
 #ifdef DFM_HAVE_CUDA
 static cudaStream_t stream_of(Engine *e) { return ((OpsCudaContext *)model_cuda_context(e->mc))->stream; }
 
-/* the node-local rank (ranks sharing memory), for one GPU per rank */
-static int local_rank(const dfm_mpi *mp) {
-    MPI_Comm node;
-    int r = 0;
-    if (MPI_Comm_split_type(mp->comm, MPI_COMM_TYPE_SHARED, mp->rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-        MPI_Comm_rank(node, &r);
-        MPI_Comm_free(&node);
-    }
-    return r;
-}
-
 /* device AdamW moments (zero) and the decay mask, ordered on the model's (non-blocking) stream */
 static int alloc_moments(Engine *e) {
     size_t n = e->np;
@@ -96,7 +85,7 @@ static int alloc_moments(Engine *e) {
 /* rc: the host side's result so far. No return before the ranks agree on the device set-up: the others
  * would wait in the NCCL set-up below. */
 static int create_cuda(Engine *e, const dfm_mpi *mp, int rc) {
-    int lr = e->o.gpu < 0 ? local_rank(mp) : 0; /* collective: every rank, before anything can fail */
+    int lr = e->o.gpu < 0 ? dfm_mpi_local_rank(mp) : 0; /* collective: every rank, before anything can fail */
     int ndev = 0;
     cudaError_t ce = cudaGetDeviceCount(&ndev);
     if (!rc && (ce != cudaSuccess || ndev < 1))
@@ -105,7 +94,7 @@ static int create_cuda(Engine *e, const dfm_mpi *mp, int rc) {
                       ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
     size_t n = e->np;
     if (!rc) {
-        int gpu = e->o.gpu >= 0 ? e->o.gpu : lr % ndev;
+        int gpu = dfm_gpu_for_rank(lr, ndev, e->o.gpu);
         ModelCudaOptions mo = {gpu, e->o.bf16, e->o.flash};
         rc = model_cuda_create(e->m, &mo, &e->mc);
         if (!rc) rc = alloc_moments(e);

@@ -15,9 +15,13 @@ backbone width; token s attends the slots of chunk (s + 1) // L (memory_align "n
 last token attends nothing) or s // L ("same"); a chunk whose slots are all masked gets no update.
 
 Backbones: load_backbone() uses `transformers` (AutoModelForCausalLM, eager attention) when it is
-installed and importable with this torch, else the plain PyTorch decoder here (Backbone: the same
-Hugging Face tensor names and math, read from the same safetensors files). The hooks need only
-`backbone.model.embed_tokens`, `backbone.model.layers[i]` and logits from `backbone(input_ids)`.
+installed (an ImportError is the only reason to fall back; any other failure of transformers is raised),
+else the plain PyTorch decoder here (Backbone: the same Hugging Face tensor names and math, read from the
+same safetensors files). Backbone refuses exactly the config.json that dfm-train refuses
+(check_hf_config: trainer/model_config.c's rules, among them rope_scaling, attention_bias and a sliding
+window shorter than the sequence), so that it never runs a model with other positions or attention than
+its config asks for. The hooks need only `backbone.model.embed_tokens`, `backbone.model.layers[i]` and
+logits from `backbone(input_ids)`.
 """
 from __future__ import annotations
 
@@ -71,6 +75,83 @@ def load_safetensors(path: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
         out[name] = (torch.frombuffer(bytearray(data[b:e]), dtype=dt).reshape(t["shape"]) if e > b
                      else torch.zeros(t["shape"], dtype=dt))
     return out, meta
+
+
+# ---- config.json: what dfm-train accepts (trainer/model_config.c, backbone_config_from_hf) ----------------
+ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
+
+
+def _cfg_int(cfg: dict, key: str, required: bool, default: int, lo: int, hi: int) -> int:
+    v = cfg.get(key)
+    if v is None:
+        if required:
+            raise ValueError(f'config.json: missing integer "{key}"')
+        return default  # as dfm-train: a default is not range-checked
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f'config.json: "{key}" is not an integer')
+    if not lo <= v <= hi:
+        raise ValueError(f'config.json: "{key}" is {v}, outside {lo}..{hi}. HINT: the file is corrupt or not a '
+                         "decoder's config")
+    return v
+
+
+def _cfg_num(cfg: dict, key: str, default: float, lo: float, hi: float) -> float:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ValueError(f'config: "{key}" is not a number')
+    f32 = struct.unpack("<f", struct.pack("<f", v))[0] if lo < v < hi else 0.0  # dfm-train keeps it as a float
+    if not (lo < v < hi) or not math.isfinite(f32) or f32 == 0.0:
+        raise ValueError(f'config: "{key}" is {v:g}, outside ({lo:g}, {hi:g})')
+    return float(v)
+
+
+def check_hf_config(cfg: dict, max_seq: Optional[int] = None) -> int:
+    """Refuse a Hugging Face config.json exactly where dfm-train refuses it (trainer/model_config.c): an
+    architecture other than Qwen3, Llama and Mistral, integers outside dfm-train's bounds, heads that do
+    not group, an odd head_dim, rms_norm_eps or rope_theta out of range, attention_bias, rope_scaling, a
+    hidden_act other than silu, and a sliding_window shorter than the sequence (max_seq: the sequence
+    length a caller runs; None as dfm-train without --seq-len: max_position_embeddings, at most 4096).
+    Raises ValueError naming the field; returns the sliding window that still applies to longer sequences
+    (None: no window), which Backbone enforces at every forward."""
+    if not isinstance(cfg, dict):
+        raise ValueError("config.json is not a JSON object")
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch is None:
+        raise ValueError('config.json: no "architectures" list')
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"backbone architecture {arch} is not supported. HINT: dfm-train loads "
+                         "Qwen3ForCausalLM, LlamaForCausalLM and MistralForCausalLM")
+    _cfg_int(cfg, "vocab_size", True, 0, 1, 1 << 24)
+    hidden = _cfg_int(cfg, "hidden_size", True, 0, 1, 1 << 20)
+    _cfg_int(cfg, "intermediate_size", True, 0, 1, 1 << 22)
+    _cfg_int(cfg, "num_hidden_layers", True, 0, 1, 4096)
+    nh = _cfg_int(cfg, "num_attention_heads", True, 0, 1, 4096)
+    nkv = _cfg_int(cfg, "num_key_value_heads", False, nh, 1, nh)
+    if nh % nkv:
+        raise ValueError(f"config.json: num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}")
+    hd = _cfg_int(cfg, "head_dim", False, hidden // nh, 2, 1 << 16)
+    if hd % 2:
+        raise ValueError(f"config.json: head_dim {hd} is odd (RoPE rotates pairs)")
+    _cfg_num(cfg, "rms_norm_eps", 1e-6, 0, 1)
+    _cfg_num(cfg, "rope_theta", 10000.0, 0, 1e12)
+    if cfg.get("attention_bias") is True:
+        raise ValueError("config.json: attention_bias = true is not supported")
+    if cfg.get("rope_scaling") is not None:
+        raise ValueError("config.json: rope_scaling is not supported")
+    act = cfg.get("hidden_act")
+    if isinstance(act, str) and act != "silu":
+        raise ValueError(f"config.json: hidden_act {act} is not supported (silu only)")
+    mpe = _cfg_int(cfg, "max_position_embeddings", False, 4096, 1, 0x7FFFFFFF)
+    seq = max_seq if max_seq is not None and max_seq > 0 else min(mpe, 4096)
+    sw = cfg.get("sliding_window")
+    window = sw if isinstance(sw, int) and not isinstance(sw, bool) and cfg.get("use_sliding_window") is not False \
+        else None
+    if window is not None and window < seq:
+        raise ValueError(f"config.json: sliding_window {sw} < sequence length {seq} is not supported")
+    return window
 
 
 def stack_config(bc: dict) -> dict:
@@ -173,11 +254,14 @@ class _Stack(nn.Module):
 
 
 class Backbone(nn.Module):
-    """A Llama/Qwen3 causal LM in plain PyTorch under Hugging Face tensor names (model.embed_tokens,
-    model.layers.N.*, model.norm, lm_head). forward(input_ids [B, T] int) -> logits [B, T, V] float."""
+    """A Llama/Qwen3/Mistral causal LM in plain PyTorch under Hugging Face tensor names (model.embed_tokens,
+    model.layers.N.*, model.norm, lm_head). forward(input_ids [B, T] int) -> logits [B, T, V] float. A
+    config.json that dfm-train refuses is refused (check_hf_config), and so is a forward longer than the
+    config's sliding window (attention here is plain causal)."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, max_seq: Optional[int] = None) -> None:
         super().__init__()
+        self.window = check_hf_config(config, max_seq)
         self.config_dict, self.c = config, stack_config(config)
         self.model = _Stack(self.c, config["vocab_size"])
         self.tied = bool(config.get("tie_word_embeddings", False))
@@ -185,6 +269,9 @@ class Backbone(nn.Module):
             self.lm_head = nn.Linear(self.c["hidden"], config["vocab_size"], bias=False)
 
     def forward(self, input_ids: Tensor) -> Tensor:
+        if self.window is not None and input_ids.shape[-1] > self.window:
+            raise ValueError(f"{input_ids.shape[-1]} tokens in a sequence: the config's sliding_window "
+                             f"{self.window} is shorter, and sliding-window attention is not supported")
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = rope_tables(x.shape[1], self.c["head_dim"], self.c["rope_theta"], x.device)
         for layer in self.model.layers:
@@ -193,14 +280,17 @@ class Backbone(nn.Module):
         return F.linear(x, self.model.embed_tokens.weight if self.tied else self.lm_head.weight)
 
     @classmethod
-    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32) -> "Backbone":
-        """A Hugging Face folder (config.json + model.safetensors) written by `dfm-train pretrain` or HF."""
-        with open(os.path.join(folder, "config.json")) as f:
+    def from_pretrained(cls, folder: str, dtype: torch.dtype = torch.float32,
+                        max_seq: Optional[int] = None) -> "Backbone":
+        """A Hugging Face folder (config.json + model.safetensors) written by `dfm-train pretrain` or HF.
+        max_seq: the longest sequence it will run (as dfm-train's --seq-len; None: dfm-train's default)."""
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
             cfg = json.load(f)
-        arch = (cfg.get("architectures") or ["?"])[0]
-        if arch not in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
-            raise ValueError(f"{folder}: architecture {arch}; Llama and Qwen3 are supported")
-        m = cls(cfg)
+        try:
+            m = cls(cfg, max_seq)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
         tensors, _ = load_safetensors(folder)
         if m.tied:
             tensors.pop("lm_head.weight", None)
@@ -210,19 +300,23 @@ class Backbone(nn.Module):
         return m.to(dtype)
 
 
-def load_backbone(folder: str, use_transformers: Optional[bool] = None, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A frozen backbone from a Hugging Face folder: transformers' model when use_transformers (None:
-    when it imports with this torch), else Backbone. Parameters are frozen, the module in eval mode."""
+def load_backbone(folder: str, use_transformers: Optional[bool] = None, dtype: torch.dtype = torch.float32,
+                  max_seq: Optional[int] = None) -> nn.Module:
+    """A frozen backbone from a Hugging Face folder: transformers' model when use_transformers (None: when
+    `transformers` is installed; only an ImportError falls back, any other error of transformers is
+    raised), else Backbone (which refuses what dfm-train refuses; max_seq as Backbone.from_pretrained).
+    Parameters are frozen, the module in eval mode."""
     m = None
     if use_transformers is not False:
         try:
             from transformers import AutoModelForCausalLM
-            m = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, attn_implementation="eager")
-        except Exception:
+        except ImportError:
             if use_transformers:
                 raise
+        else:
+            m = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, attn_implementation="eager")
     if m is None:
-        m = Backbone.from_pretrained(folder, dtype)
+        m = Backbone.from_pretrained(folder, dtype, max_seq)
     for p in m.parameters():
         p.requires_grad_(False)
     return m.eval()

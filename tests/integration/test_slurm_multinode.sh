@@ -16,8 +16,9 @@
 #  4. dfm-train across 2 nodes (submit_train.sh --nodes 2 --ntasks 2) == mpirun -np 2, byte for byte;
 #  5. GPU encoding's request (2 fake GPUs per node, tests/slurm/slurm_up.sh SLURM_CI_GPUS): submit.sh
 #     --encode-gpus 2 --nodes 2 --ntasks 4 shows each rank both GPUs of its node, and the node-local
-#     ranks are 0 and 1 on each node, so the encoder's choice (node-local rank mod GPUs) spreads the
-#     ranks of a node over its GPUs. A stand-in for dfm prints what each rank sees.
+#     ranks are 0 and 1 on each node, so the encoder's choice (node-local rank mod GPUs:
+#     dfm_gpu_for_rank, unit-tested in tests/unit/test_common.c; this test checks what it is given) spreads
+#     the ranks of a node over its GPUs. A stand-in for dfm prints what each rank sees.
 # A 60 KB tokenizer from tests/data and a tiny random encoder (tests/tools/tiny_bert.py) keep it cheap.
 # The two nodes share this host's file system, PIDs and host name: what differs between them here is
 # Slurm's view (one slurmd, slurmstepd and PMIx server per node) and MPI's (node ids, node-local ranks,
@@ -134,12 +135,14 @@ a=$(sbatch --parsable -N 2 -n 4 --overcommit -t 5 -o lockjob.out --wrap "srun --
 holder() {  # the pid in lockrun/.lock, if it is alive and a process of job $a
   local p
   p=$(sed -n 's/^host [^ ]* pid \([0-9]*\) .*/\1/p' lockrun/.lock 2>/dev/null)
-  [ -n "$p" ] && tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$a" && echo "$p"
+  [ -n "$p" ] && grep -qx "SLURM_JOB_ID=$a" <<<"$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null)" && echo "$p"
 }
 wait_until 60 '[ -n "$(holder)" ]' || { cat lockjob.out; fail "job $a never held the lock of lockrun (too fast? make --synthetic larger)"; }
 STOPPED=$(holder)
 kill -STOP "$STOPPED"
-tr '\0' '\n' < "/proc/$STOPPED/environ" | grep -qx "SLURM_NODEID=0" || fail "the lock holder is not on the first node"
+env_of_holder=$(tr '\0' '\n' < "/proc/$STOPPED/environ")
+grep -qx "SLURM_NODEID=0" <<<"$env_of_holder" ||
+  fail "the lock holder (pid $STOPPED) is not on the first node: $(grep '^SLURM_NODE\|^SLURMD_NODENAME\|^SLURM_PROCID' <<<"$env_of_holder" | xargs)"
 srun --mpi=pmix -w dfm-n2 -N 1 -n 1 -t 5 "$DFM" write-targets "$WORK/lockrun" "${A[@]}" > second.log 2>&1 &&
   fail "a second writer on dfm-n2 was not refused"
 grep -q "is being written by another process: host $(hostname) pid $STOPPED command .* (Slurm job $a, node dfm-n1)" second.log ||

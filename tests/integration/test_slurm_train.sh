@@ -11,9 +11,11 @@
 #  3. USR1 (what --signal=B:USR1@S sends before the time limit) requeues the job; the restart resumes
 #     and ends byte-identical;
 #  4. a bad flag: the job FAILS (non-zero exit code) and its log names the flag;
-#  5. only where the cluster has (fake) GPUs (tests/slurm/slurm_up.sh with SLURM_CI_GPUS): --device cuda
-#     gets one GPU per rank, each rank sees its own; --gpus-per-node 2 shows both to each rank; asking for
-#     more GPUs than the node has is refused at submission. A stand-in prints what each rank sees.
+#  5. GPU requests on 2 fake GPUs (part of the set-up: tests/slurm/slurm_up.sh with SLURM_CI_GPUS=2; the
+#     test fails without them): --device cuda gets one GPU per rank, each rank sees its own;
+#     --gpus-per-node 2 shows both to each rank; asking for more GPUs than the node has is refused at
+#     submission. A stand-in prints what each rank sees (the rank's choice among what it sees:
+#     dfm_gpu_for_rank, tests/unit/test_common.c).
 source "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || fail "the Slurm test starts daemons and needs root"
 TRAIN=${DFM_TRAIN:-$DFM_ROOT/build/dfm-train}
@@ -89,8 +91,10 @@ mpirun -np 2 "$TRAIN" train --out direct "${DFMF[@]}" --backbone direct_pre/mode
   tail -n 1 >direct_eval.json || fail "direct eval"
 ok "direct pretrain, mpirun -np 2 train, eval"
 
-export SLURM_CI_GPUS=2 # fake GPUs for check 5, where slurm_up.sh can make them
+export SLURM_CI_GPUS=2 # fake GPUs for check 5
 "${SLURM_UP:-$DFM_ROOT/tests/slurm/slurm_up.sh}"
+gres=$(sinfo -h -o %G)
+grep -q 'gpu:2' <<<"$gres" || fail "the cluster advertises no 2 fake GPUs (sinfo: '$gres'): tests/slurm/slurm_up.sh with SLURM_CI_GPUS=2 should have made them"
 S=("$SUB" --overcommit --time 10:00 --dfm-train "$TRAIN")
 
 # ---- 1. through Slurm == direct
@@ -157,22 +161,18 @@ grep -q "unknown option or missing value: '--no-such-flag'" "bad/jobs/train-$b.o
   { cat "bad/jobs/train-$b.out"; fail "the bad flag's job log does not say what failed"; }
 ok "bad flag: $st, the log names --no-such-flag"
 
-# ---- 5. GPU requests, where the cluster has (fake) GPUs
-if sinfo -h -o %G | grep -q 'gpu:'; then
-  printf '#!/bin/sh\necho "RANK $SLURM_PROCID sees ${CUDA_VISIBLE_DEVICES-all} args: $*"\n' > stub.sh && chmod +x stub.sh
-  g1=$("${S[@]}" --ntasks 2 --dfm-train "$WORK/stub.sh" train -- --out gpu1 --device cuda --ckpt-every 5)
-  g2=$("${S[@]}" --ntasks 2 --gpus-per-node 2 --dfm-train "$WORK/stub.sh" train -- --out gpu2 --device cuda --ckpt-every 5)
-  "$WAIT" "$g1" "$g2" || { cat gpu1/jobs/*.out gpu2/jobs/*.out; fail "GPU jobs"; }
-  seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu1/jobs/train-$g1.out" | sort | xargs)
-  [ "$seen" = "RANK 0 sees 0 RANK 1 sees 1" ] || fail "--gpus-per-task 1: each rank should see its own GPU, got: $seen"
-  seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu2/jobs/train-$g2.out" | sort | xargs)
-  [ "$seen" = "RANK 0 sees 0,1 RANK 1 sees 0,1" ] || fail "--gpus-per-node 2: each rank should see both GPUs, got: $seen"
-  [ "$(grep -c 'args: train --out gpu1 --device cuda --ckpt-every 5$' "gpu1/jobs/train-$g1.out")" = 2 ] ||
-    fail "dfm-train's flags were not passed on untouched: $(grep args: "gpu1/jobs/train-$g1.out")"
-  expect_fail "Requested node configuration is not available" \
-    "${S[@]}" --ntasks 3 --dfm-train "$WORK/stub.sh" train -- --out gpu3 --device cuda --ckpt-every 5
-  ok "GPU requests: one GPU per rank (CUDA_VISIBLE_DEVICES 0 / 1), --gpus-per-node 2 (0,1 each), 3 GPUs on 2 refused"
-else
-  echo "skip: GPU requests (the localhost cluster has no GPUs: tests/slurm/slurm_up.sh without SLURM_CI_GPUS)"
-fi
+# ---- 5. GPU requests on the fake GPUs
+printf '#!/bin/sh\necho "RANK $SLURM_PROCID sees ${CUDA_VISIBLE_DEVICES-all} args: $*"\n' > stub.sh && chmod +x stub.sh
+g1=$("${S[@]}" --ntasks 2 --dfm-train "$WORK/stub.sh" train -- --out gpu1 --device cuda --ckpt-every 5)
+g2=$("${S[@]}" --ntasks 2 --gpus-per-node 2 --dfm-train "$WORK/stub.sh" train -- --out gpu2 --device cuda --ckpt-every 5)
+"$WAIT" "$g1" "$g2" || { cat gpu1/jobs/*.out gpu2/jobs/*.out; fail "GPU jobs"; }
+seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu1/jobs/train-$g1.out" | sort | xargs)
+[ "$seen" = "RANK 0 sees 0 RANK 1 sees 1" ] || fail "--gpus-per-task 1: each rank should see its own GPU, got: $seen"
+seen=$(grep -o 'RANK [0-9] sees [^ ]*' "gpu2/jobs/train-$g2.out" | sort | xargs)
+[ "$seen" = "RANK 0 sees 0,1 RANK 1 sees 0,1" ] || fail "--gpus-per-node 2: each rank should see both GPUs, got: $seen"
+[ "$(grep -c 'args: train --out gpu1 --device cuda --ckpt-every 5$' "gpu1/jobs/train-$g1.out")" = 2 ] ||
+  fail "dfm-train's flags were not passed on untouched: $(grep args: "gpu1/jobs/train-$g1.out")"
+expect_fail "Requested node configuration is not available" \
+  "${S[@]}" --ntasks 3 --dfm-train "$WORK/stub.sh" train -- --out gpu3 --device cuda --ckpt-every 5
+ok "GPU requests: one GPU per rank (CUDA_VISIBLE_DEVICES 0 / 1), --gpus-per-node 2 (0,1 each), 3 GPUs on 2 refused"
 echo "all Slurm training checks passed"

@@ -11,8 +11,9 @@
 #                 PMIx server per node, SLURM_NODEID/SLURM_LOCALID per node, Open MPI between nodes
 #                 over TCP. The nodes share this host's file system, PIDs and hostname.
 #   SLURM_CI_GPUS fake GPUs to advertise (default 0): gres/gpu backed by /dev/tty0.. (the trick of Slurm's
-#                 own test suite), so --gpus-per-task, --gres=gpu:N and the CUDA_VISIBLE_DEVICES that
-#                 srun gives each task can be tested without GPUs
+#                 own test suite), or by character devices made under SLURM_CI_DIR/dev where this host
+#                 lacks them, so --gpus-per-task, --gres=gpu:N and the CUDA_VISIBLE_DEVICES that srun
+#                 gives each task can be tested without GPUs; fails if it can make neither
 set -euo pipefail
 DIR=${SLURM_CI_DIR:-/tmp/dfm-slurm}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -67,9 +68,20 @@ SlurmdLogFile=$DIR/log/slurmd-%n.log
 TmpFS=$DIR/tmp/%n"
 fi
 GPUS=${SLURM_CI_GPUS:-0} GRES="" GRESTYPES=""
+[[ $GPUS =~ ^[0-9]+$ ]] && [ "$GPUS" -le 8 ] || die "SLURM_CI_GPUS=$GPUS: 0 to 8"
 if [ "$GPUS" -gt 0 ]; then
+  # the device files: /dev/tty0.. where they all exist, else our own (a character device: /dev/null's numbers)
+  DEVS=/dev/tty
+  for i in $(seq 0 $((GPUS - 1))); do [ -c "/dev/tty$i" ] || DEVS=$DIR/dev/gpu; done
+  if [ "$DEVS" != /dev/tty ]; then
+    mkdir -p "$DIR/dev"
+    for i in $(seq 0 $((GPUS - 1))); do
+      [ -c "$DEVS$i" ] || mknod "$DEVS$i" c 1 3 ||
+        die "no /dev/tty$i and mknod $DEVS$i failed: cannot make $GPUS fake GPUs. HINT: run as root with CAP_MKNOD, or SLURM_CI_GPUS=0"
+    done
+  fi
   [ -f /etc/slurm/gres.conf ] && ! grep -q 'dfm tests' /etc/slurm/gres.conf && cp -p /etc/slurm/gres.conf "/etc/slurm/gres.conf.orig.$(date +%s)"
-  printf '# written by dfm tests/slurm/slurm_up.sh (dfm tests): fake GPUs\nName=gpu File=/dev/tty[0-%d]\n' $((GPUS - 1)) > /etc/slurm/gres.conf
+  printf '# written by dfm tests/slurm/slurm_up.sh (dfm tests): fake GPUs\nName=gpu File=%s[0-%d]\n' "$DEVS" $((GPUS - 1)) > /etc/slurm/gres.conf
   GRES=" Gres=gpu:$GPUS" GRESTYPES="GresTypes=gpu"
 elif grep -q 'dfm tests' /etc/slurm/gres.conf 2>/dev/null; then
   rm -f /etc/slurm/gres.conf

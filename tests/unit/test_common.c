@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/mpiutil.h"
 #include "common/opts.h"
 
 #include <stdio.h>
@@ -27,6 +28,26 @@ static int teardown(void **state) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     return system(cmd);
+}
+
+/* the GPU of a rank (encoder/encode.c, trainer/engine.c): node-local rank mod the GPUs it sees */
+static void test_gpu_for_rank(void **state) {
+    /* 2 nodes x 2 ranks, each rank seeing its node's 2 GPUs (mpirun; Slurm --gres=gpu:2): GPUs 0, 1 per node */
+    const int local[4] = {0, 1, 0, 1}, want[4] = {0, 1, 0, 1};
+    for (int r = 0; r < 4; r++) assert_int_equal(dfm_gpu_for_rank(local[r], 2, -1), want[r]);
+    /* 4 ranks on one node with 2 GPUs: two ranks per GPU, alternating */
+    for (int r = 0; r < 4; r++) assert_int_equal(dfm_gpu_for_rank(r, 2, -1), r % 2);
+    /* --gpus-per-task 1: every rank sees one GPU, its own, as index 0 */
+    for (int r = 0; r < 8; r++) assert_int_equal(dfm_gpu_for_rank(r, 1, -1), 0);
+    /* 8 GPUs, 3 ranks: the first three */
+    for (int r = 0; r < 3; r++) assert_int_equal(dfm_gpu_for_rank(r, 8, -1), r);
+    /* no GPU visible: the CPU, whatever the rank */
+    assert_int_equal(dfm_gpu_for_rank(0, 0, -1), -1);
+    assert_int_equal(dfm_gpu_for_rank(5, 0, -1), -1);
+    /* a requested GPU wins (the caller checks it exists); a failed node split (rank 0) still works */
+    assert_int_equal(dfm_gpu_for_rank(3, 4, 2), 2);
+    assert_int_equal(dfm_gpu_for_rank(3, 4, 0), 0);
+    assert_int_equal(dfm_gpu_for_rank(-1, 4, -1), 0);
 }
 
 static void test_error_message_has_place(void **state) {
@@ -256,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_atomic_file_commit_and_abort),
         cmocka_unit_test(test_file_size_limit_is_nospace),
         cmocka_unit_test(test_hashes),
+        cmocka_unit_test(test_gpu_for_rank),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
