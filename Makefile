@@ -28,7 +28,9 @@ CUDA ?= 0
 ifeq ($(SAN),1)
 BUILD ?= build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-OPT := -O1
+# -O2: at -O1 the vector-extension code of trainer/vecmath.c (64-byte memcpy loads) runs ~20x slower under
+# ASan, which made the emulated CUDA checkers (they link the CPU twins) take minutes
+OPT := -O2
 else
 BUILD ?= build
 SANFLAGS :=
@@ -138,7 +140,7 @@ unit-tests: $(UNIT_BIN)
 JOBS ?= $(shell nproc)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests checks
-	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests
+	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests emu-checks
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzzers
 	@bash tests/run.sh
 
@@ -157,8 +159,9 @@ clean:
 # holds a compiler command line: scripts and tests call `make TARGET`.
 #
 #   make emu-checks            the CUDA checkers of tests/cuda/ built for the CPU: each .cu is rewritten by
-#                              tests/cuda/host_emu_rewrite.py (<<<>>> launches -> emu_launch) and compiled
-#                              with $(CXX) against tests/cuda/host_emu_cuda.h -> $(BUILD)/emu/<checker>
+#                              tests/cuda/host_emu_rewrite.py (launches, kernel entries, __shared__) and
+#                              compiled with $(CXX) against tests/cuda/host_emu_cuda.h -> $(BUILD)/emu/<checker>;
+#                              `make SAN=1 emu-checks`: under ASan+UBSan, in build-san/emu/ (what the tests run)
 #   make CUDA=1 cuda-checks    the same checkers for a GPU, with nvcc -> $(BUILD)/checks/<checker>; they
 #                              need only cuBLAS, OpenBLAS and OpenMP (not MPI, FAISS or the other libraries)
 #   make tools                 $(BUILD)/tools/retrieve_mkrun (a synthetic run for the retrieval tests)
@@ -183,8 +186,9 @@ PYTHON ?= python3
 BLAS_LIBS := $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
 EMU := $(BUILD)/emu
 EMU_STUBS := $(addprefix $(EMU)/include/,cublas_v2.h cuda_runtime.h cuda_runtime_api.h cuda_bf16.h)
-EMU_CXXFLAGS := -std=c++17 -O2 -w -MMD -MP -I$(EMU)/include $(INCS) -include tests/cuda/host_emu_cuda.h \
-                -DDFM_HAVE_CUDA=1
+# with SAN=1 (build-san/emu/): under ASan+UBSan, as the C objects they link with
+EMU_CXXFLAGS := -std=c++17 $(OPT) -g -w -MMD -MP -I$(EMU)/include $(INCS) -include tests/cuda/host_emu_cuda.h \
+                -DDFM_HAVE_CUDA=1 $(SANFLAGS)
 CHECK_CUDA_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/targets/x86_64-linux/lib -lcublasLt -lcublas -lcudart
 
 # the CUDA runtime headers the emulation replaces: empty, so that the sources' includes resolve
@@ -198,14 +202,32 @@ $(EMU)/src/%.cpp: %.cu tests/cuda/host_emu_rewrite.py
 	@mkdir -p $(dir $@)
 	$(PYTHON) tests/cuda/host_emu_rewrite.py $< $@
 
-$(EMU)/obj/%.o: $(EMU)/src/%.cpp tests/cuda/host_emu_cuda.h | $(EMU_STUBS)
+$(EMU)/obj/%.o: $(EMU)/src/%.cpp $(wildcard tests/cuda/host_emu_*.h) | $(EMU_STUBS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(CHECK_DEF) -c $< -o $@
+
+# a mutant of a checker (tests/py/test_cuda_emu_strict.py): the test writes changed copies of some of its CUDA
+# sources under $(EMU)/mut/NAME/ (same relative paths), then `make EMU_MUT=NAME $(EMU)/mut/NAME/<checker>`
+# links the checker with those in place of the originals
+ifneq ($(EMU_MUT),)
+MUT := $(EMU)/mut/$(EMU_MUT)
+mut_obj = $(if $(wildcard $(MUT)/$(1)),$(MUT)/obj/$(1:.cu=.o),$(EMU)/obj/$(1:.cu=.o))
+$(MUT)/src/%.cpp: $(MUT)/%.cu tests/cuda/host_emu_rewrite.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) tests/cuda/host_emu_rewrite.py $< $@
+$(MUT)/obj/%.o: $(MUT)/src/%.cpp $(wildcard tests/cuda/host_emu_*.h) | $(EMU_STUBS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+endif
 
 define checker_rules
 $(EMU)/obj/tests/cuda/$(1).o $(BUILD)/obj/tests/cuda/$(1).cu.o: CHECK_DEF := -D$($(1)_DEF)
 $(EMU)/$(1): $(patsubst %.cu,$(EMU)/obj/%.o,tests/cuda/$(1).cu $($(1)_CU)) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
 	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(BLAS_LIBS) -lgomp -lm -pthread
+ifneq ($(EMU_MUT),)
+$(MUT)/$(1): $(foreach s,tests/cuda/$(1).cu $($(1)_CU),$(call mut_obj,$(s))) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(BLAS_LIBS) -lgomp -lm -pthread
+endif
 $(BUILD)/checks/$(1): $(patsubst %.cu,$(BUILD)/obj/%.cu.o,tests/cuda/$(1).cu $($(1)_CU)) \
                       $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
 	@mkdir -p $$(dir $$@)

@@ -1,14 +1,21 @@
-/* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/ops_cuda.cu uses, so the
- * kernels' indexing and reductions can be checked where there is no GPU (tests/py/test_train_cuda_emu.py).
+/* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/*.cu use, so the kernels'
+ * indexing, reductions and synchronisation can be checked where there is no GPU (tests/py/test_train_*_emu.py;
+ * tests/cuda/README.md says what it sees and what it cannot).
  *
- * Not a CUDA implementation: kernels run block after block on one OS thread; each GPU thread is a
- * cooperative fiber (ucontext) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync, so the
- * emulation is deterministic and races inside a kernel are not exercised. cublasGemmEx is a naive
- * column-major loop (double accumulation; bf16 operands rounded to nearest even). Passing here says the
- * arithmetic and indexing match trainer/ops.c; only a GPU run (tests/gpu/gpu_check_trainer.sh) says the
- * kernels are right on hardware.
+ * Not a CUDA implementation: kernels run on one OS thread, block after block; each GPU thread is a
+ * cooperative fiber (its own stack; host_emu_launch.h) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync.
+ * cublasGemmEx is a naive column-major loop (double accumulation; bf16 operands rounded to nearest even).
+ * Passing here says the arithmetic, indexing and ordering match trainer/ops.c under every schedule tried;
+ * only a GPU run (tests/gpu/gpu_check_trainer.sh) says the kernels are right on hardware.
  *
- * Strict where the GPU is loose, so that host-side ordering bugs give wrong results here too:
+ * Strict where the GPU is loose, so that bugs the GPU may hide give wrong results or a report here:
+ * - Launches (host_emu_launch.h): checked against an H200's limits and the kernel's __launch_bounds__,
+ *   errors through cudaGetLastError; blocks in a seeded random order, threads between barriers in a
+ *   seeded order (random, reverse or index: EMU_CUDA_SCHED, EMU_CUDA_SEED); __shared__ memory poisoned
+ *   (0xFF) when each block reaches it.
+ * - Device memory (host_emu_memory.h): its own pages between guard pages (out-of-bounds accesses fault;
+ *   under ASan, `make SAN=1 emu-checks`, the slack is poisoned too); read-only while a kernel runs, so
+ *   that two blocks writing the same bytes without atomics are reported (EMU_CUDA_RACE=0: off).
  * - cudaMalloc, cudaMallocAsync and cudaMallocHost return memory filled with 0xFF bytes (NaN as fp32,
  *   fp16 and bf16; -1 as an integer), not zeros; cudaMemset still works.
  * - Work on a created stream (kernel launches, cudaMemcpyAsync, cudaMemsetAsync, cudaFreeAsync, cuBLAS
@@ -24,18 +31,20 @@
  *   without cudaStreamNonBlocking); the synchronous cudaMemcpy and cudaMemset run on it. So a host read
  *   (cudaMemcpy) of what a cudaStreamNonBlocking stream computes, without a synchronisation, reads the
  *   buffer as it was before the work: NaN for fresh memory.
- * Two environment variables, read at run time (tests/py/test_cuda_emu_strict.py uses both):
- *   EMU_CUDA_EAGER=1          the old behaviour (every call at once, zeroed memory), to tell an
- *                             emulation-only difference from a bug
+ * Environment variables, read at run time (tests/py/test_cuda_emu_strict.py uses them):
+ *   EMU_CUDA_EAGER=1          the old behaviour: every call at once, zeroed memory, blocks and threads by
+ *                             index, __shared__ zeroed once, no launch or race checks; to tell an
+ *                             emulation-only difference from a bug, and to show what a mutant hid before
+ *   EMU_CUDA_SCHED=random|reverse|index, EMU_CUDA_SEED=N, EMU_CUDA_RACE=0   see host_emu_launch.h
  *   EMU_CUDA_DROP=FILE:LINE[,FILE:LINE...]   make the synchronisations (cudaStreamSynchronize,
- *                             cudaEventSynchronize, cudaDeviceSynchronize, cudaStreamWaitEvent) and
- *                             memsets (cudaMemset, cudaMemsetAsync) called on those source lines no-ops:
- *                             the source with that call deleted (a mutant), without editing it. FILE as
- *                             the compiler names it (trainer/ops_cuda.cu).
+ *                             cudaEventSynchronize, cudaDeviceSynchronize, cudaStreamWaitEvent,
+ *                             __syncthreads) and memsets (cudaMemset, cudaMemsetAsync) called on those
+ *                             source lines no-ops: the source with that call deleted (a mutant), without
+ *                             editing it. FILE as the compiler names it (trainer/ops_cuda.cu).
  *
  * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
- * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and rewrite each `k<<<cfg>>>(args);` as
- * `emu_launch(emu_cfg(cfg), k, typename emu_sig<decltype(&k)>::args(args));` (host_emu_rewrite.py).
+ * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and compile each .cu as host_emu_rewrite.py rewrites
+ * it (launches, kernel entries, __shared__ declarations): `make emu-checks`.
  */
 #pragma once
 #include <algorithm>
@@ -50,22 +59,46 @@
 #include <memory>
 #include <string>
 #include <tuple>
-#include <ucontext.h>
 #include <vector>
 #include <math.h>
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
 struct emu_dim { unsigned x = 0, y = 0, z = 0; };
 inline emu_dim threadIdx, blockIdx, blockDim, gridDim;
 typedef int cudaError_t;
-enum { cudaSuccess = 0 };
+enum {  // CUDA's numbers
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorLaunchOutOfResources = 701,
+};
 enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 #define cudaStreamNonBlocking 1
-struct cudaDeviceProp { char name[256]; int major, minor; size_t totalGlobalMem; };
-inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
-inline cudaError_t cudaGetLastError() { return 0; }
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor, maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3], warpSize, multiProcessorCount;
+    size_t totalGlobalMem, sharedMemPerBlock;
+};
+inline const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    default: return "unknown error (host emulation)";
+    }
+}
+// the last launch error, returned once by cudaGetLastError (launch errors are not sticky)
+inline cudaError_t emu_g_last = cudaSuccess;
+inline cudaError_t cudaGetLastError() {
+    cudaError_t e = emu_g_last;
+    emu_g_last = cudaSuccess;
+    return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return emu_g_last; }
 
 // ---- streams: queues of deferred work ------------------------------------------------------------
 struct emu_Op {
@@ -85,24 +118,32 @@ inline bool emu_eager() {
     return on;
 }
 #define EMU_CUDA_EAGER emu_eager()
-// is the call at file:line one that EMU_CUDA_DROP deletes?
+// is the call at file:line one that EMU_CUDA_DROP deletes? (called at every __syncthreads: the list is
+// parsed once, and an empty one costs a test)
 inline bool emu_dropped(const char *file, int line) {
-    const char *list = getenv("EMU_CUDA_DROP");
-    if (!list || !*list) return false;
+    static const std::vector<std::string> drop = [] {
+        std::vector<std::string> v;
+        const char *e = getenv("EMU_CUDA_DROP");
+        for (const char *p = e; p && *p;) {
+            const char *q = strchr(p, ',');
+            size_t n = q ? (size_t)(q - p) : strlen(p);
+            if (n) v.emplace_back(p, n);
+            p = q ? q + 1 : p + n;
+        }
+        return v;
+    }();
+    if (drop.empty()) return false;
     char me[1024];
     snprintf(me, sizeof me, "%s:%d", file, line);
-    size_t n = strlen(me);
-    for (const char *p = strstr(list, me); p; p = strstr(p + 1, me))
-        if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) {
-            static std::vector<std::string> said;  // say it once per line
-            if (std::find(said.begin(), said.end(), me) == said.end()) {
-                said.push_back(me);
-                fprintf(stderr, "host_emu_cuda: EMU_CUDA_DROP: %s dropped\n", me);
-            }
-            return true;
-        }
-    return false;
+    if (std::find(drop.begin(), drop.end(), me) == drop.end()) return false;
+    static std::vector<std::string> said;  // say it once per line
+    if (std::find(said.begin(), said.end(), me) == said.end()) {
+        said.push_back(me);
+        fprintf(stderr, "host_emu_cuda: EMU_CUDA_DROP: %s dropped\n", me);
+    }
+    return true;
 }
+#include "tests/cuda/host_emu_memory.h"
 // run s's queued work until `upto` ops have run (ops may run other streams' work: event waits)
 inline void emu_flush(emu_Stream *s, unsigned long long upto) {
     while (s && s->done < upto && !s->q.empty()) {
@@ -189,30 +230,38 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) 
     return 0;
 }
 
-// ---- memory: fresh allocations hold NaN (0xFF bytes) ----------------------------------------------
+// ---- memory: fresh allocations hold NaN (0xFF bytes), each in its own guarded pages (host_emu_memory.h) ----
 inline const int emu_FRESH_BYTE = 0xFF;
 inline cudaError_t cudaMalloc(void **p, size_t b) {
-    *p = malloc(b ? b : 1);
-    if (*p) memset(*p, EMU_CUDA_EAGER ? 0 : emu_FRESH_BYTE, b);
-    return *p ? 0 : 2;
+    *p = emu_dev_alloc(b, EMU_CUDA_EAGER ? 0 : emu_FRESH_BYTE);
+    return *p ? cudaSuccess : (emu_g_last = cudaErrorMemoryAllocation);
 }
 template <class T> inline cudaError_t cudaMalloc(T **p, size_t b) { return cudaMalloc((void **)p, b); }
 inline cudaError_t cudaMallocAsync(void **p, size_t b, cudaStream_t) { return cudaMalloc(p, b); }
 template <class T> inline cudaError_t cudaMallocAsync(T **p, size_t b, cudaStream_t s) {
     return cudaMallocAsync((void **)p, b, s);
 }
-inline cudaError_t cudaFree(void *p) { emu_flush_all(false); free(p); return 0; }  // cudaFree synchronises
-inline cudaError_t cudaFreeAsync(void *p, cudaStream_t s) { emu_enqueue(s, [p]() { free(p); }); return 0; }
+inline cudaError_t cudaFree(void *p) {  // cudaFree synchronises
+    emu_flush_all(false);
+    if (p) emu_dev_free(p);
+    return 0;
+}
+inline cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+    emu_enqueue(s, [p]() { if (p) emu_dev_free(p); });
+    return 0;
+}
 // pinned (page-locked) host memory: the only host memory an async copy really reads or writes late
 inline std::map<uintptr_t, size_t> emu_g_pinned;
 inline bool emu_pinned(const void *p) {
     auto it = emu_g_pinned.upper_bound((uintptr_t)p);
     return it != emu_g_pinned.begin() && (uintptr_t)p < (--it)->first + it->second;
 }
-inline cudaError_t cudaMallocHost(void **p, size_t b) {
-    cudaError_t e = cudaMalloc(p, b);
-    if (!e) emu_g_pinned[(uintptr_t)*p] = b ? b : 1;
-    return e;
+inline cudaError_t cudaMallocHost(void **p, size_t b) {  // host memory: plain malloc (ASan checks it)
+    *p = malloc(b ? b : 1);
+    if (!*p) return emu_g_last = cudaErrorMemoryAllocation;
+    memset(*p, EMU_CUDA_EAGER ? 0 : emu_FRESH_BYTE, b);
+    emu_g_pinned[(uintptr_t)*p] = b ? b : 1;
+    return 0;
 }
 template <class T> inline cudaError_t cudaMallocHost(T **p, size_t b) { return cudaMallocHost((void **)p, b); }
 inline cudaError_t cudaFreeHost(void *p) {
@@ -248,13 +297,7 @@ inline cudaError_t cudaMemsetAsync(void *d, int v, size_t b, cudaStream_t st) {
 }
 inline cudaError_t cudaSetDevice(int) { return 0; }
 inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
-    strcpy(p->name, "host-emu");
-    p->major = 9;
-    p->minor = 0;
-    p->totalGlobalMem = (size_t)1 << 30;
-    return 0;
-}
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int);  // after host_emu_launch.h
 typedef void *cudaMemPool_t;
 enum { cudaMemPoolAttrReleaseThreshold = 4 };
 inline cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *p, int) { *p = nullptr; return 0; }
@@ -334,99 +377,21 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
     });
     return 0;
 }
-// launch + warp primitives
-struct emu_cfg {
-    unsigned g, b;
-    cudaStream_t s;
-    emu_cfg(unsigned g_, unsigned b_, size_t = 0, cudaStream_t s_ = 0) : g(g_), b(b_), s(s_) {}
-};
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-
-// ---- fibers, barriers, launch ------------------------------------------------------------------
-struct emu_Fiber { ucontext_t ctx; char *stack; bool done; };
-inline const size_t emu_STK = 256 * 1024;
-inline ucontext_t emu_g_sched;
-inline std::vector<emu_Fiber> emu_g_f;
-inline unsigned emu_g_cur;
-inline std::function<void()> *emu_g_fn;
-struct emu_Bar { unsigned count = 0, gen = 0; };
-inline emu_Bar emu_g_block, emu_g_warp[32];
-inline float emu_g_slots[32][32];
-inline unsigned long emu_g_progress;  // barriers completed + fibers finished: a pass without any is a deadlock
-inline void emu_entry() {
-    (*emu_g_fn)();
-    emu_g_f[emu_g_cur].done = true;
-    emu_g_progress++;
+#include "tests/cuda/host_emu_launch.h"
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {  // an H200's launch limits
+    memset(p, 0, sizeof *p);
+    strcpy(p->name, "host-emu (H200 limits)");
+    p->major = 9, p->minor = 0;
+    p->totalGlobalMem = (size_t)141 << 30;
+    p->maxThreadsPerBlock = (int)emu_h200.max_threads;
+    for (int i = 0; i < 3; i++) p->maxThreadsDim[i] = (int)emu_h200.max_block[i], p->maxGridSize[i] = (int)emu_h200.max_grid[i];
+    p->sharedMemPerBlock = emu_h200.shared_per_block;
+    p->warpSize = (int)emu_h200.warp;
+    p->multiProcessorCount = 132;
+    return 0;
 }
-inline void emu_yield() { swapcontext(&emu_g_f[emu_g_cur].ctx, &emu_g_sched); }
-inline void emu_wait(emu_Bar &b, unsigned n) {
-    unsigned gen = b.gen;
-    if (++b.count == n) {
-        b.count = 0;
-        b.gen++;
-        emu_g_progress++;
-        return;
-    }
-    while (b.gen == gen) emu_yield();
-}
-inline void emu_run(emu_cfg c, std::function<void()> fn) {  // one launch, now
-    blockDim.x = c.b; gridDim.x = c.g;
-    emu_g_fn = &fn;
-    if (emu_g_f.size() < c.b) {  // stacks are kept for the whole run
-        size_t o = emu_g_f.size();
-        emu_g_f.resize(c.b);
-        for (size_t i = o; i < c.b; i++) emu_g_f[i].stack = (char *)malloc(emu_STK);
-    }
-    for (unsigned bl = 0; bl < c.g; bl++) {
-        blockIdx.x = bl;
-        emu_g_block = emu_Bar(); for (auto &w : emu_g_warp) w = emu_Bar();
-        for (unsigned t = 0; t < c.b; t++) {
-            emu_Fiber &f = emu_g_f[t];
-            f.done = false;
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack; f.ctx.uc_stack.ss_size = emu_STK; f.ctx.uc_link = &emu_g_sched;
-            makecontext(&f.ctx, emu_entry, 0);
-        }
-        bool any = true;
-        while (any) {
-            any = false;
-            unsigned long before = emu_g_progress;
-            for (unsigned t = 0; t < c.b; t++) {
-                if (emu_g_f[t].done) continue;
-                emu_g_cur = t; threadIdx.x = t;
-                swapcontext(&emu_g_sched, &emu_g_f[t].ctx);
-                if (!emu_g_f[t].done) any = true;
-            }
-            if (any && emu_g_progress == before) {
-                fprintf(stderr, "host_emu_cuda: deadlock in block %u: a barrier some threads never reach\n", bl);
-                abort();
-            }
-        }
-    }
-}
-// the parameter types of a kernel: the rewritten launch converts its arguments to them at the launch
-template <class F> struct emu_sig;
-template <class... P> struct emu_sig<void (*)(P...)> { typedef std::tuple<P...> args; };
-template <class... P> inline void emu_launch(emu_cfg c, void (*k)(P...), std::tuple<P...> a) {
-    emu_enqueue(c.s, [c, k, a]() { emu_run(c, [&]() { std::apply(k, a); }); });
-}
-inline float __shfl_xor_sync(unsigned, float v, int o) {
-    unsigned w = threadIdx.x / 32, l = threadIdx.x % 32, me = emu_g_cur;
-    emu_g_slots[w][l] = v;
-    emu_wait(emu_g_warp[w], 32);
-    threadIdx.x = me;
-    float r = emu_g_slots[w][l ^ o];
-    emu_wait(emu_g_warp[w], 32);
-    threadIdx.x = me;
-    return r;
-}
-inline void __syncwarp(unsigned = 0xffffffffu) {
-    unsigned me = emu_g_cur;
-    emu_wait(emu_g_warp[threadIdx.x / 32], 32);
-    threadIdx.x = me;  // other fibers ran meanwhile
-}
-inline void __syncthreads() { unsigned me = emu_g_cur; emu_wait(emu_g_block, blockDim.x); threadIdx.x = me; }
-// ---- for trainer/attention_cuda.cu: float4, __launch_bounds__ (ignored) --------------------------------
+// ---- for trainer/attention_cuda.cu: float4 (__launch_bounds__ is turned into emu_kernel_entry by
+// host_emu_rewrite.py) -------------------------------------------------------------------------------------
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
-#define __launch_bounds__(...)

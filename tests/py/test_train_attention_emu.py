@@ -1,12 +1,14 @@
 """The flash attention CUDA kernels, run on the CPU through the host emulation of CUDA, match trainer/ops.c.
 
-No GPU needed: `make emu-checks` builds trainer/attention_cuda.cu and its checker
-tests/cuda/attention_cuda_check.cu for the host against tests/cuda/host_emu_cuda.h (every GPU thread a
-cooperative fiber; warp shuffles and barriers emulated; __shared__ is a static), templated launches
-included. The checker must print "RESULT: PASS": forward out and lse, backward dq, dk, dv against the CPU
-reference for several shapes (partial tiles, grouped heads, padded head sizes), no writes past the
-outputs, determinism. This checks indexing, masking, the online softmax and the GQA sums; it says nothing
-about races or speed on real hardware (tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
+No GPU needed: `make SAN=1 emu-checks` builds trainer/attention_cuda.cu and its checker
+tests/cuda/attention_cuda_check.cu for the host against tests/cuda/host_emu_cuda.h under ASan+UBSan (every
+GPU thread a cooperative fiber; warp shuffles and barriers emulated; __shared__ poisoned per block; launches
+checked against the kernels' __launch_bounds__), templated launches included. The checker must print
+"RESULT: PASS" under three schedules (random; warps running ahead to each __syncthreads; reverse): forward
+out and lse, backward dq, dk, dv against the CPU reference for several shapes (partial tiles, grouped heads,
+padded head sizes), no writes past the outputs, determinism. This checks indexing, masking, the online
+softmax, the GQA sums and the tile synchronisation; it says nothing about speed on real hardware
+(tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
 """
 import os
 import sys
@@ -20,7 +22,8 @@ if src.count("<<<") < 3:
     print("FAIL: attention_cuda.cu: expected the 3 kernel launches (forward, dq, dk/dv)")
     sys.exit(1)
 t0 = time.time()
-if cuda_emu.check("attention_cuda_check", 600, "the emulated flash attention kernels differ from trainer/ops.c"):
+if cuda_emu.check("attention_cuda_check", 600, "the emulated flash attention kernels differ from trainer/ops.c",
+                  schedules=("random", "warps", "reverse")):
     sys.exit(1)
 print(f"ok: flash attention forward and backward, emulated on the host, match attention_forward/backward "
       f"({time.time() - t0:.0f} s with the build)")

@@ -1,10 +1,13 @@
 """The trainer's CUDA kernels, run on the CPU through a host emulation of CUDA, match trainer/ops.c.
 
-No GPU needed: `make emu-checks` builds trainer/ops_cuda.cu and its checker tests/cuda/ops_cuda_check.cu for
-the host against tests/cuda/host_emu_cuda.h (every GPU thread a cooperative fiber; warp shuffles and barriers
-emulated; cublasGemmEx a naive column-major loop). The checker must print "RESULT: PASS".
-This checks indexing, reductions and the cuBLAS operand layout against the CPU reference; it says nothing
-about races or speed on real hardware (tests/gpu/gpu_check_trainer.sh does).
+No GPU needed: `make SAN=1 emu-checks` builds trainer/ops_cuda.cu and its checker tests/cuda/ops_cuda_check.cu
+for the host against tests/cuda/host_emu_cuda.h, under ASan+UBSan (every GPU thread a cooperative fiber; warp
+shuffles and barriers emulated; cublasGemmEx a naive column-major loop; launches checked against an H200's
+limits; __shared__ poisoned per block; device memory guarded and checked for races between blocks). The
+checker must print "RESULT: PASS" twice: blocks and threads in a seeded random order, and with warps
+running ahead of each other to each __syncthreads (tests/cuda/README.md). This checks indexing,
+reductions, synchronisation and the cuBLAS operand layout against the CPU reference; it says nothing about
+speed on real hardware (tests/gpu/gpu_check_trainer.sh does).
 """
 import os
 import sys
@@ -12,6 +15,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_emu  # noqa: E402
 
-if cuda_emu.check("ops_cuda_check", 900, "the emulated CUDA kernels differ from trainer/ops.c"):
+if cuda_emu.check("ops_cuda_check", 900, "the emulated CUDA kernels differ from trainer/ops.c", schedules=("random", "warps")):
     sys.exit(1)
-print("ok: every CUDA kernel, emulated on the host, matches its CPU twin")
+print("ok: every CUDA kernel, emulated on the host under two schedules, matches its CPU twin")

@@ -1,12 +1,13 @@
 """Whole training steps of the CUDA model (trainer/model_cuda.cu) equal the CPU model's, on the host.
 
 tests/cuda/model_cuda_check.cu (DFM and pretraining variants, reference and flash attention, fp32 and the
-bf16 frozen backbone) is built by `make emu-checks` with the CUDA model, stack, kernels and flash attention
-against the host emulation of CUDA and linked with the CPU model; it must print "RESULT: PASS":
-loss terms and every trainable gradient tensor within the stated bounds, bit-identical repeated steps,
-evaluation modes, three AdamW steps. CI runs the quick set (6 of the 9 variants: the emulation is
-slow); the GPU check runs all. No GPU needed; races and real cuBLAS behaviour are not exercised
-(tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
+bf16 frozen backbone) is built by `make SAN=1 emu-checks` with the CUDA model, stack, kernels and flash
+attention against the host emulation of CUDA, under ASan+UBSan, and linked with the CPU model; it must
+print "RESULT: PASS" with blocks and threads in a seeded random order: loss terms and every trainable
+gradient tensor within the stated bounds (no value that is not finite), bit-identical repeated steps,
+evaluation modes, three AdamW steps. CI runs the quick set (6 of the 9 variants); the GPU check runs all.
+No GPU needed; real cuBLAS and timing are not exercised (tests/cuda/README.md;
+tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
 """
 import os
 import sys
