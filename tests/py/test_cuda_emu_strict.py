@@ -28,6 +28,9 @@ the copies under build/emu/mut/NAME/).
                result would be right): more than an H200's 1024, refused through cudaGetLastError.
   bounds:      the flash forward kernel declares __launch_bounds__ of half the threads it is launched with:
                refused as on a GPU (too many resources requested for launch).
+  oob:         add_kernel's loop runs to i <= n: one float read past two buffers and written past a third.
+               The strict run is the checker built under ASan (`make SAN=1`, build-san/emu/mut/oob/), where
+               the slack after each device buffer is poisoned; the eager run is built without, as before.
 
 Source lines are found by their text, so the test follows edits of the sources. Runs on 2 processes.
 """
@@ -56,7 +59,7 @@ def line_of(path, text, offset=0):
 
 def mutants():
     """(name, checker, env of every run, EMU_CUDA_DROP site or None, source edits [(path, old, new)],
-    runs [(mode, env, must pass, text stderr must hold when it fails)])."""
+    runs [(mode, env, must pass, text stderr must hold when it fails, built under ASan)])."""
     sync, sync_src = line_of("tests/cuda/attention_cuda_check.cu", "CT(cudaMemcpy(g.data(), dgpu", -1)
     if "cudaDeviceSynchronize" not in sync_src:
         sys.exit(f"FAIL: {sync} is {sync_src!r}, not the synchronisation before the read: update this test")
@@ -66,15 +69,15 @@ def mutants():
     if "__syncthreads()" not in war_src:
         sys.exit(f"FAIL: {war} is {war_src!r}, not block_reduce's first __syncthreads: update this test")
     model = {"MODEL_CHECK_ONLY": MODEL_VARIANT}
-    strict = ("strict", {}, False, "")
-    eager = ("eager", EAGER, True, "")
+    strict = ("strict", {}, False, "", False)
+    eager = ("eager", EAGER, True, "", False)
     ops = "trainer/ops_cuda.cu"
     return [
         ("sync", "attention_cuda_check", {}, sync, [], [strict, eager]),
         ("uninit", "model_cuda_check", model, uninit, [], [strict, eager]),
         ("event", "model_cuda_check", model, event, [], [strict]),
         ("syncthreads", "ops_cuda_check", {"OPS_CHECK_ONLY": "losses"}, war, [],
-         [("strict", {"EMU_CUDA_SCHED": "warps"}, False, ""), eager]),
+         [("strict", {"EMU_CUDA_SCHED": "warps"}, False, "", False), eager]),
         ("race", "ops_cuda_check", {"OPS_CHECK_ONLY": "optimizer"}, None, [
             (ops, "    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];",
              "    if (threadIdx.x == 0) partial[0] += sh[0];"),
@@ -83,7 +86,8 @@ def mutants():
              "sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, ctx->stream>>>(partial, g, n);"),
             (ops, "sum_partials_kernel<<<1, 32, 0, ctx->stream>>>(partial, NORM_BLOCKS);",
              "sum_partials_kernel<<<1, 32, 0, ctx->stream>>>(partial, 1);"),
-        ], [("strict", {}, False, "race between blocks"), ("no race check", {"EMU_CUDA_RACE": "0"}, True, ""), eager]),
+        ], [("strict", {}, False, "race between blocks", False), ("no race check", {"EMU_CUDA_RACE": "0"}, True, "", False),
+            eager]),
         ("shared", "ops_cuda_check", {"OPS_CHECK_ONLY": "losses"}, None, [
             (ops, "t += slot_sum[s];\n    sh[threadIdx.x] = t;",
              "t += slot_sum[s];\n    if ((int)threadIdx.x < S) sh[threadIdx.x] = t;"),
@@ -91,11 +95,15 @@ def mutants():
         ("launch", "ops_cuda_check", {"OPS_CHECK_ONLY": "optimizer"}, None, [
             (ops, "add_kernel<<<ew_blocks(n), 256, 0, stream>>>(out, a, b, n);",
              "add_kernel<<<ew_blocks(n) / 8 + 1, 2048, 0, stream>>>(out, a, b, n);"),
-        ], [("strict", {}, False, "refused (invalid configuration argument)"), eager]),
+        ], [("strict", {}, False, "refused (invalid configuration argument)", False), eager]),
         ("bounds", "attention_cuda_check", {}, None, [
             ("trainer/attention_cuda.cu", "__launch_bounds__(FaShape<HDM>::NT, FaShape<HDM>::MINB)\n    flash_fwd_kernel(",
              "__launch_bounds__(FaShape<HDM>::NT / 2, FaShape<HDM>::MINB)\n    flash_fwd_kernel("),
-        ], [("strict", {}, False, "above the kernel's __launch_bounds__"), eager]),
+        ], [("strict", {}, False, "above the kernel's __launch_bounds__", False), eager]),
+        ("oob", "ops_cuda_check", {"OPS_CHECK_ONLY": "optimizer"}, None, [
+            (ops, "i < n; i += (size_t)gridDim.x * blockDim.x)\n        out[i] = a[i] + b[i];",
+             "i <= n; i += (size_t)gridDim.x * blockDim.x)\n        out[i] = a[i] + b[i];"),
+        ], [("strict, ASan", {}, False, "ERROR: AddressSanitizer", True), eager]),
     ]
 
 
@@ -106,21 +114,22 @@ def make(target, *flags):
         sys.exit(f"FAIL: make {' '.join(flags)} {target}")
 
 
-def build_mutant(name, checker, edits):
-    """The checker linked with changed copies of the sources (build/emu/mut/NAME/...); its path."""
+def build_mutant(name, checker, edits, san):
+    """The checker linked with changed copies of the sources (build/emu/mut/NAME/..., or build-san/ with san);
+    its path."""
     copies = {}
     for path, old, new in edits:
         src = copies.get(path) or open(os.path.join(ROOT, path), encoding="utf-8").read()
         if src.count(old) != 1:
             sys.exit(f"FAIL: {path}: {src.count(old)} places hold {old!r} (expected exactly 1): update mutant {name}")
         copies[path] = src.replace(old, new)
-    base = os.path.join("build", "emu", "mut", name)
+    base = os.path.join("build-san" if san else "build", "emu", "mut", name)
     for path, text in copies.items():
         dst = os.path.join(ROOT, base, path)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if not os.path.exists(dst) or open(dst, encoding="utf-8").read() != text:  # keep the mtime: no rebuild
             open(dst, "w", encoding="utf-8").write(text)
-    make(os.path.join(base, checker), f"EMU_MUT={name}")
+    make(os.path.join(base, checker), f"EMU_MUT={name}", *(["SAN=1"] if san else []))
     return os.path.join(base, checker)
 
 
@@ -129,9 +138,9 @@ def main():
         make(f"build/emu/{checker}")
     runs = []  # (mutant, mode, program, site, env, must pass, text)
     for name, checker, env, site, edits, modes in mutants():
-        prog = build_mutant(name, checker, edits) if edits else os.path.join("build", "emu", checker)
-        for mode, menv, must_pass, text in modes:
-            e = dict(env, **menv)
+        for mode, menv, must_pass, text, san in modes:
+            prog = build_mutant(name, checker, edits, san) if edits else os.path.join("build", "emu", checker)
+            e = dict(env, UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", **menv)
             if site:
                 e["EMU_CUDA_DROP"] = site
             runs.append((name, mode, prog, site, e, must_pass, text))
@@ -154,7 +163,8 @@ def main():
             continue
         passed = p.returncode == 0 and "RESULT: PASS" in out
         fails = [ln for ln in out.split("\n") if ln.startswith("FAIL")]
-        said = [ln for ln in err.split("\n") if ln.startswith("host_emu_cuda:") and "EMU_CUDA_DROP" not in ln]
+        said = [ln for ln in err.split("\n") if (ln.startswith("host_emu_cuda:") and "EMU_CUDA_DROP" not in ln)
+                or "ERROR: AddressSanitizer" in ln]
         what = f"{prog}" + (f" without {site}" if site else "")
         print(f"{name:11s} {mode:13s} {what}: exit {p.returncode}, {'PASS' if passed else 'FAIL'} ({len(fails)} failed "
               f"checks{', first: ' + fails[0][:80] if fails else ''}{'; ' + said[0][:160] if said else ''}) in "

@@ -5,7 +5,8 @@ bf16 frozen backbone) is built by `make SAN=1 emu-checks` with the CUDA model, s
 attention against the host emulation of CUDA, under ASan+UBSan, and linked with the CPU model; it must
 print "RESULT: PASS" with blocks and threads in a seeded random order: loss terms and every trainable
 gradient tensor within the stated bounds (no value that is not finite), bit-identical repeated steps,
-evaluation modes, three AdamW steps. CI runs the quick set (6 of the 9 variants); the GPU check runs all.
+evaluation modes, three AdamW steps; all 9 variants (MODEL_CHECK_SET=quick: 6 of them, for a quicker
+look by hand).
 No GPU needed; real cuBLAS and timing are not exercised (tests/cuda/README.md;
 tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
 """
@@ -15,7 +16,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cuda_emu  # noqa: E402
 
-if cuda_emu.check("model_cuda_check", 1500, "the emulated CUDA model differs from the CPU model",
-                  env_extra={"MODEL_CHECK_SET": "quick"}, tail=12000):
+if cuda_emu.check("model_cuda_check", 1500, "the emulated CUDA model differs from the CPU model", tail=12000):
     sys.exit(1)
 print("ok: the CUDA model, emulated on the host, matches the CPU model step for step")
