@@ -4,7 +4,8 @@
 #   st   sentence-transformers on PyTorch 2.x (CPU)
 #   ort  ONNX Runtime, CPUExecutionProvider, on the fused graph: MiniLM exported to ONNX here from the local
 #        weights (mean pooling and normalisation inside the graph), then ORT's transformer optimizer
-#        (Attention, SkipLayerNormalization, Gelu fused) and ORT_ENABLE_ALL
+#        (Attention, SkipLayerNormalization, Gelu fused) and ORT_ENABLE_ALL; its thread pool does not spin
+#        (session.intra_op.allow_spinning 0: idle threads that spin burn CPU-seconds that are not encoding)
 # Peers come only from the peer venv (bench/peers.sh). A missing peer is an error: nothing is substituted.
 #
 #   bash bench/bench_encoder_cpu.sh                     N=300 texts, THREADS="1 2", ROUNDS=3
@@ -21,7 +22,8 @@
 #   - the last round's vectors compared: dfm vs each peer and ort vs st (max abs error, min cosine).
 # dfm runs through its C API (bench/bench_encoder.c), with OpenBLAS's kernels corrected on CPUs OpenBLAS
 # does not know, as dfm-train does (common/blas_core.h); the kernel set is printed in the table.
-# Writes bench/results/encoder.json (the convention in bench/README.md; headline: ort at 1 thread) and
+# Writes bench/results/encoder.json (the convention in bench/README.md; headline: the strongest peer at the
+# fewest threads; every row's "case" says what the peers are compared on) and
 # bench/results/encoder_cpu.md (the full table). RECORD=0 writes neither.
 # Env: N, THREADS, ROUNDS, PEERS ("st ort"), BATCHES ("8 16 32 64 128"), SWEEP_N (128), DFM_BATCH (dfm's batch;
 #      default: the encoder's), MEMORY=1 adds the peak-RSS runs of `dfm encode`, BUILD=0 runs the bench
