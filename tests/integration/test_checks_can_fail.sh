@@ -17,7 +17,7 @@ scan() {
   local c_max='(\*?[A-Za-z_][A-Za-z_0-9]*(\[[^]]*\])?)[[:space:]]*=[[:space:]]*fmaxf?\(\1,[[:space:]]*fabsf?\('
   local py_max='(^|[^.[:alnum:]_])max\(abs\(.*[[:space:]]for[[:space:]]'  # a generator of |differences|
   local word_skip='(echo|print)[[:space:](]+f?["'"'"']skip'
-  grep -rnE --include='*.sh' "$pipe_fail" "$@" | sed 's/$/   <- cmd | grep -q && fail/'
+  grep -rnE --include='*.sh' "$pipe_fail" "$@" | sed 's/$/   <- cmd | grep -q \&\& fail/'
   grep -rnE --include='*.c' --include='*.cu' --include='*.h' "$c_max" "$@" | sed 's/$/   <- fmax drops NaN/'
   grep -rnE --include='*.py' --include='*.sh' "$py_max" "$@" | grep -v 'finite' | sed 's/$/   <- max() drops NaN/'
   grep -rnE --include='*.py' --include='*.sh' "$word_skip" "$@" | sed 's/$/   <- a skip not on a SKIP: line/'
