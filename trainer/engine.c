@@ -163,7 +163,7 @@ int engine_create(DfmModel *m, const EngineOptions *o, const dfm_mpi *mp, Engine
         int rc = DFM_FAIL(DFM_ENOMEM, "engine");
 #ifdef DFM_HAVE_CUDA
         if (o->cuda && mp->size > 1) { /* the others agree after their device set-up: take part */
-            local_rank(mp);
+            dfm_mpi_local_rank(mp);
             dfm_mpi_agree(mp, rc);
         }
 #endif
