@@ -277,11 +277,11 @@ int dfm_gguf_open(const char *path, dfm_gguf **out) {
         dfm_gguf_close(g);
         return rc;
     }
-    cursor c = {g, g->map, g->map + g->map_bytes, 0};
-    if (g->map_bytes < 4 || memcmp(g->map, "GGUF", 4)) {
+    if (g->map_bytes < 4 || memcmp(g->map, "GGUF", 4)) { /* an empty file maps to NULL */
         rc = DFM_FAIL(DFM_EFORMAT, "%s is not a GGUF file (it does not start with \"GGUF\")", path);
         goto fail;
     }
+    cursor c = {g, g->map, g->map + g->map_bytes, 0};
     c.p += 4;
     g->version = take32(&c, "the version");
     if (c.rc) {

@@ -147,6 +147,18 @@ static json_t *vocab_json(const build_ctx *c, uint64_t *duplicates) {
     return v;
 }
 
+/* Whether the merge of a and b is a vocabulary entry (tokenizers refuses a merge whose result is not). */
+static int in_vocab_joined(json_t *vocab, json_t *a, json_t *b) {
+    size_t la = json_string_length(a), lb = json_string_length(b);
+    char *ab = malloc(la + lb + 1);
+    if (!ab) return 0;
+    memcpy(ab, json_string_value(a), la);
+    memcpy(ab + la, json_string_value(b), lb + 1);
+    int ok = json_object_get(vocab, ab) != NULL;
+    free(ab);
+    return ok;
+}
+
 static int merges_json(const build_ctx *c, json_t *vocab, json_t **out) {
     const dfm_gguf *g = c->g;
     *out = NULL;
@@ -165,9 +177,10 @@ static int merges_json(const build_ctx *c, json_t *vocab, json_t **out) {
             json_decref(a);
             rc = DFM_FAIL(DFM_EFORMAT, "%s: tokenizer.ggml.merges[%llu] is not two tokens separated by one space",
                           g->path, (unsigned long long)i);
-        } else if (!json_object_get(vocab, json_string_value(a)) || !json_object_get(vocab, json_string_value(b))) {
-            rc = DFM_FAIL(DFM_EFORMAT, "%s: tokenizer.ggml.merges[%llu] \"%s %s\" names a token the vocabulary lacks",
-                          g->path, (unsigned long long)i, json_string_value(a), json_string_value(b));
+        } else if (!json_object_get(vocab, json_string_value(a)) || !json_object_get(vocab, json_string_value(b)) ||
+                   !in_vocab_joined(vocab, a, b)) {
+            rc = DFM_FAIL(DFM_EFORMAT, "%s: tokenizer.ggml.merges[%llu] \"%s %s\": a token or their merge is not in "
+                          "the vocabulary", g->path, (unsigned long long)i, json_string_value(a), json_string_value(b));
             json_decref(a);
             json_decref(b);
         } else {
