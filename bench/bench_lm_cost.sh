@@ -3,7 +3,8 @@
 # second (wall and per CPU-second) and peak memory of
 #   hidden      the decoder's forward pass alone, no LM head (`dfm-train hidden`: the audit's token keys)
 #   eval        held-out evaluation: three forward passes per token with the LM head and CE (fusion off,
-#               predicted memory, target memory) plus the predictor
+#               predicted memory, target memory) plus the predictor (--memory-control none: the shuffled
+#               controls would add two more)
 #   step-paper  a DFM training step with fusion at the paper's depths (9,16,24,31 of 32 scaled to 30
 #               layers: 8,15,22,29; predictor on the input embeddings): backward down to layer 8
 #   step-top    a DFM training step with fusion in the top layers only (26,29; predictor after layer 15, as
@@ -24,7 +25,7 @@ HIDDEN_TOKENS=${HIDDEN_TOKENS:-4096} VAL=${VAL:-4} B=2
 TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
 [ -x "$TRAIN" ] || { echo "bench_lm_cost: build first (make)" >&2; exit 1; }
 [ -f "$DFM_LM/config.json" ] || { echo "bench_lm_cost: no LM at $DFM_LM (make lm)" >&2; exit 1; }
-[ -f "$RUN/manifest.json" ] && grep -q '"write-targets"' "$RUN/manifest.json" ||
+[ -f "$RUN/manifest.json" ] && python3 -c 'import json,sys; sys.exit("targets" not in json.load(open(sys.argv[1]))["stages"])' "$RUN/manifest.json" ||
   { echo "bench_lm_cost: $RUN is not a run with targets (make demo, or RUN=DIR)" >&2; exit 1; }
 T=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["config"]["seq-len"])' "$RUN/manifest.json")
 W=$(mktemp -d /tmp/dfm-bench-lm-XXXXXX)
@@ -41,7 +42,7 @@ measure() {
             cmd=("$TRAIN" hidden --backbone "$DFM_LM" "${common[@]}" --batch 8 --max-tokens "$HIDDEN_TOKENS" --out "$W/h.bin") ;;
     eval)   tokens=$(( VAL * T ))
             cmd=("$TRAIN" eval --backbone "$DFM_LM" --modules "$W/mods/dfm_modules.safetensors" --targets "$RUN" "${common[@]}"
-                 --batch $B --val-seqs "$VAL") ;;
+                 --batch $B --val-seqs "$VAL" --memory-control none) ;;
     step-paper|step-top)
             local fl=8,15,22,29 pil=0
             [ "$name" = step-top ] && fl=26,29 pil=16

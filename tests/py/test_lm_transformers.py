@@ -89,7 +89,7 @@ def bridge(use_transformers):
         batches = dfm.Batches(None, T2, B, data=data, targets=targets, chunk_len=L, val_seqs=VAL, split="heldout",
                               format="torch")
         py = dt.evaluate(model, batches)
-        keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos")
+        keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos", "ce_pred_shuffled", "ce_target_shuffled")
         worst = max(abs(py[k] - c[k]) for k in keys)
         check(worst < 1e-4 and py["batches"] == c["batches"] and all(np.isfinite(c[k]) for k in keys),
               f"dfm.torch on SmolLM2 ({want}) {{{', '.join(f'{k}: {py[k]:.6f}' for k in keys)}}} equals dfm-train "
