@@ -11,6 +11,7 @@
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/flops.h"
+#include "trainer/frozen_cache.h"
 #include "trainer/model_config.h"
 #include "trainer/model_setup.h"
 #include "trainer/train_loop.h"
@@ -268,6 +269,8 @@ typedef struct {
     uint64_t done_epoch, done_pos; /* loader position after the last consumed batch */
     double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
     uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
+    FrozenCache fc;                /* --cache-frozen */
+    int use_fc;
 } Trainer;
 
 /* One optimizer step's figures. */
@@ -355,7 +358,9 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
             if ((rc = stage_next(t, &s->stall))) break;
         }
         int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
+        int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
         rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
+        if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
         t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
         prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
         t->cur = NULL;
@@ -474,6 +479,16 @@ static int trainer_run(Trainer *t) {
     if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
         return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
+    if (o->cache_frozen) {
+        if (t->eo.cuda)
+            return DFM_FAIL(DFM_EARG, "--cache-frozen keeps the frozen layers' outputs in host memory for the CPU "
+                            "engine. HINT: drop it with --device cuda");
+        DFM_TRY(frozen_cache_create(&t->fc, m, t->ntrain, t->B, t->T));
+        t->use_fc = 1;
+        DFM_LOG_I("--cache-frozen: layers 0..%d and the predictor's input kept per training sequence (up to %.2f GB); "
+                  "later epochs start at layer %d", m->dc.fusion_layers[0], t->fc.map_bytes / 1e9,
+                  m->dc.fusion_layers[0]);
+    }
     if (o->resume) DFM_TRY(trainer_resume(t));
     PrefetchAllocator pa = engine_host_allocator(t->en);
     int lt = o->loader_threads > 0 ? (int)o->loader_threads : (t->eo.cuda ? 4 : 1);
@@ -526,5 +541,9 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     prefetch_stop(t.pf);
     loader_free(&t.ld);
     free(t.mix);
+    if (t.use_fc)
+        DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],
+                  t.fc.misses);
+    frozen_cache_free(&t.fc);
     return rc;
 }

@@ -25,7 +25,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
     int64_t chunk_len, slots, d_mem, pred_layers, pred_hidden, pred_heads, proj_hidden, xattn_heads, fuse_first,
-        pred_input_layer;
+        pred_input_layer, cache_frozen;
     double gate_bias, mse_weight, init_std;
 } TrainOpts;
 
