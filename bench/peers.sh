@@ -36,6 +36,7 @@ PINS=(
   "tokenizers==0.23.3"
   "faiss-cpu==1.15.1"
   "gguf==0.19.0"
+  "accelerate==1.15.0"
   "sentencepiece==0.2.3"
   "pyarrow==26.0.1"
 )
@@ -109,7 +110,7 @@ import importlib.metadata as md, sys
 mods = {"torch": "torch", "numpy": "numpy", "sentence-transformers": "sentence_transformers",
         "transformers": "transformers", "onnxruntime": "onnxruntime", "onnx": "onnx",
         "onnxscript": "onnxscript", "tiktoken": "tiktoken", "tokenizers": "tokenizers", "faiss-cpu": "faiss",
-        "gguf": "gguf", "sentencepiece": "sentencepiece", "pyarrow": "pyarrow"}
+        "gguf": "gguf", "accelerate": "accelerate", "sentencepiece": "sentencepiece", "pyarrow": "pyarrow"}
 bad = 0
 for pin in sys.argv[1:]:
     name, want = pin.split("==")
@@ -122,4 +123,4 @@ PY
 echo "$STAMP_WANT" > "$STAMP"
 say "peer venv ready: $PEERS_VENV/bin/python"
 "$PEERS_VENV/bin/python" -m pip list --format=freeze 2>/dev/null |
-  grep -iE '^(torch|numpy|sentence-transformers|transformers|onnxruntime|onnx|onnxscript|tiktoken|tokenizers|faiss-cpu|gguf|sentencepiece|pyarrow)==' >&2
+  grep -iE '^(torch|numpy|sentence-transformers|transformers|onnxruntime|onnx|onnxscript|tiktoken|tokenizers|faiss-cpu|gguf|accelerate|sentencepiece|pyarrow)==' >&2

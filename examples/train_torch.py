@@ -4,10 +4,10 @@ dfm package (batches, modules) and torch.optim.AdamW. A trainer's starting point
 dfm-train's (tests/py/test_pkg_train_example.py measures it).
 
     # initial modules, shaped and initialised by dfm-train (--lr 0: one step that changes nothing)
-    dfm-train train --backbone PRE/model --data RUN --targets RUN --steps 1 --lr 0 --no-ckpt --out init [shape flags]
-    python examples/train_torch.py --backbone PRE/model --data RUN --targets RUN --init init/dfm_modules.safetensors \\
+    dfm-train train --backbone LM --data RUN --targets RUN --steps 1 --lr 0 --no-ckpt --out init [shape flags]
+    python examples/train_torch.py --backbone LM --data RUN --targets RUN --init init/dfm_modules.safetensors \\
         --out out --steps 200 --batch 8 --seq-len 256
-    dfm-train eval --backbone PRE/model --modules out/dfm_modules.safetensors --data RUN --targets RUN ...
+    dfm-train eval --backbone LM --modules out/dfm_modules.safetensors --data RUN --targets RUN ...
 
 Writes OUT/log.jsonl (one {"step", "loss", "ce", "mse", "lr"} per step) and OUT/dfm_modules.safetensors.
 """

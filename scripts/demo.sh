@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# demo.sh — the README's main job: the whole pipeline on the embedded corpus with the real encoder,
-# on 2 MPI ranks, then verification, one record shown, the audit, and a short DFM training run.
-#   RUN=DIR NP=N scripts/demo.sh     (defaults: runs/demo, 2)
+# demo.sh — the README's main job: the whole pipeline on the embedded corpus with the real encoder and the real
+# LM's tokenizer (SmolLM2-135M's), on 2 MPI ranks, then verification, one record shown, DFM training on the
+# frozen SmolLM2-135M with every evaluation mode, and the retrieval-cost audit on SmolLM2's hidden states.
+#   RUN=DIR NP=N AUDIT_TOKENS=N scripts/demo.sh     (defaults: runs/demo, 2, 16384)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
@@ -18,14 +19,15 @@ cat > "$CONFIG" <<JSON
 {
   "run": "$RUN",
   "inputs": ["$DFM_CORPUS"],
-  "tokenizer": "$DFM_TOKENIZER",
+  "tokenizer": "$DFM_LM/tokenizer.json",
   "chunk": {"chunk-len": 32, "seq-len": 256},
   "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
   "retrieve": {"k": 16, "exclude": "sequence", "measure-recall": 200},
   "write-targets": {"target-shards": 4, "dtype": "fp16"}
 }
 JSON
-echo "== dfm demo: $NP ranks; corpus $DFM_CORPUS; config $CONFIG"
+[ -f "$DFM_LM/config.json" ] || { echo "demo: no LM at $DFM_LM: run 'make lm' (make demo does)" >&2; exit 1; }
+echo "== dfm demo: $NP ranks; corpus $DFM_CORPUS; LM $DFM_LM (frozen; its tokenizer cuts the chunks); config $CONFIG"
 mpirun -np "$NP" "$DFM" build "$CONFIG"
 echo; echo "== verify"
 "$DFM" verify "$RUN"
@@ -38,15 +40,15 @@ if [ -x "$ROOT/build/dfm-train" ] && [ -x "$ROOT/scripts/demo_train.sh" ]; then
   RUN=$RUN "$ROOT/scripts/demo_train.sh"
 fi
 if has audit; then
-  # after the training: the token-level baseline keys on the demo's pretrained backbone. Its hidden states over
-  # the whole dictionary (the demo corpus is its first 1 MB, ~0.3 M tokens; the rest continues the same text,
-  # tokens the compact vocabulary lacks run as id 0 and counted) give AUDIT_TOKENS real token keys
-  echo; echo "== retrieval-cost audit: the token-level baseline measured at up to ${AUDIT_TOKENS:=1000000} token keys"
-  PRE=$RUN/train/pre/model TEXT=${AUDIT_TEXT:-$DFM_CACHE/corpus/gcide.jsonl} TA=$(date +%s)
-  if [ "$AUDIT_TOKENS" -gt 0 ] && [ -d "$PRE" ] && [ -f "$TEXT" ]; then
-    "$DFM" chunk "$RUN/audit/text" "$TEXT" --tokenizer "$DFM_TOKENIZER" --chunk-len 32 --seq-len 256 > /dev/null
-    "$ROOT/build/dfm-train" hidden --backbone "$PRE" --data "$RUN/audit/text" --out "$RUN/audit/hidden_states.bin" \
-      --unseen replace --max-tokens "$AUDIT_TOKENS" --threads 2 2>&1 | { grep -v INFO || true; }
+  # the token-level baseline's keys: the frozen LM's final hidden states over the start of the whole dictionary
+  # (the demo corpus is its first 1 MB). A forward pass of SmolLM2 costs about 3 ms a token here, so the
+  # datastore is measured up to AUDIT_TOKENS keys (3 sizes, 4x apart) and extrapolated from those fits.
+  echo; echo "== retrieval-cost audit: the token-level baseline measured at up to ${AUDIT_TOKENS:=16384} SmolLM2 hidden states"
+  TEXT=${AUDIT_TEXT:-$DFM_CACHE/corpus/gcide.jsonl} TA=$(date +%s)
+  if [ "$AUDIT_TOKENS" -gt 0 ] && [ -f "$TEXT" ]; then
+    "$DFM" chunk "$RUN/audit/text" "$TEXT" --tokenizer "$DFM_LM/tokenizer.json" --chunk-len 32 --seq-len 256 > /dev/null
+    "$ROOT/build/dfm-train" hidden --backbone "$DFM_LM" --data "$RUN/audit/text" --out "$RUN/audit/hidden_states.bin" \
+      --max-tokens "$AUDIT_TOKENS" --threads 2 2>&1 | { grep -v INFO || true; }
     "$DFM" audit "$RUN" --token-level-sample 0 --measure-tokens "$AUDIT_TOKENS" --measure-sizes 3 --build-repeats 1 2>&1 | { grep -v "^WARNING clustering" || true; }
   else
     "$DFM" audit "$RUN" --token-level-sample 2

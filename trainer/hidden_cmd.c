@@ -147,7 +147,7 @@ int cmd_hidden(int argc, char **argv) {
     HiddenOpts o;
     memset(&o, 0, sizeof o);
     dfm_opt opts[] = {
-        {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "the decoder: a Hugging Face folder (e.g. the demo's RUN/train/pre/model)", 0},
+        {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "the decoder: a Hugging Face folder (e.g. SmolLM2-135M's, $DFM_CACHE/models/smollm2-135m, from make lm)", 0},
         {"data", DFM_OPT_STR, &o.data, NULL, "PATH", "tokens: llm.c .bin shard or a `dfm chunk` run folder", 0},
         {"out", DFM_OPT_STR, &o.out, NULL, "FILE", "the hidden-states file to write (schemas/hidden_states.md)", 0},
         {"seq-len", DFM_OPT_INT, &o.seq_len, "256", "T", "tokens per forward pass", 0, .min = "1"},

@@ -431,7 +431,8 @@ static void predictor_forward(DfmModel *m, int B, int T) {
     const DfmParams *p = &m->dp;
     int C = m->bc.dec.hidden, P = dc->pred.hidden, NCc = T / dc->chunk_len, Np = B * NCc, NLp = dc->pred.n_layers;
     size_t NCs = (size_t)B * T * C;
-    chunk_pool_forward(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len, C);
+    if (m->prefix_pool) memcpy(m->pool, m->prefix_pool, (size_t)Np * C * sizeof(float));
+    else chunk_pool_forward(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len, C);
     matmul_forward(m->pred_x, m->pool, p->pred_win, p->pred_bin, Np, C, P);
     for (int b = 0; b < B; b++) memcpy(m->pred_x + (size_t)b * NCc * P, p->pred_placeholder, P * sizeof(float));
     for (int l = 0; l < NLp; l++)
@@ -657,8 +658,8 @@ static void prepare_memory(DfmModel *m, int B, int T, int mem_mode) {
     m->cos = nv ? cs / nv : 0.0;
 }
 
-int model_forward(DfmModel *m, const int *inputs, const int *targets, const float *tgt_mem,
-                  const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
+static int forward_impl(DfmModel *m, const int *inputs, const int *targets, const float *tgt_mem,
+                        const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
     const BackboneConfig *bc = &m->bc;
     const DfmConfig *dc = &m->dc;
     if (B <= 0 || T <= 0 || B > m->maxB || T > m->maxT || (dc->enabled && T % dc->chunk_len))
@@ -695,14 +696,21 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
         m->have_targets = 1;
     }
 
-    /* decoder with fusion blocks */
-    embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
-    for (int l = 0; l < NL; l++) {
+    /* decoder with fusion blocks; with a frozen prefix, from fusion block 0's input */
+    int l0 = 0;
+    if (m->prefix_fuse_in && dc->enabled) {
+        l0 = dc->fusion_layers[0];
+        memcpy(m->x_fuse_in, m->prefix_fuse_in, NCs * sizeof(float));
+    } else {
+        embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
+    }
+    for (int l = l0; l < NL; l++) {
         int f = model_fusion_after(m, l);
         float *in = m->x_layer_in + (size_t)l * NCs, *next = m->x_layer_in + (size_t)(l + 1) * NCs;
         float *dst = f >= 0 ? m->x_fuse_in + (size_t)f * m->maxB * m->maxT * C : next;
-        stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, m->tmp, B, T, m->rope_cos,
-                            m->rope_sin);
+        if (!(l0 && l == l0))
+            stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, m->tmp, B, T, m->rope_cos,
+                                m->rope_sin);
         if (f >= 0) {
             if (f == 0) prepare_memory(m, B, T, mem_mode); /* its input lies below: ready now */
             if (mem_mode == MEM_NONE) memcpy(next, dst, NCs * sizeof(float));
@@ -725,6 +733,26 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
     m->ce = ce_sum / denom;
     m->loss = m->ce + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
     return DFM_OK;
+}
+
+int model_forward(DfmModel *m, const int *inputs, const int *targets, const float *tgt_mem,
+                  const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
+    int rc = forward_impl(m, inputs, targets, tgt_mem, tgt_mask, B, T, mem_mode, train, grad_scale);
+    m->prefix_fuse_in = m->prefix_pool = NULL; /* a frozen prefix serves one forward, whatever its outcome */
+    return rc;
+}
+
+void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float *pool) {
+    const DfmConfig *dc = &m->dc;
+    int T = m->T, C = m->bc.dec.hidden;
+    size_t NCs = (size_t)m->B * T * C, row = (size_t)b * T * C;
+    memcpy(fuse_in, m->x_fuse_in + row, (size_t)T * C * sizeof(float));
+    chunk_pool_forward(pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs + row, 1, T, dc->chunk_len, C);
+}
+
+void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool) {
+    m->prefix_fuse_in = fuse_in;
+    m->prefix_pool = pool;
 }
 
 int model_backward(DfmModel *m) {

@@ -177,6 +177,9 @@ struct DfmModel {
     int n_valid;                            /* positions with a target in the last forward */
     int have_targets;
     double grad_scale;                      /* set by forward(train=1) */
+    /* model_set_frozen_prefix: the next forward starts at the first fusion layer from these (host) */
+    const float *prefix_fuse_in;            /* [B*T, C] */
+    const float *prefix_pool;               /* [B*NC, C] */
 };
 
 /* Sensible small defaults for the DFM modules given a backbone (fusion layers scaled to the depth,
@@ -230,6 +233,17 @@ void model_init_dfm_random(DfmModel *m, uint64_t seed);
  * by grad_scale (1/accumulation steps); model_backward then finishes it. Sets m->ce/mse/cos/loss. */
 int model_forward(DfmModel *m, const int *inputs, const int *targets, const float *tgt_mem,
                   const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale);
+/* The frozen prefix of a DFM forward: decoder layers 0..f0 (f0 = fusion_layers[0]), whose output is fusion
+ * block 0's input, and the chunk means the predictor reads (of the input embeddings or of layer
+ * pred_input_layer-1's output). Both depend on the tokens alone and nothing below f0 runs backward, so a
+ * training loop may keep them per sequence and start later forwards at f0 (trainer/frozen_cache.h).
+ * model_frozen_prefix_export copies batch row b's prefix of the last forward into fuse_in [T*C] and pool
+ * [NC*C] (the same values the forward computed, bit for bit). model_set_frozen_prefix makes the next
+ * model_forward (DFM mode, the batch's B rows) take the prefix from fuse_in [B*T*C] and pool [B*NC*C]
+ * instead of computing it; the pointers are used once. The CUDA model has no prefix path. */
+void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float *pool);
+void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool);
+
 /* Teacher forcing. model_memory_mix_draw fills src[B*NC] (1 = the chunk fuses its target memory) with
  * independent draws of probability p, a pure function of (seed, seq[b], chunk): the same sequence gets
  * the same draws whatever its batch row or rank. model_set_memory_mix stores src[n] (n = B*NC of the forwards

@@ -380,6 +380,13 @@ extern "C" int model_cuda_row_losses(DfmModelCuda *mc, float *out) {
     CUDA_CHECK(cudaMemcpy(out, mc->d.row_losses, (size_t)mc->d.B * mc->d.T * sizeof(float), cudaMemcpyDeviceToHost));
     return DFM_OK;
 }
+extern "C" int model_cuda_pred_slots(DfmModelCuda *mc, float *out) {
+    const DfmConfig *dc = &mc->d.dc;
+    size_t n = (size_t)mc->d.B * (mc->d.T / dc->chunk_len) * dc->n_slots * dc->d_mem;
+    CUDA_CHECK(cudaStreamSynchronize(mc->ctx.stream));
+    CUDA_CHECK(cudaMemcpy(out, mc->d.slots, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return DFM_OK;
+}
 extern "C" void *model_cuda_context(DfmModelCuda *mc) { return &mc->ctx; }
 
 extern "C" int model_zero_grad_cuda(DfmModelCuda *mc) {

@@ -84,6 +84,8 @@ int model_zero_grad_cuda(DfmModelCuda *mc);
 
 /* The per-row CE of the last forward (B*T floats, 0 where the target is -1) into host out. */
 int model_cuda_row_losses(DfmModelCuda *mc, float *out);
+/* The predicted slots of the last forward that ran the predictor (B*NC*K*d floats) into host out. */
+int model_cuda_pred_slots(DfmModelCuda *mc, float *out);
 
 /* Device pointers to the trainable block (n = grad_num) and its gradients, and the model's context
  * (an OpsCudaContext *, for the optimizer kernels). */

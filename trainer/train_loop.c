@@ -11,13 +11,14 @@
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/flops.h"
+#include "trainer/frozen_cache.h"
 #include "trainer/model_config.h"
 #include "trainer/model_setup.h"
 #include "trainer/train_loop.h"
 
 /* ---- evaluation -------------------------------------------------------------------------------------- */
 void eval_result_free(EvalResult *r) {
-    for (int i = 0; i < 3; i++) free(r->pos[i]), r->pos[i] = NULL;
+    for (int i = 0; i < EVAL_NMODES; i++) free(r->pos[i]), r->pos[i] = NULL;
 }
 
 /* one forward of the held-out batch; its CE into *ce and, per position, into pos[2L] (sums, counts) */
@@ -35,58 +36,135 @@ static int eval_forward(Engine *en, DfmModel *m, const int *inp, const int *tgt,
     return DFM_OK;
 }
 
+int train_eval_modes(const TrainOpts *o) {
+    return o->memory_control && !strcmp(o->memory_control, "none") ? EVAL_MODE_ALL & ~EVAL_MODE_SHUFFLE : EVAL_MODE_ALL;
+}
+
+/* The held-out sequences' own buffers for one batch. */
+typedef struct {
+    int *inp, *tgt;
+    float *tmem, *rows;
+    uint8_t *tmask;
+    size_t *idx;
+} EvalBatch;
+
+static int eval_read(DataSet *ds, Prefetcher *pf, const size_t *idx, int B, int L, EvalBatch *b) {
+    return pf ? prefetch_data_batch(pf, idx, B, L, b->inp, b->tgt, b->tmem, b->tmask)
+              : data_batch(ds, idx, B, L, b->inp, b->tgt, b->tmem, b->tmask);
+}
+
+/* The shuffled controls (see train_loop.h): sequence i fuses the memory of its partner (i + n/2) mod n, the
+ * predicted slots kept from the main pass (pred_store) or the partner's targets, as target-mode forwards. */
+static int eval_controls(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, int B, long nb,
+                         const float *pred_store, int use_t, EvalBatch *b, EvalBatch *p, EvalResult *r) {
+    int T = ds->T, L = m->dc.chunk_len, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
+    size_t n = (size_t)nb * B, per = (size_t)NC * K;
+    int rc = DFM_OK;
+    for (long i = 0; i < nb && !rc; i++) {
+        for (int k = 0; k < B; k++) b->idx[k] = first + (size_t)i * B + k;
+        rc = eval_read(ds, pf, b->idx, B, L, b);
+        if (rc) break;
+        /* another sequence's predicted memory, with the predicted mode's slot mask (chunk 0 only when fused) */
+        for (int k = 0; k < B; k++) {
+            size_t partner = ((size_t)i * B + k + n / 2) % n;
+            memcpy(p->tmem + (size_t)k * per * d, pred_store + partner * per * d, per * d * sizeof(float));
+            for (int c = 0; c < NC; c++)
+                memset(p->tmask + ((size_t)k * NC + c) * K, c > 0 || m->dc.fuse_first_chunk, (size_t)K);
+        }
+        rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows, r->pos[EVAL_PRED_SHUF],
+                          &r->ce_pred_shuf);
+        if (rc || !use_t) continue;
+        /* another sequence's target memory and mask */
+        for (int k = 0; k < B; k++) p->idx[k] = first + ((size_t)i * B + k + n / 2) % n;
+        rc = eval_read(ds, pf, p->idx, B, L, p);
+        if (!rc)
+            rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows,
+                              r->pos[EVAL_TARGET_SHUF], &r->ce_target_shuf);
+    }
+    return rc;
+}
+
+static int batch_alloc(EvalBatch *b, int B, int T, size_t S, int d) {
+    b->inp = malloc((size_t)B * T * sizeof(int));
+    b->tgt = malloc((size_t)B * T * sizeof(int));
+    b->rows = malloc((size_t)B * T * sizeof(float));
+    b->tmem = malloc(S * d * sizeof(float));
+    b->tmask = malloc(S ? S : 1);
+    b->idx = malloc((size_t)B * sizeof(size_t));
+    return b->inp && b->tgt && b->rows && b->tmem && b->tmask && b->idx ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "eval batch");
+}
+
+static void batch_free(EvalBatch *b) { free(b->inp), free(b->tgt), free(b->rows), free(b->tmem), free(b->tmask), free(b->idx); }
+
+/* The predicted slots of every evaluated sequence, kept for the controls: refused beyond this many bytes. */
+#define EVAL_PRED_STORE_MAX ((size_t)4 << 30)
+
 int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
              long max_batches, int modes, EvalResult *r) {
     memset(r, 0, sizeof *r);
     int T = ds->T, L = m->dc.enabled ? m->dc.chunk_len : T, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
-    int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
-    size_t S = (size_t)B * NC * K;
+    size_t S = m->dc.enabled ? (size_t)B * NC * K : 0;
     int use_t = m->dc.enabled && ds->tgt;
-    float *tmem = use_t ? malloc(S * d * sizeof(float)) : NULL, *rows = malloc((size_t)B * T * sizeof(float));
-    uint8_t *tmask = use_t ? malloc(S) : NULL;
-    size_t *idx = malloc(B * sizeof(size_t));
-    int rc = DFM_OK, run[3] = {1, (modes & 2) != 0, (modes & 4) && use_t};
-    r->L = L;
-    for (int i = 0; i < 3 && m->dc.enabled; i++)
-        if (run[i] && !(r->pos[i] = calloc(2 * (size_t)L, sizeof(double)))) rc = DFM_FAIL(DFM_ENOMEM, "eval");
+    EvalBatch b = {0}, p = {0};
+    float *pred_store = NULL;
+    int rc = batch_alloc(&b, B, T, S, d);
+    int run[EVAL_NMODES] = {1, (modes & EVAL_MODE_NONE) != 0, (modes & EVAL_MODE_TARGET) && use_t};
     long nb = (long)(count / B);
     if (max_batches > 0 && nb > max_batches) nb = max_batches;
-    if (nb < 1) {
+    if (!rc && nb < 1)
         rc = DFM_FAIL(DFM_EARG, "held-out split of %zu sequences is smaller than one batch of %d. HINT: --val-seqs",
                       count, B);
-        nb = 0;
+    size_t n = nb > 0 ? (size_t)nb * B : 0;
+    r->shuffled = m->dc.enabled && (modes & EVAL_MODE_SHUFFLE) && n >= 2;
+    if (!rc && r->shuffled) {
+        run[EVAL_PRED_SHUF] = 1;
+        run[EVAL_TARGET_SHUF] = run[EVAL_TARGET];
+        size_t bytes = n * (size_t)NC * K * d * sizeof(float);
+        if (bytes > EVAL_PRED_STORE_MAX)
+            rc = DFM_FAIL(DFM_EARG, "the shuffled memory control keeps the predicted slots of all %zu held-out "
+                          "sequences (%.1f GB). HINT: fewer --eval-batches, or --memory-control none", n, bytes / 1e9);
+        else if (!(pred_store = malloc(bytes)))
+            rc = DFM_FAIL(DFM_ENOMEM, "no memory for the predicted slots of %zu held-out sequences", n);
+        if (!rc) rc = batch_alloc(&p, B, T, S, d);
     }
+    r->L = L;
+    for (int i = 0; i < EVAL_NMODES && m->dc.enabled && !rc; i++)
+        if (run[i] && !(r->pos[i] = calloc(2 * (size_t)L, sizeof(double)))) rc = DFM_FAIL(DFM_ENOMEM, "eval");
     for (long i = 0; i < nb && !rc; i++) {
-        for (int b = 0; b < B; b++) idx[b] = first + (size_t)i * B + b;
-        rc = pf ? prefetch_data_batch(pf, idx, B, L, inp, tgt, tmem, tmask)
-                : data_batch(ds, idx, B, L, inp, tgt, tmem, tmask);
+        for (int k = 0; k < B; k++) b.idx[k] = first + (size_t)i * B + k;
+        rc = eval_read(ds, pf, b.idx, B, L, &b);
         if (rc) break;
         if (!m->dc.enabled) {
-            rc = eval_forward(en, m, inp, tgt, NULL, NULL, B, T, MEM_NONE, rows, NULL, &r->ce_none);
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, NULL, &r->ce_none);
             continue;
         }
-        rc = eval_forward(en, m, inp, tgt, tmem, tmask, B, T, MEM_PREDICTED, rows, r->pos[EVAL_PRED], &r->ce_pred);
+        float *tmem = use_t ? b.tmem : NULL;
+        uint8_t *tmask = use_t ? b.tmask : NULL;
+        rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_PREDICTED, b.rows, r->pos[EVAL_PRED], &r->ce_pred);
         r->mse += m->mse;
         r->cos += m->cos;
+        if (!rc && pred_store) rc = engine_pred_slots(en, pred_store + (size_t)i * B * NC * K * d);
         if (!rc && run[EVAL_NONE])
-            rc = eval_forward(en, m, inp, tgt, NULL, NULL, B, T, MEM_NONE, rows, r->pos[EVAL_NONE], &r->ce_none);
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, r->pos[EVAL_NONE], &r->ce_none);
         if (!rc && run[EVAL_TARGET])
-            rc = eval_forward(en, m, inp, tgt, tmem, tmask, B, T, MEM_TARGET, rows, r->pos[EVAL_TARGET],
+            rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_TARGET, b.rows, r->pos[EVAL_TARGET],
                               &r->ce_target);
     }
+    if (!rc && r->shuffled) rc = eval_controls(en, m, ds, pf, first, B, nb, pred_store, run[EVAL_TARGET_SHUF], &b, &p, r);
     if (nb > 0) {
-        r->ce_pred /= nb;
-        r->ce_none /= nb;
-        r->ce_target /= nb;
-        r->mse /= nb;
-        r->cos /= nb;
+        double *sums[] = {&r->ce_pred, &r->ce_none, &r->ce_target, &r->ce_pred_shuf, &r->ce_target_shuf, &r->mse, &r->cos};
+        for (size_t i = 0; i < sizeof sums / sizeof sums[0]; i++) *sums[i] /= nb;
     }
-    for (int i = 0; i < 3; i++) /* sums and counts -> means */
+    for (int i = 0; i < EVAL_NMODES; i++) /* sums and counts -> means */
         for (int j = 0; r->pos[i] && j < L; j++)
             r->pos[i][j] = r->pos[i][L + j] > 0 ? r->pos[i][j] / r->pos[i][L + j] : NAN;
     r->n_batches = nb;
+    if (!run[EVAL_TARGET_SHUF]) r->ce_target_shuf = NAN;
+    if (!r->shuffled) r->ce_pred_shuf = r->ce_target_shuf = NAN;
     if (rc) eval_result_free(r);
-    free(inp), free(tgt), free(tmem), free(tmask), free(idx), free(rows);
+    batch_free(&b);
+    batch_free(&p);
+    free(pred_store);
     return rc;
 }
 
@@ -105,8 +183,15 @@ json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t) {
                           num(e->ce_none), "ce_target", has_t ? num(e->ce_target) : json_null(), "mse", num(e->mse),
                           "cos", num(e->cos), "batches", (json_int_t)e->n_batches, "trained_with_target",
                           m->dc.fusion_memory != FUSION_MEM_PREDICTED);
-    const char *keys[3] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target"};
-    for (int i = 0; i < 3; i++)
+    if (e->shuffled) {
+        json_object_set_new(j, "ce_pred_shuffled", num(e->ce_pred_shuf));
+        json_object_set_new(j, "ce_target_shuffled", num(e->ce_target_shuf));
+        json_object_set_new(j, "memory_effect_pred", num(e->ce_pred_shuf - e->ce_pred));
+        json_object_set_new(j, "memory_effect_target", num(e->ce_target_shuf - e->ce_target));
+    }
+    const char *keys[EVAL_NMODES] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target", "ce_pos_pred_shuffled",
+                                     "ce_pos_target_shuffled"};
+    for (int i = 0; i < EVAL_NMODES; i++)
         if (e->pos[i]) json_object_set_new(j, keys[i], pos_json(e, i));
     return j;
 }
@@ -122,8 +207,19 @@ void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, i
         DFM_LOG_I("eval step %ld (%ld batches): CE fusion off %.4f | predicted memory (DFM at inference, no "
                   "retrieval) %.4f | target memory through this model %s | MSE %.4f | cosine %.4f",
                   step, e->n_batches, e->ce_none, e->ce_pred, tbuf, e->mse, e->cos);
-        const char *names[3] = {"predicted", "fusion off", "target"};
-        for (int i = 0; i < 3; i++) {
+        if (e->shuffled) {
+            char t2[96] = "";
+            if (has_t)
+                snprintf(t2, sizeof t2, "; target memory %.4f, memory effect %+.4f", e->ce_target_shuf,
+                         e->ce_target_shuf - e->ce_target);
+            DFM_LOG_I("eval step %ld: control, the same modules with another held-out sequence's memory: predicted "
+                      "memory %.4f, memory effect %+.4f nats%s (fusion off minus predicted, %+.4f, also counts "
+                      "the modules' added capacity)", step, e->ce_pred_shuf, e->ce_pred_shuf - e->ce_pred, t2,
+                      e->ce_none - e->ce_pred);
+        }
+        const char *names[EVAL_NMODES] = {"predicted", "fusion off", "target", "predicted, shuffled",
+                                          "target, shuffled"};
+        for (int i = 0; i < EVAL_NMODES; i++) {
             if (!e->pos[i]) continue;
             char line[4096];
             int n = snprintf(line, sizeof line, "eval step %ld: CE by position in the chunk (0 = its first token), "
@@ -173,6 +269,8 @@ typedef struct {
     uint64_t done_epoch, done_pos; /* loader position after the last consumed batch */
     double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
     uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
+    FrozenCache fc;                /* --cache-frozen */
+    int use_fc;
 } Trainer;
 
 /* One optimizer step's figures. */
@@ -260,7 +358,9 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
             if ((rc = stage_next(t, &s->stall))) break;
         }
         int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
+        int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
         rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
+        if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
         t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
         prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
         t->cur = NULL;
@@ -360,7 +460,7 @@ static int run_steps(Trainer *t) {
         log_step(t, step, &s, dfm_now() - t0);
         if (eval_now) {
             EvalResult e;
-            rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, 7, &e);
+            rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, train_eval_modes(o), &e);
             if (rc) break;
             eval_print(t->logf, step + 1, t->m, &e, t->use_t);
             eval_result_free(&e);
@@ -379,6 +479,16 @@ static int trainer_run(Trainer *t) {
     if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
         return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
+    if (o->cache_frozen) {
+        if (t->eo.cuda)
+            return DFM_FAIL(DFM_EARG, "--cache-frozen keeps the frozen layers' outputs in host memory for the CPU "
+                            "engine. HINT: drop it with --device cuda");
+        DFM_TRY(frozen_cache_create(&t->fc, m, t->ntrain, t->B, t->T));
+        t->use_fc = 1;
+        DFM_LOG_I("--cache-frozen: layers 0..%d and the predictor's input kept per training sequence (up to %.2f GB); "
+                  "later epochs start at layer %d", m->dc.fusion_layers[0], t->fc.map_bytes / 1e9,
+                  m->dc.fusion_layers[0]);
+    }
     if (o->resume) DFM_TRY(trainer_resume(t));
     PrefetchAllocator pa = engine_host_allocator(t->en);
     int lt = o->loader_threads > 0 ? (int)o->loader_threads : (t->eo.cuda ? 4 : 1);
@@ -431,5 +541,9 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     prefetch_stop(t.pf);
     loader_free(&t.ld);
     free(t.mix);
+    if (t.use_fc)
+        DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],
+                  t.fc.misses);
+    frozen_cache_free(&t.fc);
     return rc;
 }

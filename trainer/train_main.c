@@ -20,6 +20,7 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"import-gguf", cmd_import_gguf, "convert a GGUF model (llama.cpp) into a Hugging Face folder with its tokenizer.json"},
     {"pretrain", cmd_pretrain, "train a small Llama/Qwen3 decoder on token data, save a Hugging Face folder"},
     {"train", cmd_train, "train predictor + projector + fusion on a frozen backbone with target memory"},
     {"eval", cmd_eval, "held-out CE with predicted / no / target memory, MSE and cosine of the slots"},

@@ -14,7 +14,7 @@
 
 typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
-    char *memory_align, *fusion_memory, *pred_loss;
+    char *memory_align, *fusion_memory, *pred_loss, *memory_control;
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
@@ -25,7 +25,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
     int64_t chunk_len, slots, d_mem, pred_layers, pred_hidden, pred_heads, proj_hidden, xattn_heads, fuse_first,
-        pred_input_layer;
+        pred_input_layer, cache_frozen;
     double gate_bias, mse_weight, init_std;
 } TrainOpts;
 
@@ -47,6 +47,7 @@ typedef struct {
     {"val-seqs", DFM_OPT_INT, &(o)->val_seqs, "0", "N", "held-out sequences at the end (0 = 5%, at least 1)", 0}, \
     {"eval-every", DFM_OPT_INT, &(o)->eval_every, "0", "N", "evaluate every N steps (0 = only at the end)", 0}, \
     {"eval-batches", DFM_OPT_INT, &(o)->eval_batches, "0", "N", "held-out batches per evaluation (0 = all)", 0}, \
+    {"memory-control", DFM_OPT_STR, &(o)->memory_control, "shuffle", "KIND", "evaluation control: shuffle also fuses each held-out sequence with another's memory (predicted, and target) through the same modules; its CE minus the real memory's is the memory effect, which fusion off confounds with the modules' capacity; none skips it", 1, .choices = "shuffle|none"}, \
     {"ckpt-every", DFM_OPT_INT, &(o)->ckpt_every, "0", "N", "write OUT/ckpt_STEP.bin every N steps", 0},      \
     {"resume", DFM_OPT_STR, &(o)->resume, NULL, "FILE", "continue from a checkpoint (bit-identical)", 0},     \
     {"log", DFM_OPT_STR, &(o)->log, NULL, "FILE", "JSONL log (default OUT/log.jsonl)", 1},                     \

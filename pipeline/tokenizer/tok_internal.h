@@ -110,6 +110,7 @@ typedef struct {
     pcre2_code *re;      /* SPLIT, or BYTELEVEL with use_regex */
     int add_prefix_space; /* BYTELEVEL; METASPACE: prepend_scheme != never */
     int prepend_first_only; /* METASPACE prepend_scheme "first" */
+    const char *label;   /* the tokenizer.json type when it is not the kind's own name ("Digits": a SPLIT) */
 } dfm_pre_stage;
 
 enum { DFM_NORM_NFC = 1, DFM_NORM_PREPEND = 2, DFM_NORM_REPLACE = 3 };

@@ -249,6 +249,14 @@ static int add_pre_stage(load_ctx *lc, dfm_tokenizer *tok, json_t *p, const char
         }
         return push_pre(tok, st);
     }
+    if (!strcmp(type, "Digits")) {
+        /* tokenizers splits on char::is_numeric, Unicode's N* categories: PCRE2's \p{N}. Isolated, one piece per
+         * digit, or Contiguous, one per run of digits. */
+        st.kind = DFM_PRE_SPLIT;
+        st.label = "Digits";
+        DFM_TRY(compile_regex(lc, jbool(p, "individual_digits", 0) ? "\\p{N}" : "\\p{N}+", where, &st.re));
+        return push_pre(tok, st);
+    }
     if (!strcmp(type, "ByteLevel")) {
         st.kind = DFM_PRE_BYTELEVEL;
         st.add_prefix_space = jbool(p, "add_prefix_space", 1);
@@ -276,7 +284,7 @@ static int add_pre_stage(load_ctx *lc, dfm_tokenizer *tok, json_t *p, const char
         return push_pre(tok, st);
     }
     return LFAIL(lc, DFM_EUNSUPPORTED, "%s: pre-tokenizer type \"%s\" is not supported (supported: Sequence, Split, "
-                 "ByteLevel, Metaspace)", where, type);
+                 "Digits, ByteLevel, Metaspace)", where, type);
 }
 
 static int push_norm(dfm_tokenizer *tok, dfm_norm_stage st) {
@@ -699,7 +707,10 @@ static int load_added(load_ctx *lc, dfm_tokenizer *tok, json_t *added, int ids_r
 static void describe(dfm_tokenizer *tok) {
     char pre[96] = "", nrm[64] = "";
     for (size_t i = 0; i < tok->n_pre; i++) {
-        const char *nm2 = tok->pre[i].kind == DFM_PRE_SPLIT ? "Split" : tok->pre[i].kind == DFM_PRE_BYTELEVEL ? "ByteLevel" : "Metaspace";
+        const char *nm2 = tok->pre[i].label                   ? tok->pre[i].label
+                          : tok->pre[i].kind == DFM_PRE_SPLIT     ? "Split"
+                          : tok->pre[i].kind == DFM_PRE_BYTELEVEL ? "ByteLevel"
+                                                                  : "Metaspace";
         snprintf(pre + strlen(pre), sizeof pre - strlen(pre), "%s%s", i ? "+" : "", nm2);
     }
     for (size_t i = 0; i < tok->n_norm; i++) {

@@ -1,8 +1,9 @@
 /* tokenizer.h — the language model's tokenizer, read from a Hugging Face tokenizer.json.
  *
  * Supported (anything else is DFM_EUNSUPPORTED naming the model / pre-tokenizer / normalizer type):
- *   - byte-level BPE as in GPT-2, Llama-3 and Qwen2/Qwen3: normalizer none or NFC, pre-tokenizer
- *     Split(regex, Isolated) and/or ByteLevel, merges applied by rank, added/special tokens matched
+ *   - byte-level BPE as in GPT-2, Llama-3, Qwen2/Qwen3 and SmolLM2/StarCoder2: normalizer none or NFC,
+ *     pre-tokenizer Split(regex, Isolated), Digits (individual or contiguous) and/or ByteLevel, merges
+ *     applied by rank, added/special tokens matched
  *     in the raw text before pre-tokenization (as Hugging Face does);
  *   - SentencePiece-style BPE with byte fallback as in Mistral / Llama-2 (normalizer Prepend("▁") +
  *     Replace(" ", "▁"), or pre-tokenizer Metaspace; <0xNN> byte tokens for unknown characters).
@@ -16,6 +17,7 @@
 #ifndef DFM_TOKENIZER_H
 #define DFM_TOKENIZER_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -70,5 +72,13 @@ int64_t dfm_tokenizer_eos_id(const dfm_tokenizer *tok);
 const char *dfm_tokenizer_describe(const dfm_tokenizer *tok);
 /* XXH3-64 of the tokenizer.json bytes: identifies the tokenizer in artefact headers. */
 uint64_t dfm_tokenizer_hash(const dfm_tokenizer *tok);
+
+/* A Hugging Face tokenizer.json and tokenizer_config.json made from a GGUF file's tokenizer.* metadata
+ * (tok_gguf.c): byte-level BPE with the pre-tokenizer tokenizer.ggml.pre names (gpt-2, smollm, starcoder,
+ * llama-bpe / llama3 / llama-v3, qwen2), control tokens as special added tokens. The file may hold at most
+ * max_ids tokens (the model's embedding rows). Another tokenizer model or pre-tokenizer name is
+ * DFM_EUNSUPPORTED naming it; malformed tokens or merges DFM_EFORMAT naming the entry. New references. */
+struct dfm_gguf;
+int dfm_tokenizer_json_from_gguf(const struct dfm_gguf *g, uint32_t max_ids, json_t **tokenizer, json_t **config);
 
 #endif

@@ -595,13 +595,18 @@ class DFMModel(nn.Module):
 
 
 @torch.no_grad()
-def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("predicted", "none", "target")) -> dict:
+def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("predicted", "none", "target"),
+             control: bool = True) -> dict:
     """dfm-train eval's figures over batches (dfm.Batches(..., split="heldout", format="torch") gives eval's
     batches): ce_pred, ce_none, ce_target (mean over batches of each batch's mean CE), mse, cos (of the
-    predicted slots, averaged over batches), batches."""
+    predicted slots, averaged over batches), batches. With control (dfm-train's --memory-control shuffle, at
+    least 2 sequences) also ce_pred_shuffled / ce_target_shuffled: held-out sequence i of the n evaluated
+    fuses the memory of sequence (i + n // 2) % n through the same modules, and memory_effect_pred /
+    memory_effect_target, the shuffled CE minus the real memory's."""
     keys = {"predicted": "ce_pred", "none": "ce_none", "target": "ce_target"}
-    acc = {k: 0.0 for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos")}
-    nb = 0
+    acc = {k: 0.0 for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos", "ce_pred_shuffled", "ce_target_shuffled")}
+    batches = list(batches)
+    slots, nb = [], len(batches)
     for b in batches:
         tokens, labels, memory, mask = b.tokens, b.labels, b.memory, b.mask
         for mode in modes:
@@ -609,10 +614,39 @@ def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("pred
                 continue
             r = model(tokens, labels, memory, mask, mode=mode)
             acc[keys[mode]] += float(r["ce"])
-            if mode == "predicted" and memory is not None:
-                acc["mse"] += r["mse"]
-                acc["cos"] += r["cos"]
-        nb += 1
+            if mode == "predicted":
+                slots.append(r["slots"])
+                if memory is not None:
+                    acc["mse"] += r["mse"]
+                    acc["cos"] += r["cos"]
+    n = sum(int(b.tokens.shape[0]) for b in batches)
+    control = control and n >= 2 and "predicted" in modes
+    if control:
+        all_slots = torch.cat(slots)
+        mems = [b.memory for b in batches]
+        all_mem = torch.cat(mems) if all(m is not None for m in mems) else None
+        all_mask = torch.cat([b.mask for b in batches]) if all_mem is not None else None
+        first = 0
+        for b in batches:
+            B = int(b.tokens.shape[0])
+            partner = (torch.arange(first, first + B) + n // 2) % n
+            first += B
+            pm = torch.ones(all_slots.shape[:3], dtype=torch.bool)[partner]  # [B, NC, K]: the predicted mode's mask
+            if not model.dfm.config.get("fuse_first_chunk", False):
+                pm[:, 0] = False
+            r = model(b.tokens, b.labels, all_slots[partner], pm, mode="target")
+            acc["ce_pred_shuffled"] += float(r["ce"])
+            if all_mem is not None and "target" in modes:
+                r = model(b.tokens, b.labels, all_mem[partner], all_mask[partner], mode="target")
+                acc["ce_target_shuffled"] += float(r["ce"])
     out = {k: v / nb if nb else float("nan") for k, v in acc.items()}
+    if not control:
+        out.pop("ce_pred_shuffled"), out.pop("ce_target_shuffled")
+    else:
+        out["memory_effect_pred"] = out["ce_pred_shuffled"] - out["ce_pred"]
+        if "target" in modes and all_mem is not None:
+            out["memory_effect_target"] = out["ce_target_shuffled"] - out["ce_target"]
+        else:
+            out.pop("ce_target_shuffled")
     out["batches"] = nb
     return out

@@ -150,6 +150,75 @@ def regression_seeds():
     put("encoder_config", "negative_eps", json.dumps(c))
 
 
+def gguf_bytes(kvs, tensors, alignment=32):
+    """A GGUF v3 file: kvs [(key, vtype, value)], tensors [(name, ne fastest first, ggml type, data bytes)].
+    Value types: 4 u32, 6 f32, 7 bool, 8 string, 9 (elem vtype, list) array."""
+    def st(s):
+        b = s.encode()
+        return struct.pack("<Q", len(b)) + b
+
+    def val(t, v):
+        if t == 4:
+            return struct.pack("<I", v)
+        if t == 5:
+            return struct.pack("<i", v)
+        if t == 6:
+            return struct.pack("<f", v)
+        if t == 7:
+            return struct.pack("<B", v)
+        if t == 8:
+            return st(v)
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(val(et, x) for x in items)
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += st(k) + struct.pack("<I", t) + val(t, v)
+    off, blobs = 0, b""
+    for name, ne, ty, data in tensors:
+        out += st(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", ty, off)
+        pad = -len(data) % alignment
+        blobs += data + b"\0" * pad
+        off += len(data) + pad
+    out += b"\0" * (-len(out) % alignment)
+    return out + blobs
+
+
+def gguf():
+    """A one-layer Llama with a byte-level tokenizer (pre smollm), and K-quant tensors alone. Regressions: an
+    empty file (mapped to NULL), and a merge whose result the vocabulary lacks (the builder wrote a
+    tokenizer.json that dfm's tokenizer and `tokenizers` refuse)."""
+    C, F, V = 32, 64, 12
+    tokens = ["<|endoftext|>", "a", "b", "c", "ab", "\u0120", "\u0120a", "1", "2", "T", "h", "e"]
+    kvs = [("general.architecture", 8, "llama"), ("llama.block_count", 4, 1), ("llama.embedding_length", 4, C),
+           ("llama.feed_forward_length", 4, F), ("llama.attention.head_count", 4, 2),
+           ("llama.attention.head_count_kv", 4, 1), ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5),
+           ("llama.rope.freq_base", 6, 10000.0), ("tokenizer.ggml.model", 8, "gpt2"), ("tokenizer.ggml.pre", 8, "smollm"),
+           ("tokenizer.ggml.tokens", 9, (8, tokens)), ("tokenizer.ggml.merges", 9, (8, ["a b", "\u0120 a"])),
+           ("tokenizer.ggml.token_type", 9, (5, [3] + [1] * (V - 1))), ("tokenizer.ggml.eos_token_id", 4, 0),
+           ("tokenizer.ggml.add_bos_token", 7, 0)]
+    f16 = lambda n: struct.pack("<%de" % n, *[((i * 7) % 13 - 6) / 64 for i in range(n)])
+    q8 = lambda n: b"".join(struct.pack("<e", 0.01) + bytes((i * 37 + j) % 256 for j in range(32)) for i in range(n // 32))
+    q41 = lambda n: b"".join(struct.pack("<ee", 0.01, -0.05) + bytes((i * 11 + j) % 256 for j in range(16))
+                             for i in range(n // 32))
+    ones = struct.pack("<%df" % C, *[1.0] * C)
+    ts = [("token_embd.weight", [C, V], 8, q8(C * V)), ("output_norm.weight", [C], 0, ones),
+          ("blk.0.attn_norm.weight", [C], 0, ones), ("blk.0.ffn_norm.weight", [C], 0, ones),
+          ("blk.0.attn_q.weight", [C, C], 1, f16(C * C)), ("blk.0.attn_k.weight", [C, 16], 1, f16(C * 16)),
+          ("blk.0.attn_v.weight", [C, 16], 1, f16(C * 16)), ("blk.0.attn_output.weight", [C, C], 1, f16(C * C)),
+          ("blk.0.ffn_gate.weight", [C, F], 3, q41(C * F)), ("blk.0.ffn_up.weight", [C, F], 3, q41(C * F)),
+          ("blk.0.ffn_down.weight", [F, C], 3, q41(C * F))]
+    put("gguf", "llama_smollm", gguf_bytes(kvs, ts))
+    bad_merge = [kv if kv[0] != "tokenizer.ggml.merges" else (kv[0], 9, (8, ["a b", "c a"])) for kv in kvs]
+    put("gguf", "merge_not_in_vocab", gguf_bytes(bad_merge, ts))
+    put("gguf", "empty", b"")
+    kq = [("q4_k", [256], 12, 144), ("q6_k", [256], 14, 210), ("q2_k", [256], 10, 84), ("q3_k", [256], 11, 110),
+          ("q5_k", [256], 13, 176), ("q5_0", [32], 6, 22), ("bf16", [4], 30, 8)]
+    put("gguf", "kquants", gguf_bytes([("general.alignment", 4, 64), ("nested", 9, (9, [(4, [1, 2]), (8, ["x"])]))],
+                                      [(n, ne, ty, bytes((i * 29) % 251 for i in range(nb))) for n, ne, ty, nb in kq],
+                                      alignment=64))
+
+
 if __name__ == "__main__":
     chunk_shard()
     embedding_shard()
@@ -160,3 +229,4 @@ if __name__ == "__main__":
     token_bin()
     text_seeds()
     regression_seeds()
+    gguf()

@@ -50,12 +50,11 @@ def compare(w, name, backbone, modules, targets):
     batches = dfm.Batches(None, T, B, data=os.path.join(w, "syn", "tokens.bin"), targets=targets, chunk_len=L,
                           val_seqs=VAL, split="heldout", format="torch")
     py = dt.evaluate(model, batches)
-    keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos")
+    keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos", "ce_pred_shuffled", "ce_target_shuffled")
     worst = worst_diff((py[k] for k in keys), (c[k] for k in keys))
     check(worst < TOL and py["batches"] == c["batches"],
           "%s: dfm.torch %s vs dfm-train eval %s (worst |diff| %.2e < %g)" % (
-              name, {k: round(py[k], 6) for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos")},
-              {k: c[k] for k in ("ce_pred", "ce_none", "ce_target", "mse", "cos")}, worst, TOL))
+              name, {k: round(py[k], 6) for k in keys}, {k: c[k] for k in keys}, worst, TOL))
     gain = c["ce_none"] - c["ce_pred"]
     check(abs(gain) > 0 and abs(py["ce_none"] - py["ce_pred"] - gain) < TOL,
           "%s: the memory changes the CE (%.4f nats) and both agree on it" % (name, gain))

@@ -41,14 +41,17 @@ if r.returncode != 0:
 
 from tokenizers import Tokenizer  # noqa: E402
 
+TOKENIZER_FILES = {"qwen2.5": os.path.join(CACHE, "tokenizers", "qwen2.5", "tokenizer.json"),
+                   "llama-3.2": os.path.join(CACHE, "tokenizers", "llama-3.2", "tokenizer.json"),
+                   "smollm2": os.path.join(CACHE, "models", "smollm2-135m", "tokenizer.json")}  # Digits + ByteLevel
+
 texts = ["Hello, world! It's 2026.", "  spaces\tand\ttabs\r\n", "naïve café 東京 😀👍🏽", "x<|endoftext|>y",
          "12345678901234567890", "'S 'll 'Re don't"]
 if not os.access(DFM, os.X_OK):
     print(f"FAIL: {DFM} is not built (make build/dfm)")
     fails += 1
 else:
-    for name in ("qwen2.5", "llama-3.2"):
-        path = os.path.join(CACHE, "tokenizers", name, "tokenizer.json")
+    for name, path in TOKENIZER_FILES.items():
         hf = Tokenizer.from_file(path)
         all_ids = []
         for t in texts:
@@ -78,8 +81,7 @@ ALPHA = list("abcXYZ019 '\"-_.,!?") + [
 rng = random.Random(20261129)
 rand_texts = ["".join(rng.choice(ALPHA) for _ in range(rng.randint(0, 40))) for _ in range(1500)]
 if os.access(DFM, os.X_OK):
-    for name in ("qwen2.5", "llama-3.2"):
-        path = os.path.join(CACHE, "tokenizers", name, "tokenizer.json")
+    for name, path in TOKENIZER_FILES.items():
         hf = Tokenizer.from_file(path)
         inp = "".join(json.dumps(t) + "\n" for t in rand_texts).encode()
         out = run_dfm(["tokenize", "--tokenizer", path, "--jsonl", "-"], input=inp)

@@ -10,7 +10,9 @@ LM and a datastore holding what it does not know) must gain clearly more. On the
 corpus (independent keys, same key sets; its own backbone: one pretrained on chained keys leans on the
 chain) modules trained on the target memory must turn it into a clear gain: the fusion path alone.
 (There, predicted memory cannot know the key and the fusion never saw a prediction: that mode is not
-checked.)
+checked.) The shuffled controls of the evaluation (another held-out sequence's memory through the same
+modules) must cost what memory gives where memory matters, and nothing where predicted memory carries
+nothing (keyed-random); the reported memory effect must be the control's CE minus the real memory's.
 
 The keyed row runs at the benchmark's own sizes (the first row of bench/bench_memory.sh, bit for bit) and
 must reach 0.14 nats with slot cosine >= 0.9 (the benchmark's goal is 0.15; the margin is for another
@@ -49,6 +51,22 @@ def final_eval(out):
     return ev[-1]["eval"]
 
 
+def control(ev, what, pred_min=None, pred_max=None, target_min=None):
+    """The shuffled control: the memory effect is the control's CE minus the real memory's, as reported."""
+    for m in ("pred", "target"):
+        check(abs(ev["memory_effect_" + m] - (ev["ce_%s_shuffled" % m] - ev["ce_" + m])) < 2e-6,
+              "%s: memory_effect_%s %.6f = ce_%s_shuffled - ce_%s" % (what, m, ev["memory_effect_" + m], m, m))
+    if pred_min is not None:
+        check(ev["memory_effect_pred"] >= pred_min, "%s: another sequence's predicted memory costs %.4f nats (>= %.2f)"
+              % (what, ev["memory_effect_pred"], pred_min))
+    if pred_max is not None:
+        check(abs(ev["memory_effect_pred"]) <= pred_max, "%s: predicted memory that carries nothing: its control "
+              "differs by %.4f nats (<= %.3f)" % (what, ev["memory_effect_pred"], pred_max))
+    if target_min is not None:
+        check(ev["memory_effect_target"] >= target_min, "%s: another sequence's target memory costs %.4f nats (>= %.2f)"
+              % (what, ev["memory_effect_target"], target_min))
+
+
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as w:
@@ -74,8 +92,10 @@ def main():
             ce_modes(ev, what)  # every mode a finite number, in every row
             return ev
 
-        def no_mode_worse(ev, what):
+        def no_mode_worse(ev, what):  # the memory modes, not their shuffled controls (another sequence's memory)
             for k, v in ce_modes(ev, what).items():
+                if k.endswith("_shuffled"):
+                    continue
                 check(v <= ev["ce_none"] + SLACK, "%s: mode %s %.4f is not worse than fusion off %.4f"
                       % (what, k, v, ev["ce_none"]))
 
@@ -85,6 +105,7 @@ def main():
               "(>= %.3f)" % (ev["ce_pred"], gain, ev["ce_none"], MIN_GAIN_PRED))
         check(ev["cos"] >= MIN_COS, "keyed: predicted-vs-target cosine %.3f >= %.2f" % (ev["cos"], MIN_COS))
         no_mode_worse(ev, "keyed")
+        control(ev, "keyed", pred_min=MIN_GAIN_PRED, target_min=MIN_GAIN_PRED)
 
         # DFM's use case: the frozen LM knows the language (key sets) but not the corpus's chain
         ev = train("keyed", backbone="keyed-random")
@@ -93,12 +114,14 @@ def main():
               "fusion off %.4f (>= %.2f)" % (ev["ce_pred"], gain, ev["ce_none"], MIN_GAIN_PRED_LM))
         check(ev["cos"] >= MIN_COS_LM, "keyed, backbone without the chain: cosine %.3f >= %.2f" % (ev["cos"], MIN_COS_LM))
         no_mode_worse(ev, "keyed, backbone without the chain")
+        control(ev, "keyed, backbone without the chain", pred_min=MIN_GAIN_PRED_LM, target_min=MIN_GAIN_PRED_LM)
 
         ev = train("keyed-random", "--fusion-memory", "target")
         gain = ev["ce_none"] - ev["ce_target"]
         check(gain >= MIN_GAIN_TARGET, "keyed-random, trained on targets: target memory %.4f is %.4f nats below "
               "fusion off %.4f (>= %.2f)" % (ev["ce_target"], gain, ev["ce_none"], MIN_GAIN_TARGET))
         check(ev["trained_with_target"], "keyed-random: the evaluation knows the modules were trained on targets")
+        control(ev, "keyed-random", pred_max=0.01, target_min=MIN_GAIN_TARGET)
     finish("memory effect (%.0f s)" % (time.time() - t0))
 
 

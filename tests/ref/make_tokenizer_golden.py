@@ -31,6 +31,8 @@ import unicodedata
 TOKENIZERS = {  # name -> path under $DFM_CACHE, or under the output folder for the constructed ones
     "qwen2.5": "tokenizers/qwen2.5/tokenizer.json",
     "llama-3.2": "tokenizers/llama-3.2/tokenizer.json",
+    # SmolLM2-135M's, as `dfm-train import-gguf` builds it from the GGUF (make lm): Digits + ByteLevel
+    "smollm2": "models/smollm2-135m/tokenizer.json",
     "spm-llama2": "@spm-llama2.tokenizer.json",
     "spm-metaspace": "@spm-metaspace.tokenizer.json",
 }
@@ -44,6 +46,10 @@ VARIANTS = {
     "llama-3.2-ignore-merges": ("llama-3.2", {}, {"ignore_merges": True}),
     # added-token flags the real files do not use: lstrip, rstrip, single_word, normalized (NFD content)
     "qwen2.5-added-flags": ("qwen2.5", "ADDED_FLAGS", {}),
+    # Digits with individual_digits = false: a run of digits is one piece (Falcon-style contiguous digits)
+    "smollm2-digits-contiguous": ("smollm2", {"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}}, {}),
     # no byte fallback: unknown characters become <unk>, runs of them fused (fuse_unk = true)
     "spm-llama2-unk": ("spm-llama2", {}, {"byte_fallback": False}),
 }

@@ -1,10 +1,10 @@
-/* Unit tests of the tokenizer: every golden case of the real Qwen2.5 and Llama-3.2 tokenizer.json
+/* Unit tests of the tokenizer: every golden case of the real Qwen2.5, Llama-3.2 and SmolLM2 tokenizer.json
  * (made with HF `tokenizers` by tests/ref/make_tokenizer_golden.py) must give the same ids, decode,
  * decode with skip_special and single-token decodes; round trips; concurrent encodes; error paths.
  * Each golden set is checked twice: parsed from its JSON, then mapped from the cache file that load
  * wrote (DFM_TOKENIZER_CACHE points into this test's scratch folder).
  *
- * The tokenizers come from $DFM_CACHE/tokenizers/ ('make deps'); a missing one is a FAILURE.
+ * The tokenizers come from $DFM_CACHE/tokenizers/ and models/ (make deps, make lm); a missing one is a FAILURE.
  * Golden files: $DFM_ROOT/tests/data/tokenizer/ (DFM_ROOT defaults to the current folder). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -106,6 +106,10 @@ static golden_set sets[] = {
     {"llama-3.2-ignore-merges", "%", NULL, NULL, NULL, 0},
     {"qwen2.5-added-flags", "%", NULL, NULL, NULL, 0},
     {"spm-llama2-unk", "%", NULL, NULL, NULL, 0},
+    /* SmolLM2-135M's, built by dfm-train import-gguf from its GGUF (make lm): Digits(individual) + ByteLevel;
+     * and patched to contiguous digits */
+    {"smollm2", "models/smollm2-135m/tokenizer.json", NULL, NULL, NULL, 0},
+    {"smollm2-digits-contiguous", "%", NULL, NULL, NULL, 0},
 };
 
 /* Write the base tokenizer.json with the golden header's patch applied; returns the new path. */
@@ -379,6 +383,8 @@ static void test_golden_qwen_gpt2_layout(void **state) { run_golden(&sets[4]); }
 static void test_golden_llama_ignore_merges(void **state) { run_golden(&sets[5]); }
 static void test_golden_qwen_added_flags(void **state) { run_golden(&sets[6]); }
 static void test_golden_spm_unk(void **state) { run_golden(&sets[7]); }
+static void test_golden_smollm2(void **state) { run_golden(&sets[8]); }
+static void test_golden_smollm2_digits_contiguous(void **state) { run_golden(&sets[9]); }
 
 /* ---------------------------------------------------------------- threads */
 
@@ -664,6 +670,8 @@ int main(void) {
         cmocka_unit_test(test_golden_llama_ignore_merges),
         cmocka_unit_test(test_golden_qwen_added_flags),
         cmocka_unit_test(test_golden_spm_unk),
+        cmocka_unit_test(test_golden_smollm2),
+        cmocka_unit_test(test_golden_smollm2_digits_contiguous),
         cmocka_unit_test(test_queries_and_range),
         cmocka_unit_test(test_concurrent_encode),
         cmocka_unit_test(test_concurrent_cache_churn),
