@@ -71,7 +71,7 @@ def bridge(use_transformers):
     import numpy as np
     import dfm
     import dfm.torch as dt
-    from train_cli import check, run
+    from train_cli import check, run, worst_diff
     T2, L, VAL, B = 64, 16, 4, 2
     with tempfile.TemporaryDirectory() as w:
         run("synth", "--out", os.path.join(w, "syn"), "--mode", "keyed", "--seqs", 40, "--seq-len", T2, "--chunk-len", L)
@@ -90,7 +90,7 @@ def bridge(use_transformers):
                               format="torch")
         py = dt.evaluate(model, batches)
         keys = ("ce_pred", "ce_none", "ce_target", "mse", "cos", "ce_pred_shuffled", "ce_target_shuffled")
-        worst = max(abs(py[k] - c[k]) for k in keys)
+        worst = worst_diff((py[k] for k in keys), (c[k] for k in keys))  # inf if a value is not finite
         check(worst < 1e-4 and py["batches"] == c["batches"] and all(np.isfinite(c[k]) for k in keys),
               f"dfm.torch on SmolLM2 ({want}) {{{', '.join(f'{k}: {py[k]:.6f}' for k in keys)}}} equals dfm-train "
               f"eval {{{', '.join(f'{k}: {c[k]:.6f}' for k in keys)}}} (worst |diff| {worst:.2e} < 1e-4)")
