@@ -170,7 +170,7 @@ def main():
         for b0 in range(0, n, a.batch):
             sl = slice(b0, min(n, b0 + a.batch))
             pi = partner[sl]
-            pm = torch.ones(pi.shape[0], 3, mask.shape[2], dtype=torch.bool)
+            pm = torch.ones(pi.shape[0], 3, slots_all.shape[2], dtype=torch.bool)
             if not mods.config.get("fuse_first_chunk", False):
                 pm[:, 0] = False
             for mode, mem, msk in (("predicted_shuffled", slots_all[pi], pm),
