@@ -103,25 +103,26 @@ typedef struct {
     int permute_heads; /* > 0: undo llama.cpp's RoPE row permutation with this many heads */
 } TensorPlan;
 
-static int add_plan(TensorPlan *p, int *n, const char *gguf, const char *hf, int64_t rows, int64_t cols, int perm) {
-    snprintf(p[*n].gguf, sizeof p[*n].gguf, "%s", gguf);
-    snprintf(p[*n].hf, sizeof p[*n].hf, "%s", hf);
-    p[*n].shape[0] = rows;
-    p[*n].shape[1] = cols;
-    p[*n].permute_heads = perm;
+/* Entry *n of plan (NULL: only counted). */
+static void add_plan(TensorPlan *plan, int *n, const char *gguf, const char *hf, int64_t rows, int64_t cols, int perm) {
+    if (plan) {
+        TensorPlan *p = &plan[*n];
+        snprintf(p->gguf, sizeof p->gguf, "%s", gguf);
+        snprintf(p->hf, sizeof p->hf, "%s", hf);
+        p->shape[0] = rows;
+        p->shape[1] = cols;
+        p->permute_heads = perm;
+    }
     (*n)++;
-    return DFM_OK;
 }
 
 /* Every tensor of the decoder, GGUF name -> HF name and shape. Returns the count (plan may be NULL). */
 static int plan_tensors(const BackboneConfig *bc, int llama, TensorPlan *plan) {
-    TensorPlan scratch;
     int n = 0;
     const StackConfig *d = &bc->dec;
     int64_t C = d->hidden, hd = d->head_dim, qd = (int64_t)d->n_heads * hd, kd = (int64_t)d->n_kv_heads * hd;
     char g[DFM_GGUF_MAX_NAME + 8], h[96];
-#define PLAN(gn, hn, r, c, perm) \
-    (plan ? add_plan(plan, &n, gn, hn, r, c, perm) : (n++, (void)scratch, 0))
+#define PLAN(gn, hn, r, c, perm) add_plan(plan, &n, gn, hn, r, c, perm)
     PLAN("token_embd.weight", "model.embed_tokens.weight", bc->vocab_size, C, 0);
     for (int l = 0; l < d->n_layers; l++) {
         static const struct { const char *g, *h; int kind; } M[] = {

@@ -10,7 +10,8 @@ the prompt (question form, or cloze form) ends on chunk 1's last token, and the 
 
 So the answer is predicted by chunk 1's last token, which reads chunk 2's memory (memory_align next): the
 memory predicted from chunk 1, or retrieved with chunk 1 (the prompt) as the query. Chunk 0 has no memory.
-Each document ends with the EOS id; `dfm chunk --doc-aligned --seq-len 3L` pads it to exactly one sequence.
+Each document ends with the EOS id; `dfm chunk --doc-aligned --seq-len 3L` pads it to exactly one sequence. A
+short last document follows them, so that the last probe's final token has a successor (its label).
 
     python3 bench/knowledge/probe_tokens.py --probes P.jsonl --tokenizer tokenizer.json --out DIR [--chunk-len 32]
         [--limit N] [--seed S]
@@ -66,6 +67,8 @@ def main():
             spans.append({"seq": seq, "probe": p["id"], "form": form, "start": 2 * L, "end": 2 * L + len(answer),
                           "entity": p["entity"], "fact": p["fact"], "answer": p["answer"]})
             tokens += doc + answer + stop + [eos]
+    # a last short document: every probe sequence's last token then has a next token, as a loader needs
+    tokens += filler[:8] + [eos]
     os.makedirs(a.out, exist_ok=True)
     hdr = np.zeros(256, np.int32)
     hdr[:3] = (20240801, 7, len(tokens))

@@ -22,7 +22,6 @@ CE of answer tokens against the other tokens of the sequence.
 import argparse
 import glob
 import json
-import math
 import os
 import struct
 import sys
@@ -79,6 +78,7 @@ def main():
     import torch
     import dfm
     import dfm.torch as dt
+    from dfm.data import to_torch
     from tokenizers import Tokenizer
     torch.set_num_threads(a.threads)
     t0 = time.time()
@@ -90,7 +90,6 @@ def main():
     model = dt.DFMModel(backbone, mods).eval()
     L = mods.config["chunk_len"]
     T = 3 * L
-    head = backbone.get_output_embeddings().weight if hasattr(backbone, "get_output_embeddings") else None
     gates = {}
 
     def gate_hook(i):
@@ -100,13 +99,28 @@ def main():
     for i, fb in enumerate(mods.fusion):
         fb.gate.register_forward_hook(gate_hook(i))
 
-    bt = dfm.Batches(a.run, T, 1, val_seqs=1, format="torch")
+    with open(os.path.join(a.run, "manifest.json")) as f:
+        staged = json.load(f)["stages"]
+    if "targets" in staged and staged["targets"].get("state") == "complete":
+        bt = dfm.Batches(a.run, T, 1, val_seqs=1, format="torch")
+    else:  # tokens only: the target modes are not scored
+        bt = dfm.Batches(None, T, 1, data=a.run, val_seqs=1, format="torch")
     n = len(spans)
-    rows = [bt.read(np.array([s["seq"]])) for s in spans]
-    toks = torch.cat([torch.as_tensor(np.asarray(r.tokens)) for r in rows]).long()
-    labels = torch.cat([torch.as_tensor(np.asarray(r.labels)) for r in rows]).long()
-    memory = torch.cat([torch.as_tensor(np.asarray(r.memory)) for r in rows])
-    mask = torch.cat([torch.as_tensor(np.asarray(r.mask)) for r in rows]).bool()
+    # each read is copied out: the reader fills the same buffers again (torch.frombuffer: no NumPy bridge,
+    # which torch builds for NumPy 1 lack under NumPy 2)
+    rows = []
+    for s in spans:
+        r = to_torch(bt.read(np.array([s["seq"]])))
+        rows.append([None if x is None else x.clone() for x in (r.tokens, r.labels, r.memory, r.mask)])
+    toks = torch.cat([r[0] for r in rows]).long()
+    labels = torch.cat([r[1] for r in rows]).long()
+    have_t = rows[0][2] is not None
+    if have_t:
+        memory = torch.cat([r[2] for r in rows])
+        mask = torch.cat([r[3] for r in rows]).bool()
+    else:  # a probe run without targets: the target modes are not scored
+        memory = mask = None
+        print("score: %s has no targets: target memory and its control are not scored" % a.run)
     # the control's partner: n/2 away in the scored set, moved on until it is another entity
     partner = []
     for i in range(n):
@@ -122,17 +136,18 @@ def main():
         gold = lab[start - 1:end - 1]
         return float(lg.gather(1, gold[:, None]).sum()), bool((lg.argmax(-1) == gold).all())
 
-    res = {m: [] for m in MODES}
-    other_ce = {m: [0.0, 0] for m in MODES if m != "in_context"}
+    modes = [m for m in MODES if have_t or not m.startswith("target")]
+    res = {m: [] for m in modes}
+    other_ce = {m: [0.0, 0] for m in modes if m != "in_context"}
     gate_mean = {m: [] for m in ("predicted", "target")}
     cos = []
     with torch.no_grad():
         slots_all = []
         for b0 in range(0, n, a.batch):
             sl = slice(b0, min(n, b0 + a.batch))
-            for mode in ("none", "predicted", "target"):
+            for mode in [m for m in ("none", "predicted", "target") if m in res]:
                 gates.clear()
-                r = model(toks[sl], labels[sl], memory[sl], mask[sl], mode=mode)
+                r = model(toks[sl], labels[sl], memory[sl] if have_t else None, mask[sl] if have_t else None, mode=mode)
                 if mode == "predicted":
                     slots_all.append(r["slots"])
                 for k, i in enumerate(range(sl.start, sl.stop)):
@@ -147,7 +162,7 @@ def main():
                     other_ce[mode][1] += int(keep.sum())
                     if mode in gate_mean and gates:
                         gate_mean[mode].append([float(g[k, s["start"] - 1:s["end"] - 1].mean()) for _, g in sorted(gates.items())])
-                    if mode == "predicted":
+                    if mode == "predicted" and have_t:
                         p, t, m = r["slots"][k, 2], memory[i, 2], mask[i, 2]
                         c = torch.nn.functional.cosine_similarity(p[m].double(), t[m].double(), dim=-1)
                         cos.append(float(c.mean()) if m.any() else float("nan"))
@@ -155,10 +170,13 @@ def main():
         for b0 in range(0, n, a.batch):
             sl = slice(b0, min(n, b0 + a.batch))
             pi = partner[sl]
-            pm = torch.ones(pi.shape[0], 3, mask.shape[2], dtype=torch.bool)
+            pm = torch.ones(pi.shape[0], 3, slots_all.shape[2], dtype=torch.bool)
             if not mods.config.get("fuse_first_chunk", False):
                 pm[:, 0] = False
-            for mode, mem, msk in (("predicted_shuffled", slots_all[pi], pm), ("target_shuffled", memory[pi], mask[pi])):
+            for mode, mem, msk in (("predicted_shuffled", slots_all[pi], pm),
+                                   ("target_shuffled", memory[pi] if have_t else None, mask[pi] if have_t else None)):
+                if mode not in res:
+                    continue
                 r = model(toks[sl], labels[sl], mem, msk, mode="target")
                 for k, i in enumerate(range(sl.start, sl.stop)):
                     s = spans[i]
@@ -183,7 +201,7 @@ def main():
             res["in_context"].append({"logprob": lp, "exact": em})
     # retrieval recall: does a neighbour of chunk 2 hold the answer?
     corpus_text = chunk_texts(a.corpus_run, tok)
-    nb = neighbours(a.run)
+    nb = neighbours(a.run) if have_t else {}
     recall = []
     for s in spans:
         ids = nb.get(s["seq"] * 3 + 2, [])
@@ -191,7 +209,7 @@ def main():
 
     def summary(sel):
         out = {}
-        for m in MODES:
+        for m in modes:
             v = [res[m][i] for i in sel]
             out[m] = {"logprob": float(np.mean([x["logprob"] for x in v])), "exact": float(np.mean([x["exact"] for x in v])),
                       "n": len(v)}
@@ -205,22 +223,22 @@ def main():
         "all": summary(range(n)),
         "by_fact": {f: summary([i for i, s in enumerate(spans) if s["fact"] == f]) for f in facts},
         "analysis": {
-            "predictor_cosine_answer_chunk": float(np.nanmean(cos)),
-            "retrieval_recall": float(np.mean(recall)),
+            "predictor_cosine_answer_chunk": float(np.nanmean(cos)) if cos else None,
+            "retrieval_recall": float(np.mean(recall)) if have_t else None,
             "gate_mean_answer_rows": {m: np.mean(gate_mean[m], 0).tolist() if gate_mean[m] else None for m in gate_mean},
-            "ce_answer_tokens": {m: -float(np.sum([x["logprob"] for x in res[m]])) / ans_tokens for m in MODES},
+            "ce_answer_tokens": {m: -float(np.sum([x["logprob"] for x in res[m]])) / ans_tokens for m in modes},
             "ce_other_tokens": {m: other_ce[m][0] / max(other_ce[m][1], 1) for m in other_ce},
             "exact_by_recall": {
-                "retrieved": summary([i for i in range(n) if recall[i]])["target"] if any(recall) else None,
-                "missed": summary([i for i in range(n) if not recall[i]])["target"] if not all(recall) else None},
+                "retrieved": summary([i for i in range(n) if recall[i]])["target"] if have_t and any(recall) else None,
+                "missed": summary([i for i in range(n) if not recall[i]])["target"] if have_t and not all(recall) else None},
         },
         "seconds": round(time.time() - t0, 1),
     }
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     al = result["all"]
-    print("score: %d sequences in %.0f s; answer log-prob / exact match: %s; retrieval recall %.3f, predictor cosine %.3f"
-          % (n, result["seconds"], ", ".join("%s %.2f / %.1f%%" % (m, al[m]["logprob"], 100 * al[m]["exact"]) for m in MODES),
+    print("score: %d sequences in %.0f s; answer log-prob / exact match: %s; retrieval recall %s, predictor cosine %s"
+          % (n, result["seconds"], ", ".join("%s %.2f / %.1f%%" % (m, al[m]["logprob"], 100 * al[m]["exact"]) for m in modes),
              result["analysis"]["retrieval_recall"], result["analysis"]["predictor_cosine_answer_chunk"]))
 
 

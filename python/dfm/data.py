@@ -340,7 +340,9 @@ class Batches(_Base):
         T, B, NC, K, d = self.T, len(idx), self.NC, self.K, self.d
         rows = (idx[:, None] * T + np.arange(T + 1)[None, :])
         win = self.tokens[rows]
-        tokens, labels = np.ascontiguousarray(win[:, :T]), np.ascontiguousarray(win[:, 1:])
+        # copies (not ascontiguousarray: for one row the slices already count as contiguous, and labels -1
+        # written below would show in the tokens, one position on)
+        tokens, labels = win[:, :T].copy(), win[:, 1:].copy()
         if self.pad is not None:
             pw = self.pad[rows]
             labels[(pw[:, :T] | pw[:, 1:]) != 0] = -1

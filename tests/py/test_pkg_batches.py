@@ -61,9 +61,9 @@ def same_batches(a, b):
     return ""
 
 
-def dump(w, name, *flags):
+def dump(w, name, *flags, batch=B):
     out = os.path.join(w, name + ".bin")
-    sh(DFM_TRAIN, "dump-batches", "--out", out, "--seq-len", T, "--batch", B, "--chunk-len", L, *flags)
+    sh(DFM_TRAIN, "dump-batches", "--out", out, "--seq-len", T, "--batch", batch, "--chunk-len", L, *flags)
     return dfm.read_dump(out)
 
 
@@ -181,6 +181,12 @@ def check_chunk_run(w):
     pad = sum(int((b.labels == -1).sum()) for b in p)
     check(not same_batches(c, p) and len(p) > 0, "tokens of a doc-aligned chunk run: %d batches equal dfm-train's "
           "(%d padded labels = -1)" % (len(p), pad))
+    # one sequence per batch: a row's tokens and labels must not share memory (the labels' -1 once leaked
+    # into the tokens, shifted by one)
+    c1 = dump(w, "c1", "--data", run, "--val-seqs", 2, "--seed", 4, batch=1)
+    p1 = list(dfm.Batches(run, T, 1, 0, 1, 4, with_targets=False, val_seqs=2))
+    check(not same_batches(c1, p1) and min(int(b.tokens.min()) for b in p1) >= 0,
+          "batch 1, doc-aligned run: %d batches equal dfm-train's, no token -1" % len(p1))
     # targets in the same run (synthetic records over its chunks): the one-argument use, and inspect's texts
     with open(os.path.join(run, "manifest.json")) as f:
         n = json.load(f)["stages"]["chunk"]["counts"]["chunks"]
