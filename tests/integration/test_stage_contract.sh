@@ -109,7 +109,12 @@ S=$WORK/syn
 "$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 > "$WORK/w0.log" 2>&1 || { cat "$WORK/w0.log"; fail "synthetic"; }
 "$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 --force > "$WORK/w1.log" 2>&1 &
 P=$!
-for _ in $(seq 500); do grep -q "pid $P " "$S/.lock" 2>/dev/null && break; sleep 0.01; done
+# frozen once it holds the lock and has marked the stage running (frozen earlier, a reader still sees the
+# complete run of the first write)
+for _ in $(seq 1000); do
+  grep -q "pid $P " "$S/.lock" 2>/dev/null && grep -q '"state": *"running"' "$S/manifest.json" 2>/dev/null && break
+  sleep 0.01
+done
 kill -STOP $P
 grep -q "pid $P " "$S/.lock" || { kill -CONT $P; fail "first writer never took the lock"; }
 expect_fail "is being written by another process: host $(hostname) pid $P command" "$DFM" write-targets "$S" --synthetic 100000 --target-shards 4 --force
