@@ -113,13 +113,14 @@ typedef struct {
     dfm_target_writer *w; /* the shard being written */
 } build_ctx;
 
-/* Who owns which embedding rows: every rank's (first, count), which must tile [0, N) in rank order. Agreed. */
+/* Who owns which embedding rows: every rank's (first, count), which must tile [0, N) in rank order (N: the rows
+the neighbour ids index). Agreed. */
 static int row_owners(build_ctx *x) {
     int rc = DFM_OK;
     const dfm_mpi *m = x->m;
     const int P = m->size;
-    const uint64_t N = x->src->n_chunks;
     const dfm_target_source *src = x->src;
+    const uint64_t N = src->n_rows ? src->n_rows : src->n_chunks;
     uint64_t mine[2] = {src->own_first, src->own_count};
     x->own = malloc(sizeof(uint64_t) * 2 * (size_t)P);
     if (!x->own) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -131,7 +132,7 @@ static int row_owners(build_ctx *x) {
                           p, (unsigned long long)x->own[2 * p], (unsigned long long)at);
         at += x->own[2 * p + 1];
         if (p == P - 1 && at != N)
-            rc = DFM_FAIL(DFM_EINTERNAL, "ranks own %llu embedding rows for %llu chunks", (unsigned long long)at, (unsigned long long)N);
+            rc = DFM_FAIL(DFM_EINTERNAL, "ranks own %llu embedding rows of %llu", (unsigned long long)at, (unsigned long long)N);
     }
     return dfm_mpi_agree(m, rc);
 }
@@ -255,9 +256,10 @@ static int round_requests(build_ctx *x, const block_t *bk) {
             for (uint32_t r = 0; r < K; r++) {
                 if (!((x->b.mask[q] >> r) & 1u)) continue;
                 int64_t id = x->b.ids[q * K + r];
-                if (id < 0 || (uint64_t)id >= N) {
+                uint64_t NR = src->n_rows ? src->n_rows : N;
+                if (id < 0 || (uint64_t)id >= NR) {
                     lrc = DFM_FAIL(DFM_ERANGE, "chunk %llu slot %u: neighbour id %lld outside [0, %llu) in a valid slot",
-                                   (unsigned long long)(bk->first + q), r, (long long)id, (unsigned long long)N);
+                                   (unsigned long long)(bk->first + q), r, (long long)id, (unsigned long long)NR);
                     break;
                 }
                 x->b.req[x->b.n_req++] = (uint64_t)id;

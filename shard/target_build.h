@@ -28,6 +28,8 @@ typedef struct {
     void *ctx;
     uint64_t n_chunks;
     uint32_t k, d;
+    uint64_t n_rows;               /* 0: neighbour ids index this run's n_chunks rows; else the rows of another
+                                    * run (the datastore of a query-only run) */
     uint64_t own_first, own_count; /* embedding rows this rank owns */
     /* Neighbours of queries [first, first+n): ids[n*k] (rank order), scores[n*k], mask[n] (bit r = slot r
      * valid), seq_start[n] (1 = first chunk of a training sequence: no query). */

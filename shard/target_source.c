@@ -1,4 +1,6 @@
-/* target_source.c — neighbour blocks + owned embedding blocks as a dfm_target_source. */
+/* target_source.c — neighbour blocks + owned embedding blocks as a dfm_target_source. The embedding rows are
+ * the run's own, or, for a query-only run (retrieved from another run with `dfm retrieve --datastore`), the
+ * datastore run's, which its retrieve stage names. */
 #include "shard/target_source.h"
 
 #include "common/error.h"
@@ -147,18 +149,41 @@ int dfm_target_real_open(const dfm_mpi *m, const char *run_dir, dfm_target_real 
         const dfm_nbr_block *b0;
         if (!rc) rc = nbr_block(r, 0, &b0); /* checks block 0 against the manifest */
     }
+    /* the embedding rows the neighbour ids index: this run's, or its datastore run's (a query-only run,
+     * retrieved with --datastore: the retrieve stage names that run) */
+    json_t *ds = json_object_get(dfm_manifest_stage(man, "retrieve"), "datastore");
+    const char *rows_dir = run_dir;
+    json_t *dman = NULL;
+    long long n_rows = n_chunks;
+    if (!rc && ds) {
+        rows_dir = json_string_value(json_object_get(ds, "run"));
+        if (!rows_dir) rc = DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: the retrieve stage's \"datastore\" names no run", run_dir);
+        if (!rc) rc = dfm_manifest_load(rows_dir, 0, &dman);
+        if (!rc) rc = dfm_manifest_require_complete(dman, "encode", rows_dir);
+        if (!rc) {
+            json_t *denc = dfm_manifest_stage(dman, "encode");
+            n_rows = dfm_manifest_count(dman, "chunk", "chunks");
+            if (json_integer_value(json_object_get(denc, "dim")) != dim || n_rows <= 0 ||
+                n_rows != json_integer_value(json_object_get(ds, "chunks")))
+                rc = DFM_FAIL(DFM_EMISMATCH, "%s: its datastore run %s holds %lld chunks of dim %lld; the retrieve stage recorded "
+                              "%lld chunks of dim %lld. HINT: the datastore changed after 'dfm retrieve'; re-run it with --force",
+                              run_dir, rows_dir, n_rows, (long long)json_integer_value(json_object_get(denc, "dim")),
+                              (long long)json_integer_value(json_object_get(ds, "chunks")), (long long)dim);
+            bc = json_integer_value(json_object_get(denc, "block_chunks"));
+        }
+    }
     if (!rc) {
         r->d = (uint32_t)dim;
         r->block_chunks = (uint64_t)bc;
         r->seq_chunks = (uint64_t)(S / L);
-        uint64_t nb = ((uint64_t)n_chunks + r->block_chunks - 1) / r->block_chunks;
+        uint64_t nb = ((uint64_t)n_rows + r->block_chunks - 1) / r->block_chunks;
         r->first_block = nb * (uint64_t)m->rank / (uint64_t)m->size;
         r->n_blocks = nb * (uint64_t)(m->rank + 1) / (uint64_t)m->size - r->first_block;
         r->emb = calloc(r->n_blocks ? r->n_blocks : 1, sizeof *r->emb);
         if (!r->emb) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
         for (uint64_t i = 0; !rc && i < r->n_blocks; i++) {
             char *name = dfm_emb_block_name(r->first_block + i);
-            char *p = name ? dfm_path_join(run_dir, name) : NULL;
+            char *p = name ? dfm_path_join(rows_dir, name) : NULL;
             rc = p ? dfm_emb_shard_open(p, &r->emb[i]) : DFM_FAIL(DFM_ENOMEM, "no memory");
             if (!rc && (r->emb[i]->hdr.dim != r->d || r->emb[i]->hdr.first_chunk != (r->first_block + i) * r->block_chunks))
                 rc = DFM_FAIL(DFM_EFORMAT, "%s: dim %u / first chunk %llu disagree with the encode stage", p, r->emb[i]->hdr.dim,
@@ -167,6 +192,7 @@ int dfm_target_real_open(const dfm_mpi *m, const char *run_dir, dfm_target_real 
             free(p);
         }
     }
+    json_decref(dman);
     json_decref(man);
     if (rc) {
         dfm_target_real_close(r);
@@ -175,13 +201,14 @@ int dfm_target_real_open(const dfm_mpi *m, const char *run_dir, dfm_target_real 
     memset(src, 0, sizeof *src);
     src->ctx = r;
     src->n_chunks = (uint64_t)n_chunks;
+    src->n_rows = ds ? (uint64_t)n_rows : 0; /* 0: the run's own rows */
     src->k = r->k;
     src->d = r->d;
     src->own_first = r->first_block * r->block_chunks;
     uint64_t end = (r->first_block + r->n_blocks) * r->block_chunks;
-    if (end > (uint64_t)n_chunks) end = (uint64_t)n_chunks;
+    if (end > (uint64_t)n_rows) end = (uint64_t)n_rows;
     src->own_count = r->n_blocks ? end - src->own_first : 0;
-    if (!r->n_blocks) src->own_first = end > 0 ? (r->first_block * r->block_chunks < (uint64_t)n_chunks ? r->first_block * r->block_chunks : (uint64_t)n_chunks) : 0;
+    if (!r->n_blocks) src->own_first = end > 0 ? (r->first_block * r->block_chunks < (uint64_t)n_rows ? r->first_block * r->block_chunks : (uint64_t)n_rows) : 0;
     src->neighbors = real_neighbors;
     src->rows = real_rows;
     *out = r;

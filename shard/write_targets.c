@@ -72,6 +72,9 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
         bc.rec.k = src.k;
         bc.rec.d = src.d;
     }
+    if (!rc && bc.rec.ids_only && src.n_rows)
+        rc = DFM_FAIL(DFM_EARG, "%s retrieved its neighbours from another run (a datastore): --store ids keeps only this "
+                      "run's own embeddings. HINT: --store embeddings", run);
     /* rank 0: manifest, fingerprint; everyone: the fingerprint */
     char fp[17] = {0};
     int skip = 0;
