@@ -50,9 +50,9 @@ static char *chunk_text(const dfm_chunk_set *cs, const dfm_tokenizer *tok, uint6
 
 /* ---- inspect ---------------------------------------------------------------------------------- */
 /* One record with the texts of its query chunk, the chunk before it and its valid neighbours (cs, tok
- * may be NULL: no texts). */
-static void print_record(const dfm_target_info *inf, const dfm_trec *t, const dfm_chunk_set *cs, const dfm_tokenizer *tok,
-                         int64_t nvals) {
+ * may be NULL: no texts; ns: the chunks the neighbour ids index, cs or a datastore run's). */
+static void print_record(const dfm_target_info *inf, const dfm_trec *t, const dfm_chunk_set *cs, const dfm_chunk_set *ns,
+                         const dfm_tokenizer *tok, int64_t nvals) {
     printf("chunk %llu  K %u  d %u  dtype %s  store %s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
            inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings",
            (t->flags & DFM_TREC_F_SEQ_START) ? " SEQ_START" : "", (t->flags & DFM_TREC_F_EMPTY) ? " EMPTY" : "",
@@ -71,7 +71,7 @@ static void print_record(const dfm_target_info *inf, const dfm_trec *t, const df
         for (int64_t j = 0; j < nvals && j < (int64_t)inf->d; j++) printf("%s%+.5f", j ? ", " : "", t->emb[(size_t)i * inf->d + j]);
         printf("%s]\n", nvals < (int64_t)inf->d ? ", ..." : "");
         if (valid) {
-            char *nt = chunk_text(cs, tok, (uint64_t)t->ids[i]);
+            char *nt = chunk_text(ns, tok, (uint64_t)t->ids[i]);
             if (nt) printf("           text: %s\n", nt);
             free(nt);
         }
@@ -80,7 +80,7 @@ static void print_record(const dfm_target_info *inf, const dfm_trec *t, const df
 
 int dfm_target_inspect(const char *run, uint64_t chunk, int64_t nvals, const char *tokenizer) {
     dfm_target_reader *r = NULL;
-    dfm_chunk_set *cs = NULL;
+    dfm_chunk_set *cs = NULL, *ds = NULL;
     dfm_tokenizer *tok = NULL;
     json_t *man = NULL;
     rec_buf b = {0};
@@ -97,16 +97,21 @@ int dfm_target_inspect(const char *run, uint64_t chunk, int64_t nvals, const cha
             int trc = tp ? dfm_tokenizer_load(tp, &tok) : DFM_ENOTFOUND;
             if (trc && tokenizer) rc = trc;
             else if (!trc) rc = dfm_chunk_set_open(run, &cs);
+            /* a query-only run's neighbours are chunks of its datastore run */
+            const char *dsr = json_string_value(
+                json_object_get(json_object_get(dfm_manifest_stage(man, "retrieve"), "datastore"), "run"));
+            if (!rc && !trc && dsr) rc = dfm_chunk_set_open(dsr, &ds);
             if (rc) rc = dfm_error_prefix("inspect %s: the texts of chunk %llu", run, (unsigned long long)chunk);
         }
         if (!rc) {
             dfm_error_clear();
-            print_record(dfm_target_reader_info(r), &b.t, cs, tok, nvals);
+            print_record(dfm_target_reader_info(r), &b.t, cs, ds ? ds : cs, tok, nvals);
         }
     }
     rec_buf_free(&b);
     dfm_target_reader_close(r);
     dfm_chunk_set_close(cs);
+    dfm_chunk_set_close(ds);
     dfm_tokenizer_free(tok);
     json_decref(man);
     return rc;
