@@ -14,7 +14,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

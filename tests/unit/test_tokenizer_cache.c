@@ -1,4 +1,4 @@
-/* Unit tests of the tokenizer cache file (pipeline/tokenizer/tok_cachefile.c, schemas/tokenizer_cache.md):
+/* Unit tests of the tokenizer cache file (tokenizer/tok_cachefile.c, schemas/tokenizer_cache.md):
  * written on the first load and mapped on the next; the same ids either way; a stale, truncated,
  * corrupt, wrong-version or empty cache file is never used but rebuilt; resealed mutations (valid
  * checksums, bad contents) are refused or give in-range ids, never a crash (run under ASan by
@@ -13,8 +13,8 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "pipeline/tokenizer/tok_internal.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tok_internal.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 #ifndef DFM_TOK_INTERNAL_H
 #define DFM_TOK_INTERNAL_H
 
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

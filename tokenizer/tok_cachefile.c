@@ -7,7 +7,7 @@
  * loops stop on are checked before a pointer into it is handed out; a payload checksum catches bit rot
  * and torn files.
  */
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -10,7 +10,7 @@
  *   4. each remaining piece goes through the pre-tokenizer stages (Split regex, ByteLevel, Metaspace);
  *   5. each pre-token is BPE-encoded (tok_bpe.c, cached).
  */
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"

@@ -5,7 +5,7 @@
  * is alive and the pair there still merges to the same id (stale entries are skipped, not removed).
  * O(n log n) in the piece length.
  */
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 #include "common/error.h"
 
