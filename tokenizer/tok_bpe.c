@@ -1,15 +1,21 @@
-/* tok_bpe.c — the BPE model: vocabulary and merge-rank hash maps, the merge loop, the piece cache.
+/* tok_bpe.c — the hash maps of the tokenizer (vocabulary, pairs) and the BPE model.
  *
- * Merge loop (as Hugging Face's BPE::merge_word): symbols in a doubly linked list, candidate pairs in
- * a binary min-heap keyed (rank, left position); a popped candidate is used only if its left symbol
- * is alive and the pair there still merges to the same id (stale entries are skipped, not removed).
- * O(n log n) in the piece length.
+ * BPE, as `tokenizers`' models/bpe (BPE::merge_word, Word::merge_all):
+ *   - ignore_merges: a piece found whole in the vocabulary is that one id;
+ *   - one symbol per character (per byte with a ByteLevel pre-tokenizer); every symbol but the first carries
+ *     continuing_subword_prefix, the last one end_of_word_suffix; a symbol not in the vocabulary becomes
+ *     its bytes' <0xNN> tokens when byte_fallback is on and all of them exist (prefix and suffix bytes
+ *     included), else the unknown token (consecutive ones fused into one with fuse_unk; an unknown token
+ *     waits for the next known symbol, so byte-fallback tokens may come before it, as in `tokenizers`),
+ *     else nothing;
+ *   - merges by rank: symbols in a doubly linked list, candidate pairs in a binary min-heap keyed (rank,
+ *     left position); a popped candidate is used only if its left symbol is alive and the pair there still
+ *     merges with the same rank (stale entries are skipped, not removed). O(n log n) in the piece length.
  */
 #include "tokenizer/tok_internal.h"
 
 #include "common/error.h"
 
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -66,7 +72,7 @@ void dfm_strmap_free(dfm_strmap *m) {
     m->slots = NULL;
 }
 
-/* ---------------------------------------------------------------- merge map */
+/* ---------------------------------------------------------------- pair map */
 
 static inline size_t pair_slot(uint64_t key, size_t mask) {
     key ^= key >> 31;
@@ -74,14 +80,14 @@ static inline size_t pair_slot(uint64_t key, size_t mask) {
     return (size_t)(key >> 17) & mask;
 }
 
-int dfm_mergemap_init(dfm_mergemap *m, size_t n) {
+int dfm_pairmap_init(dfm_pairmap *m, size_t n) {
     size_t cap = pow2_at_least(n * 2 + 1);
     m->keys = malloc(cap * sizeof *m->keys);
     m->vals = malloc(cap * sizeof *m->vals);
     if (!m->keys || !m->vals) {
         free(m->keys), free(m->vals);
         m->keys = m->vals = NULL;
-        return DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-slot merge map", cap);
+        return DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-slot pair map", cap);
     }
     memset(m->keys, 0xff, cap * sizeof *m->keys);
     m->mask = cap - 1;
@@ -89,25 +95,22 @@ int dfm_mergemap_init(dfm_mergemap *m, size_t n) {
     return DFM_OK;
 }
 
-void dfm_mergemap_put(dfm_mergemap *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id) {
-    uint64_t key = (uint64_t)a << 32 | b;
+void dfm_pairmap_put(dfm_pairmap *m, uint64_t key, uint64_t val) {
     for (size_t k = pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
         if (m->keys[k] == UINT64_MAX) {
             m->keys[k] = key;
-            m->vals[k] = (uint64_t)rank << 32 | id;
+            m->vals[k] = val;
             m->n++;
             return;
         }
-        if (m->keys[k] == key) { /* a repeated pair: the later line wins, as in HF */
-            m->vals[k] = (uint64_t)rank << 32 | id;
+        if (m->keys[k] == key) {
+            m->vals[k] = val;
             return;
         }
     }
 }
 
-/* rank << 32 | merged id, or UINT64_MAX when the pair does not merge. */
-static inline uint64_t merge_get(const dfm_mergemap *m, uint32_t a, uint32_t b) {
-    uint64_t key = (uint64_t)a << 32 | b;
+uint64_t dfm_pairmap_get(const dfm_pairmap *m, uint64_t key) {
     for (size_t k = pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
         uint64_t s = m->keys[k];
         if (s == key) return m->vals[k];
@@ -115,134 +118,24 @@ static inline uint64_t merge_get(const dfm_mergemap *m, uint32_t a, uint32_t b) 
     }
 }
 
-void dfm_mergemap_free(dfm_mergemap *m) {
+void dfm_pairmap_free(dfm_pairmap *m) {
     free(m->keys);
     free(m->vals);
     m->keys = m->vals = NULL;
 }
 
-/* ---------------------------------------------------------------- cache */
-
-#define CACHE_SLOTS 4096         /* per shard, power of two */
-#define CACHE_ENTRIES 2048       /* load factor <= 1/2 */
-#define CACHE_WORDS (32u << 10)  /* arena words per shard (128 KiB) */
-
-int dfm_tok_cache_init(dfm_tokenizer *tok) {
-    for (int i = 0; i < DFM_TOK_CACHE_SHARDS; i++) {
-        dfm_tok_cache_shard *sh = &tok->cache[i];
-        pthread_mutex_init(&sh->mu, NULL);
-        atomic_init(&sh->seq, 0);
-        sh->used = sh->n = 0;
-        /* calloc: the pages stay unmapped until a shard is used */
-        sh->slots = calloc(CACHE_SLOTS, sizeof *sh->slots);
-        sh->arena = calloc(CACHE_WORDS, sizeof *sh->arena);
-        if (!sh->slots || !sh->arena)
-            return DFM_FAIL(DFM_ENOMEM, "no memory for the tokenizer's piece cache");
-    }
-    return DFM_OK;
+/* rank << 32 | merged id, or UINT64_MAX when the pair does not merge. */
+static inline uint64_t merge_get(const dfm_pairmap *m, uint32_t a, uint32_t b) {
+    return dfm_pairmap_get(m, (uint64_t)a << 32 | b);
 }
 
-void dfm_tok_cache_free(dfm_tokenizer *tok) {
-    for (int i = 0; i < DFM_TOK_CACHE_SHARDS; i++) {
-        free((void *)tok->cache[i].slots);
-        free((void *)tok->cache[i].arena);
-        tok->cache[i].slots = NULL, tok->cache[i].arena = NULL;
-        pthread_mutex_destroy(&tok->cache[i].mu);
-    }
-}
-
-#define RLX memory_order_relaxed
-
-/* The key as zero-padded 32-bit words (what the arena holds). */
-static size_t key_words(const uint8_t *s, size_t n, uint32_t *w) {
-    size_t kw = (n + 3) / 4;
-    w[kw ? kw - 1 : 0] = 0;
-    memcpy(w, s, n);
-    return kw;
-}
-
-/* Seqlock read: 1 and ids appended on a hit; 0 on a miss or when a writer got in the way. */
-static int cache_get(dfm_tok_cache_shard *sh, uint64_t h, const uint8_t *s, size_t n, dfm_ids *out, int *err) {
-    uint32_t kw_buf[DFM_TOK_CACHE_MAX_KEY / 4], ids[DFM_TOK_CACHE_MAX_IDS];
-    size_t kw = key_words(s, n, kw_buf), nids = 0;
-    unsigned s1 = atomic_load_explicit(&sh->seq, memory_order_acquire);
-    if (s1 & 1) return 0;
-    uint64_t frag = h >> 32 << 32;
-    int hit = 0;
-    size_t k = h & (CACHE_SLOTS - 1);
-    for (size_t probe = 0; probe < CACHE_SLOTS; probe++, k = (k + 1) & (CACHE_SLOTS - 1)) {
-        uint64_t v = atomic_load_explicit(&sh->slots[k], RLX);
-        if (!v) break;
-        if ((v >> 32 << 32) != frag) continue;
-        size_t off = (uint32_t)v - 1;
-        if (off >= CACHE_WORDS) break; /* torn by a writer: the sequence check rejects it anyway */
-        uint32_t w0 = atomic_load_explicit(&sh->arena[off], RLX);
-        nids = w0 >> 16;
-        if ((w0 & 0xffff) != n || nids > DFM_TOK_CACHE_MAX_IDS || off + 1 + kw + nids > CACHE_WORDS) continue;
-        size_t i = 0;
-        while (i < kw && atomic_load_explicit(&sh->arena[off + 1 + i], RLX) == kw_buf[i]) i++;
-        if (i < kw) continue;
-        for (size_t j = 0; j < nids; j++) ids[j] = atomic_load_explicit(&sh->arena[off + 1 + kw + j], RLX);
-        hit = 1;
-        break;
-    }
-    atomic_thread_fence(memory_order_acquire);
-    if (!hit || atomic_load_explicit(&sh->seq, RLX) != s1) return 0;
-    for (size_t j = 0; j < nids; j++)
-        if (dfm_ids_push(out, ids[j])) { *err = DFM_ENOMEM; break; }
-    return 1;
-}
-
-static void cache_put(dfm_tok_cache_shard *sh, uint64_t h, const uint8_t *s, size_t n, const uint32_t *ids,
-                      size_t nids) {
-    uint32_t kw_buf[DFM_TOK_CACHE_MAX_KEY / 4];
-    size_t kw = key_words(s, n, kw_buf), need = 1 + kw + nids;
-    uint64_t frag = h >> 32 << 32;
-    pthread_mutex_lock(&sh->mu);
-    unsigned seq = atomic_load_explicit(&sh->seq, RLX);
-    /* another thread may have inserted it meanwhile (we hold the only write access: plain reads) */
-    size_t k = h & (CACHE_SLOTS - 1);
-    for (;; k = (k + 1) & (CACHE_SLOTS - 1)) {
-        uint64_t v = atomic_load_explicit(&sh->slots[k], RLX);
-        if (!v) break;
-        if ((v >> 32 << 32) != frag) continue;
-        size_t off = (uint32_t)v - 1, i = 0;
-        if ((atomic_load_explicit(&sh->arena[off], RLX) & 0xffff) != n) continue;
-        while (i < kw && atomic_load_explicit(&sh->arena[off + 1 + i], RLX) == kw_buf[i]) i++;
-        if (i == kw) goto out;
-    }
-    atomic_store_explicit(&sh->seq, seq + 1, RLX);
-    atomic_thread_fence(memory_order_release);
-    if (sh->n >= CACHE_ENTRIES || sh->used + need > CACHE_WORDS) { /* full: start over */
-        for (size_t i = 0; i < CACHE_SLOTS; i++) atomic_store_explicit(&sh->slots[i], 0, RLX);
-        sh->n = 0, sh->used = 0;
-        k = h & (CACHE_SLOTS - 1);
-    }
-    size_t off = sh->used;
-    atomic_store_explicit(&sh->arena[off], (uint32_t)n | (uint32_t)nids << 16, RLX);
-    for (size_t i = 0; i < kw; i++) atomic_store_explicit(&sh->arena[off + 1 + i], kw_buf[i], RLX);
-    for (size_t j = 0; j < nids; j++) atomic_store_explicit(&sh->arena[off + 1 + kw + j], ids[j], RLX);
-    atomic_store_explicit(&sh->slots[k], frag | (off + 1), RLX);
-    sh->used += need;
-    sh->n++;
-    atomic_store_explicit(&sh->seq, seq + 2, memory_order_release);
-out:
-    pthread_mutex_unlock(&sh->mu);
-}
-
-/* ---------------------------------------------------------------- merge loop */
+/* ---------------------------------------------------------------- symbols */
 
 struct dfm_bpe_sym {
     uint32_t id;
     int32_t prev, next;
     uint32_t len; /* bytes covered; 0 = merged away */
 };
-
-void dfm_bpe_work_free(dfm_bpe_work *w) {
-    free(w->sym);
-    free(w->heap);
-    memset(w, 0, sizeof *w);
-}
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
     if (*cap >= need) return DFM_OK;
@@ -281,60 +174,100 @@ static inline uint64_t heap_pop(uint64_t *h, size_t *n) {
     return top;
 }
 
-/* Initial symbols: one per byte (byte-level) or per character (with <0xNN> byte fallback). */
-static int initial_symbols(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *s, size_t n, size_t *nsym) {
-    DFM_TRY(grow((void **)&w->sym, &w->sym_cap, n, sizeof *w->sym));
+static inline void add_sym(dfm_enc_ctx *c, size_t *k, uint32_t id, uint32_t len) {
+    c->sym[(*k)++] = (struct dfm_bpe_sym){id, 0, 0, len};
+}
+
+/* The general case (BPE::merge_word): prefix/suffix, byte fallback, unknown tokens. */
+static int general_symbols(dfm_enc_ctx *c, const uint8_t *s, size_t n, size_t *nsym) {
+    const dfm_tokenizer *tok = c->tok;
+    sbuf *key = &c->word;
     size_t k = 0;
-    if (tok->byte_level) {
-        for (size_t i = 0; i < n; i++) {
-            int32_t id = tok->byte_id[s[i]];
-            if (id < 0)
-                return DFM_FAIL(DFM_EFORMAT, "byte 0x%02x has no token in the byte-level vocabulary. HINT: the "
-                                "tokenizer.json is incomplete", s[i]);
-            w->sym[k++] = (struct dfm_bpe_sym){(uint32_t)id, 0, 0, 1};
+    int64_t unk = -1; /* the pending unknown symbol's length, or -1 */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = tok->byte_level ? 1 : (size_t)dfm_utf8_next(s + i, n - i, &cp);
+        int first = i == 0, last = i + l == n;
+        key->n = 0;
+        if (!first) DFM_TRY(dfm_sbuf_add(key, tok->prefix_raw, tok->prefix_raw_len));
+        DFM_TRY(dfm_sbuf_add(key, s + i, l));
+        if (last) DFM_TRY(dfm_sbuf_add(key, tok->suffix_raw, tok->suffix_raw_len));
+        int64_t id = dfm_strmap_get(&tok->vocab, key->p, key->n);
+        if (id >= 0) {
+            if (unk >= 0) add_sym(c, &k, (uint32_t)tok->unk_id, (uint32_t)unk), unk = -1;
+            add_sym(c, &k, (uint32_t)id, (uint32_t)l);
+            i += l;
+            continue;
         }
-    } else {
-        for (size_t i = 0; i < n;) {
-            uint32_t cp;
-            int l = dfm_utf8_next(s + i, n - i, &cp);
-            int64_t id = dfm_strmap_get(&tok->vocab, s + i, (size_t)l);
-            if (id >= 0) {
-                w->sym[k++] = (struct dfm_bpe_sym){(uint32_t)id, 0, 0, (uint32_t)l};
-            } else if (tok->byte_fallback && tok->byte_id[s[i]] >= 0) {
-                for (int j = 0; j < l; j++) {
-                    int32_t b = tok->byte_id[s[i + j]];
-                    if (b < 0) return DFM_FAIL(DFM_EFORMAT, "byte fallback token <0x%02X> missing", s[i + j]);
-                    w->sym[k++] = (struct dfm_bpe_sym){(uint32_t)b, 0, 0, 1};
-                }
-            } else if (tok->unk_id >= 0) {
-                /* one unk per unknown character, or one per run of them with fuse_unk */
-                if (tok->fuse_unk && k && w->sym[k - 1].id == (uint32_t)tok->unk_id) w->sym[k - 1].len += (uint32_t)l;
-                else w->sym[k++] = (struct dfm_bpe_sym){(uint32_t)tok->unk_id, 0, 0, (uint32_t)l};
-            } /* else: HF drops the character */
-            i += (size_t)l;
+        if (tok->byte_fallback) { /* the bytes of the symbol's string in tokenizer.json's terms */
+            sbuf *fb = &c->word2;
+            fb->n = 0;
+            if (!first) DFM_TRY(dfm_sbuf_add(fb, tok->prefix, tok->prefix_len));
+            if (tok->byte_level) DFM_TRY(dfm_sbuf_cp(fb, dfm_bytelevel_cp(s[i])));
+            else DFM_TRY(dfm_sbuf_add(fb, s + i, l));
+            if (last) DFM_TRY(dfm_sbuf_add(fb, tok->suffix, tok->suffix_len));
+            size_t j = 0;
+            while (j < fb->n && tok->fb_id[(uint8_t)fb->p[j]] >= 0) j++;
+            if (j == fb->n) {
+                DFM_TRY(grow((void **)&c->sym, &c->sym_cap, k + fb->n + (n - i) + 2, sizeof *c->sym));
+                for (j = 0; j < fb->n; j++) add_sym(c, &k, (uint32_t)tok->fb_id[(uint8_t)fb->p[j]], 1);
+                i += l;
+                continue;
+            }
         }
+        if (tok->unk_id >= 0) {
+            if (unk >= 0 && tok->fuse_unk) unk += (int64_t)l;
+            else {
+                if (unk >= 0) add_sym(c, &k, (uint32_t)tok->unk_id, (uint32_t)unk);
+                unk = (int64_t)l;
+            }
+        } else if (tok->unk_missing) {
+            return DFM_FAIL(DFM_EFORMAT, "model.unk_token is not in the vocabulary, and the text holds a character "
+                            "the vocabulary lacks (\"%.*s\"). HINT: the tokenizer.json is inconsistent; `tokenizers` "
+                            "fails on this text too", (int)l, (const char *)s + i);
+        } /* else: `tokenizers` drops the character */
+        i += l;
     }
+    if (unk >= 0) add_sym(c, &k, (uint32_t)tok->unk_id, (uint32_t)unk);
+    *nsym = k;
+    return DFM_OK;
+}
+
+/* Initial symbols: one per byte (byte-level, every byte in the vocabulary: the fast path) or per character. */
+static int initial_symbols(dfm_enc_ctx *c, const uint8_t *s, size_t n, size_t *nsym) {
+    const dfm_tokenizer *tok = c->tok;
+    DFM_TRY(grow((void **)&c->sym, &c->sym_cap, 2 * n + 2, sizeof *c->sym));
+    size_t k = 0;
+    if (tok->byte_level && !tok->prefix_raw_len && !tok->suffix_raw_len) {
+        for (; k < n && tok->byte_id[s[k]] >= 0; k++) c->sym[k] = (struct dfm_bpe_sym){(uint32_t)tok->byte_id[s[k]], 0, 0, 1};
+    }
+    if (k < n) DFM_TRY(general_symbols(c, s, n, &k));
     for (size_t i = 0; i < k; i++) {
-        w->sym[i].prev = (int32_t)i - 1;
-        w->sym[i].next = i + 1 < k ? (int32_t)i + 1 : -1;
+        c->sym[i].prev = (int32_t)i - 1;
+        c->sym[i].next = i + 1 < k ? (int32_t)i + 1 : -1;
     }
     *nsym = k;
     return DFM_OK;
 }
 
-static int merge_word(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *s, size_t n, dfm_ids *out) {
+int dfm_bpe_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out) {
+    const dfm_tokenizer *tok = c->tok;
+    if (tok->ignore_merges) {
+        int64_t id = dfm_strmap_get(&tok->vocab, s, n);
+        if (id >= 0) return dfm_ids_push(out, (uint32_t)id);
+    }
     size_t k = 0;
-    DFM_TRY(initial_symbols(tok, w, s, n, &k));
-    struct dfm_bpe_sym *sym = w->sym;
-    DFM_TRY(grow((void **)&w->heap, &w->heap_cap, k + 1, sizeof *w->heap));
-    uint64_t *heap = w->heap;
+    DFM_TRY(initial_symbols(c, s, n, &k));
+    struct dfm_bpe_sym *sym = c->sym;
+    DFM_TRY(grow((void **)&c->heap, &c->heap_cap, k + 1, sizeof *c->heap));
+    uint64_t *heap = c->heap;
     size_t hn = 0;
-    const dfm_mergemap *mm = &tok->merges;
+    const dfm_pairmap *mm = &tok->pairs;
     for (size_t i = 0; i + 1 < k; i++) {
         uint64_t m = merge_get(mm, sym[i].id, sym[i + 1].id);
         if (m != UINT64_MAX) heap_push(heap, &hn, (m >> 32) << 32 | i);
     }
-    /* each merge removes a symbol and pushes at most 2 entries: the heap never exceeds 2k */
+    /* each merge removes a symbol and pushes at most 2 entries */
     while (hn) {
         uint64_t top = heap_pop(heap, &hn);
         uint32_t rank = (uint32_t)(top >> 32), pos = (uint32_t)top;
@@ -348,9 +281,9 @@ static int merge_word(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *
         b->len = 0;
         a->next = b->next;
         if (b->next >= 0) sym[b->next].prev = (int32_t)pos;
-        if (hn + 2 > w->heap_cap) {
-            DFM_TRY(grow((void **)&w->heap, &w->heap_cap, hn + 2, sizeof *w->heap));
-            heap = w->heap;
+        if (hn + 2 > c->heap_cap) {
+            DFM_TRY(grow((void **)&c->heap, &c->heap_cap, hn + 2, sizeof *c->heap));
+            heap = c->heap;
         }
         if (a->prev >= 0) {
             uint64_t mp = merge_get(mm, sym[a->prev].id, a->id);
@@ -361,25 +294,6 @@ static int merge_word(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *
             if (mn != UINT64_MAX) heap_push(heap, &hn, (mn >> 32) << 32 | pos);
         }
     }
-    for (int32_t i = k ? 0 : -1; i >= 0; i = sym[i].next)
-        if (dfm_ids_push(out, sym[i].id)) return DFM_FAIL(DFM_ENOMEM, "no memory for token ids");
-    return DFM_OK;
-}
-
-int dfm_bpe_word(const dfm_tokenizer *tok, dfm_bpe_work *w, const uint8_t *s, size_t n, dfm_ids *out) {
-    if (!n) return DFM_OK;
-    if (tok->ignore_merges) {
-        int64_t id = dfm_strmap_get(&tok->vocab, s, n);
-        if (id >= 0) return dfm_ids_push(out, (uint32_t)id) ? DFM_FAIL(DFM_ENOMEM, "no memory for token ids") : DFM_OK;
-    }
-    if (n > DFM_TOK_CACHE_MAX_KEY) return merge_word(tok, w, s, n, out);
-    uint64_t h = dfm_tok_hash(s, n);
-    /* the cache is the one mutable part of a const tokenizer (see the seqlock note in tok_internal.h) */
-    dfm_tok_cache_shard *sh = (dfm_tok_cache_shard *)&tok->cache[(h >> 26) % DFM_TOK_CACHE_SHARDS];
-    int err = 0;
-    if (cache_get(sh, h, s, n, out, &err)) return err ? DFM_FAIL(DFM_ENOMEM, "no memory for token ids") : DFM_OK;
-    size_t before = out->n;
-    DFM_TRY(merge_word(tok, w, s, n, out));
-    if (out->n - before <= DFM_TOK_CACHE_MAX_IDS) cache_put(sh, h, s, n, out->ids + before, out->n - before);
+    for (int32_t i = k ? 0 : -1; i >= 0; i = sym[i].next) DFM_TRY(dfm_ids_push(out, sym[i].id));
     return DFM_OK;
 }

@@ -1,0 +1,93 @@
+/* tok_unicode.c — lookups in the generated tables of tok_unicode_tables.h (see tok_unicode.h). ASCII is
+ * answered from a 128-entry bit table built once from the same ranges, so there is one source. */
+#include "tokenizer/tok_unicode.h"
+#include "tokenizer/tok_unicode_tables.h"
+
+#include <pthread.h>
+#include <stddef.h>
+
+static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t c) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c < r[mid][0]) hi = mid;
+        else if (c > r[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+#define IN(t, c) in_ranges(t, sizeof t / sizeof t[0], c)
+
+enum { A_PUNCT = 1, A_NUM = 2, A_WORD = 4, A_OTHER = 8, A_MN = 16, A_MARK = 32, A_WS = 64 };
+static uint8_t ascii[128];
+static pthread_once_t ascii_once = PTHREAD_ONCE_INIT;
+
+int dfm_uc_is_ws(uint32_t c) {
+    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+static void ascii_init(void) {
+    for (uint32_t c = 0; c < 128; c++)
+        ascii[c] = (uint8_t)((IN(tok_uc_punct, c) ? A_PUNCT : 0) | (IN(tok_uc_numeric, c) ? A_NUM : 0) |
+                             (IN(tok_uc_word, c) ? A_WORD : 0) | (IN(tok_uc_other, c) ? A_OTHER : 0) |
+                             (IN(tok_uc_mn, c) ? A_MN : 0) | (IN(tok_uc_mark, c) ? A_MARK : 0) |
+                             (dfm_uc_is_ws(c) ? A_WS : 0));
+}
+
+static inline int ascii_has(uint32_t c, int bit) {
+    pthread_once(&ascii_once, ascii_init);
+    return ascii[c] & bit;
+}
+
+int dfm_uc_is_punct(uint32_t c) { return c < 128 ? ascii_has(c, A_PUNCT) != 0 : IN(tok_uc_punct, c); }
+int dfm_uc_is_numeric(uint32_t c) { return c < 128 ? ascii_has(c, A_NUM) != 0 : IN(tok_uc_numeric, c); }
+int dfm_uc_is_word(uint32_t c) { return c < 128 ? ascii_has(c, A_WORD) != 0 : IN(tok_uc_word, c); }
+int dfm_uc_is_other(uint32_t c) { return c < 128 ? ascii_has(c, A_OTHER) != 0 : IN(tok_uc_other, c); }
+int dfm_uc_is_mn(uint32_t c) { return c < 128 ? ascii_has(c, A_MN) != 0 : IN(tok_uc_mn, c); }
+int dfm_uc_is_mark(uint32_t c) { return c < 128 ? ascii_has(c, A_MARK) != 0 : IN(tok_uc_mark, c); }
+int dfm_uc_nf_keep(uint32_t c) { return c >= tok_uc_nf_keep[0][0] && IN(tok_uc_nf_keep, c); }
+
+int dfm_uc_is_chinese(uint32_t c) {
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+int dfm_uc_lower(uint32_t c, uint32_t out[3]) {
+    if (c < 128) {
+        out[0] = c >= 'A' && c <= 'Z' ? c + 32 : c;
+        return 1;
+    }
+    size_t lo = 0, hi = sizeof tok_uc_lower / sizeof tok_uc_lower[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c < tok_uc_lower[mid][0]) hi = mid;
+        else if (c > tok_uc_lower[mid][0]) lo = mid + 1;
+        else {
+            out[0] = tok_uc_lower[mid][1];
+            return 1;
+        }
+    }
+    for (size_t i = 0; i < sizeof tok_uc_lower_multi / sizeof tok_uc_lower_multi[0]; i++)
+        if (tok_uc_lower_multi[i][0] == c) {
+            int n = (int)tok_uc_lower_multi[i][1];
+            for (int k = 0; k < n; k++) out[k] = tok_uc_lower_multi[i][2 + k];
+            return n;
+        }
+    out[0] = c;
+    return 1;
+}
+
+int dfm_uc_script(uint32_t c) {
+    size_t lo = 0, hi = sizeof tok_uc_script / sizeof tok_uc_script[0];
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (c < tok_uc_script[mid][0]) hi = mid;
+        else if (c > tok_uc_script[mid][1]) lo = mid + 1;
+        else return (int)tok_uc_script[mid][2];
+    }
+    return -1;
+}
+
+const char *dfm_uc_tables_utf8proc_version(void) { return TOK_UC_UTF8PROC_UNICODE; }
