@@ -152,6 +152,11 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
             snprintf(w, sizeof w, "%s.pattern", where);
             rc = dfm_regex_compile(s ? s : re, s ? sl : rl, s != NULL, w, &st.re);
             if (rc) dfm_error_prefix("%s", lc->file);
+            uint32_t minlen = 1;
+            if (!rc && !pcre2_pattern_info(st.re, PCRE2_INFO_MINLENGTH, &minlen) && !minlen)
+                rc = DFM_LFAIL(lc, DFM_EUNSUPPORTED, "%s: a Replace pattern that can match the empty string is not "
+                               "supported (`tokenizers` fails on the text it makes: an index out of bounds when it "
+                               "pre-tokenizes)", w);
         }
     } else if (!strcmp(type, "BertNormalizer")) {
         st.kind = DFM_NORM_BERT;

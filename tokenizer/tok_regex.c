@@ -1,6 +1,7 @@
 /* tok_regex.c — Oniguruma patterns on PCRE2 (see tok_regex.h). */
 #include "tokenizer/tok_regex.h"
 #include "tokenizer/tok_internal.h"
+#include "tokenizer/tok_unicode.h"
 
 #include "common/error.h"
 
@@ -8,43 +9,129 @@
 #include <string.h>
 
 /* Oniguruma's Unicode \s (White_Space; PCRE2's UCP \s also matches U+180E and misses U+0085 in some
- * versions) and \w (Letter, Mark, Decimal_Number, Connector_Punctuation; PCRE2 10.42's UCP \w is
- * letters, all numbers and '_'). */
+ * versions); its \w is Letter, Mark, Decimal_Number and Connector_Punctuation (PCRE2 10.42's is letters,
+ * all numbers and '_'); its \h a hex digit (PCRE2's: horizontal space). */
 #define ONIG_WS "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
-#define ONIG_W "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
 #define ONIG_H "0-9a-fA-F"
 
-static int add_class(sbuf *out, int in_class, int negate, const char *body) {
-    if (in_class) return dfm_sbuf_add(out, body, strlen(body));
+static int add_class(sbuf *out, int in_class, int negate, const char *body, size_t n) {
+    if (in_class) return dfm_sbuf_add(out, body, n);
     DFM_TRY(dfm_sbuf_add(out, negate ? "[^" : "[", negate ? 2 : 1));
-    DFM_TRY(dfm_sbuf_add(out, body, strlen(body)));
+    DFM_TRY(dfm_sbuf_add(out, body, n));
     return dfm_sbuf_add(out, "]", 1);
 }
 
-static int translate(const char *pat, size_t len, sbuf *out) {
-    int in_class = 0;
+/* The class body of Oniguruma's \p{name}: PCRE2's property plus what Oniguruma's newer table adds, or the
+ * whole set written out (tok_unicode_tables.h). */
+static int prop_body(const char *name, size_t len, sbuf *b, int *extended) {
+    const char *pcre2;
+    const uint32_t(*r)[2];
+    size_t n;
+    if (!dfm_uc_re_prop(name, len, &pcre2, &r, &n))
+        return DFM_FAIL(DFM_EUNSUPPORTED, "the regex property \\p{%.*s} is not supported (only general categories "
+                        "and the scripts of tok_unicode_tables.h, whose Oniguruma sets are checked)", (int)len, name);
+    if (pcre2) {
+        char t[32];
+        snprintf(t, sizeof t, "\\p{%s}", pcre2);
+        DFM_TRY(dfm_sbuf_add(b, t, strlen(t)));
+    }
+    for (size_t i = 0; i < n; i++) {
+        char t[48];
+        if (r[i][0] == r[i][1]) snprintf(t, sizeof t, "\\x{%x}", r[i][0]);
+        else snprintf(t, sizeof t, "\\x{%x}-\\x{%x}", r[i][0], r[i][1]);
+        DFM_TRY(dfm_sbuf_add(b, t, strlen(t)));
+    }
+    *extended = n > 0 || !pcre2;
+    return DFM_OK;
+}
+
+/* Properties (names separated by ','), as a class or inside one; negated: only where that stays a class. */
+static int add_props(sbuf *out, int in_class, int negate, const char *names, int *uses_tables) {
+    sbuf b = {0};
+    int rc = DFM_OK, ext = 0;
+    for (const char *p = names; *p && !rc;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        int x = 0;
+        rc = prop_body(p, l, &b, &x);
+        ext |= x;
+        p += l + (e != NULL);
+    }
+    *uses_tables = 1;
+    if (!rc && in_class && negate) {
+        if (ext || strchr(names, ','))
+            rc = DFM_FAIL(DFM_EUNSUPPORTED, "a negated property (\\P{%s}, \\D or \\W) inside a class has no PCRE2 form "
+                          "with Oniguruma's Unicode table", names);
+        else {
+            b.p[1] = 'P'; /* \p{X} -> \P{X} */
+            rc = dfm_sbuf_add(out, b.p, b.n);
+        }
+    } else if (!rc) {
+        if (!b.n) rc = dfm_sbuf_add(out, negate ? "\\x{0}-\\x{10ffff}" : "", 0); /* never: no property is empty */
+        rc = rc ? rc : add_class(out, in_class, negate, b.p, b.n);
+    }
+    free(b.p);
+    return rc;
+}
+
+/* Oniguruma allows a class inside a class ("[^(\\s|[.,!?])]", BLOOM's), meaning their union; PCRE2 reads
+ * '[' there as a literal, so a nested class is flattened into its parent. A nested negated class or an
+ * intersection (&&) has no flat form: refused. */
+static int translate(const char *pat, size_t len, sbuf *out, int *uses_tables) {
+    int depth = 0;
     for (size_t i = 0; i < len; i++) {
         char c = pat[i];
         if (c == '\\' && i + 1 < len) {
             char e = pat[i + 1];
             i++;
-            if (e == 's') DFM_TRY(add_class(out, in_class, 0, ONIG_WS));
-            else if (e == 'S' && !in_class) DFM_TRY(add_class(out, 0, 1, ONIG_WS));
-            else if (e == 'w') DFM_TRY(add_class(out, in_class, 0, ONIG_W));
-            else if (e == 'W' && !in_class) DFM_TRY(add_class(out, 0, 1, ONIG_W));
-            else if (e == 'h') DFM_TRY(add_class(out, in_class, 0, ONIG_H));
-            else if (e == 'H' && !in_class) DFM_TRY(add_class(out, 0, 1, ONIG_H));
-            else DFM_TRY(dfm_sbuf_add(out, pat + i - 1, 2));
+            if (e == 's' || (e == 'S' && !depth)) DFM_TRY(add_class(out, depth, e == 'S', ONIG_WS, strlen(ONIG_WS)));
+            else if (e == 'h' || (e == 'H' && !depth)) DFM_TRY(add_class(out, depth, e == 'H', ONIG_H, strlen(ONIG_H)));
+            else if (e == 'w' || e == 'W') DFM_TRY(add_props(out, depth, e == 'W', "L,M,Nd,Pc", uses_tables));
+            else if (e == 'd' || e == 'D') DFM_TRY(add_props(out, depth, e == 'D', "Nd", uses_tables));
+            else if (e == 'p' || e == 'P') {
+                int neg = e == 'P';
+                char one[2] = {0, 0};
+                const char *name = one;
+                size_t nl = 1;
+                if (i + 1 < len && pat[i + 1] == '{') {
+                    const char *close = memchr(pat + i + 2, '}', len - i - 2);
+                    if (!close) return DFM_FAIL(DFM_EUNSUPPORTED, "an unterminated \\p{");
+                    name = pat + i + 2, nl = (size_t)(close - name);
+                    if (nl && name[0] == '^') neg = !neg, name++, nl--;
+                    i = (size_t)(close - pat);
+                } else if (i + 1 < len) {
+                    one[0] = pat[++i];
+                }
+                char nm[64];
+                snprintf(nm, sizeof nm, "%.*s", (int)(nl < 63 ? nl : 63), name);
+                DFM_TRY(add_props(out, depth, neg, nm, uses_tables));
+            } else {
+                DFM_TRY(dfm_sbuf_add(out, pat + i - 1, 2));
+            }
             continue;
         }
-        if (!in_class && c == '[') {
-            in_class = 1;
-            DFM_TRY(dfm_sbuf_add(out, "[", 1));
-            if (i + 1 < len && pat[i + 1] == '^') { DFM_TRY(dfm_sbuf_add(out, "^", 1)); i++; }
+        if (c == '[' && i + 1 < len && pat[i + 1] == ':' && depth) { /* a POSIX class [:alpha:] as it is */
+            const char *end = memchr(pat + i, ']', len - i);
+            size_t l = end ? (size_t)(end - (pat + i)) + 1 : len - i;
+            DFM_TRY(dfm_sbuf_add(out, pat + i, l));
+            i += l - 1;
+            continue;
+        }
+        if (c == '[') {
+            int neg = i + 1 < len && pat[i + 1] == '^';
+            if (depth && neg) return DFM_FAIL(DFM_EUNSUPPORTED, "a negated class inside a class has no PCRE2 form");
+            if (!depth) DFM_TRY(dfm_sbuf_add(out, neg ? "[^" : "[", neg ? 2 : 1));
+            depth++;
+            i += (size_t)neg;
             if (i + 1 < len && pat[i + 1] == ']') { DFM_TRY(dfm_sbuf_add(out, "\\]", 2)); i++; } /* literal ']' first */
             continue;
         }
-        if (in_class && c == ']') in_class = 0;
+        if (depth && c == '&' && i + 1 < len && pat[i + 1] == '&')
+            return DFM_FAIL(DFM_EUNSUPPORTED, "class intersection (&&) has no PCRE2 form");
+        if (depth && c == ']') {
+            if (--depth == 0) DFM_TRY(dfm_sbuf_add(out, "]", 1));
+            continue;
+        }
         DFM_TRY(dfm_sbuf_add(out, &c, 1));
     }
     return dfm_sbuf_add(out, "", 0);
@@ -64,9 +151,17 @@ static int quote(const char *s, size_t len, sbuf *out) {
 
 int dfm_regex_compile(const char *pat, size_t len, int literal, const char *where, pcre2_code **out) {
     sbuf t = {0};
-    int rc = literal ? quote(pat, len, &t) : translate(pat, len, &t);
+    int tables = 0;
+    int rc = literal ? quote(pat, len, &t) : translate(pat, len, &t, &tables);
+    char pv[64] = "";
+    pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pv);
+    if (!rc && tables && strcmp(pv, dfm_uc_tables_pcre2_version()))
+        rc = DFM_FAIL(DFM_EUNSUPPORTED, "its Unicode properties were checked against PCRE2's Unicode %s, not the "
+                      "linked %s. HINT: regenerate tokenizer/tok_unicode_tables.h with tests/ref/make_tokenizer_unicode.py",
+                      dfm_uc_tables_pcre2_version(), pv);
     if (rc) {
         free(t.p);
+        dfm_error_prefix("%s: regex /%.*s/", where, (int)(len > 200 ? 200 : len), pat);
         return rc;
     }
     int err;

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <string.h>
 
 static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t c) {
     size_t lo = 0, hi = n;
@@ -91,3 +92,42 @@ int dfm_uc_script(uint32_t c) {
 }
 
 const char *dfm_uc_tables_utf8proc_version(void) { return TOK_UC_UTF8PROC_UNICODE; }
+const char *dfm_uc_tables_pcre2_version(void) { return TOK_UC_PCRE2_UNICODE; }
+
+int dfm_uc_re_prop(const char *name, size_t len, const char **pcre2, const uint32_t (**r)[2], size_t *n) {
+    static const char *longname[][2] = {
+        {"letter", "l"}, {"uppercaseletter", "lu"}, {"lowercaseletter", "ll"}, {"titlecaseletter", "lt"},
+        {"modifierletter", "lm"}, {"otherletter", "lo"}, {"mark", "m"}, {"combiningmark", "m"},
+        {"nonspacingmark", "mn"}, {"spacingmark", "mc"}, {"enclosingmark", "me"}, {"number", "n"},
+        {"decimalnumber", "nd"}, {"digit", "nd"}, {"letternumber", "nl"}, {"othernumber", "no"},
+        {"punctuation", "p"}, {"connectorpunctuation", "pc"}, {"dashpunctuation", "pd"}, {"openpunctuation", "ps"},
+        {"closepunctuation", "pe"}, {"initialpunctuation", "pi"}, {"finalpunctuation", "pf"},
+        {"otherpunctuation", "po"}, {"symbol", "s"}, {"mathsymbol", "sm"}, {"currencysymbol", "sc"},
+        {"modifiersymbol", "sk"}, {"othersymbol", "so"}, {"separator", "z"}, {"spaceseparator", "zs"},
+        {"lineseparator", "zl"}, {"paragraphseparator", "zp"}, {"other", "c"}, {"control", "cc"}, {"format", "cf"},
+        {"privateuse", "co"}, {"unassigned", "cn"}, {"hani", "han"}, {"hira", "hiragana"}, {"kana", "katakana"},
+        {"hang", "hangul"}, {"latn", "latin"}, {"grek", "greek"}, {"cyrl", "cyrillic"}, {"arab", "arabic"},
+        {"hebr", "hebrew"}, {"zyyy", "common"}, {"zinh", "inherited"}, {"qaai", "inherited"}};
+    char key[40];
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (c == ' ' || c == '_' || c == '-') continue;
+        if (k + 1 >= sizeof key) return 0;
+        key[k++] = (char)(c >= 'A' && c <= 'Z' ? c + 32 : c);
+    }
+    key[k] = 0;
+    for (size_t i = 0; i < sizeof longname / sizeof longname[0]; i++)
+        if (!strcmp(key, longname[i][0])) {
+            strcpy(key, longname[i][1]);
+            break;
+        }
+    for (size_t i = 0; i < sizeof tok_uc_re_props / sizeof tok_uc_re_props[0]; i++)
+        if (!strcmp(key, tok_uc_re_props[i].name)) {
+            *pcre2 = tok_uc_re_props[i].pcre2;
+            *r = tok_uc_re_props[i].r;
+            *n = tok_uc_re_props[i].n;
+            return 1;
+        }
+    return 0;
+}

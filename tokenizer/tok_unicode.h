@@ -10,6 +10,7 @@
 #ifndef DFM_TOK_UNICODE_H
 #define DFM_TOK_UNICODE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* char::is_whitespace (the White_Space property). */
@@ -36,8 +37,14 @@ int dfm_uc_script(uint32_t c);
 /* Normalization: 1 if `tokenizers` leaves c alone where utf8proc would decompose, reorder or compose it
  * (newer Unicode): text is normalized on each side of it separately. */
 int dfm_uc_nf_keep(uint32_t c);
-/* The Unicode version of the utf8proc these tables were checked against, and of the one linked; the
- * normalizer refuses to load when they differ (HINT: regenerate the tables). */
+/* A regex property \p{name} (name[0..len): a general category such as L, Lu, N, P or its long name
+ * ("Letter"), or a script such as Han or Latin; case, spaces, '_' and '-' ignored) as Oniguruma matches it:
+ * *pcre2 is PCRE2's property to extend with the ranges (Oniguruma's table is newer), or NULL when the
+ * ranges are the whole set. Returns 0 for a property outside the checked list. */
+int dfm_uc_re_prop(const char *name, size_t len, const char **pcre2, const uint32_t (**r)[2], size_t *n);
+/* The Unicode versions of the utf8proc and the PCRE2 these tables were made against; the normalizers and
+ * patterns that rely on them refuse to load when the linked libraries differ (HINT: regenerate the tables). */
 const char *dfm_uc_tables_utf8proc_version(void);
+const char *dfm_uc_tables_pcre2_version(void);
 
 #endif

@@ -17,6 +17,9 @@ classes, not today's Unicode categories; each is probed through the component th
   lower    Lowercase maps c to something else                        (char::to_lowercase, full mapping)
   script   UnicodeScripts: the class c shares with its neighbours (Hiragana and Katakana are Han, U+30FC is
            Han, " " and code points the table lacks are "Any", which never splits)
+  re_*     regex properties (\\p{L}, \\p{Han}, ...): Oniguruma's (`tokenizers`' regex engine) sets beside PCRE2's,
+           which runs the patterns here: a general category as what Oniguruma adds to PCRE2's (its table is
+           newer), a script (Oniguruma: Script; PCRE2: Script_Extensions) as the whole set
   nf_keep  code points whose normalization in `tokenizers` differs from utf8proc's (a decomposition,
            combining class or composition that its older Unicode table lacks): tokenizer/tok_normalize.c
            leaves them as they are and normalizes the text on each side of them separately, which is what
@@ -63,6 +66,62 @@ def utf8proc():
     def ccc(c):
         return lib.utf8proc_get_property(c)[1]
     return lib, norm, ccc
+
+
+GC = ["L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "Mn", "Mc", "Me", "N", "Nd", "Nl", "No", "P", "Pc", "Pd", "Ps", "Pe",
+      "Pi", "Pf", "Po", "S", "Sm", "Sc", "Sk", "So", "Z", "Zs", "Zl", "Zp", "C", "Cc", "Cf", "Co", "Cn"]
+SCRIPTS = ["Han", "Hiragana", "Katakana", "Hangul", "Latin", "Greek", "Cyrillic", "Arabic", "Hebrew", "Thai",
+           "Devanagari", "Bengali", "Tamil", "Armenian", "Georgian", "Ethiopic", "Khmer", "Lao", "Tibetan", "Common",
+           "Inherited"]
+
+
+def regex_props():
+    """{name: (pcre2 spelling or None, ranges)}: a general category as Oniguruma's additions to PCRE2's set
+    (None when Oniguruma lacks some of PCRE2's: then the whole set), a script as the whole set."""
+    from tokenizers import Regex
+    pc = ctypes.CDLL("libpcre2-8.so.0")
+    pc.pcre2_compile_8.restype = ctypes.c_void_p
+    pc.pcre2_compile_8.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32, ctypes.POINTER(ctypes.c_int),
+                                   ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p]
+    pc.pcre2_match_data_create_8.restype = ctypes.c_void_p
+    pc.pcre2_match_data_create_8.argtypes = [ctypes.c_uint32, ctypes.c_void_p]
+    pc.pcre2_match_8.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_uint32,
+                                 ctypes.c_void_p, ctypes.c_void_p]
+    pc.pcre2_get_ovector_pointer_8.restype = ctypes.POINTER(ctypes.c_size_t)
+    pc.pcre2_get_ovector_pointer_8.argtypes = [ctypes.c_void_p]
+    md = pc.pcre2_match_data_create_8(4, None)
+    cps = [c for c in CPS if c]
+    text = "".join(chr(c) for c in cps).encode()
+    at, off = {}, 0
+    for c in cps:
+        at[off] = c
+        off += len(chr(c).encode())
+    out = {}
+    for name in GC + SCRIPTS:
+        onig = set()
+        sp = P.Split(Regex("\\p{%s}" % name), behavior="removed")
+        for k in range(0, len(cps), 4096):
+            chunk = cps[k:k + 4096]
+            kept = set()
+            for _, (a, e) in sp.pre_tokenize_str("".join(chr(c) for c in chunk)):
+                kept.update(range(a, e))
+            onig.update(chunk[i] for i in range(len(chunk)) if i not in kept)
+        pat = ("\\p{%s}" % name).encode()
+        err, eoff = ctypes.c_int(), ctypes.c_size_t()
+        re_ = pc.pcre2_compile_8(pat, len(pat), 0x00080000 | 0x00020000, ctypes.byref(err), ctypes.byref(eoff), None)
+        pcre, pos = set(), 0
+        while re_ and pc.pcre2_match_8(re_, text, len(text), pos, 0x40000000, md, None) >= 0:  # NO_UTF_CHECK
+            ov = pc.pcre2_get_ovector_pointer_8(md)
+            pcre.add(at[ov[0]])
+            pos = ov[1]
+        if name in GC and re_ and not (pcre - onig):
+            out[name] = (name, ranges(sorted(onig - pcre)))
+        else:
+            out[name] = (None, ranges(sorted(onig)))
+    pc.pcre2_config_8.argtypes = [ctypes.c_uint32, ctypes.c_void_p]
+    buf = ctypes.create_string_buffer(64)
+    pc.pcre2_config_8(10, buf)  # PCRE2_CONFIG_UNICODE_VERSION
+    return out, buf.value.decode()
 
 
 def main():
@@ -139,7 +198,7 @@ def main():
       "%s;\n * do not edit. The classes and mappings HF `tokenizers` uses, read off the library code point by code "
       "point\n * (what each one is: the generator's header). Included by tokenizer/tok_unicode.c only. */\n"
       % (tokenizers.__version__, lib.utf8proc_unicode_version().decode()))
-    w("#ifndef DFM_TOK_UNICODE_TABLES_H\n#define DFM_TOK_UNICODE_TABLES_H\n\n#include <stdint.h>\n\n")
+    w("#ifndef DFM_TOK_UNICODE_TABLES_H\n#define DFM_TOK_UNICODE_TABLES_H\n\n#include <stddef.h>\n#include <stdint.h>\n\n")
     w('#define TOK_UC_UTF8PROC_UNICODE "%s"\n\n' % lib.utf8proc_unicode_version().decode())
     for name in ("punct", "numeric", "word", "other", "mn", "mark"):
         rs = ranges(cls[name])
@@ -170,6 +229,22 @@ def main():
     w("static const uint32_t tok_uc_script[][3] = {\n")
     for i in range(0, len(sr), 4):
         w("    " + " ".join("{0x%X, 0x%X, %d}," % tuple(x) for x in sr[i:i + 4]) + "\n")
+    w("};\n\n")
+    props, pcre_unicode = regex_props()
+    w('#define TOK_UC_PCRE2_UNICODE "%s"\n\n' % pcre_unicode)
+    w("/* regex properties: {first, last} ranges; see tok_uc_re_props */\n")
+    for name, (_, rs) in props.items():
+        if rs:
+            w("static const uint32_t tok_uc_re_%s[][2] = {\n" % name)
+            for i in range(0, len(rs), 6):
+                w("    " + " ".join("{0x%X, 0x%X}," % (a, b) for a, b in rs[i:i + 6]) + "\n")
+            w("};\n")
+    w("\n/* name (lowercase), PCRE2's \\\\p name to extend (NULL: the ranges are the whole set), ranges */\n")
+    w("static const struct {\n    const char *name, *pcre2;\n    const uint32_t (*r)[2];\n    uint32_t n;\n} "
+      "tok_uc_re_props[] = {\n")
+    for name, (pname, rs) in props.items():
+        w('    {"%s", %s, %s, %d},\n' % (name.lower(), '"%s"' % pname if pname else "NULL",
+                                       "tok_uc_re_%s" % name if rs else "NULL", len(rs)))
     w("};\n\n")
     rs = ranges(sorted(keep))
     w("/* normalization: kept as it is, text on each side normalized apart */\n")
