@@ -78,6 +78,11 @@ def metaspace(scheme="always", split_=True, rep="\u2581"):
     return {"type": "Metaspace", "replacement": rep, "prepend_scheme": scheme, "split": split_}
 
 
+PROPS_RE = ("\\p{Han}+|\\p{Hiragana}+|\\p{Katakana}+|\\p{Hangul}+|\\p{Lu}|\\p{Ll}|\\p{Lo}|\\p{Lm}|\\p{M}|\\p{Nd}|"
+            "\\p{No}|\\p{Nl}|\\p{P}|\\p{Sm}|\\p{Sc}|\\p{Sk}|\\p{So}|\\p{Z}|\\p{Cc}|\\p{Cf}|\\p{Co}|\\w+|\\d|\\s")
+SCRIPTS_RE = "|".join("\\p{%s}+" % x for x in (
+    "Han", "Hiragana", "Katakana", "Hangul", "Latin", "Greek", "Cyrillic", "Arabic", "Hebrew", "Thai", "Devanagari",
+    "Bengali", "Tamil", "Armenian", "Georgian", "Ethiopic", "Khmer", "Lao", "Tibetan", "Inherited", "Common"))
 CHARSMAP = {"$ref": "oracle/t5.tokenizer.json#/normalizer/normalizers/0"}
 BLOOM_RE = " ?[^(\\s|[.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c])]+"
 CLIP_RE = ("<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+")
@@ -99,6 +104,8 @@ SETS = {
        for b in ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous") for inv in (False, True)},
     "pre-split-string": ("@oracle/bl-bpe.tokenizer.json", pre_bl(split(string="e", behavior="MergedWithNext")), {}),
     "pre-split-empty-match": ("@oracle/bl-bpe.tokenizer.json", pre_bl(split(regex="x*", behavior="Contiguous")), {}),
+    "pre-split-props": ("@oracle/bl-bpe.tokenizer.json", pre_bl(split(regex=PROPS_RE)), {}),
+    "pre-split-scripts": ("@oracle/bl-bpe.tokenizer.json", pre_bl(split(regex=SCRIPTS_RE)), {}),
     **{"pre-punctuation-%s" % b.lower(): ("@oracle/bl-bpe.tokenizer.json", pre_bl({"type": "Punctuation", "behavior": b}), {})
        for b in ("Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous")},
     "pre-digits": ("@oracle/bl-bpe.tokenizer.json", pre_bl({"type": "Digits", "individual_digits": True}), {}),

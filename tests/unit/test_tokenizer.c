@@ -719,17 +719,39 @@ static void test_errors(void **state) {
     free(missing);
     load_expect("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, ", DFM_EFORMAT, "not valid JSON", "line 1");
     load_expect("[1, 2]", DFM_EFORMAT, "not a JSON object", NULL);
-    load_expect("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{\"a\":0}},\"decoder\":null}", DFM_EUNSUPPORTED, "WordPiece",
+    load_expect("{\"model\":{\"type\":\"Foo\",\"vocab\":{\"a\":0}},\"decoder\":null}", DFM_EUNSUPPORTED, "Foo",
                 "model.type");
-    load_expect("{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",0.0]]}}", DFM_EUNSUPPORTED, "Unigram", "model.type");
-    load_expect("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[" BL ",{\"type\":\"Whitespace\"}]},"
+    load_expect("{\"model\":{\"type\":\"Unigram\",\"unk_id\":3,\"vocab\":[[\"a\",0.0]]}}", DFM_EFORMAT, "unk_id",
+                "below the 1 pieces");
+    load_expect("{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",\"x\"]]}}", DFM_EFORMAT, "model.vocab[0]", NULL);
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[" BL ",{\"type\":\"Metaspace\","
+                "\"replacement\":\"_\"}]},\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EUNSUPPORTED, "after ByteLevel", "pre_tokenizer.pretokenizers[1]");
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":[" BL ",{\"type\":\"Foo\"}]},"
                 "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
-                DFM_EUNSUPPORTED, "Whitespace", "pre_tokenizer.pretokenizers[1]");
-    load_expect("{\"normalizer\":{\"type\":\"NFKC\"},\"pre_tokenizer\":" BL ",\"decoder\":" BL
+                DFM_EUNSUPPORTED, "\"Foo\"", "pre_tokenizer.pretokenizers[1]");
+    load_expect("{\"normalizer\":{\"type\":\"ByteLevel\"},\"pre_tokenizer\":" BL ",\"decoder\":" BL
                 ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
-                DFM_EUNSUPPORTED, "NFKC", "normalizer");
-    load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":{\"type\":\"WordPiece\"},\"model\":{\"type\":\"BPE\",\"vocab\":"
-                TINY_VOCAB ",\"merges\":[]}}", DFM_EUNSUPPORTED, "WordPiece", "decoder");
+                DFM_EUNSUPPORTED, "\"ByteLevel\"", "normalizer");
+    load_expect("{\"normalizer\":{\"type\":\"Strip\",\"strip_left\":true},\"pre_tokenizer\":" BL ",\"decoder\":" BL
+                ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EFORMAT, "strip_right", "normalizer");
+    /* `tokenizers` fails on what a Replace that matches the empty string makes: refused here */
+    load_expect("{\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"Regex\":\"x*\"},\"content\":\"y\"},\"pre_tokenizer\":"
+                BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EUNSUPPORTED, "empty string", "normalizer.pattern");
+    load_expect("{\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"AAE=\"},\"pre_tokenizer\":" BL
+                ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EFORMAT, "precompiled_charsmap", "shorter than");
+    load_expect("{\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"not base64!\"},\"pre_tokenizer\":" BL
+                ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EFORMAT, "base64", NULL);
+    load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":{\"type\":\"Foo\"},\"model\":{\"type\":\"BPE\",\"vocab\":"
+                TINY_VOCAB ",\"merges\":[]}}", DFM_EUNSUPPORTED, "\"Foo\"", "decoder");
+    load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":"
+                TINY_VOCAB ",\"merges\":[]}}", DFM_EUNSUPPORTED, "dropout", NULL);
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Metaspace\",\"replacement\":\"_\",\"add_prefix_space\":false},"
+                "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]}}", DFM_EFORMAT, "prepend_scheme", NULL);
     load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB
                 ",\"merges\":[\"a q\"]}}", DFM_EFORMAT, "model.merges[0]", "not in model.vocab");
     load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB
@@ -737,9 +759,16 @@ static void test_errors(void **state) {
     load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"},"
                 "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
                 DFM_EUNSUPPORTED, "pre_tokenizer", "regex");
-    load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Removed\"},"
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"a\"},\"behavior\":\"Sideways\"},"
                 "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
-                DFM_EUNSUPPORTED, "Removed", "pre_tokenizer");
+                DFM_EFORMAT, "Sideways", "behavior");
+    /* Oniguruma constructs PCRE2 cannot say, and properties whose Oniguruma set is not checked */
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a[^b]]\"},\"behavior\":\"Isolated\"},"
+                "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EUNSUPPORTED, "negated class inside a class", "pre_tokenizer.pattern");
+    load_expect("{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{Foo}\"},\"behavior\":\"Isolated\"},"
+                "\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB ",\"merges\":[]}}",
+                DFM_EUNSUPPORTED, "\\p{Foo}", NULL);
     /* an id far beyond the entries the file holds is refused before any table is sized by it */
     load_expect("{\"pre_tokenizer\":" BL ",\"decoder\":" BL ",\"model\":{\"type\":\"BPE\",\"vocab\":" TINY_VOCAB
                 ",\"merges\":[]},\"added_tokens\":[{\"id\":2147483647,\"content\":\"<x>\"}]}",
@@ -786,6 +815,35 @@ static void test_tiny_merges_and_ignore_merges(void **state) {
         }
 }
 
+/* An unknown token the text needs but the vocabulary lacks is an encode error naming it, as in `tokenizers`
+ * (WordPiece and WordLevel unk_token, Unigram without unk_id, BPE unk_token not in the vocabulary); text the
+ * vocabulary covers encodes. */
+static void test_missing_unknown_token(void **state) {
+    static const char *models[] = {
+        "{\"type\":\"WordPiece\",\"unk_token\":\"[UNK]\",\"vocab\":{\"ab\":0,\"##c\":1}}",
+        "{\"type\":\"WordLevel\",\"unk_token\":\"<unk>\",\"vocab\":{\"ab\":0,\"abc\":1}}",
+        "{\"type\":\"Unigram\",\"unk_id\":null,\"vocab\":[[\"ab\",-1.0],[\"c\",-2.0],[\"a\",-3.0],[\"b\",-3.0]]}",
+        "{\"type\":\"BPE\",\"unk_token\":\"<unk>\",\"vocab\":{\"a\":0,\"b\":1,\"c\":2,\"ab\":3},\"merges\":[\"a b\"]}"};
+    for (int m = 0; m < 4; m++) {
+        char json[512];
+        snprintf(json, sizeof json, "{\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"},\"model\":%s}", models[m]);
+        char *p = write_tmp("unk.json", json);
+        dfm_tokenizer *tok = NULL;
+        assert_int_equal(dfm_tokenizer_load(p, &tok), DFM_OK);
+        dfm_ids ids = {0};
+        assert_int_equal(dfm_tokenizer_encode(tok, "abc", 3, &ids, NULL), DFM_OK);
+        assert_true(ids.n >= 1);
+        ids.n = 0;
+        int rc = dfm_tokenizer_encode(tok, "abc xyz", 7, &ids, NULL);
+        if (rc != DFM_EFORMAT) print_error("model %d: %d %s\n", m, rc, dfm_last_error());
+        assert_int_equal(rc, DFM_EFORMAT);
+        assert_non_null(strstr(dfm_last_error(), "fails on this text too"));
+        dfm_ids_free(&ids);
+        dfm_tokenizer_free(tok);
+        free(p);
+    }
+}
+
 /* A folder path loads the tokenizer.json inside it. */
 static void test_load_folder(void **state) {
     const char *root = getenv("DFM_ROOT");
@@ -799,7 +857,7 @@ static void test_load_folder(void **state) {
     assert_int_equal(dfm_write_file_atomic(dst, buf, len), DFM_OK);
     dfm_tokenizer *tok = NULL;
     assert_int_equal(dfm_tokenizer_load(dir, &tok), DFM_OK);
-    assert_non_null(strstr(dfm_tokenizer_describe(tok), "SentencePiece"));
+    assert_non_null(strstr(dfm_tokenizer_describe(tok), "BPE, 1084 merges (byte fallback)"));
     assert_int_equal(dfm_tokenizer_eos_id(tok), 2); /* </s> */
     assert_int_equal(dfm_tokenizer_hash(tok), dfm_checksum64(buf, len));
     dfm_tokenizer_free(tok);
@@ -811,6 +869,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tiny_merges_and_ignore_merges),
         cmocka_unit_test(test_load_folder),
+        cmocka_unit_test(test_missing_unknown_token),
         cmocka_unit_test(test_golden_qwen),
         cmocka_unit_test(test_golden_llama),
         cmocka_unit_test(test_golden_spm_llama2),

@@ -223,11 +223,19 @@ static void test_damaged_caches_rebuilt(void **state) {
 }
 
 /* Mutations behind valid checksums (what a crafted file can do): every one refused, or a tokenizer
- * whose ids stay below its vocabulary size and decode. */
-static void test_resealed_mutations(void **state) {
+ * whose ids stay below its vocabulary size and decode. For each model's tables: BPE merges (spm-llama2),
+ * the Unigram trie and scores (oracle/unigram), WordPiece, and a charsmap in the meta (oracle/t5). */
+static void mutate(const char *rel, int rounds) {
+    char *src = repo_path(rel), json[400];
+    uint8_t *jb;
+    size_t jn;
+    read_all(src, &jb, &jn);
+    snprintf(json, sizeof json, "%s/mutate.json", tmpdir);
+    write_all(json, jb, jn);
+    free(jb), free(src);
     rm_cache();
-    dfm_tokenizer_free(load_ok(small_json, 0));
-    char *cf = cache_file_of(small_json);
+    dfm_tokenizer_free(load_ok(json, 0));
+    char *cf = cache_file_of(json);
     uint8_t *good;
     size_t n;
     read_all(cf, &good, &n);
@@ -239,7 +247,6 @@ static void test_resealed_mutations(void **state) {
     snprintf(mpath, sizeof mpath, "%s/mutant.dfmtok", tmpdir);
     uint64_t st = 12345;
     size_t loaded = 0, refused = 0;
-    const int rounds = 600;
     for (int r = 0; r < rounds; r++) {
         memcpy(b, good, n);
         int flips = 1 + r % 4;
@@ -273,9 +280,17 @@ static void test_resealed_mutations(void **state) {
         dfm_tokenizer_eos_id(tok);
         dfm_tokenizer_free(tok);
     }
-    print_message("%d resealed mutants: %zu refused, %zu loaded with in-range ids\n", rounds, refused, loaded);
+    print_message("%s: %d resealed mutants: %zu refused, %zu loaded with in-range ids\n", rel, rounds, refused, loaded);
     assert_true(refused > 0);
     free(b), free(good), free(cf);
+    rm_cache();
+}
+
+static void test_resealed_mutations(void **state) {
+    mutate("tests/data/tokenizer/spm-llama2.tokenizer.json", 600);
+    mutate("tests/data/tokenizer/oracle/unigram.tokenizer.json", 300);
+    mutate("tests/data/tokenizer/oracle/wordpiece.tokenizer.json", 200);
+    mutate("tests/data/tokenizer/oracle/t5.tokenizer.json", 100);
 }
 
 static void test_off_and_unwritable(void **state) {
