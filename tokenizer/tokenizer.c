@@ -793,7 +793,7 @@ int dfm_model_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n) {
     default: rc = dfm_wordlevel_piece(c, s, n, out);
     }
     if (!rc && cache && out->n - before <= DFM_TOK_CACHE_MAX_IDS)
-        dfm_tok_cache_put(tok, h, s, n, out->ids + before, out->n - before);
+        dfm_tok_cache_put(tok, h, s, n, out->n > before ? out->ids + before : NULL, out->n - before);
     return rc;
 }
 
