@@ -74,12 +74,6 @@ void dfm_strmap_free(dfm_strmap *m) {
 
 /* ---------------------------------------------------------------- pair map */
 
-static inline size_t pair_slot(uint64_t key, size_t mask) {
-    key ^= key >> 31;
-    key *= 0x9E3779B97F4A7C15ULL;
-    return (size_t)(key >> 17) & mask;
-}
-
 int dfm_pairmap_init(dfm_pairmap *m, size_t n) {
     size_t cap = pow2_at_least(n * 2 + 1);
     m->keys = malloc(cap * sizeof *m->keys);
@@ -96,7 +90,7 @@ int dfm_pairmap_init(dfm_pairmap *m, size_t n) {
 }
 
 void dfm_pairmap_put(dfm_pairmap *m, uint64_t key, uint64_t val) {
-    for (size_t k = pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
+    for (size_t k = dfm_pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
         if (m->keys[k] == UINT64_MAX) {
             m->keys[k] = key;
             m->vals[k] = val;
@@ -107,14 +101,6 @@ void dfm_pairmap_put(dfm_pairmap *m, uint64_t key, uint64_t val) {
             m->vals[k] = val;
             return;
         }
-    }
-}
-
-uint64_t dfm_pairmap_get(const dfm_pairmap *m, uint64_t key) {
-    for (size_t k = pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
-        uint64_t s = m->keys[k];
-        if (s == key) return m->vals[k];
-        if (s == UINT64_MAX) return UINT64_MAX;
     }
 }
 

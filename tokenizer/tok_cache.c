@@ -122,11 +122,29 @@ static dfm_tok_cache_shard *shard_of(const dfm_tokenizer *tok, uint64_t h) {
     return (dfm_tok_cache_shard *)&tok->cache[(h >> 26) % DFM_TOK_CACHE_SHARDS];
 }
 
-int dfm_tok_cache_get(const dfm_tokenizer *tok, uint64_t h, const uint8_t *s, size_t n, dfm_ids *out, int *err) {
-    return shard_get(shard_of(tok, h), h, s, n, out, err);
+/* The model behind the cache: a hit appends the cached ids, a miss runs the model and stores its ids. */
+int dfm_model_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n) {
+    const dfm_tokenizer *tok = c->tok;
+    dfm_ids *out = c->out;
+    if (!n) return DFM_OK;
+    int cache = n <= DFM_TOK_CACHE_MAX_KEY;
+    uint64_t h = 0;
+    if (cache) {
+        h = dfm_tok_hash(s, n);
+        int err = 0;
+        if (shard_get(shard_of(tok, h), h, s, n, out, &err))
+            return err ? DFM_FAIL(DFM_ENOMEM, "no memory for token ids") : DFM_OK;
+    }
+    size_t before = out->n;
+    int rc;
+    switch (tok->model) {
+    case DFM_MODEL_BPE: rc = dfm_bpe_piece(c, s, n, out); break;
+    case DFM_MODEL_UNIGRAM: rc = dfm_unigram_piece(c, s, n, out); break;
+    case DFM_MODEL_WORDPIECE: rc = dfm_wordpiece_piece(c, s, n, out); break;
+    default: rc = dfm_wordlevel_piece(c, s, n, out);
+    }
+    if (!rc && cache && out->n - before <= DFM_TOK_CACHE_MAX_IDS)
+        shard_put(shard_of(tok, h), h, s, n, out->n > before ? out->ids + before : NULL, out->n - before);
+    return rc;
 }
 
-void dfm_tok_cache_put(const dfm_tokenizer *tok, uint64_t h, const uint8_t *s, size_t n, const uint32_t *ids,
-                       size_t nids) {
-    shard_put(shard_of(tok, h), h, s, n, ids, nids);
-}

@@ -33,7 +33,7 @@ static char *dupn(const char *s, size_t n) {
 
 static void stage_free(dfm_dec_stage *st) {
     free(st->a), free(st->b);
-    pcre2_code_free(st->re);
+    dfm_regex_free(st->re);
 }
 
 void dfm_dec_free(dfm_tokenizer *tok) {
@@ -384,9 +384,11 @@ static int stage(const dfm_dec_stage *st, const toklist *in, toklist *out, dfm_r
             if (!st->re) {
                 DFM_TRY(add_replaced(out, s, n, st->a, st->alen, st->b, st->blen));
             } else {
-                size_t pos = 0, last = SIZE_MAX, prev = 0, ms, me;
+                size_t prev = 0, ms, me;
                 int r;
-                while ((r = dfm_regex_next(rx, st->re, (const uint8_t *)s, n, &pos, &last, &ms, &me)) == 1) {
+                dfm_regex_iter it;
+                dfm_regex_start(&it, st->re, (const uint8_t *)s, n);
+                while ((r = dfm_regex_next(rx, &it, (const uint8_t *)s, n, &ms, &me)) == 1) {
                     DFM_TRY(tl_add(out, s + prev, ms - prev));
                     DFM_TRY(tl_add(out, st->b, st->blen));
                     prev = me;

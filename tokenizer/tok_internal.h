@@ -81,8 +81,23 @@ typedef struct {
 int dfm_pairmap_init(dfm_pairmap *m, size_t n);
 /* Insert or overwrite. */
 void dfm_pairmap_put(dfm_pairmap *m, uint64_t key, uint64_t val);
-/* The value, or UINT64_MAX when key is absent. */
-uint64_t dfm_pairmap_get(const dfm_pairmap *m, uint64_t key);
+
+/* The first slot of key's probe sequence (the cache file keeps the table: changing this is a new format). */
+static inline size_t dfm_pair_slot(uint64_t key, size_t mask) {
+    key ^= key >> 31;
+    key *= 0x9E3779B97F4A7C15ULL;
+    return (size_t)(key >> 17) & mask;
+}
+
+/* The value, or UINT64_MAX when key is absent (inline: the BPE merge loop and the Unigram trie walk call
+ * it for every symbol pair and byte). */
+static inline uint64_t dfm_pairmap_get(const dfm_pairmap *m, uint64_t key) {
+    for (size_t k = dfm_pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
+        uint64_t s = m->keys[k];
+        if (s == key) return m->vals[k];
+        if (s == UINT64_MAX) return UINT64_MAX;
+    }
+}
 void dfm_pairmap_free(dfm_pairmap *m);
 
 /* ---- piece cache (tok_cache.c): piece bytes -> ids ----
@@ -115,7 +130,7 @@ typedef struct {
     int kind;
     char *a, *b;     /* PREPEND: a = prefix; REPLACE: a -> b (a: the string pattern, unless re) */
     size_t alen, blen;
-    pcre2_code *re;  /* REPLACE with a Regex pattern, or an empty String pattern */
+    dfm_regex *re;   /* REPLACE with a Regex pattern, or an empty String pattern */
     int left, right; /* STRIP */
     int clean_text, chinese, strip_accents, lowercase; /* BERT */
     dfm_charsmap *charsmap;                              /* PRECOMPILED */
@@ -140,7 +155,7 @@ enum { DFM_CLASS_WS = 1, DFM_CLASS_PUNCT, DFM_CLASS_NUMERIC, DFM_CLASS_CHAR };
 typedef struct {
     int kind;
     int behavior, invert;
-    pcre2_code *re;       /* SPLIT; BYTELEVEL with use_regex */
+    dfm_regex *re;        /* SPLIT; BYTELEVEL with use_regex */
     int cls;              /* CHARS: DFM_CLASS_* */
     uint32_t ch;          /* CHARS with DFM_CLASS_CHAR: the delimiter; METASPACE: the replacement */
     char rep[4];          /* METASPACE: the replacement as UTF-8 */
@@ -164,7 +179,7 @@ typedef struct {
     char *a, *b;          /* METASPACE: a = replacement; WORDPIECE: a = prefix; BPE: a = suffix; REPLACE: a -> b;
                              CTC: a = pad token, b = word delimiter token */
     size_t alen, blen;
-    pcre2_code *re;       /* REPLACE */
+    dfm_regex *re;        /* REPLACE */
     uint32_t ch;          /* METASPACE: replacement; STRIP: content */
     int prefix;           /* METASPACE: prepend_scheme != never */
     int cleanup;          /* WORDPIECE, CTC */
@@ -304,7 +319,7 @@ int dfm_normalize(dfm_enc_ctx *c, const char *s, size_t n, size_t lead0, sbuf *o
 int dfm_normalize_string(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *out);
 /* Split s[0..n) with the pre-tokenizer stages from `stage` on, and encode each piece with the model. */
 int dfm_pre_tokenize(dfm_enc_ctx *c, size_t stage, const uint8_t *s, size_t n, size_t lead0);
-/* Encode one piece with the model (cached) and append its ids. */
+/* Encode one piece with the model behind the piece cache (tok_cache.c) and append its ids. */
 int dfm_model_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n);
 
 /* Models (tok_bpe.c, tok_unigram.c, tok_word.c): one piece, uncached, ids appended. */
@@ -318,10 +333,6 @@ int dfm_unigram_build(const dfm_load_ctx *lc, dfm_tokenizer *tok);
 /* Piece cache (tok_cache.c). */
 int dfm_tok_cache_init(dfm_tokenizer *tok);
 void dfm_tok_cache_free(dfm_tokenizer *tok);
-/* 1 and ids appended when s is cached; 0 on a miss (or *err on no memory). */
-int dfm_tok_cache_get(const dfm_tokenizer *tok, uint64_t h, const uint8_t *s, size_t n, dfm_ids *out, int *err);
-void dfm_tok_cache_put(const dfm_tokenizer *tok, uint64_t h, const uint8_t *s, size_t n, const uint32_t *ids,
-                       size_t nids);
 
 /* Decoding (tok_decode.c): the decoder chain over the tokens of ids. */
 int dfm_decode_ids(const dfm_tokenizer *tok, const uint32_t *ids, size_t n, int skip_special, sbuf *out);

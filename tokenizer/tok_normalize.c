@@ -44,7 +44,7 @@ static int push_norm(dfm_tokenizer *tok, dfm_norm_stage *st) {
 
 static void stage_free(dfm_norm_stage *st) {
     free(st->a), free(st->b);
-    pcre2_code_free(st->re);
+    dfm_regex_free(st->re);
     dfm_charsmap_free(st->charsmap);
 }
 
@@ -152,8 +152,7 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
             snprintf(w, sizeof w, "%s.pattern", where);
             rc = dfm_regex_compile(s ? s : re, s ? sl : rl, s != NULL, w, &st.re);
             if (rc) dfm_error_prefix("%s", lc->file);
-            uint32_t minlen = 1;
-            if (!rc && !pcre2_pattern_info(st.re, PCRE2_INFO_MINLENGTH, &minlen) && !minlen)
+            if (!rc && !dfm_regex_minlength(st.re))
                 rc = DFM_LFAIL(lc, DFM_EUNSUPPORTED, "%s: a Replace pattern that can match the empty string is not "
                                "supported (`tokenizers` fails on the text it makes: an index out of bounds when it "
                                "pre-tokenizes)", w);
@@ -359,7 +358,9 @@ static int charwise(int op, const char *s, size_t n, size_t lead0, sbuf *out, si
 
 static int replace(dfm_enc_ctx *c, const dfm_norm_stage *st, const char *s, size_t n, size_t lead0, sbuf *out,
                    size_t *lead0_out) {
-    size_t last = 0, lo = 0, pos = 0, prev = SIZE_MAX, ms = 0, me = 0;
+    size_t last = 0, lo = 0, ms = 0, me = 0;
+    dfm_regex_iter it;
+    if (st->re) dfm_regex_start(&it, st->re, (const uint8_t *)s, n);
     for (;;) {
         int found;
         if (!st->re) {
@@ -367,7 +368,7 @@ static int replace(dfm_enc_ctx *c, const dfm_norm_stage *st, const char *s, size
             found = hit != NULL;
             if (found) ms = (size_t)(hit - s), me = ms + st->alen;
         } else {
-            found = dfm_regex_next(&c->rx, st->re, (const uint8_t *)s, n, &pos, &prev, &ms, &me);
+            found = dfm_regex_next(&c->rx, &it, (const uint8_t *)s, n, &ms, &me);
             if (found < 0) return found;
         }
         if (!found) break;

@@ -41,12 +41,12 @@ static const char GPT2_RE[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\
 
 static int push(dfm_tokenizer *tok, dfm_pre_stage *st) {
     if (tok->n_pre == PRE_MAX) {
-        pcre2_code_free(st->re);
+        dfm_regex_free(st->re);
         return DFM_FAIL(DFM_EUNSUPPORTED, "pre_tokenizer: more than %d pre-tokenizer stages are not supported", PRE_MAX);
     }
     dfm_pre_stage *q = realloc(tok->pre, (tok->n_pre + 1) * sizeof *q);
     if (!q) {
-        pcre2_code_free(st->re);
+        dfm_regex_free(st->re);
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
     tok->pre = q;
@@ -55,7 +55,7 @@ static int push(dfm_tokenizer *tok, dfm_pre_stage *st) {
 }
 
 void dfm_pre_free(dfm_tokenizer *tok) {
-    for (size_t i = 0; i < tok->n_pre; i++) pcre2_code_free(tok->pre[i].re);
+    for (size_t i = 0; i < tok->n_pre; i++) dfm_regex_free(tok->pre[i].re);
     free(tok->pre);
     tok->pre = NULL, tok->n_pre = 0;
 }
@@ -298,12 +298,22 @@ static int split_chars(dfm_enc_ctx *c, size_t stage, const dfm_pre_stage *st, co
     return seg_end(c, stage, s, lead0, &sp);
 }
 
-static int split_regex(dfm_enc_ctx *c, size_t stage, const pcre2_code *re, int beh, int invert, const uint8_t *s, size_t n,
+static int split_regex(dfm_enc_ctx *c, size_t stage, const dfm_regex *re, int beh, int invert, const uint8_t *s, size_t n,
                        size_t lead0) {
     splitter sp = {.beh = beh};
-    size_t pos = 0, last = SIZE_MAX, prev = 0, ms, me;
+    size_t prev = 0, ms, me;
     int r;
-    while ((r = dfm_regex_next(&c->rx, re, s, n, &pos, &last, &ms, &me)) == 1) {
+    dfm_regex_iter it;
+    dfm_regex_start(&it, re, s, n);
+    if (beh == DFM_BEH_ISOLATED) { /* every segment is a piece (GPT-2, Llama-3, Qwen): no grouping */
+        while ((r = dfm_regex_next(&c->rx, &it, s, n, &ms, &me)) == 1) {
+            if (prev != ms) DFM_TRY(emit(c, stage, s, prev, ms, lead0));
+            DFM_TRY(emit(c, stage, s, ms, me, lead0));
+            prev = me;
+        }
+        return r < 0 ? r : emit(c, stage, s, prev, n, lead0);
+    }
+    while ((r = dfm_regex_next(&c->rx, &it, s, n, &ms, &me)) == 1) {
         if (prev != ms) DFM_TRY(seg(c, stage, s, lead0, &sp, prev, ms, invert));
         DFM_TRY(seg(c, stage, s, lead0, &sp, ms, me, !invert));
         prev = me;
@@ -393,6 +403,8 @@ int dfm_pre_tokenize(dfm_enc_ctx *c, size_t stage, const uint8_t *s, size_t n, s
     if (!n) return DFM_OK;
     if (stage == tok->n_pre) return to_model(c, s, n);
     const dfm_pre_stage *st = &tok->pre[stage];
+    if (st->kind == DFM_PRE_BYTELEVEL && !st->re && !st->map_out && (!st->prefix || s[0] == ' '))
+        return dfm_pre_tokenize(c, stage + 1, s, n, lead0); /* nothing to add or split: raw bytes go on */
     sbuf *b = &c->stage_in[stage]; /* this stage's copy of its input: deeper stages have their own */
     switch (st->kind) {
     case DFM_PRE_SPLIT: return split_regex(c, stage, st->re, st->behavior, st->invert, s, n, lead0);

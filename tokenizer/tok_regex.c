@@ -21,9 +21,22 @@ static int add_class(sbuf *out, int in_class, int negate, const char *body, size
     return dfm_sbuf_add(out, "]", 1);
 }
 
-/* The class body of Oniguruma's \p{name}: PCRE2's property plus what Oniguruma's newer table adds, or the
- * whole set written out (tok_unicode_tables.h). */
-static int prop_body(const char *name, size_t len, sbuf *b, int *extended) {
+struct dfm_regex {
+    pcre2_code *fast, *exact;  /* fast: NULL when the pattern has no property Oniguruma extends */
+    uint32_t (*diff)[2];       /* the code points where they may differ, sorted ranges (may overlap) */
+    size_t ndiff;
+};
+
+/* Translation state: exact (write Oniguruma's additions out) or fast; the additions met (exact pass). */
+typedef struct {
+    int exact, uses_tables;
+    uint32_t (*diff)[2];
+    size_t ndiff, cap;
+} xlate;
+
+/* The class body of Oniguruma's \p{name}: PCRE2's property plus what Oniguruma's newer table adds (only in
+ * the exact pass), or the whole set written out (tok_unicode_tables.h). */
+static int prop_body(xlate *x, const char *name, size_t len, sbuf *b, int *extended) {
     const char *pcre2;
     const uint32_t(*r)[2];
     size_t n;
@@ -35,7 +48,17 @@ static int prop_body(const char *name, size_t len, sbuf *b, int *extended) {
         snprintf(t, sizeof t, "\\p{%s}", pcre2);
         DFM_TRY(dfm_sbuf_add(b, t, strlen(t)));
     }
-    for (size_t i = 0; i < n; i++) {
+    if (pcre2 && n && x->exact) { /* remember where the fast form may differ */
+        if (x->ndiff + n > x->cap) {
+            size_t c = (x->ndiff + n) * 2;
+            uint32_t(*q)[2] = realloc(x->diff, c * sizeof *q);
+            if (!q) return DFM_FAIL(DFM_ENOMEM, "no memory");
+            x->diff = q, x->cap = c;
+        }
+        memcpy(x->diff + x->ndiff, r, n * sizeof *r);
+        x->ndiff += n;
+    }
+    for (size_t i = 0; i < (pcre2 && !x->exact ? 0 : n); i++) {
         char t[48];
         if (r[i][0] == r[i][1]) snprintf(t, sizeof t, "\\x{%x}", r[i][0]);
         else snprintf(t, sizeof t, "\\x{%x}-\\x{%x}", r[i][0], r[i][1]);
@@ -46,18 +69,18 @@ static int prop_body(const char *name, size_t len, sbuf *b, int *extended) {
 }
 
 /* Properties (names separated by ','), as a class or inside one; negated: only where that stays a class. */
-static int add_props(sbuf *out, int in_class, int negate, const char *names, int *uses_tables) {
+static int add_props(xlate *x, sbuf *out, int in_class, int negate, const char *names) {
     sbuf b = {0};
     int rc = DFM_OK, ext = 0;
     for (const char *p = names; *p && !rc;) {
-        const char *e = strchr(p, ',');
-        size_t l = e ? (size_t)(e - p) : strlen(p);
-        int x = 0;
-        rc = prop_body(p, l, &b, &x);
-        ext |= x;
-        p += l + (e != NULL);
+        const char *comma = strchr(p, ',');
+        size_t l = comma ? (size_t)(comma - p) : strlen(p);
+        int e = 0;
+        rc = prop_body(x, p, l, &b, &e);
+        ext |= e;
+        p += l + (comma != NULL);
     }
-    *uses_tables = 1;
+    x->uses_tables = 1;
     if (!rc && in_class && negate) {
         if (ext || strchr(names, ','))
             rc = DFM_FAIL(DFM_EUNSUPPORTED, "a negated property (\\P{%s}, \\D or \\W) inside a class has no PCRE2 form "
@@ -77,7 +100,7 @@ static int add_props(sbuf *out, int in_class, int negate, const char *names, int
 /* Oniguruma allows a class inside a class ("[^(\\s|[.,!?])]", BLOOM's), meaning their union; PCRE2 reads
  * '[' there as a literal, so a nested class is flattened into its parent. A nested negated class or an
  * intersection (&&) has no flat form: refused. */
-static int translate(const char *pat, size_t len, sbuf *out, int *uses_tables) {
+static int translate(xlate *x, const char *pat, size_t len, sbuf *out) {
     int depth = 0;
     for (size_t i = 0; i < len; i++) {
         char c = pat[i];
@@ -86,8 +109,8 @@ static int translate(const char *pat, size_t len, sbuf *out, int *uses_tables) {
             i++;
             if (e == 's' || (e == 'S' && !depth)) DFM_TRY(add_class(out, depth, e == 'S', ONIG_WS, strlen(ONIG_WS)));
             else if (e == 'h' || (e == 'H' && !depth)) DFM_TRY(add_class(out, depth, e == 'H', ONIG_H, strlen(ONIG_H)));
-            else if (e == 'w' || e == 'W') DFM_TRY(add_props(out, depth, e == 'W', "L,M,Nd,Pc", uses_tables));
-            else if (e == 'd' || e == 'D') DFM_TRY(add_props(out, depth, e == 'D', "Nd", uses_tables));
+            else if (e == 'w' || e == 'W') DFM_TRY(add_props(x, out, depth, e == 'W', "L,M,Nd,Pc"));
+            else if (e == 'd' || e == 'D') DFM_TRY(add_props(x, out, depth, e == 'D', "Nd"));
             else if (e == 'p' || e == 'P') {
                 int neg = e == 'P';
                 char one[2] = {0, 0};
@@ -104,7 +127,7 @@ static int translate(const char *pat, size_t len, sbuf *out, int *uses_tables) {
                 }
                 char nm[64];
                 snprintf(nm, sizeof nm, "%.*s", (int)(nl < 63 ? nl : 63), name);
-                DFM_TRY(add_props(out, depth, neg, nm, uses_tables));
+                DFM_TRY(add_props(x, out, depth, neg, nm));
             } else {
                 DFM_TRY(dfm_sbuf_add(out, pat + i - 1, 2));
             }
@@ -149,25 +172,10 @@ static int quote(const char *s, size_t len, sbuf *out) {
     return dfm_sbuf_add(out, "", 0);
 }
 
-int dfm_regex_compile(const char *pat, size_t len, int literal, const char *where, pcre2_code **out) {
-    sbuf t = {0};
-    int tables = 0;
-    int rc = literal ? quote(pat, len, &t) : translate(pat, len, &t, &tables);
-    char pv[64] = "";
-    pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pv);
-    if (!rc && tables && strcmp(pv, dfm_uc_tables_pcre2_version()))
-        rc = DFM_FAIL(DFM_EUNSUPPORTED, "its Unicode properties were checked against PCRE2's Unicode %s, not the "
-                      "linked %s. HINT: regenerate tokenizer/tok_unicode_tables.h with tests/ref/make_tokenizer_unicode.py",
-                      dfm_uc_tables_pcre2_version(), pv);
-    if (rc) {
-        free(t.p);
-        dfm_error_prefix("%s: regex /%.*s/", where, (int)(len > 200 ? 200 : len), pat);
-        return rc;
-    }
+static int compile_one(const char *pat, size_t len, const sbuf *t, const char *where, int literal, pcre2_code **out) {
     int err;
     PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)t.p, t.n, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
-    free(t.p);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)t->p, t->n, PCRE2_UTF | PCRE2_UCP, &err, &off, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -179,6 +187,75 @@ int dfm_regex_compile(const char *pat, size_t len, int literal, const char *wher
     return DFM_OK;
 }
 
+int dfm_regex_compile(const char *pat, size_t len, int literal, const char *where, dfm_regex **out) {
+    *out = NULL;
+    dfm_regex *re = calloc(1, sizeof *re);
+    if (!re) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    sbuf t = {0}, f = {0};
+    xlate xe = {.exact = 1}, xf = {0};
+    int rc = literal ? quote(pat, len, &t) : translate(&xe, pat, len, &t);
+    if (!rc && !literal && xe.ndiff) rc = translate(&xf, pat, len, &f);
+    if (rc) dfm_error_prefix("%s: regex /%.*s/", where, (int)(len > 200 ? 200 : len), pat);
+    char pv[64] = "";
+    pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pv);
+    if (!rc && xe.uses_tables && strcmp(pv, dfm_uc_tables_pcre2_version()))
+        rc = DFM_FAIL(DFM_EUNSUPPORTED, "%s: its Unicode properties were checked against PCRE2's Unicode %s, not the "
+                      "linked %s. HINT: regenerate tokenizer/tok_unicode_tables.h with tests/ref/make_tokenizer_unicode.py",
+                      where, dfm_uc_tables_pcre2_version(), pv);
+    if (!rc) rc = compile_one(pat, len, &t, where, literal, &re->exact);
+    if (!rc && xe.ndiff) rc = compile_one(pat, len, &f, where, literal, &re->fast);
+    free(t.p), free(f.p), free(xf.diff);
+    re->diff = xe.diff, re->ndiff = xe.ndiff;
+    if (rc) {
+        dfm_regex_free(re);
+        return rc;
+    }
+    *out = re;
+    return DFM_OK;
+}
+
+void dfm_regex_free(dfm_regex *re) {
+    if (!re) return;
+    pcre2_code_free(re->fast);
+    pcre2_code_free(re->exact);
+    free(re->diff);
+    free(re);
+}
+
+uint32_t dfm_regex_minlength(const dfm_regex *re) {
+    uint32_t m = 1;
+    return pcre2_pattern_info(re->exact, PCRE2_INFO_MINLENGTH, &m) ? 1 : m;
+}
+
+/* Does s hold a code point of the ranges? ASCII (below every addition) is skipped 8 bytes at a time. */
+static int holds(const dfm_regex *re, const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ULL)) {
+                i += 8;
+                continue;
+            }
+        }
+        if (s[i] < 0x80) {
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        i += (size_t)dfm_utf8_next(s + i, n - i, &cp);
+        for (size_t k = 0; k < re->ndiff; k++)
+            if (cp >= re->diff[k][0] && cp <= re->diff[k][1]) return 1;
+    }
+    return 0;
+}
+
+void dfm_regex_start(dfm_regex_iter *it, const dfm_regex *re, const uint8_t *s, size_t n) {
+    it->code = re->fast && !holds(re, s, n) ? re->fast : re->exact;
+    it->pos = 0;
+    it->last = SIZE_MAX;
+}
+
 void dfm_regex_scratch_free(dfm_regex_scratch *sc) {
     pcre2_match_data_free(sc->md);
     pcre2_match_context_free(sc->mctx);
@@ -186,12 +263,11 @@ void dfm_regex_scratch_free(dfm_regex_scratch *sc) {
     memset(sc, 0, sizeof *sc);
 }
 
-int dfm_regex_next(dfm_regex_scratch *sc, const pcre2_code *re, const uint8_t *s, size_t n, size_t *pos, size_t *last,
-                   size_t *ms, size_t *me) {
+int dfm_regex_next(dfm_regex_scratch *sc, dfm_regex_iter *it, const uint8_t *s, size_t n, size_t *ms, size_t *me) {
     if (!sc->md && !(sc->md = pcre2_match_data_create(4, NULL)))
         return DFM_FAIL(DFM_ENOMEM, "no memory for regex match data");
-    while (*pos <= n) {
-        int r = pcre2_match(re, s, n, *pos, PCRE2_NO_UTF_CHECK, sc->md, sc->mctx);
+    while (it->pos <= n) {
+        int r = pcre2_match(it->code, s, n, it->pos, PCRE2_NO_UTF_CHECK, sc->md, sc->mctx);
         if (r == PCRE2_ERROR_JIT_STACKLIMIT && !sc->jstack) { /* deep backtracking: retry with a big stack */
             sc->mctx = pcre2_match_context_create(NULL);
             sc->jstack = pcre2_jit_stack_create(32 << 10, 64 << 20, NULL);
@@ -203,17 +279,17 @@ int dfm_regex_next(dfm_regex_scratch *sc, const pcre2_code *re, const uint8_t *s
         if (r < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(r, msg, sizeof msg);
-            return DFM_FAIL(DFM_EINTERNAL, "regex match failed at byte %zu: %s", *pos, (char *)msg);
+            return DFM_FAIL(DFM_EINTERNAL, "regex match failed at byte %zu: %s", it->pos, (char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(sc->md);
         size_t a = ov[0], b = ov[1];
-        if (a == b && *last == b) { /* an empty match right after the previous one: move on a character */
-            if (*pos >= n) return 0;
+        if (a == b && it->last == b) { /* an empty match right after the previous one: move on a character */
+            if (it->pos >= n) return 0;
             uint32_t cp;
-            *pos += (size_t)dfm_utf8_next(s + *pos, n - *pos, &cp);
+            it->pos += (size_t)dfm_utf8_next(s + it->pos, n - it->pos, &cp);
             continue;
         }
-        *pos = *last = b;
+        it->pos = it->last = b;
         *ms = a, *me = b;
         return 1;
     }

@@ -17,10 +17,19 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+/* A compiled pattern. Where Oniguruma's Unicode table (newer than PCRE2's) adds code points to a property the
+ * pattern uses, it is compiled twice: as PCRE2 writes it (fast: PCRE2 tests its properties by table lookup)
+ * and with the additions written out (exact). A text holding none of those code points — nearly all text —
+ * matches the same with either, so it gets the fast one. */
+typedef struct dfm_regex dfm_regex;
+
 /* Compile pattern pat[0..len) (literal: a plain string to match as it is, else an Oniguruma regex) with
  * UTF and Unicode properties, JIT when available. On failure returns DFM_EUNSUPPORTED with the PCRE2
  * message, naming `where`. */
-int dfm_regex_compile(const char *pat, size_t len, int literal, const char *where, pcre2_code **out);
+int dfm_regex_compile(const char *pat, size_t len, int literal, const char *where, dfm_regex **out);
+void dfm_regex_free(dfm_regex *re);
+/* The length of the shortest possible match (0: the pattern can match the empty string). */
+uint32_t dfm_regex_minlength(const dfm_regex *re);
 
 /* Per-thread scratch for matching (zero-initialise; free with dfm_regex_scratch_free). */
 typedef struct {
@@ -30,9 +39,13 @@ typedef struct {
 } dfm_regex_scratch;
 void dfm_regex_scratch_free(dfm_regex_scratch *sc);
 
-/* One step of the iteration over s[0..n) (valid UTF-8). Start with *pos = 0, *last = SIZE_MAX. Returns 1
- * with the match in [*ms, *me), 0 when there is none left, or an error code. */
-int dfm_regex_next(dfm_regex_scratch *sc, const pcre2_code *re, const uint8_t *s, size_t n, size_t *pos, size_t *last,
-                   size_t *ms, size_t *me);
+/* An iteration over one text: dfm_regex_start picks the compiled form for s[0..n) (valid UTF-8); each
+ * dfm_regex_next returns 1 with the next match in [*ms, *me), 0 when there is none left, or an error code. */
+typedef struct {
+    const pcre2_code *code;
+    size_t pos, last;
+} dfm_regex_iter;
+void dfm_regex_start(dfm_regex_iter *it, const dfm_regex *re, const uint8_t *s, size_t n);
+int dfm_regex_next(dfm_regex_scratch *sc, dfm_regex_iter *it, const uint8_t *s, size_t n, size_t *ms, size_t *me);
 
 #endif

@@ -772,31 +772,6 @@ void dfm_enc_ctx_free(dfm_enc_ctx *c) {
     free(c->sym), free(c->heap), free(c->vscore), free(c->vstart), free(c->vid), free(c->tmp_ids);
 }
 
-int dfm_model_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n) {
-    const dfm_tokenizer *tok = c->tok;
-    dfm_ids *out = c->out;
-    if (!n) return DFM_OK;
-    int cache = n <= DFM_TOK_CACHE_MAX_KEY;
-    uint64_t h = 0;
-    if (cache) {
-        h = dfm_tok_hash(s, n);
-        int err = 0;
-        if (dfm_tok_cache_get(tok, h, s, n, out, &err))
-            return err ? DFM_FAIL(DFM_ENOMEM, "no memory for token ids") : DFM_OK;
-    }
-    size_t before = out->n;
-    int rc;
-    switch (tok->model) {
-    case DFM_MODEL_BPE: rc = dfm_bpe_piece(c, s, n, out); break;
-    case DFM_MODEL_UNIGRAM: rc = dfm_unigram_piece(c, s, n, out); break;
-    case DFM_MODEL_WORDPIECE: rc = dfm_wordpiece_piece(c, s, n, out); break;
-    default: rc = dfm_wordlevel_piece(c, s, n, out);
-    }
-    if (!rc && cache && out->n - before <= DFM_TOK_CACHE_MAX_IDS)
-        dfm_tok_cache_put(tok, h, s, n, out->n > before ? out->ids + before : NULL, out->n - before);
-    return rc;
-}
-
 /* Code point ending just before position i of valid UTF-8 s. */
 static uint32_t cp_before(const uint8_t *s, size_t i, size_t *start) {
     size_t j = i - 1;
