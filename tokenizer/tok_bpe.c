@@ -283,3 +283,27 @@ int dfm_bpe_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out) {
     for (int32_t i = k ? 0 : -1; i >= 0; i = sym[i].next) DFM_TRY(dfm_ids_push(out, sym[i].id));
     return DFM_OK;
 }
+
+/* SentencePiece-style BPE without a pre-tokenizer (Llama-2, Mistral) gets a whole text as one piece. When
+ * "\u2581" is a token and no merge makes a token with a "\u2581" after some other character (runs of
+ * "\u2581" at its start are fine: Llama-2 has "\u2581\u2581\u2581\u2581"), a "\u2581" that follows another
+ * character starts a token of the result, and merges never cross it: encoding the text word by word (cut
+ * before each such "\u2581") gives the same ids, and lets the piece cache work. Not with ignore_merges (the
+ * whole piece is looked up first), a prefix or suffix (first and last symbols differ), or byte-level. */
+void dfm_bpe_prepare(dfm_tokenizer *tok) {
+    static const char meta[] = "\xe2\x96\x81";
+    tok->split_meta = 0;
+    if (tok->model != DFM_MODEL_BPE || tok->byte_level || tok->ignore_merges || tok->prefix_raw_len ||
+        tok->suffix_raw_len || dfm_strmap_get(&tok->vocab, meta, 3) < 0)
+        return;
+    for (size_t k = 0; k <= tok->pairs.mask; k++) {
+        if (tok->pairs.keys[k] == UINT64_MAX) continue;
+        uint32_t id = (uint32_t)tok->pairs.vals[k];
+        if (id >= tok->n_ids || !tok->key[id]) return;
+        const char *key = tok->key[id];
+        size_t n = tok->key_len[id], p = 0;
+        while (p + 3 <= n && !memcmp(key + p, meta, 3)) p += 3; /* the leading run */
+        if (p < n && memmem(key + p, n - p, meta, 3)) return;
+    }
+    tok->split_meta = 1;
+}

@@ -127,6 +127,16 @@ int dfm_model_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n) {
     const dfm_tokenizer *tok = c->tok;
     dfm_ids *out = c->out;
     if (!n) return DFM_OK;
+    if (tok->split_meta && n > DFM_TOK_CACHE_MAX_KEY) { /* word by word (dfm_bpe_prepare) */
+        size_t start = 0;
+        for (size_t i = 1; i + 3 <= n; i++) /* before a "\u2581" that does not follow another */
+            if (s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81 && !(i >= 3 && s[i - 3] == 0xE2 &&
+                                                                           s[i - 2] == 0x96 && s[i - 1] == 0x81)) {
+                DFM_TRY(dfm_model_piece(c, s + start, i - start));
+                start = i;
+            }
+        if (start) return dfm_model_piece(c, s + start, n - start);
+    }
     int cache = n <= DFM_TOK_CACHE_MAX_KEY;
     uint64_t h = 0;
     if (cache) {

@@ -247,6 +247,8 @@ struct dfm_tokenizer {
     int track_first;  /* a Metaspace pre-tokenizer with prepend_scheme "first": track which normalized
                          bytes come from the first character of the input */
     int bl_mapped;    /* pieces reach the model as byte-level strings (stages after ByteLevel) */
+    int split_meta;   /* BPE whose merges never put "\u2581" inside a token: a long piece is encoded word by
+                         word (each "\u2581" starts one), through the cache, with the same ids */
     dfm_dec_stage *dec;
     size_t n_dec;
     int has_decoder;  /* 0: tokens are joined with spaces, as `tokenizers` does without a decoder */
@@ -327,6 +329,8 @@ int dfm_bpe_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out);
 int dfm_unigram_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out);
 int dfm_wordpiece_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out);
 int dfm_wordlevel_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out);
+/* After the vocabulary and merges (parsed or mapped): may BPE pieces be split before each "\u2581"? */
+void dfm_bpe_prepare(dfm_tokenizer *tok);
 /* Build the Unigram trie over every vocabulary key (after the vocabulary map). */
 int dfm_unigram_build(const dfm_load_ctx *lc, dfm_tokenizer *tok);
 

@@ -296,62 +296,90 @@ static int nmt_space(uint32_t c) {
 
 enum { CW_LOWER = 1, CW_STRIP_ACCENTS, CW_NMT, CW_BERT_CLEAN, CW_BERT_CHINESE, CW_DROP_MN };
 
+/* What a character-wise stage makes of an ASCII byte: the byte, or -1 (dropped). No stage turns an ASCII
+ * character into more than one. */
+static int ascii_out(int op, uint8_t b) {
+    uint8_t k = dfm_uc_ascii[b];
+    switch (op) {
+    case CW_LOWER: return b >= 'A' && b <= 'Z' ? b + 32 : b;
+    case CW_NMT: return nmt_drop(b) ? -1 : nmt_space(b) ? ' ' : b;
+    case CW_BERT_CLEAN: return k & DFM_UC_OTHER ? -1 : k & DFM_UC_WS ? ' ' : b;
+    case CW_STRIP_ACCENTS: return k & DFM_UC_MARK ? -1 : b;
+    case CW_DROP_MN: return k & DFM_UC_MN ? -1 : b;
+    default: return b;
+    }
+}
+
+/* One pass of a character-wise stage, writing straight into out (room for the worst growth, 5/3: a CJK
+ * ideograph with a space on each side). ASCII goes through a 128-entry map. */
 static int charwise(int op, const char *s, size_t n, size_t lead0, sbuf *out, size_t *lead0_out) {
+    int16_t amap[128];
+    for (int b = 0; b < 128; b++) amap[b] = (int16_t)ascii_out(op, (uint8_t)b);
+    DFM_TRY(dfm_sbuf_reserve(out, out->n + 2 * n + 16));
+    uint8_t *base = (uint8_t *)out->p, *o = base + out->n;
+    const uint8_t *u = (const uint8_t *)s;
     size_t lo = 0;
     for (size_t i = 0; i < n;) {
-        uint8_t b = (uint8_t)s[i];
-        if (b < 0x80) { /* ASCII: no stage maps it to more than one character */
-            char c = (char)b;
-            int keep = 1;
-            if (op == CW_LOWER) c = (char)(b >= 'A' && b <= 'Z' ? b + 32 : b);
-            else if (op == CW_NMT) { if (nmt_drop(b)) keep = 0; else if (nmt_space(b)) c = ' '; }
-            else if (op == CW_BERT_CLEAN) { if (dfm_uc_is_other(b)) keep = 0; else if (dfm_uc_is_ws(b)) c = ' '; }
-            else if (op == CW_STRIP_ACCENTS) keep = !dfm_uc_is_mark(b);
-            else if (op == CW_DROP_MN) keep = !dfm_uc_is_mn(b);
-            if (keep) DFM_TRY(dfm_sbuf_add(out, &c, 1));
-            if (i < lead0) lo = out->n;
+        if (u[i] < 0x80) {
+            int16_t m = amap[u[i]];
+            if (m >= 0) *o++ = (uint8_t)m;
+            if (i < lead0) lo = (size_t)(o - base);
             i++;
             continue;
         }
         uint32_t cp;
-        size_t l = cp_at(s, n, i, &cp);
+        size_t l = (size_t)dfm_utf8_next(u + i, n - i, &cp);
         switch (op) {
         case CW_LOWER: {
             uint32_t low[3];
             int k = dfm_uc_lower(cp, low);
-            for (int q = 0; q < k; q++) DFM_TRY(dfm_sbuf_cp(out, low[q]));
+            for (int q = 0; q < k; q++) o += dfm_utf8_put(low[q], o);
             break;
         }
         case CW_STRIP_ACCENTS:
-            if (!dfm_uc_is_mark(cp)) DFM_TRY(dfm_sbuf_add(out, s + i, l));
+            if (!dfm_uc_is_mark(cp)) memcpy(o, u + i, l), o += l;
             break;
         case CW_DROP_MN:
-            if (!dfm_uc_is_mn(cp)) DFM_TRY(dfm_sbuf_add(out, s + i, l));
+            if (!dfm_uc_is_mn(cp)) memcpy(o, u + i, l), o += l;
             break;
         case CW_NMT:
             if (nmt_drop(cp)) break;
-            if (nmt_space(cp)) DFM_TRY(dfm_sbuf_add(out, " ", 1));
-            else DFM_TRY(dfm_sbuf_add(out, s + i, l));
+            if (nmt_space(cp)) *o++ = ' ';
+            else memcpy(o, u + i, l), o += l;
             break;
         case CW_BERT_CLEAN:
             if (dfm_uc_is_other(cp)) break;
-            if (dfm_uc_is_ws(cp)) DFM_TRY(dfm_sbuf_add(out, " ", 1));
-            else DFM_TRY(dfm_sbuf_add(out, s + i, l));
+            if (dfm_uc_is_ws(cp)) *o++ = ' ';
+            else memcpy(o, u + i, l), o += l;
             break;
         default: /* CW_BERT_CHINESE */
             if (dfm_uc_is_chinese(cp)) {
-                DFM_TRY(dfm_sbuf_add(out, " ", 1));
-                DFM_TRY(dfm_sbuf_add(out, s + i, l));
-                DFM_TRY(dfm_sbuf_add(out, " ", 1));
+                *o++ = ' ';
+                memcpy(o, u + i, l), o += l;
+                *o++ = ' ';
             } else {
-                DFM_TRY(dfm_sbuf_add(out, s + i, l));
+                memcpy(o, u + i, l), o += l;
             }
         }
-        if (i < lead0) lo = out->n;
+        if (i < lead0) lo = (size_t)(o - base);
         i += l;
     }
+    out->n = (size_t)(o - base);
+    out->p[out->n] = 0;
     *lead0_out = lo;
     return DFM_OK;
+}
+
+static int all_ascii(const char *s, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ULL) return 0;
+    }
+    for (; i < n; i++)
+        if ((uint8_t)s[i] >= 0x80) return 0;
+    return 1;
 }
 
 /* ---- Replace ---- */
@@ -425,6 +453,18 @@ static int apply_stage(dfm_enc_ctx *c, const dfm_norm_stage *st, const char *s, 
         return dfm_sbuf_add(out, s, n);
     case DFM_NORM_PRECOMPILED: return dfm_charsmap_apply(st->charsmap, s, n, lead0, out, lo);
     default: { /* BertNormalizer: its four steps in order, through two scratch buffers */
+        if (all_ascii(s, n) && !tok->track_first) { /* CJK spaces, NFD and marks do nothing to ASCII: one pass */
+            DFM_TRY(dfm_sbuf_reserve(out, n + 1));
+            char *o = out->p;
+            for (size_t i = 0; i < n; i++) {
+                int m = st->clean_text ? ascii_out(CW_BERT_CLEAN, (uint8_t)s[i]) : (uint8_t)s[i];
+                if (m >= 0) *o++ = (char)(st->lowercase && m >= 'A' && m <= 'Z' ? m + 32 : m);
+            }
+            out->n = (size_t)(o - out->p);
+            out->p[out->n] = 0;
+            *lo = 0;
+            return DFM_OK;
+        }
         sbuf *x = &c->word, *y = &c->word2;
         x->n = 0;
         DFM_TRY(dfm_sbuf_add(x, s, n));
@@ -455,15 +495,18 @@ static int apply_stage(dfm_enc_ctx *c, const dfm_norm_stage *st, const char *s, 
 int dfm_normalize(dfm_enc_ctx *c, const char *s, size_t n, size_t lead0, sbuf *out, size_t *lead0_out) {
     const dfm_tokenizer *tok = c->tok;
     size_t lo = lead0;
-    out->n = 0;
-    DFM_TRY(dfm_sbuf_add(out, s, n));
-    for (size_t k = 0; k < tok->n_norm; k++) {
+    const char *in = s;
+    size_t in_n = n;
+    for (size_t k = 0; k < tok->n_norm; k++) { /* out and c->tmp take turns; the result ends in out */
+        sbuf *dst = (tok->n_norm - k) % 2 ? out : &c->tmp;
         size_t nl = 0;
-        DFM_TRY(apply_stage(c, &tok->norm[k], out->p, out->n, lo, &c->tmp, &nl));
+        DFM_TRY(apply_stage(c, &tok->norm[k], in, in_n, lo, dst, &nl));
         lo = nl;
-        sbuf t = *out;
-        *out = c->tmp;
-        c->tmp = t;
+        in = dst->p ? dst->p : "", in_n = dst->n;
+    }
+    if (!tok->n_norm) {
+        out->n = 0;
+        DFM_TRY(dfm_sbuf_add(out, s, n));
     }
     if (!out->p) DFM_TRY(dfm_sbuf_add(out, "", 0));
     if (lead0_out) *lead0_out = tok->track_first ? lo : 0;

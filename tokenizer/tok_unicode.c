@@ -1,9 +1,8 @@
 /* tok_unicode.c — lookups in the generated tables of tok_unicode_tables.h (see tok_unicode.h). ASCII is
- * answered from a 128-entry bit table built once from the same ranges, so there is one source. */
+ * answered from the generated 128-entry bit table. */
 #include "tokenizer/tok_unicode.h"
 #include "tokenizer/tok_unicode_tables.h"
 
-#include <pthread.h>
 #include <stddef.h>
 #include <string.h>
 
@@ -19,34 +18,21 @@ static int in_ranges(const uint32_t (*r)[2], size_t n, uint32_t c) {
 }
 #define IN(t, c) in_ranges(t, sizeof t / sizeof t[0], c)
 
-enum { A_PUNCT = 1, A_NUM = 2, A_WORD = 4, A_OTHER = 8, A_MN = 16, A_MARK = 32, A_WS = 64 };
-static uint8_t ascii[128];
-static pthread_once_t ascii_once = PTHREAD_ONCE_INIT;
-
 int dfm_uc_is_ws(uint32_t c) {
     return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-static void ascii_init(void) {
-    for (uint32_t c = 0; c < 128; c++)
-        ascii[c] = (uint8_t)((IN(tok_uc_punct, c) ? A_PUNCT : 0) | (IN(tok_uc_numeric, c) ? A_NUM : 0) |
-                             (IN(tok_uc_word, c) ? A_WORD : 0) | (IN(tok_uc_other, c) ? A_OTHER : 0) |
-                             (IN(tok_uc_mn, c) ? A_MN : 0) | (IN(tok_uc_mark, c) ? A_MARK : 0) |
-                             (dfm_uc_is_ws(c) ? A_WS : 0));
-}
+const uint8_t *const dfm_uc_ascii = tok_uc_ascii;
 
-static inline int ascii_has(uint32_t c, int bit) {
-    pthread_once(&ascii_once, ascii_init);
-    return ascii[c] & bit;
-}
+static inline int ascii_has(uint32_t c, int bit) { return tok_uc_ascii[c] & bit; }
 
-int dfm_uc_is_punct(uint32_t c) { return c < 128 ? ascii_has(c, A_PUNCT) != 0 : IN(tok_uc_punct, c); }
-int dfm_uc_is_numeric(uint32_t c) { return c < 128 ? ascii_has(c, A_NUM) != 0 : IN(tok_uc_numeric, c); }
-int dfm_uc_is_word(uint32_t c) { return c < 128 ? ascii_has(c, A_WORD) != 0 : IN(tok_uc_word, c); }
-int dfm_uc_is_other(uint32_t c) { return c < 128 ? ascii_has(c, A_OTHER) != 0 : IN(tok_uc_other, c); }
-int dfm_uc_is_mn(uint32_t c) { return c < 128 ? ascii_has(c, A_MN) != 0 : IN(tok_uc_mn, c); }
-int dfm_uc_is_mark(uint32_t c) { return c < 128 ? ascii_has(c, A_MARK) != 0 : IN(tok_uc_mark, c); }
+int dfm_uc_is_punct(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_PUNCT) != 0 : IN(tok_uc_punct, c); }
+int dfm_uc_is_numeric(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_NUMERIC) != 0 : IN(tok_uc_numeric, c); }
+int dfm_uc_is_word(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_WORD) != 0 : IN(tok_uc_word, c); }
+int dfm_uc_is_other(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_OTHER) != 0 : IN(tok_uc_other, c); }
+int dfm_uc_is_mn(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_MN) != 0 : IN(tok_uc_mn, c); }
+int dfm_uc_is_mark(uint32_t c) { return c < 128 ? ascii_has(c, DFM_UC_MARK) != 0 : IN(tok_uc_mark, c); }
 int dfm_uc_nf_keep(uint32_t c) { return c >= tok_uc_nf_keep[0][0] && IN(tok_uc_nf_keep, c); }
 
 int dfm_uc_is_chinese(uint32_t c) {

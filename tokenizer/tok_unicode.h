@@ -13,6 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The classes of the ASCII characters, as bits (hot loops test them directly). */
+enum { DFM_UC_PUNCT = 1, DFM_UC_NUMERIC = 2, DFM_UC_WORD = 4, DFM_UC_OTHER = 8, DFM_UC_MN = 16, DFM_UC_MARK = 32,
+       DFM_UC_WS = 64 };
+extern const uint8_t *const dfm_uc_ascii;
+
 /* char::is_whitespace (the White_Space property). */
 int dfm_uc_is_ws(uint32_t c);
 /* Punctuation and BertPreTokenizer: ASCII punctuation or a P* category of the old table. */

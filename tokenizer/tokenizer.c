@@ -571,6 +571,7 @@ static int load_json(dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     DFM_TRY(load_byte_tokens(tok, model));
     if (tok->model == DFM_MODEL_BPE) DFM_TRY(load_merges(lc, tok, json_object_get(model, "merges")));
     else if (tok->model != DFM_MODEL_UNIGRAM) DFM_TRY(dfm_pairmap_init(&tok->pairs, 0)); /* empty: the cache file has one */
+    dfm_bpe_prepare(tok);
     DFM_TRY(load_added(lc, tok, added, 0));
     describe(tok);
     return DFM_OK;
@@ -646,6 +647,7 @@ int dfm_tokenizer_load_cachefile(const char *cache_path, uint64_t src_hash, uint
         }
     }
     if (!rc) rc = load_added(&lc, tok, json_object_get(root, "added_tokens"), 1);
+    if (!rc) dfm_bpe_prepare(tok);
     json_decref(root);
     if (rc) {
         dfm_tokenizer_free(tok);

@@ -20,7 +20,8 @@ lines of other scripts:
                transformers, hence the peers' Python and --rebuild-t5
 and the real all-MiniLM-L6-v2 tokenizer.json (BERT uncased WordPiece) and the spm-llama2 BPE of
 make_tokenizer_golden.py. Each golden set is a base with a patch (the header holds it; a {"$ref":
-"FILE#/json/pointer"} value stands for that part of another file here), so the C test
+"FILE#/json/pointer"} value stands for that part of another file here; a model_patch's "$append" adds
+vocabulary entries, merges at the end and first_merges at the start), so the C test
 (tests/unit/test_tokenizer.c) builds the same tokenizer.json. Sets: every component alone and the
 combinations the families use (Falcon, BLOOM, GPT-NeoX, T5/mT5, ALBERT, XLM-R, CLIP, BERT, ...).
 
@@ -156,6 +157,13 @@ SETS = {
     "bpe-nounk": ("@spm-llama2.tokenizer.json", {}, {"byte_fallback": False, "unk_token": None}),
     "bpe-unk-unfused": ("@spm-llama2.tokenizer.json", {}, {"byte_fallback": False, "fuse_unk": False}),
     "bpe-ignore-merges": ("@spm-llama2.tokenizer.json", {}, {"ignore_merges": True}),
+    # runs of "\u2581" merge (Llama-2's "\u2581\u2581\u2581\u2581"): dfm still encodes word by word
+    "bpe-meta-runs": ("@spm-llama2.tokenizer.json", {}, {"$append": {
+        "vocab": {"\u2581\u2581": 1456, "\u2581\u2581\u2581\u2581": 1457},
+        "merges": [["\u2581", "\u2581"], ["\u2581\u2581", "\u2581\u2581"]]}}),
+    # a merge that puts "\u2581" after a letter: dfm must encode the whole text as one piece
+    "bpe-meta-inner": ("@spm-llama2.tokenizer.json", {}, {"$append": {
+        "vocab": {"e\u2581": 1456, "\u2581\u2581": 1457}, "first_merges": [["\u2581", "\u2581"], ["e", "\u2581"]]}}),
     "unigram": ("@oracle/unigram.tokenizer.json", {}, {}),
     "unigram-bytefallback": ("@oracle/unigram.tokenizer.json", {}, {"byte_fallback": True}),
     "unigram-scripts": ("@oracle/unigram.tokenizer.json", {"pre_tokenizer": seq_pre(
@@ -295,7 +303,12 @@ def build(cache, base, patch, model_patch):
         raw = f.read()
     j = json.loads(raw)
     j.update(resolve_refs(copy.deepcopy(patch)))
+    model_patch = dict(model_patch)
+    append = model_patch.pop("$append", {})  # entries added to model.vocab and merges appended
     j["model"].update(model_patch)
+    if append:
+        j["model"]["vocab"].update(append.get("vocab", {}))
+        j["model"]["merges"] = append.get("first_merges", []) + j["model"]["merges"] + append.get("merges", [])
     t = Tokenizer.from_str(json.dumps(j))
     t.no_truncation()
     t.no_padding()

@@ -206,6 +206,15 @@ def main():
         for i in range(0, len(rs), 6):
             w("    " + " ".join("{0x%X, 0x%X}," % (a, b) for a, b in rs[i:i + 6]) + "\n")
         w("};\n\n")
+    # ASCII: the same classes as bits, so the hot loops test them without a search
+    bits = {"punct": 1, "numeric": 2, "word": 4, "other": 8, "mn": 16, "mark": 32}
+    ascii = [sum(b for k, b in bits.items() if c in set(cls[k])) | (64 if chr(c).isspace() and c not in range(0x1c, 0x20)
+                                                                     else 0) for c in range(128)]
+    w("/* ASCII: bit 1 punct, 2 numeric, 4 word, 8 other, 16 mn, 32 mark, 64 White_Space */\n")
+    w("static const uint8_t tok_uc_ascii[128] = {\n")
+    for i in range(0, 128, 16):
+        w("    " + " ".join("%d," % x for x in ascii[i:i + 16]) + "\n")
+    w("};\n\n")
     single = [(c, l[0]) for c, l in lower_map if len(l) == 1]
     multi = [(c, l) for c, l in lower_map if len(l) > 1]
     assert all(len(l) <= 3 for _, l in multi)

@@ -183,7 +183,20 @@ static char *patched_tokenizer(const char *name, json_t *header) {
     const char *k;
     json_t *v;
     json_object_foreach(json_object_get(header, "patch"), k, v) json_object_set_new(root, k, resolve_refs(v));
-    assert_int_equal(json_object_update(json_object_get(root, "model"), json_object_get(header, "model_patch")), 0);
+    json_t *mp = json_deep_copy(json_object_get(header, "model_patch")), *model = json_object_get(root, "model");
+    json_t *append = json_incref(json_object_get(mp, "$append")); /* vocabulary entries, merges first and last */
+    json_object_del(mp, "$append");
+    assert_int_equal(json_object_update(model, mp), 0);
+    if (append) {
+        assert_int_equal(json_object_update(json_object_get(model, "vocab"), json_object_get(append, "vocab")), 0);
+        json_t *merges = json_copy(json_object_get(append, "first_merges"));
+        if (!merges) merges = json_array();
+        assert_int_equal(json_array_extend(merges, json_object_get(model, "merges")), 0);
+        if (json_object_get(append, "merges"))
+            assert_int_equal(json_array_extend(merges, json_object_get(append, "merges")), 0);
+        json_object_set_new(model, "merges", merges);
+    }
+    json_decref(append), json_decref(mp);
     char fn[160];
     snprintf(fn, sizeof fn, "%s.tokenizer.json", name);
     char *out = dfm_path_join(tmpdir, fn);
