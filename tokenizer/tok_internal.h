@@ -221,6 +221,7 @@ struct dfm_tokenizer {
     double min_score;      /* Unigram: the lowest piece score (unknown characters score min - 10) */
     double *scores;        /* Unigram: per id (0 for ids outside the model's vocabulary) */
     uint32_t n_trie_nodes; /* Unigram */
+    uint64_t trie_root[256]; /* Unigram: the root's edges, as in the pair map (UINT64_MAX: none), for speed */
 
     /* id -> raw key (encode side) and id -> the token's string (decode side) */
     uint32_t n_ids;
@@ -331,8 +332,10 @@ int dfm_wordpiece_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out
 int dfm_wordlevel_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out);
 /* After the vocabulary and merges (parsed or mapped): may BPE pieces be split before each "\u2581"? */
 void dfm_bpe_prepare(dfm_tokenizer *tok);
-/* Build the Unigram trie over every vocabulary key (after the vocabulary map). */
+/* Build the Unigram trie over every vocabulary key (after the vocabulary map); prepare: the root table
+ * from the trie (parsed or mapped). */
 int dfm_unigram_build(const dfm_load_ctx *lc, dfm_tokenizer *tok);
+void dfm_unigram_prepare(dfm_tokenizer *tok);
 
 /* Piece cache (tok_cache.c). */
 int dfm_tok_cache_init(dfm_tokenizer *tok);

@@ -109,10 +109,20 @@ int dfm_charsmap_apply(const dfm_charsmap *m, const char *s, size_t n, size_t le
     const uint8_t *u = (const uint8_t *)s;
     size_t lo = 0;
     for (size_t i = 0; i < n;) {
-        /* an ASCII character followed by another (or the end) is a cluster of its own, except CR LF */
+        /* an ASCII character followed by another (or the end) is a cluster of its own, except CR LF; a run
+         * of those the charsmap leaves alone is copied at once */
+        size_t run = i;
+        while (run < n && u[run] < 0x80 && m->ascii_off[u[run]] < 0 &&
+               (run + 1 == n || (u[run + 1] < 0x80 && !(u[run] == '\r' && u[run + 1] == '\n'))))
+            run++;
+        if (run > i) {
+            DFM_TRY(dfm_sbuf_add(out, s + i, run - i));
+            if (i < lead0) lo = out->n - (run - (lead0 < run ? lead0 : run));
+            i = run;
+            continue;
+        }
         if (u[i] < 0x80 && (i + 1 == n || (u[i + 1] < 0x80 && !(u[i] == '\r' && u[i + 1] == '\n')))) {
-            if (m->ascii_off[u[i]] >= 0) DFM_TRY(dfm_sbuf_add(out, m->norm + m->ascii_off[u[i]], m->ascii_len[u[i]]));
-            else DFM_TRY(dfm_sbuf_add(out, s + i, 1));
+            DFM_TRY(dfm_sbuf_add(out, m->norm + m->ascii_off[u[i]], m->ascii_len[u[i]]));
             if (i < lead0) lo = out->n;
             i++;
             continue;

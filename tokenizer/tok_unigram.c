@@ -43,7 +43,12 @@ int dfm_unigram_build(const dfm_load_ctx *lc, dfm_tokenizer *tok) {
         dfm_pairmap_put(&tok->pairs, edge, (uint64_t)(leaf + 1) << 32 | (uint32_t)val);
     }
     tok->n_trie_nodes = next;
+    dfm_unigram_prepare(tok);
     return DFM_OK;
+}
+
+void dfm_unigram_prepare(dfm_tokenizer *tok) {
+    for (int b = 0; b < 256; b++) tok->trie_root[b] = dfm_pairmap_get(&tok->pairs, (uint64_t)b);
 }
 
 static int grow(dfm_enc_ctx *c, size_t n) {
@@ -87,21 +92,23 @@ int dfm_unigram_piece(dfm_enc_ctx *c, const uint8_t *s, size_t n, dfm_ids *out) 
     const double unk_score = tok->min_score - 10.0;
     const dfm_pairmap *trie = &tok->pairs;
     for (size_t pos = 0; pos < n;) {
-        uint32_t cp;
-        size_t mb = (size_t)dfm_utf8_next(s + pos, n - pos, &cp);
+        size_t mb = 1;
+        if (s[pos] >= 0x80) {
+            uint32_t cp;
+            mb = (size_t)dfm_utf8_next(s + pos, n - pos, &cp);
+        }
         double here = score[pos];
         int single = 0;
-        uint64_t node = 0;
-        for (size_t j = pos; j < n; j++) {
-            uint64_t v = dfm_pairmap_get(trie, node << 8 | s[j]);
-            if (v == UINT64_MAX) break;
-            node = (uint32_t)v;
+        uint64_t v = tok->trie_root[s[pos]]; /* the first byte from the root table, the rest from the map */
+        for (size_t j = pos; v != UINT64_MAX;) {
             if (v >> 32) {
                 uint32_t id = (uint32_t)(v >> 32) - 1;
                 double cand = tok->scores[id] + here;
                 if (start[j + 1] < 0 || cand > score[j + 1]) score[j + 1] = cand, start[j + 1] = (int64_t)pos, vid[j + 1] = id;
                 if (j + 1 - pos == mb) single = 1;
             }
+            if (++j >= n) break;
+            v = dfm_pairmap_get(trie, (uint64_t)(uint32_t)v << 8 | s[j]);
         }
         if (!single) {
             if (tok->unk_id < 0)

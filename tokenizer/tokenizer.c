@@ -648,6 +648,7 @@ int dfm_tokenizer_load_cachefile(const char *cache_path, uint64_t src_hash, uint
     }
     if (!rc) rc = load_added(&lc, tok, json_object_get(root, "added_tokens"), 1);
     if (!rc) dfm_bpe_prepare(tok);
+    if (!rc && tok->model == DFM_MODEL_UNIGRAM) dfm_unigram_prepare(tok);
     json_decref(root);
     if (rc) {
         dfm_tokenizer_free(tok);
