@@ -76,14 +76,9 @@ void dfm_strmap_free(dfm_strmap *m) {
 
 int dfm_pairmap_init(dfm_pairmap *m, size_t n) {
     size_t cap = pow2_at_least(n * 2 + 1);
-    m->keys = malloc(cap * sizeof *m->keys);
-    m->vals = malloc(cap * sizeof *m->vals);
-    if (!m->keys || !m->vals) {
-        free(m->keys), free(m->vals);
-        m->keys = m->vals = NULL;
-        return DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-slot pair map", cap);
-    }
-    memset(m->keys, 0xff, cap * sizeof *m->keys);
+    m->kv = malloc(cap * 2 * sizeof *m->kv);
+    if (!m->kv) return DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-slot pair map", cap);
+    for (size_t k = 0; k < cap; k++) m->kv[2 * k] = UINT64_MAX, m->kv[2 * k + 1] = 0;
     m->mask = cap - 1;
     m->n = 0;
     return DFM_OK;
@@ -91,23 +86,22 @@ int dfm_pairmap_init(dfm_pairmap *m, size_t n) {
 
 void dfm_pairmap_put(dfm_pairmap *m, uint64_t key, uint64_t val) {
     for (size_t k = dfm_pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
-        if (m->keys[k] == UINT64_MAX) {
-            m->keys[k] = key;
-            m->vals[k] = val;
+        if (m->kv[2 * k] == UINT64_MAX) {
+            m->kv[2 * k] = key;
+            m->kv[2 * k + 1] = val;
             m->n++;
             return;
         }
-        if (m->keys[k] == key) {
-            m->vals[k] = val;
+        if (m->kv[2 * k] == key) {
+            m->kv[2 * k + 1] = val;
             return;
         }
     }
 }
 
 void dfm_pairmap_free(dfm_pairmap *m) {
-    free(m->keys);
-    free(m->vals);
-    m->keys = m->vals = NULL;
+    free(m->kv);
+    m->kv = NULL;
 }
 
 /* rank << 32 | merged id, or UINT64_MAX when the pair does not merge. */
@@ -297,8 +291,8 @@ void dfm_bpe_prepare(dfm_tokenizer *tok) {
         tok->suffix_raw_len || dfm_strmap_get(&tok->vocab, meta, 3) < 0)
         return;
     for (size_t k = 0; k <= tok->pairs.mask; k++) {
-        if (tok->pairs.keys[k] == UINT64_MAX) continue;
-        uint32_t id = (uint32_t)tok->pairs.vals[k];
+        if (tok->pairs.kv[2 * k] == UINT64_MAX) continue;
+        uint32_t id = (uint32_t)tok->pairs.kv[2 * k + 1];
         if (id >= tok->n_ids || !tok->key[id]) return;
         const char *key = tok->key[id];
         size_t n = tok->key_len[id], p = 0;

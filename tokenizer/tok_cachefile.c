@@ -19,15 +19,16 @@
 
 #define TOKC_MAGIC "DFMTOKC"
 #define TOKC_VERSION 2u
-#define TOKC_HEADER 256u
+#define TOKC_HEADER 512u
 #define TOKC_STR_MAX (1u << 20) /* one token's bytes: real ones are < 300 */
+_Static_assert(64 + 16 * DFM_TOKC_NSEC <= 496, "the section table must end before the checksums");
 
 enum { FL_KEY = 1, FL_STR = 2, FL_STR_IS_KEY = 4 };
 
 /* Header field offsets (little-endian; see schemas/tokenizer_cache.md). */
 enum {
     H_MAGIC = 0, H_VERSION = 8, H_NSEC = 12, H_SRC_HASH = 16, H_SRC_BYTES = 24, H_FILE_BYTES = 32, H_N_IDS = 40,
-    H_N_PAIRS = 44, H_UNK = 48, H_MIN_SCORE = 56, H_SECTIONS = 64, H_PAYLOAD_SUM = 240, H_HEADER_SUM = 248
+    H_N_PAIRS = 44, H_UNK = 48, H_MIN_SCORE = 56, H_SECTIONS = 64, H_PAYLOAD_SUM = 496, H_HEADER_SUM = 504
 };
 
 static uint64_t rd64(const void *p) {
@@ -136,9 +137,11 @@ static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_l
         {DFM_TOKC_STR_LEN, str_len, (size_t)n * 4},
         {DFM_TOKC_STRINGS, str.p, str.n},
         {DFM_TOKC_VOCAB, tok->vocab.slots, (tok->vocab.mask + 1) * 8},
-        {DFM_TOKC_PAIR_KEYS, tok->pairs.keys, (tok->pairs.mask + 1) * 8},
-        {DFM_TOKC_PAIR_VALS, tok->pairs.vals, (tok->pairs.mask + 1) * 8},
+        {DFM_TOKC_PAIRS, tok->pairs.kv, (tok->pairs.mask + 1) * 16},
         {DFM_TOKC_SCORES, tok->scores, tok->model == DFM_MODEL_UNIGRAM ? (size_t)n * 8 : 0},
+        {DFM_TOKC_TRIE_FIRST, tok->trie_first, tok->trie_first ? ((size_t)tok->n_trie_nodes + 1) * 4 : 0},
+        {DFM_TOKC_TRIE_LABEL, tok->trie_label, tok->trie_label ? (size_t)tok->n_trie_nodes - 1 : 0},
+        {DFM_TOKC_TRIE_PIECE, tok->trie_piece, tok->trie_piece ? (size_t)tok->n_trie_nodes * 4 : 0},
     };
     for (size_t k = 0; k < sizeof parts / sizeof parts[0] && !rc; k++) {
         rc = sb_section(b, parts[k].sec);
@@ -155,7 +158,7 @@ static int build_image(const dfm_tokenizer *tok, const char *meta, size_t meta_l
 
 int dfm_tokfile_write(const dfm_tokenizer *tok, const char *meta, size_t meta_len, uint64_t src_bytes,
                       const char *path) {
-    if (!tok->vocab.slots || !tok->pairs.keys)
+    if (!tok->vocab.slots || !tok->pairs.kv)
         return DFM_FAIL(DFM_EINTERNAL, "tokenizer cache: the tokenizer has no vocabulary or pair map to write");
     const char *slash = strrchr(path, '/');
     if (slash) {
@@ -233,33 +236,53 @@ static int table_mask(const dfm_tokfile *f, int sec, const char *what, size_t *m
 /* The pair map: BPE merges name ids below n_ids; Unigram trie edges name nodes below the node count and
  * pieces below n_ids; a free slot ends every probe. */
 static int fill_pairs(dfm_tokenizer *tok, const dfm_tokfile *f) {
-    size_t mask = 0;
-    DFM_TRY(table_mask(f, DFM_TOKC_PAIR_KEYS, "pair key", &mask));
-    if (f->sec_bytes[DFM_TOKC_PAIR_VALS] != f->sec_bytes[DFM_TOKC_PAIR_KEYS]) return BAD("pair tables differ in size");
-    const uint64_t *pk = (const uint64_t *)(const void *)f->sec[DFM_TOKC_PAIR_KEYS];
-    const uint64_t *pv = (const uint64_t *)(const void *)f->sec[DFM_TOKC_PAIR_VALS];
+    size_t slots = f->sec_bytes[DFM_TOKC_PAIRS] / 16, mask = slots - 1;
+    if (slots < 16 || f->sec_bytes[DFM_TOKC_PAIRS] % 16 || (slots & (slots - 1)))
+        return BAD("pair table of %zu bytes", f->sec_bytes[DFM_TOKC_PAIRS]);
+    const uint64_t *kv = (const uint64_t *)(const void *)f->sec[DFM_TOKC_PAIRS];
     int uni = tok->model == DFM_MODEL_UNIGRAM;
-    if (uni && !f->n_pairs) return BAD("a Unigram trie of no nodes");
     size_t used = 0;
     for (size_t k = 0; k <= mask; k++) {
-        if (pk[k] == UINT64_MAX) continue;
+        uint64_t key = kv[2 * k], val = kv[2 * k + 1];
+        if (key == UINT64_MAX) continue;
         used++;
-        if (!uni && (uint32_t)pv[k] >= f->n_ids)
-            return BAD("merge slot %zu makes id %u, outside the %u ids", k, (uint32_t)pv[k], f->n_ids);
-        if (uni && ((uint32_t)pv[k] >= f->n_pairs || (pv[k] >> 32) > f->n_ids || (pk[k] >> 8) >= f->n_pairs))
-            return BAD("trie slot %zu names node %u or piece %llu outside the %u nodes and %u ids", k, (uint32_t)pv[k],
-                       (unsigned long long)(pv[k] >> 32), f->n_pairs, f->n_ids);
+        if ((uint32_t)val >= f->n_ids) return BAD("merge slot %zu makes id %u, outside the %u ids", k, (uint32_t)val, f->n_ids);
+        (void)key;
     }
     if (used > mask) return BAD("pair table has no free slot");
-    if (tok->model == DFM_MODEL_WORDPIECE || tok->model == DFM_MODEL_WORDLEVEL) {
-        if (used) return BAD("a %s model with %zu pairs", tok->model == DFM_MODEL_WORDPIECE ? "WordPiece" : "WordLevel", used);
-    }
-    tok->pairs.keys = (uint64_t *)pk;
-    tok->pairs.vals = (uint64_t *)pv;
+    if (tok->model != DFM_MODEL_BPE && used) return BAD("a model without merges has %zu", used);
+    tok->pairs.kv = (uint64_t *)kv;
     tok->pairs.mask = mask;
     tok->pairs.n = used;
-    if (uni) tok->n_trie_nodes = f->n_pairs;
-    else tok->n_merges = f->n_pairs;
+    if (!uni) tok->n_merges = f->n_pairs;
+    return DFM_OK;
+}
+
+/* The Unigram trie: node v's edges [first[v], first[v + 1]) within the labels, first[nodes] = nodes - 1 edges,
+ * labels increasing within a node, every edge leading further (edge e makes node e + 1 > v, so a walk ends),
+ * pieces -1 or below n_ids. */
+static int fill_trie(dfm_tokenizer *tok, const dfm_tokfile *f) {
+    uint32_t nodes = f->n_pairs;
+    if (!nodes || f->sec_bytes[DFM_TOKC_TRIE_FIRST] != ((size_t)nodes + 1) * 4 ||
+        f->sec_bytes[DFM_TOKC_TRIE_LABEL] != (size_t)nodes - 1 || f->sec_bytes[DFM_TOKC_TRIE_PIECE] != (size_t)nodes * 4)
+        return BAD("a Unigram trie of %u nodes in sections of %zu, %zu and %zu bytes", nodes,
+                   f->sec_bytes[DFM_TOKC_TRIE_FIRST], f->sec_bytes[DFM_TOKC_TRIE_LABEL], f->sec_bytes[DFM_TOKC_TRIE_PIECE]);
+    const uint32_t *first = (const uint32_t *)(const void *)f->sec[DFM_TOKC_TRIE_FIRST];
+    const uint8_t *label = f->sec[DFM_TOKC_TRIE_LABEL];
+    const int32_t *piece = (const int32_t *)(const void *)f->sec[DFM_TOKC_TRIE_PIECE];
+    if (first[0] != 0 || first[nodes] != nodes - 1) return BAD("the trie's edge index does not span its %u edges", nodes - 1);
+    for (uint32_t v = 0; v < nodes; v++) {
+        if (first[v + 1] < first[v] || (first[v + 1] > first[v] && first[v] < v))
+            return BAD("trie node %u: edges [%u, %u) out of order", v, first[v], first[v + 1]);
+        for (uint32_t e = first[v] + 1; e < first[v + 1]; e++)
+            if (label[e] <= label[e - 1]) return BAD("trie node %u: edge labels not increasing", v);
+        if (piece[v] < -1 || (piece[v] >= 0 && (uint32_t)piece[v] >= f->n_ids))
+            return BAD("trie node %u ends piece %d, outside the %u ids", v, piece[v], f->n_ids);
+    }
+    tok->n_trie_nodes = nodes;
+    tok->trie_first = (uint32_t *)first;
+    tok->trie_label = (uint8_t *)label;
+    tok->trie_piece = (int32_t *)piece;
     return DFM_OK;
 }
 
@@ -321,8 +344,10 @@ int dfm_tokfile_fill(dfm_tokenizer *tok, const dfm_tokfile *f) {
         if (!isfinite(f->min_score)) return BAD("the lowest score is not finite");
         tok->scores = (double *)sc;
         tok->min_score = f->min_score;
-    } else if (f->sec_bytes[DFM_TOKC_SCORES]) {
-        return BAD("scores in a tokenizer whose model has none");
+        DFM_TRY(fill_trie(tok, f));
+    } else if (f->sec_bytes[DFM_TOKC_SCORES] || f->sec_bytes[DFM_TOKC_TRIE_FIRST] || f->sec_bytes[DFM_TOKC_TRIE_LABEL] ||
+               f->sec_bytes[DFM_TOKC_TRIE_PIECE]) {
+        return BAD("scores or a trie in a tokenizer whose model has none");
     }
     return DFM_OK;
 }

@@ -69,12 +69,10 @@ int64_t dfm_strmap_get(const dfm_strmap *m, const void *key, size_t len);
 void dfm_strmap_free(dfm_strmap *m);
 
 /* ---- pair map: 64-bit key -> 64-bit value (open addressing; UINT64_MAX keys are free slots).
- * BPE: (left id << 32 | right id) -> (rank << 32 | merged id). Unigram: the trie's edges,
- * (node << 8 | byte) -> ((piece id + 1) << 32 | child node), piece id + 1 = 0 when the child ends no piece. */
+ * BPE: (left id << 32 | right id) -> (rank << 32 | merged id). */
 
 typedef struct {
-    uint64_t *keys;
-    uint64_t *vals;
+    uint64_t *kv; /* slot k: kv[2k] the key (UINT64_MAX: free), kv[2k + 1] its value; one cache line per probe */
     size_t mask, n;
 } dfm_pairmap;
 
@@ -93,8 +91,8 @@ static inline size_t dfm_pair_slot(uint64_t key, size_t mask) {
  * it for every symbol pair and byte). */
 static inline uint64_t dfm_pairmap_get(const dfm_pairmap *m, uint64_t key) {
     for (size_t k = dfm_pair_slot(key, m->mask);; k = (k + 1) & m->mask) {
-        uint64_t s = m->keys[k];
-        if (s == key) return m->vals[k];
+        uint64_t s = m->kv[2 * k];
+        if (s == key) return m->kv[2 * k + 1];
         if (s == UINT64_MAX) return UINT64_MAX;
     }
 }
@@ -220,8 +218,13 @@ struct dfm_tokenizer {
     size_t max_word_chars; /* WordPiece max_input_chars_per_word */
     double min_score;      /* Unigram: the lowest piece score (unknown characters score min - 10) */
     double *scores;        /* Unigram: per id (0 for ids outside the model's vocabulary) */
-    uint32_t n_trie_nodes; /* Unigram */
-    uint64_t trie_root[256]; /* Unigram: the root's edges, as in the pair map (UINT64_MAX: none), for speed */
+    /* Unigram: the trie of the pieces, nodes numbered breadth first so a node's edges are contiguous and edge
+     * e leads to node e + 1 (tok_unigram.c) */
+    uint32_t n_trie_nodes;
+    uint32_t *trie_first;   /* node v's edges are [trie_first[v], trie_first[v + 1]); n_trie_nodes + 1 entries */
+    uint8_t *trie_label;    /* each edge's byte, increasing within a node; n_trie_nodes - 1 entries */
+    int32_t *trie_piece;    /* the piece a node ends, or -1 */
+    uint32_t trie_root[256]; /* the root's child for each byte, 0 if none (derived, for speed) */
 
     /* id -> raw key (encode side) and id -> the token's string (decode side) */
     uint32_t n_ids;
@@ -357,7 +360,8 @@ int dfm_charsmap_apply(const dfm_charsmap *m, const char *s, size_t n, size_t le
 
 enum {
     DFM_TOKC_META, DFM_TOKC_FLAGS, DFM_TOKC_KEY_OFF, DFM_TOKC_KEY_LEN, DFM_TOKC_STR_OFF, DFM_TOKC_STR_LEN,
-    DFM_TOKC_STRINGS, DFM_TOKC_VOCAB, DFM_TOKC_PAIR_KEYS, DFM_TOKC_PAIR_VALS, DFM_TOKC_SCORES, DFM_TOKC_NSEC
+    DFM_TOKC_STRINGS, DFM_TOKC_VOCAB, DFM_TOKC_PAIRS, DFM_TOKC_SCORES, DFM_TOKC_TRIE_FIRST, DFM_TOKC_TRIE_LABEL,
+    DFM_TOKC_TRIE_PIECE, DFM_TOKC_NSEC
 };
 
 /* A cache file whose header, checksums and section bounds have been checked. */

@@ -750,7 +750,7 @@ void dfm_tokenizer_free(dfm_tokenizer *tok) {
         }
         dfm_strmap_free(&tok->vocab);
         dfm_pairmap_free(&tok->pairs);
-        free(tok->scores);
+        free(tok->scores), free(tok->trie_first), free(tok->trie_label), free(tok->trie_piece);
     }
     free(tok->key), free(tok->key_len), free(tok->str), free(tok->str_len), free(tok->is_special);
     for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);

@@ -122,13 +122,13 @@ static void write_all(const char *p, const void *buf, size_t n) {
     assert_int_equal(fclose(f), 0);
 }
 
-/* Recompute both checksums (payload at 240 over [256, n), header at 248 over [0, 248)). */
+/* Recompute both checksums (payload at 496 over [512, n), header at 504 over [0, 504)). */
 static void reseal(uint8_t *b, size_t n) {
-    if (n < 256) return;
-    uint64_t pc = dfm_checksum64(b + 256, n - 256), hc;
-    memcpy(b + 240, &pc, 8);
-    hc = dfm_checksum64(b, 248);
-    memcpy(b + 248, &hc, 8);
+    if (n < 512) return;
+    uint64_t pc = dfm_checksum64(b + 512, n - 512), hc;
+    memcpy(b + 496, &pc, 8);
+    hc = dfm_checksum64(b, 504);
+    memcpy(b + 504, &hc, 8);
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -191,7 +191,7 @@ static void test_damaged_caches_rebuilt(void **state) {
     uint8_t *b = malloc(n);
 
     expect_rebuilt("empty", good, 0, &want);
-    expect_rebuilt("header only", good, 256, &want);
+    expect_rebuilt("header only", good, 512, &want);
     expect_rebuilt("truncated to half", good, n / 2, &want);
     expect_rebuilt("one byte short", good, n - 1, &want);
     memcpy(b, good, n), b[n - 100] ^= 0x40;
@@ -253,7 +253,7 @@ static void mutate(const char *rel, int rounds) {
         for (int k = 0; k < flips; k++) {
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             /* a third of the flips in the header (sizes, counts, the section table), the rest anywhere */
-            size_t pos = (st >> 33) % (r % 3 == 0 ? 240 : n);
+            size_t pos = (st >> 33) % (r % 3 == 0 ? 496 : n);
             b[pos] ^= (uint8_t)(1u << ((st >> 20) & 7));
         }
         if (r % 3 == 0) memcpy(b, good, 40); /* keep magic .. file size: reach the counts and section table */
