@@ -63,7 +63,8 @@ int dfm_tokfile_path(uint64_t src_hash, char **out) {
         return DFM_OK; /* nowhere to keep it: parse every time */
     }
     if (!dir) return DFM_FAIL(DFM_ENOMEM, "no memory");
-    *out = dfm_strdupf("%s/%016llx.dfmtok", dir, (unsigned long long)src_hash);
+    /* the version in the name: dfm builds of different formats sharing a folder keep their own files */
+    *out = dfm_strdupf("%s/%016llx.v%u.dfmtok", dir, (unsigned long long)src_hash, TOKC_VERSION);
     free(dir);
     return *out ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
 }

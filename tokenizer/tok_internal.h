@@ -373,7 +373,7 @@ typedef struct {
     double min_score;
 } dfm_tokfile;
 
-/* The cache file for a tokenizer.json whose XXH3-64 is src_hash: $DFM_TOKENIZER_CACHE/<hash>.dfmtok,
+/* The cache file for a tokenizer.json whose XXH3-64 is src_hash: $DFM_TOKENIZER_CACHE/<hash>.v<version>.dfmtok,
  * else under $XDG_CACHE_HOME/dfm/tokenizer-cache or ~/.cache/dfm/tokenizer-cache. *out is malloc'd, or
  * NULL when caching is off (DFM_TOKENIZER_CACHE set to "", "0" or "off"; or no HOME). */
 int dfm_tokfile_path(uint64_t src_hash, char **out);
