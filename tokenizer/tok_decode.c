@@ -409,7 +409,37 @@ static int stage(const dfm_dec_stage *st, const toklist *in, toklist *out, dfm_r
     return DFM_OK;
 }
 
+/* Byte-level BPE with a lone ByteLevel decoder (GPT-2, Llama-3, Qwen): each id's key is the bytes its string
+ * decodes to, so the text is the keys joined, invalid UTF-8 replaced. 1 when done (or rc set), 0 when an id
+ * needs the general path. */
+static int decode_bytelevel(const dfm_tokenizer *tok, const uint32_t *ids, size_t n, int skip_special, sbuf *out,
+                            int *rc) {
+    sbuf raw = {0};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = ids[i];
+        if (id >= tok->n_ids || !tok->str[id] || (tok->key_not_bytes && tok->key_not_bytes[id]) || !tok->key[id]) {
+            free(raw.p);
+            return 0;
+        }
+        if (skip_special && tok->is_special[id]) continue;
+        if ((*rc = dfm_sbuf_add(&raw, tok->key[id], tok->key_len[id]))) break;
+    }
+    if (!*rc) {
+        char *fixed;
+        size_t fl;
+        *rc = dfm_utf8_replace((const uint8_t *)(raw.p ? raw.p : ""), raw.n, &fixed, &fl, NULL);
+        out->n = 0;
+        if (!*rc) *rc = dfm_sbuf_add(out, fixed, fl), free(fixed);
+    }
+    free(raw.p);
+    return 1;
+}
+
 int dfm_decode_ids(const dfm_tokenizer *tok, const uint32_t *ids, size_t n, int skip_special, sbuf *out) {
+    int frc = DFM_OK;
+    if (tok->byte_level && tok->n_dec == 1 && tok->dec[0].kind == DFM_DEC_BYTELEVEL &&
+        decode_bytelevel(tok, ids, n, skip_special, out, &frc))
+        return frc;
     toklist a = {0}, b = {0};
     sbuf x = {0}, y = {0};
     dfm_regex_scratch rx = {0};

@@ -256,6 +256,9 @@ struct dfm_tokenizer {
     dfm_dec_stage *dec;
     size_t n_dec;
     int has_decoder;  /* 0: tokens are joined with spaces, as `tokenizers` does without a decoder */
+    uint8_t *key_not_bytes; /* byte-level with a lone ByteLevel decoder: 1 for the ids (added tokens) whose key
+                               is not their string's ByteLevel decoding, so decode takes the general path for
+                               them; NULL when none is */
 
     dfm_tok_cache_shard cache[DFM_TOK_CACHE_SHARDS];
 

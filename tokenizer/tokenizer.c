@@ -525,6 +525,17 @@ static int load_added(dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *added, int i
         int64_t id = dfm_strmap_get(&tok->vocab, raw.p ? raw.p : "", len);
         if (id >= 0 && tok->str_len[id] == clen && !memcmp(tok->str[id], content, clen)) tok->is_special[id] = 1;
     }
+    /* decode's fast path (a lone ByteLevel decoder: every id's key is its bytes) must skip the added tokens
+     * whose key came from another string than the one the decoder sees */
+    for (size_t i = 0; i < tok->n_added && !rc && tok->byte_level; i++) {
+        uint32_t id = tok->added[i].id;
+        size_t len;
+        raw.n = 0;
+        if ((rc = dfm_token_raw(tok, tok->str[id], tok->str_len[id], &raw, &len))) break;
+        if (len == tok->key_len[id] && !memcmp(raw.p ? raw.p : "", tok->key[id], len)) continue;
+        if (!tok->key_not_bytes && !(tok->key_not_bytes = calloc(tok->n_ids, 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        else tok->key_not_bytes[id] = 1;
+    }
     free(nb.p), free(raw.p);
     if (rc) return rc;
     DFM_TRY(build_matcher(tok, &tok->raw_matcher, 0));
@@ -752,7 +763,7 @@ void dfm_tokenizer_free(dfm_tokenizer *tok) {
         dfm_pairmap_free(&tok->pairs);
         free(tok->scores), free(tok->trie_first), free(tok->trie_label), free(tok->trie_piece);
     }
-    free(tok->key), free(tok->key_len), free(tok->str), free(tok->str_len), free(tok->is_special);
+    free(tok->key), free(tok->key_len), free(tok->str), free(tok->str_len), free(tok->is_special), free(tok->key_not_bytes);
     for (size_t i = 0; i < tok->n_added; i++) free(tok->added[i].content);
     free(tok->added);
     free(tok->raw_matcher.order);
