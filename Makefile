@@ -71,8 +71,8 @@ LDLIBS += $(if $(NCCL_HOME),-L$(NCCL_HOME)/lib) $(if $(wildcard $(NCCL_HOME)/lib
 endif
 endif
 
-LIB_DIRS := common pipeline/tokenizer pipeline/corpus pipeline/chunk pipeline/driver pipeline/audit \
-            schemas encoder retriever shard
+LIB_DIRS := common schemas tokenizer pipeline/corpus pipeline/chunk pipeline/driver pipeline/audit \
+            encoder retriever shard
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))
 ifeq ($(CUDA),1)

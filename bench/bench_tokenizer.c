@@ -13,7 +13,7 @@
  * (wall seconds and process CPU seconds, all threads). Built by `make bench-programs`
  * (build/bench/bench_tokenizer); run by bench/bench_tokenizer.sh, which interleaves it with the peers. */
 #include "common/error.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <pthread.h>

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""bench_tokenizer_hf.py — the peers' side of bench/bench_tokenizer.sh: Hugging Face `tokenizers` or
-tiktoken on the same texts as bench_tokenizer.c, cold and warm.
+"""bench_tokenizer_hf.py — the peers' side of bench/bench_tokenizer.sh: Hugging Face `tokenizers`, tiktoken
+or SentencePiece on the same texts as bench_tokenizer.c, cold and warm.
 
-    python bench/bench_tokenizer_hf.py PEER TOKENIZER_JSON CORPUS_JSONL MB THREADS [IDS_OUT]
+    python bench/bench_tokenizer_hf.py PEER TOKENIZER CORPUS_JSONL MB THREADS [IDS_OUT]
 
-PEER: "hf" (tokenizers.Tokenizer.from_file, encode_batch, add_special_tokens=False, RAYON_NUM_THREADS)
-or "tiktoken" (an Encoding made from the tokenizer.json: its vocabulary as mergeable ranks, its Split
-regex, its added tokens as special tokens; encode_batch with allowed_special="all", num_threads). The
+PEER: "hf" (tokenizers.Tokenizer.from_file, encode_batch, add_special_tokens=False, RAYON_NUM_THREADS),
+"tiktoken" (an Encoding made from the tokenizer.json: its vocabulary as mergeable ranks, its Split
+regex, its added tokens as special tokens; encode_batch with allowed_special="all", num_threads) or "sp"
+(sentencepiece.SentencePieceProcessor on TOKENIZER, a .model file; encode of the list, num_threads). The
 tiktoken form is only valid for byte-level BPE whose ids follow merge order, as Qwen2.5's and
 Llama-3's do; the ids comparison in bench_tokenizer.sh says whether it held.
 Same text selection as bench_tokenizer.c (first MB megabytes of the "text" fields, the last one cut
@@ -71,6 +72,9 @@ def version():
     if peer == "hf":
         import tokenizers
         return "tokenizers " + tokenizers.__version__
+    if peer == "sp":
+        import sentencepiece
+        return "sentencepiece " + sentencepiece.__version__
     import tiktoken
     return "tiktoken " + tiktoken.__version__
 
@@ -80,6 +84,8 @@ if peer == "hf":
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(path)
+    tok.no_truncation()  # all-MiniLM-L6-v2's file truncates and pads to 128; dfm encodes every token
+    tok.no_padding()
 
     def encode():
         return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
@@ -88,8 +94,15 @@ elif peer == "tiktoken":
 
     def encode():
         return enc.encode_batch(texts, num_threads=threads, allowed_special="all")
+elif peer == "sp":
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=path)
+
+    def encode():
+        return sp.encode(texts, num_threads=threads)
 else:
-    sys.exit(f"unknown peer {peer} (hf, tiktoken)")
+    sys.exit(f"unknown peer {peer} (hf, tiktoken, sp)")
 load_s, load_cpu = time.perf_counter() - l0, time.process_time() - lc0
 
 t0, c0 = time.perf_counter(), time.process_time()

@@ -9,7 +9,7 @@
 #include "common/progress.h"
 #include "common/version.h"
 #include "encoder/encoder.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "schemas/chunk_shard.h"
 #include "schemas/embedding_shard.h"
 

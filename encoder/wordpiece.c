@@ -6,7 +6,7 @@
  *                 like any other character (a CJK compatibility ideograph decomposes under NFD)
  *   strip_accents NFD, then drop non-spacing marks
  * "Other", punctuation and non-spacing marks are the classes `tokenizers` itself uses, generated from it
- * into wordpiece_tables.h: they come from an older Unicode table than utf8proc's, and unassigned code
+ * into tokenizer/tok_unicode_tables.h: they come from an older Unicode table than utf8proc's, and unassigned code
  * points (Cn) are not "other" there (they reach WordPiece and become [UNK]). NFD and lowercase follow
  * current Unicode through utf8proc, as `tokenizers` does through Rust's own tables.
  *   lowercase:    per-char full lowercase (char::to_lowercase)
@@ -15,7 +15,7 @@
  *   WordPiece:    words over max_input_chars_per_word chars -> [UNK]; greedy longest match, "##"
  *                 before non-initial pieces; any unmatched remainder -> the whole word is [UNK]. */
 #include "encoder/wordpiece.h"
-#include "encoder/wordpiece_tables.h"
+#include "tokenizer/tok_unicode.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -330,34 +330,12 @@ static int push(i32buf *b, int32_t x) {
     return DFM_OK;
 }
 
-/* Rust char::is_whitespace (the White_Space property) */
-static int is_ws(int32_t c) {
-    return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
-/* c in one of a sorted table's inclusive ranges (binary search) */
-static int in_ranges(const int32_t (*r)[2], size_t n, int32_t c) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (c < r[mid][0]) hi = mid;
-        else if (c > r[mid][1]) lo = mid + 1;
-        else return 1;
-    }
-    return 0;
-}
-#define IN_TABLE(t, c) in_ranges(t, sizeof t / sizeof t[0], c)
-static int is_other(int32_t c) { return IN_TABLE(wp_other_ranges, c); }
-static int is_mark(int32_t c) { return IN_TABLE(wp_mark_ranges, c); }
-static int is_chinese(int32_t c) {
-    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
-           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
-           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
-}
-static int is_punct(int32_t c) {
-    if (c < 128) return (c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126);
-    return IN_TABLE(wp_punct_ranges, c);
-}
+/* The classes of `tokenizers` itself (tokenizer/tok_unicode.h, generated from the library). */
+static int is_ws(int32_t c) { return dfm_uc_is_ws((uint32_t)c); }
+static int is_other(int32_t c) { return dfm_uc_is_other((uint32_t)c); }
+static int is_mark(int32_t c) { return dfm_uc_is_mn((uint32_t)c); }
+static int is_chinese(int32_t c) { return dfm_uc_is_chinese((uint32_t)c); }
+static int is_punct(int32_t c) { return dfm_uc_is_punct((uint32_t)c); }
 
 /* Decode UTF-8 (invalid sequences -> U+FFFD, one per maximal invalid prefix as utf8proc_iterate
  * reports it). */

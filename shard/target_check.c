@@ -4,7 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/manifest.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "schemas/chunk_shard.h"
 #include "shard/target_layout.h"
 #include "shard/target_reader.h"

@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 #include "common/opts.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "trainer/commands.h"
 #include "trainer/generate.h"
 #include "trainer/model_setup.h"

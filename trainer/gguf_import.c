@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "schemas/gguf.h"
 #include "schemas/safetensors.h"
 #include "trainer/model_config.h"

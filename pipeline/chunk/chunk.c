@@ -10,7 +10,7 @@
 #include "common/version.h"
 #include "pipeline/chunk/pack.h"
 #include "pipeline/corpus/corpus.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "schemas/chunk_shard.h"
 
 #include <dirent.h>

@@ -6,7 +6,7 @@
 #include "common/manifest.h"
 #include "common/opts.h"
 #include "schemas/chunk_shard.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 #include <stdio.h>

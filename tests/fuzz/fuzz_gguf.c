@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/error.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 #include "schemas/gguf.h"
 #include "tests/fuzz/fuzz_file.h"
 

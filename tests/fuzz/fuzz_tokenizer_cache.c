@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 #include "tests/fuzz/fuzz_file.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -15,13 +15,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!b) return 0;
     memcpy(b, data, size);
     uint64_t src_hash = 0, src_bytes = 0;
-    if (size >= 256) {
+    if (size >= 512) { /* the checksums: payload at 496 over [512, n), header at 504 over [0, 504) */
         memcpy(&src_hash, b + 16, 8);
         memcpy(&src_bytes, b + 24, 8);
-        uint64_t pc = XXH3_64bits(b + 256, size - 256), hc;
-        memcpy(b + 240, &pc, 8);
-        hc = XXH3_64bits(b, 248);
-        memcpy(b + 248, &hc, 8);
+        uint64_t pc = XXH3_64bits(b + 512, size - 512), hc;
+        memcpy(b + 496, &pc, 8);
+        hc = XXH3_64bits(b, 504);
+        memcpy(b + 504, &hc, 8);
     }
     const char *path = fuzz_file("t.dfmtok", b, size);
     free(b);

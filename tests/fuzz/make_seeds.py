@@ -3,6 +3,7 @@ inputs of each format, so the fuzzers start from files the parsers accept and mu
 Run with the project's Python (it needs xxhash and zstandard):  python3 tests/fuzz/make_seeds.py
 The binary layouts are those of schemas/*.md; checksums are written right although the shard harnesses
 reseal them anyway."""
+import base64
 import json
 import os
 import struct
@@ -132,6 +133,79 @@ def text_seeds():
                   "vocab": vocab, "merges": ["h e", "l l", "he ll", "hell o"]}}, indent=1))
 
 
+def tiny_charsmap():
+    """A SentencePiece precompiled charsmap with one rule, "A" -> "a": u32 trie size, 256 Darts units (the
+    root's offset 1; the unit of byte 0x41 at 1 ^ 0x41 with its leaf flag and offset 2; the leaf's value,
+    0, at 0x40 ^ 2), then the replacement strings. Every byte's unit lies inside the array, as in a real one."""
+    units = [0] * 256
+    units[0] = 1 << 10
+    units[1 ^ 0x41] = (2 << 10) | (1 << 8) | 0x41
+    units[(1 ^ 0x41) ^ 2] = 0
+    trie = b"".join(struct.pack("<I", u) for u in units)
+    return base64.b64encode(struct.pack("<I", len(trie)) + trie + b"a\0").decode()
+
+
+def tokenizer_seeds():
+    """One small tokenizer.json per model and most normalizers, pre-tokenizers and decoders, so the fuzzer
+    starts from files each parser accepts."""
+    added = lambda i, c: {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}
+    meta = lambda rep, scheme="always": {"type": "Metaspace", "replacement": rep, "prepend_scheme": scheme, "split": True}
+    pieces = [["<unk>", 0.0], ["\u2581", -1.0], ["\u2581he", -2.0], ["llo", -2.5], ["h", -3.0], ["e", -3.0],
+              ["l", -3.0], ["o", -3.0], ["\u2581w", -4.0], ["or", -4.0], ["ld", -4.0]]
+    pieces += [["<0x%02X>" % b, -9.0] for b in (0x41, 0xC3, 0xA9)]
+    put("tokenizer_json", "t5_unigram", json.dumps({
+        "version": "1.0", "added_tokens": [added(0, "<unk>")],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Precompiled", "precompiled_charsmap": tiny_charsmap()},
+            {"type": "Strip", "strip_left": False, "strip_right": True},
+            {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": "\u2581"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "WhitespaceSplit"}, meta("\u2581", "first")]},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "Unigram", "unk_id": 0, "vocab": pieces, "byte_fallback": True}}, indent=1))
+    wp = {t: i for i, t in enumerate(["[UNK]", "[CLS]", "[SEP]", "hello", "world", "##s", "he", "##llo", "!", "\u00e9"])}
+    put("tokenizer_json", "bert_wordpiece", json.dumps({
+        "version": "1.0", "added_tokens": [added(0, "[UNK]"), added(1, "[CLS]"), added(2, "[SEP]")],
+        "normalizer": {"type": "BertNormalizer", "clean_text": True, "handle_chinese_chars": True,
+                       "strip_accents": None, "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": True},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]", "continuing_subword_prefix": "##",
+                  "max_input_chars_per_word": 100, "vocab": wp}}, indent=1))
+    put("tokenizer_json", "wordlevel_ctc", json.dumps({
+        "version": "1.0", "added_tokens": [added(0, "<pad>")],
+        "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}, {"type": "Nmt"}]},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Whitespace"}, {"type": "UnicodeScripts"},
+                                                                {"type": "FixedLength", "length": 4}]},
+        "decoder": {"type": "CTC", "pad_token": "<pad>", "word_delimiter_token": "|", "cleanup": True},
+        "model": {"type": "WordLevel", "unk_token": "<unk>",
+                  "vocab": {t: i for i, t in enumerate(["<pad>", "<unk>", "hell", "o", "worl", "d", "|"])}}}, indent=1))
+    bv = {t: i for i, t in enumerate(["<unk>", "h", "##e", "##l", "##o", "##o</w>", "w", "##r", "##d</w>", "he",
+                                      "hel", "hell", "hello</w>", "<0x41>"])}
+    put("tokenizer_json", "bpe_suffix_clip", json.dumps({
+        "version": "1.0", "added_tokens": [],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "NFC"}, {"type": "Replace", "pattern": {"Regex": "\\s+"}, "content": " "}, {"type": "Lowercase"},
+            {"type": "StripAccents"}, {"type": "Prepend", "prepend": "\u2581"}]},
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+"},
+                          "behavior": "Removed", "invert": True},
+        "decoder": {"type": "BPEDecoder", "suffix": "</w>"},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": "##",
+                  "end_of_word_suffix": "</w>", "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": bv, "merges": ["h ##e", "he ##l", "hel ##l", "hell ##o</w>"]}}, indent=1))
+    t = json.load(open(os.path.join(OUT, "tokenizer_json", "byte_level_bpe")))
+    t["normalizer"] = {"type": "NFKD"}
+    t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Punctuation", "behavior": "Contiguous"},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        {"type": "Digits", "individual_digits": False},
+        {"type": "Split", "pattern": {"Regex": "[0-9][0-9][0-9]"}, "behavior": "MergedWithNext", "invert": False},
+        {"type": "CharDelimiterSplit", "delimiter": "o"}]}
+    put("tokenizer_json", "falcon_like", json.dumps(t, indent=1))
+
+
 def regression_seeds():
     """Inputs that once got through (sizes from claims, wrapped products, unchecked ranges): each parser
     must refuse or bound them; the harnesses assert it."""
@@ -139,6 +213,11 @@ def regression_seeds():
     t["added_tokens"].append({"id": 2**31 - 1, "content": "<|huge|>", "single_word": False, "lstrip": False,
                               "rstrip": False, "normalized": False, "special": True})
     put("tokenizer_json", "added_id_2p31", json.dumps(t))
+    # a byte-level vocabulary without the space and most bytes, and no unk_token: pieces that make no ids at
+    # all (the harness also encodes the input itself, whose first piece "{" has none), which the piece cache
+    # stores (an empty id list once reached it through a null pointer: UBSan)
+    t = json.load(open(os.path.join(OUT, "tokenizer_json", "byte_level_bpe")))
+    put("tokenizer_json", "no_ids_piece", json.dumps(t).replace('"\\u0120"', '"\\u0121"'))
     hdr = json.dumps({"w": {"dtype": "F32", "shape": [2**31, 2**31], "data_offsets": [0, 0]}}).encode()
     hdr += b" " * (-len(hdr) % 8)
     put("safetensors", "shape_product_wraps", struct.pack("<Q", len(hdr)) + hdr)
@@ -228,5 +307,6 @@ if __name__ == "__main__":
     safetensors()
     token_bin()
     text_seeds()
+    tokenizer_seeds()
     regression_seeds()
     gguf()

@@ -185,10 +185,11 @@ floor_rule() {
   case $1 in
     common) echo '^common/' ;;
     schemas) echo '^(common|schemas)/' ;;
-    pipeline|encoder|retriever|shard) echo '^(common|schemas|pipeline|encoder|retriever|shard)/' ;;
-    trainer) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^pipeline/tokenizer/tokenizer\.h$' ;;
-    tests) echo '^(common|schemas|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
-    bench) echo '^(common|schemas|pipeline|encoder|retriever|shard|trainer|bench)/|^tests/ref/' ;;
+    tokenizer) echo '^(common|schemas|tokenizer)/' ;;
+    pipeline|encoder|retriever|shard) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard)/' ;;
+    trainer) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
+    tests) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
+    bench) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard|trainer|bench)/|^tests/ref/' ;;
   esac
 }
 floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, as FILE:LINE: text
@@ -209,16 +210,18 @@ floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, 
   done
   return 0
 }
-breaks=$(floor_breaks common schemas pipeline encoder retriever shard trainer tests bench)
+breaks=$(floor_breaks common schemas tokenizer pipeline encoder retriever shard trainer tests bench)
 [ -z "$breaks" ] || fail "includes or imports that break the floor plan of docs/ARCHITECTURE.md:
 $breaks"
-mkdir -p "$WORK/schemas" "$WORK/tests" "$WORK/bench"
+mkdir -p "$WORK/schemas" "$WORK/tokenizer" "$WORK/tests" "$WORK/bench"
 printf '#include "common/error.h"\n#include "shard/target_reader.h"\n' > "$WORK/schemas/x.c"
+printf '#include "schemas/gguf.h"\n#include "pipeline/chunk/chunk.h"\n' > "$WORK/tokenizer/x.c"
 P='sys.path.insert(0, "%s")\n'  # the planted imports, written so that this file does not match them
 printf "import sys\n$P" bench > "$WORK/tests/x.py"
 printf "import sys\n$P$P" tests/ref tests/py > "$WORK/bench/x.py"
-breaks=$(cd "$WORK" && floor_breaks schemas tests bench)
-[ "$(grep -c . <<<"$breaks")" = 3 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" &&
+breaks=$(cd "$WORK" && floor_breaks schemas tokenizer tests bench)
+[ "$(grep -c . <<<"$breaks")" = 4 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" &&
+  grep -q 'tokenizer/x.c:2: #include "pipeline/chunk/chunk.h"' <<<"$breaks" &&
   grep -q 'tests/x.py:2:' <<<"$breaks" && grep -q 'bench/x.py:3:' <<<"$breaks" ||
   fail "the floor check missed a planted break, or reported a good line: $breaks"
 ok "every include stays on its floor (docs/ARCHITECTURE.md)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The committed tokenizer golden files still equal a fresh run of HF `tokenizers` (catches a changed
-tokenizers version or tokenizer.json); `dfm tokenize` agrees with HF on a few texts end to end
+"""The committed tokenizer golden files and component oracle still equal a fresh run of HF `tokenizers`
+(catches a changed tokenizers version or tokenizer.json); `dfm tokenize` agrees with HF on a few texts end to end
 (encode through the command line, and --decode back); and on 1500 random strings per tokenizer drawn
 from an alphabet of hard pieces (Unicode spaces, combining marks, contractions, CJK, emoji, special
 tokens), via `dfm tokenize --jsonl`. Exits non-zero on any difference."""
@@ -38,12 +38,21 @@ if r.returncode != 0:
     print("FAIL: golden files differ from a fresh HF run: regenerate with tests/ref/make_tokenizer_golden.py "
           "and review the diff")
     fails += 1
+r = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "ref", "make_tokenizer_oracle.py"), "--check",
+                    "--cache", CACHE], capture_output=True, text=True)
+print(r.stdout + r.stderr[-2000:], end="")
+if r.returncode != 0:
+    print("FAIL: the component oracle differs from a fresh HF run: regenerate with tests/ref/make_tokenizer_oracle.py "
+          "and review the diff")
+    fails += 1
 
 from tokenizers import Tokenizer  # noqa: E402
 
 TOKENIZER_FILES = {"qwen2.5": os.path.join(CACHE, "tokenizers", "qwen2.5", "tokenizer.json"),
                    "llama-3.2": os.path.join(CACHE, "tokenizers", "llama-3.2", "tokenizer.json"),
-                   "smollm2": os.path.join(CACHE, "models", "smollm2-135m", "tokenizer.json")}  # Digits + ByteLevel
+                   "smollm2": os.path.join(CACHE, "models", "smollm2-135m", "tokenizer.json"),  # Digits + ByteLevel
+                   "bert": os.path.join(CACHE, "models", "all-MiniLM-L6-v2", "tokenizer.json"),  # WordPiece
+                   "t5": os.path.join(ROOT, "tests", "data", "tokenizer", "oracle", "t5.tokenizer.json")}  # Unigram
 
 texts = ["Hello, world! It's 2026.", "  spaces\tand\ttabs\r\n", "naïve café 東京 😀👍🏽", "x<|endoftext|>y",
          "12345678901234567890", "'S 'll 'Re don't"]
@@ -53,6 +62,8 @@ if not os.access(DFM, os.X_OK):
 else:
     for name, path in TOKENIZER_FILES.items():
         hf = Tokenizer.from_file(path)
+        hf.no_truncation()  # all-MiniLM-L6-v2's file truncates to 128 tokens; dfm encodes them all
+        hf.no_padding()
         all_ids = []
         for t in texts:
             want = hf.encode(t, add_special_tokens=False).ids
@@ -83,6 +94,8 @@ rand_texts = ["".join(rng.choice(ALPHA) for _ in range(rng.randint(0, 40))) for 
 if os.access(DFM, os.X_OK):
     for name, path in TOKENIZER_FILES.items():
         hf = Tokenizer.from_file(path)
+        hf.no_truncation()
+        hf.no_padding()
         inp = "".join(json.dumps(t) + "\n" for t in rand_texts).encode()
         out = run_dfm(["tokenize", "--tokenizer", path, "--jsonl", "-"], input=inp)
         lines = out.stdout.decode().split("\n")

@@ -1,4 +1,4 @@
-/* Unit tests of the tokenizer cache file (pipeline/tokenizer/tok_cachefile.c, schemas/tokenizer_cache.md):
+/* Unit tests of the tokenizer cache file (tokenizer/tok_cachefile.c, schemas/tokenizer_cache.md):
  * written on the first load and mapped on the next; the same ids either way; a stale, truncated,
  * corrupt, wrong-version or empty cache file is never used but rebuilt; resealed mutations (valid
  * checksums, bad contents) are refused or give in-range ids, never a crash (run under ASan by
@@ -13,8 +13,8 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "pipeline/tokenizer/tok_internal.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tok_internal.h"
+#include "tokenizer/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,13 +122,13 @@ static void write_all(const char *p, const void *buf, size_t n) {
     assert_int_equal(fclose(f), 0);
 }
 
-/* Recompute both checksums (payload at 240 over [256, n), header at 248 over [0, 248)). */
+/* Recompute both checksums (payload at 496 over [512, n), header at 504 over [0, 504)). */
 static void reseal(uint8_t *b, size_t n) {
-    if (n < 256) return;
-    uint64_t pc = dfm_checksum64(b + 256, n - 256), hc;
-    memcpy(b + 240, &pc, 8);
-    hc = dfm_checksum64(b, 248);
-    memcpy(b + 248, &hc, 8);
+    if (n < 512) return;
+    uint64_t pc = dfm_checksum64(b + 512, n - 512), hc;
+    memcpy(b + 496, &pc, 8);
+    hc = dfm_checksum64(b, 504);
+    memcpy(b + 504, &hc, 8);
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -191,7 +191,7 @@ static void test_damaged_caches_rebuilt(void **state) {
     uint8_t *b = malloc(n);
 
     expect_rebuilt("empty", good, 0, &want);
-    expect_rebuilt("header only", good, 256, &want);
+    expect_rebuilt("header only", good, 512, &want);
     expect_rebuilt("truncated to half", good, n / 2, &want);
     expect_rebuilt("one byte short", good, n - 1, &want);
     memcpy(b, good, n), b[n - 100] ^= 0x40;
@@ -223,11 +223,19 @@ static void test_damaged_caches_rebuilt(void **state) {
 }
 
 /* Mutations behind valid checksums (what a crafted file can do): every one refused, or a tokenizer
- * whose ids stay below its vocabulary size and decode. */
-static void test_resealed_mutations(void **state) {
+ * whose ids stay below its vocabulary size and decode. For each model's tables: BPE merges (spm-llama2),
+ * the Unigram trie and scores (oracle/unigram), WordPiece, and a charsmap in the meta (oracle/t5). */
+static void mutate(const char *rel, int rounds) {
+    char *src = repo_path(rel), json[400];
+    uint8_t *jb;
+    size_t jn;
+    read_all(src, &jb, &jn);
+    snprintf(json, sizeof json, "%s/mutate.json", tmpdir);
+    write_all(json, jb, jn);
+    free(jb), free(src);
     rm_cache();
-    dfm_tokenizer_free(load_ok(small_json, 0));
-    char *cf = cache_file_of(small_json);
+    dfm_tokenizer_free(load_ok(json, 0));
+    char *cf = cache_file_of(json);
     uint8_t *good;
     size_t n;
     read_all(cf, &good, &n);
@@ -239,14 +247,13 @@ static void test_resealed_mutations(void **state) {
     snprintf(mpath, sizeof mpath, "%s/mutant.dfmtok", tmpdir);
     uint64_t st = 12345;
     size_t loaded = 0, refused = 0;
-    const int rounds = 600;
     for (int r = 0; r < rounds; r++) {
         memcpy(b, good, n);
         int flips = 1 + r % 4;
         for (int k = 0; k < flips; k++) {
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             /* a third of the flips in the header (sizes, counts, the section table), the rest anywhere */
-            size_t pos = (st >> 33) % (r % 3 == 0 ? 240 : n);
+            size_t pos = (st >> 33) % (r % 3 == 0 ? 496 : n);
             b[pos] ^= (uint8_t)(1u << ((st >> 20) & 7));
         }
         if (r % 3 == 0) memcpy(b, good, 40); /* keep magic .. file size: reach the counts and section table */
@@ -273,9 +280,17 @@ static void test_resealed_mutations(void **state) {
         dfm_tokenizer_eos_id(tok);
         dfm_tokenizer_free(tok);
     }
-    print_message("%d resealed mutants: %zu refused, %zu loaded with in-range ids\n", rounds, refused, loaded);
+    print_message("%s: %d resealed mutants: %zu refused, %zu loaded with in-range ids\n", rel, rounds, refused, loaded);
     assert_true(refused > 0);
     free(b), free(good), free(cf);
+    rm_cache();
+}
+
+static void test_resealed_mutations(void **state) {
+    mutate("tests/data/tokenizer/spm-llama2.tokenizer.json", 600);
+    mutate("tests/data/tokenizer/oracle/unigram.tokenizer.json", 300);
+    mutate("tests/data/tokenizer/oracle/wordpiece.tokenizer.json", 200);
+    mutate("tests/data/tokenizer/oracle/t5.tokenizer.json", 100);
 }
 
 static void test_off_and_unwritable(void **state) {

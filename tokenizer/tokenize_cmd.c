@@ -2,7 +2,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/opts.h"
-#include "pipeline/tokenizer/tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <ctype.h>
 #include <jansson.h>

@@ -1,5 +1,5 @@
 /* tok_utf8.c — UTF-8 validation and replacement, and the GPT-2 byte-level alphabet. */
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 #include "common/error.h"
 

@@ -1,14 +1,11 @@
 /* tokenizer.h — the language model's tokenizer, read from a Hugging Face tokenizer.json.
  *
- * Supported (anything else is DFM_EUNSUPPORTED naming the model / pre-tokenizer / normalizer type):
- *   - byte-level BPE as in GPT-2, Llama-3, Qwen2/Qwen3 and SmolLM2/StarCoder2: normalizer none or NFC,
- *     pre-tokenizer Split(regex, Isolated), Digits (individual or contiguous) and/or ByteLevel, merges
- *     applied by rank, added/special tokens matched
- *     in the raw text before pre-tokenization (as Hugging Face does);
- *   - SentencePiece-style BPE with byte fallback as in Mistral / Llama-2 (normalizer Prepend("▁") +
- *     Replace(" ", "▁"), or pre-tokenizer Metaspace; <0xNN> byte tokens for unknown characters).
- *     (Checked against HF on small tokenizer.json files built with HF itself: no real one is installed.)
- * Encoding gives the same ids as Hugging Face `tokenizers` with add_special_tokens=False.
+ * Supported: the models BPE (byte-level or not, byte fallback, ignore_merges, subword prefix and suffix),
+ * Unigram, WordPiece and WordLevel, with every normalizer, pre-tokenizer and decoder of `tokenizers` 0.2x
+ * that a published LM uses, and the added-token flags (tokenizer/README.md: the coverage table, and what is
+ * refused). Anything else is DFM_EUNSUPPORTED naming the JSON path and the type.
+ * Encoding gives the same ids as Hugging Face `tokenizers` with add_special_tokens=False (checked on
+ * golden and fuzz sets made with the library itself); decoding gives its decode's text.
  * Input text must be valid UTF-8; dfm_tokenizer_encode replaces each invalid sequence by U+FFFD
  * exactly as Python's bytes.decode("utf-8", "replace") does and counts the replacements.
  *
@@ -48,14 +45,15 @@ int dfm_tokenizer_from_cache(const dfm_tokenizer *tok);
 void dfm_tokenizer_free(dfm_tokenizer *tok);
 
 /* Append the ids of text[0..len) to *out. *n_replaced (may be NULL) receives the number of invalid
- * UTF-8 sequences replaced by U+FFFD. Thread-safe. */
+ * UTF-8 sequences replaced by U+FFFD. Thread-safe. DFM_EFORMAT when the text needs an unknown token the
+ * vocabulary lacks (as `tokenizers` fails then). */
 int dfm_tokenizer_encode(const dfm_tokenizer *tok, const char *text, size_t len, dfm_ids *out,
                          size_t *n_replaced);
 
-/* Decode ids to UTF-8 text (skip_special: drop special added tokens, as HF skip_special_tokens).
- * *text is malloc'd and NUL-terminated; *len excludes the NUL. Byte sequences that are not valid
- * UTF-8 on their own (a chunk cut inside a character) decode to U+FFFD, as Hugging Face does.
- * An id >= vocab size is DFM_ERANGE. */
+/* Decode ids to UTF-8 text through the tokenizer's decoder chain (skip_special: drop special added tokens,
+ * as HF skip_special_tokens). *text is malloc'd and NUL-terminated; *len excludes the NUL. Byte sequences
+ * that are not valid UTF-8 on their own (a chunk cut inside a character) decode to U+FFFD, as Hugging Face
+ * does. An id >= vocab size, or one no token has, is DFM_ERANGE (Hugging Face skips it silently). */
 int dfm_tokenizer_decode(const dfm_tokenizer *tok, const uint32_t *ids, size_t n, int skip_special,
                          char **text, size_t *len);
 
@@ -68,7 +66,8 @@ int64_t dfm_tokenizer_token_id(const dfm_tokenizer *tok, const char *token);
  * eos_token of tokenizer_config.json: a chat model names its turn end there (Qwen2.5: <|im_end|>),
  * while documents of a pretraining corpus are separated by the end-of-text token. */
 int64_t dfm_tokenizer_eos_id(const dfm_tokenizer *tok);
-/* A short description ("byte-level BPE, 151643 merges, pre-tokenizer Split+ByteLevel"). */
+/* A short description ("byte-level BPE, 151387 merges, 151665 ids, normalizer NFC, pre-tokenizer
+ * Split+ByteLevel, decoder ByteLevel"). */
 const char *dfm_tokenizer_describe(const dfm_tokenizer *tok);
 /* XXH3-64 of the tokenizer.json bytes: identifies the tokenizer in artefact headers. */
 uint64_t dfm_tokenizer_hash(const dfm_tokenizer *tok);

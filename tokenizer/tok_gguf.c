@@ -12,7 +12,7 @@
  *   qwen2                      the same with Qwen2's pattern (one digit per piece), after an NFC normalizer
  * Any other name, or another tokenizer model, is refused naming it: a wrong split gives wrong ids silently.
  */
-#include "pipeline/tokenizer/tok_internal.h"
+#include "tokenizer/tok_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
