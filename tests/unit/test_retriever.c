@@ -288,7 +288,7 @@ static void check_shard_topk(uint32_t metric, int use_faiss, int duplicates) {
         dfm_hit out[60 * 8], ref[8];
         uint32_t n_out[60];
         dfm_search_counts cnt = {0};
-        assert_int_equal(dfm_shard_topk(&s, &p, qs, qv, nq, &c.vs, &c.cs, out, n_out, &cnt), 0);
+        assert_int_equal(dfm_shard_topk(&s, &p, NULL, qs, qv, nq, &c.vs, &c.cs, out, n_out, &cnt), 0);
         for (size_t q = 0; q < nq; q++) {
             uint32_t nr = reference_topk(&c, &qs[q], qv + q * 16, k, metric, policy, 0, c.n, ref);
             assert_int_equal(n_out[q], nr);
@@ -323,10 +323,10 @@ static void test_padding_tiny_corpus(void **state) {
     uint32_t n_out;
     dfm_search_counts cnt = {0};
     dfm_search_params p = {16, 0, DFM_METRIC_IP, DFM_EXCLUDE_SEQUENCE, 0};
-    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 0);
     p.exclude = DFM_EXCLUDE_SELF;
-    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 7); /* 10 minus self (5), source (4), padding (7) */
     for (uint32_t j = 0; j < n_out; j++) assert_true(out[j].id != 4 && out[j].id != 5 && out[j].id != 7);
     int64_t ids[16];
@@ -343,7 +343,7 @@ static void test_padding_tiny_corpus(void **state) {
     dfm_query q9;
     assert_int_equal(dfm_query_build(&c.vs, &c.cs, 9, 1, &q9, v), 1);
     memcpy(v, c.x + 8 * 4, sizeof v); /* the query is chunk 8, which is excluded, as is 9 */
-    assert_int_equal(dfm_shard_topk(&s, &p, &q9, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q9, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 2);
     assert_true(cnt.researches >= 1);
     corpus_free(&c);
@@ -614,7 +614,7 @@ static void check_split(const char *factory, int approx, uint32_t policy) {
         res[v] = malloc(sizeof(dfm_hit) * nq * 8);
         nres[v] = malloc(sizeof(uint32_t) * nq);
         dfm_search_counts cnt = {0};
-        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt), 0);
+        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], NULL, &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt, NULL), 0);
         for (int s = 0; s < nsh[v]; s++) faiss_Index_free(idx[s]);
     }
     for (size_t q = 0; q < nq; q++) {
