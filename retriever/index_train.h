@@ -29,7 +29,7 @@
 
 #include <jansson.h>
 
-#define DFM_TRAIN_BLOCK 1024 /* sample points per block */
+#define DFM_TRAIN_BLOCK 256 /* sample points per block (small: the blocks spread evenly over many ranks) */
 #define DFM_COARSE_ITERATIONS 10
 #define DFM_PQ_ITERATIONS 25
 

@@ -144,9 +144,6 @@ int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_sea
                 memcpy(out + q * p->k, merged, nm * sizeof *merged);
             }
             n_out[q] = nm;
-            uint64_t excl = 0;
-            rc = dfm_count_excluded(p, &qs[q], qv + q * dim, out + q * p->k, nm, vs, cs, &excl);
-            c->excluded += excl;
         }
         if (lists != lists_stack) free(lists);
         if (lens != lens_stack) free(lens);
@@ -777,6 +774,7 @@ static int retrieve_finish(retrieve_ctx *r, json_t **stage) {
     r->w.codes_scanned += cnt->codes_scanned + r->side.codes_scanned;
     r->w.bf_scanned += r->side_bf.codes_scanned;
     r->w.exact_scores += cnt->exact_scores + r->side.exact_scores + r->side_bf.exact_scores;
+    r->w.shard_searches += cnt->shard_searches + r->side.shard_searches;
     json_t *work = NULL;
     int rc = dfm_work_gather(r->m, &r->w, &work);
     if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));

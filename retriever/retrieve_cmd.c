@@ -22,8 +22,6 @@ static int parse_metric(const char *s) {
     return !strcmp(s, "l2") ? DFM_METRIC_L2 : DFM_METRIC_IP;
 }
 
-/* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed.
- * Neither stage resumes part-way: an interrupted one is redone whole (schemas/manifest.md says why). */
 /* one index shard, whole: sidecar, size, hash, and FAISS can read it */
 static int index_file_ok(const char *path) {
     FaissIndex *idx = NULL;
@@ -33,6 +31,8 @@ static int index_file_ok(const char *path) {
     return DFM_OK;
 }
 
+/* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed. An
+ * interrupted index is redone whole; an interrupted retrieve keeps its finished blocks (retrieve.c). */
 static int stage_begin(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, int force, int *skip) {
     int rc = DFM_OK, sk = 0;
     if (m->rank == 0) {
@@ -75,7 +75,7 @@ int dfm_cmd_index(int argc, char **argv) {
     int64_t mem = 0, train = 0, seed = 0;
     int force = 0, skip = 0;
     dfm_opt table[] = {
-        {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"); auto: choose from N and --index-memory", 0},
+        {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"; a PQ gets 'np': no polysemous training); auto: choose from N and --index-memory", 0},
         {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0, .choices = "ip|l2"},
         {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0, .min = "0"},
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0, .min = "0"},
@@ -88,9 +88,11 @@ int dfm_cmd_index(int argc, char **argv) {
     json_t *cfg = NULL, *stage = NULL;
     dfm_run_sources src = {0};
     int rc = dfm_opts_parse("index", "RUN",
-                            "Build one FAISS index shard per rank from RUN's embeddings: train once on a seeded sample gathered "
-                            "from all ranks (rank 0), broadcast the trained empty index, add each rank's vectors with their "
-                            "global chunk ids, write RUN/index/index-RRRRR.faiss + .json atomically.",
+                            "Build one FAISS index shard per rank from RUN's embeddings: train on a seeded sample spread over all "
+                            "ranks (IVF: k-means of the coarse quantiser and the PQ codebooks on every rank, the same bytes for "
+                            "any number of ranks; other indexes: FAISS on rank 0), broadcast the trained empty index (kept as "
+                            "RUN/index/trained.faiss), add each rank's vectors with their global chunk ids, write "
+                            "RUN/index/index-RRRRR.faiss + .json atomically.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
         return 0;
@@ -147,8 +149,10 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     dfm_run_sources src = {0};
     int rc = dfm_opts_parse("retrieve", "RUN",
                             "Find the top-K neighbours of every chunk's query (the chunk before it) in all index shards: query "
-                            "blocks visit every rank, candidates merge exactly (score, then id), exclusions by id, re-search "
-                            "deeper when too few survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin.",
+                            "blocks visit every rank (IVF: with their probe lists, computed once by the query's owner), "
+                            "candidates merge exactly (score, then id), exclusions by id, re-search deeper when too few "
+                            "survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin; an interrupted run keeps "
+                            "its finished blocks.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
         return 0;

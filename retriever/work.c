@@ -47,9 +47,9 @@ void dfm_work_ring(dfm_work *w, uint64_t bytes, int P) {
 }
 
 /* the record's fields, in manifest order */
-enum { F_COARSE, F_SCANNED, F_BF, F_EXACT, F_KM, F_KMF, F_QUERIES, F_ADDED, F_TRAIN, F_BYTES, N_U64 };
-static const char *const u64_names[N_U64] = {"coarse_distances", "codes_scanned", "bf_scanned",    "exact_scores",  "kmeans_distances",
-                                              "kmeans_flops",     "queries",       "vectors_added", "train_points", "bytes_sent"};
+enum { F_COARSE, F_SCANNED, F_BF, F_EXACT, F_KM, F_KMF, F_QUERIES, F_SHARD, F_ADDED, F_TRAIN, F_BYTES, N_U64 };
+static const char *const u64_names[N_U64] = {"coarse_distances", "codes_scanned", "bf_scanned",     "exact_scores",  "kmeans_distances", "kmeans_flops",
+                                              "queries",          "shard_searches", "vectors_added", "train_points", "bytes_sent"};
 enum { F_CPU, F_MPI, F_MPI_CPU, F_WALL, N_DBL };
 static const char *const dbl_names[N_DBL] = {"cpu_s", "mpi_s", "mpi_cpu_s", "wall_s"};
 
@@ -70,7 +70,7 @@ int dfm_work_gather(const dfm_mpi *m, dfm_work *w, json_t **out) {
     *out = NULL;
     double wall = dfm_now() - w->wall0, cpu = dfm_cpu_now() - w->cpu0 - w->mpi_cpu_s;
     record me = {{w->coarse_distances, w->codes_scanned, w->bf_scanned, w->exact_scores, w->kmeans_distances, w->kmeans_flops, w->queries,
-                  w->vectors_added, w->train_points, w->bytes_sent},
+                  w->shard_searches, w->vectors_added, w->train_points, w->bytes_sent},
                  {cpu > 0 ? cpu : 0, w->mpi_s, w->mpi_cpu_s, wall}};
     record *all = m->rank == 0 ? calloc((size_t)m->size, sizeof *all) : NULL;
     int rc = m->rank == 0 && !all ? DFM_FAIL(DFM_ENOMEM, "no memory") : DFM_OK;

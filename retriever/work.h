@@ -15,6 +15,9 @@
  *                     entries of the shard (IVF), or the whole shard (Flat); re-searches count again
  *   bf_scanned        vectors compared by brute force (recall measurement and nprobe tuning samples)
  *   exact_scores      exact rescorings (one d-dimensional dot product or distance in double each)
+ *   shard_searches    queries searched in the rank's shards: every query visits every shard, which pays a
+ *                     fixed cost per visit (FAISS's per-query tables, filtering, rescoring) that does not
+ *                     shrink with more ranks
  *   kmeans_distances  point x centroid distances in k-means iterations (coarse: d dimensions; product
  *                     quantiser: d/M dimensions), and kmeans_flops = 2 x dimensions x those
  *   bytes_sent        bytes this rank sent to other ranks (allgather: its part x (P-1); alltoallv: what
@@ -33,6 +36,7 @@ typedef struct {
     uint64_t coarse_distances, codes_scanned, bf_scanned, exact_scores;
     uint64_t kmeans_distances, kmeans_flops;
     uint64_t queries;       /* retrieve: queries this rank owned */
+    uint64_t shard_searches; /* retrieve: queries searched in this rank's shards (every query visits every shard) */
     uint64_t vectors_added; /* index: vectors added to this rank's shard */
     uint64_t train_points;  /* index: training points this rank held */
     uint64_t bytes_sent;
