@@ -186,6 +186,8 @@ int dfm_cmd_retrieve(int argc, char **argv) {
 int dfm_cmd_estimate(int argc, char **argv) {
     char *factory = NULL, *tdtype = NULL;
     int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0, tokens = 0, chunk_len = 0, window = 0, node_mem = 0;
+    int64_t nprobe = 0, margin = 0, gpus = 0;
+    double gpu_rate = 0;
     int as_json = 0;
     dfm_opt table[] = {
         {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0, .min = "1"},
@@ -196,6 +198,10 @@ int dfm_cmd_estimate(int argc, char **argv) {
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0, .min = "0"},
         {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0, .min = "1", .max = "64"},
         {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0, .min = "1", .max = "1048576"},
+        {"margin", DFM_OPT_INT, &margin, "16", "M", "as for dfm retrieve", 0, .min = "0", .max = "4096"},
+        {"nprobe", DFM_OPT_INT, &nprobe, "16", "N", "IVF lists searched per query (dfm retrieve tunes it to --target-recall; this is the assumption)", 0, .min = "1"},
+        {"encode-gpus", DFM_OPT_INT, &gpus, "0", "G", "encode on G GPUs (0: on the CPU ranks)", 0, .min = "0"},
+        {"gpu-rate", DFM_OPT_DOUBLE, &gpu_rate, "20000", "R", "chunks per second per GPU with --encode-gpus: an assumption until measured on a GPU", 0, .min = "1"},
         {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension (0: from the manifest, else 384)", 0},
         {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings", 0, .choices = "fp32|fp16|bf16"},
         {"window-tokens", DFM_OPT_INT, &window, "0", "N", "as for dfm chunk (0: its default)", 0, .min = "0"},
@@ -209,14 +215,17 @@ int dfm_cmd_estimate(int argc, char **argv) {
                             "Before submitting the jobs: memory per rank, disk and time per stage for a corpus and a "
                             "rank count, and whether to write targets with --store embeddings or ids. Sizes come from "
                             "RUN's manifest, or, before any stage has run, from a dfm build CONFIG's inputs or --tokens; "
-                            "times (CPU-seconds of the slowest rank, one core each) from the run's own timings where a "
-                            "stage has run, else from the growth fits of this machine class (BENCHMARKS.md, Cost growth), "
-                            "both scaled by the fitted exponents.",
+                            "times (CPU-seconds of the slowest rank, one core each): index and retrieve from the slowest "
+                            "rank's work (k-means, distances, codes scanned, shard searches) times rates measured on this "
+                            "machine class (BENCHMARKS.md, Index and retrieve as ranks grow), calibrated by the run's own "
+                            "work records where it has them; the other stages from the run's timings or the growth fits "
+                            "(BENCHMARKS.md, Cost growth).",
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN|CONFIG [options]");
     if (!rc) {
-        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, as_json};
+        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, nprobe, margin, gpus,
+                                  gpu_rate, as_json};
         rc = dfm_estimate_run(&ec, pos[0]);
     }
     free(pos);
