@@ -274,12 +274,12 @@ int dfm_index_write(const char *faiss_path, const FaissIndex *idx, dfm_index_inf
     DFM_TRY(dfm_file_size(faiss_path, &info->bytes));
     DFM_TRY(dfm_file_hash(faiss_path, info->xxh128));
     const char *slash = strrchr(faiss_path, '/');
-    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:i, s:I, s:s, s:s, s:b}", "format", DFM_INDEX_FORMAT,
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:i, s:I, s:s, s:s, s:b, s:s}", "format", DFM_INDEX_FORMAT,
                           "version", DFM_INDEX_VERSION, "file", slash ? slash + 1 : faiss_path, "dim", (int)info->dim, "metric",
                           info->metric == DFM_METRIC_IP ? "ip" : "l2", "factory", info->factory, "ntotal", (json_int_t)info->ntotal,
                           "first_id", (json_int_t)info->first_id, "end_id", (json_int_t)info->end_id, "shard", info->shard, "n_shards",
                           info->n_shards, "bytes", (json_int_t)info->bytes, "xxh128", info->xxh128, "trained_xxh128",
-                          info->trained_xxh128, "exact_scores", info->exact_scores);
+                          info->trained_xxh128, "exact_scores", info->exact_scores, "sharding", info->by_list ? "lists" : "ids");
     char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     char *sp = sidecar_path(faiss_path);
     if (!text || !sp) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -317,6 +317,7 @@ int dfm_index_load(const char *faiss_path, uint32_t expect_dim, int expect_metri
         info->n_shards = (int)json_integer_value(json_object_get(j, "n_shards"));
         info->bytes = (uint64_t)json_integer_value(json_object_get(j, "bytes"));
         info->exact_scores = json_is_true(json_object_get(j, "exact_scores"));
+        info->by_list = !strcmp(json_string_value(json_object_get(j, "sharding")) ?: "ids", "lists");
         snprintf(info->xxh128, sizeof info->xxh128, "%s", json_string_value(json_object_get(j, "xxh128")) ?: "");
         snprintf(info->trained_xxh128, sizeof info->trained_xxh128, "%s", json_string_value(json_object_get(j, "trained_xxh128")) ?: "");
         if (strcmp(met, "ip") && strcmp(met, "l2")) rc = DFM_FAIL(DFM_EFORMAT, "index sidecar %s: metric '%s' is neither ip nor l2", sp, met);

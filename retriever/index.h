@@ -62,7 +62,8 @@ typedef struct {
     uint32_t dim, metric;
     char factory[256];
     uint64_t ntotal;            /* vectors in this shard */
-    uint64_t first_id, end_id;  /* the shard holds ids in [first_id, end_id) */
+    uint64_t first_id, end_id;  /* the shard holds ids in [first_id, end_id) (by list: some of them) */
+    int by_list;                /* sharding "lists": whole inverted lists per shard; else "ids": an id range */
     int shard, n_shards;
     uint64_t bytes;             /* size of the .faiss file */
     char xxh128[33];            /* hash of the .faiss file */

@@ -10,6 +10,7 @@
 #include "schemas/neighbor_shard.h"
 
 #include <faiss/c_api/Index_c.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -20,14 +21,11 @@ typedef struct {
     char pad_[7];
 } shard_summary;
 
-/* 4. this rank's vectors [lo, hi) into idx with their global ids, all-padding chunks left out (counted
- * in *padding) */
+/* 4. indexes other than a plain IVF are sharded by id: this rank's vectors [lo, hi) into idx with their
+ * global ids, all-padding chunks left out (counted in *padding) */
 static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, FaissIndex *idx, uint64_t lo, uint64_t hi,
                        uint64_t *padding, dfm_work *w) {
-    dfm_ivf v; /* FAISS assigns each added vector to its list: nlist distances each */
-    int rc = dfm_ivf_open(idx, &v);
-    uint64_t nlist = v.nlist;
-    dfm_ivf_close(&v);
+    int rc = DFM_OK;
     const uint64_t step = 65536;
     const uint32_t dim = vs->dim;
     float *buf = NULL;
@@ -52,11 +50,179 @@ static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, Fai
         }
         if (!rc && kept) rc = DFM_FAISS_CHECK(faiss_Index_add_with_ids(idx, (idx_t)kept, buf, gid), "adding vectors");
         w->vectors_added += kept;
-        w->coarse_distances += kept * nlist;
     }
     free(buf);
     free(gid);
     return rc;
+}
+
+/* 4. An IVF index with a flat quantiser is sharded by list: every inverted list lives whole in the shard
+ * of one rank, so that a query visits only the ranks that hold its probe lists (retrieve.c routes it).
+ * Each rank adds its vectors to a local index (FAISS assigns and encodes each vector once); the list
+ * sizes are summed over ranks; rank r takes the lists whose middle entry falls in [r/P, (r+1)/P) of all
+ * entries, in list order; then every rank sends each list's codes and ids to its rank (through FAISS's
+ * serialisation, ivf.h: nothing is assigned or encoded again), which assembles its shard with each
+ * list's entries in id order, as one index built from every vector would hold them. */
+typedef struct {
+    uint64_t nlist, code_size;
+    int32_t *owner; /* the rank of each list */
+} list_owners;
+
+static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_work *w) {
+    const uint64_t nlist = v->nlist;
+    int64_t *cnt = malloc((nlist + 1) * sizeof *cnt);
+    lo->owner = malloc((nlist + 1) * sizeof *lo->owner);
+    int rc = cnt && lo->owner ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0; !rc && l < nlist; l++) cnt[l] = (int64_t)v->list_sizes[l];
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, cnt, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
+    dfm_work_ring(w, nlist * 8, m->size);
+    uint64_t total = 0, cum = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
+    for (uint64_t l = 0; !rc && l < nlist; l++) {
+        unsigned __int128 mid = total ? ((unsigned __int128)(cum + (uint64_t)cnt[l] / 2) * (unsigned)m->size) / total
+                                      : ((unsigned __int128)l * (unsigned)m->size) / nlist;
+        lo->owner[l] = mid >= (unsigned)m->size ? m->size - 1 : (int32_t)mid;
+        cum += (uint64_t)cnt[l];
+    }
+    free(cnt);
+    return rc;
+}
+
+/* this rank's local lists, packed per owner: records (list, n, n codes, n ids), lists ascending */
+static int pack_lists(const dfm_mpi *m, const dfm_ivf_lists *L, const list_owners *lo, uint8_t **sbuf, int *sc, int *sd) {
+    const int P = m->size;
+    uint64_t *bytes = calloc((size_t)P, sizeof *bytes), total = 0;
+    if (!bytes) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0; l < L->nlist; l++)
+        if (L->sizes[l]) bytes[lo->owner[l]] += 16 + L->sizes[l] * (L->code_size + 8);
+    int rc = DFM_OK;
+    for (int r = 0; r < P; r++) {
+        if (bytes[r] > INT_MAX || total + bytes[r] > (uint64_t)INT_MAX)
+            rc = DFM_FAIL(DFM_EARG, "index shard too large to move in one exchange (%llu bytes to rank %d). HINT: use more ranks",
+                          (unsigned long long)bytes[r], r);
+        sd[r] = (int)total;
+        sc[r] = (int)bytes[r];
+        total += bytes[r];
+    }
+    if (!rc && !(*sbuf = malloc(total + 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu bytes of lists", (unsigned long long)total);
+    uint64_t *fill = calloc((size_t)P, sizeof *fill);
+    if (!rc && !fill) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    const uint8_t *src = L->data;
+    for (uint64_t l = 0; !rc && l < L->nlist; l++) {
+        uint64_t n = L->sizes[l], nb = n * (L->code_size + 8);
+        if (!n) continue;
+        uint8_t *p = *sbuf + sd[lo->owner[l]] + fill[lo->owner[l]];
+        memcpy(p, &l, 8);
+        memcpy(p + 8, &n, 8);
+        memcpy(p + 16, src, nb); /* codes, then ids: the serialisation's own order */
+        fill[lo->owner[l]] += 16 + nb;
+        src += nb;
+    }
+    free(fill);
+    free(bytes);
+    return rc;
+}
+
+/* the records received from every rank (rank order: ascending ids) into this rank's shard */
+static int assemble_lists(const uint8_t *rbuf, const int *rcn, const int *rd, int P, const uint8_t *tbuf, size_t tlen, uint64_t nlist,
+                          uint64_t cs, FaissIndex **out, uint64_t *first, uint64_t *end) {
+    uint64_t *sizes = calloc(nlist + 1, sizeof *sizes), total = 0;
+    size_t *cur = calloc((size_t)P, sizeof *cur);
+    int rc = sizes && cur ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (int r = 0; !rc && r < P; r++)
+        for (size_t at = 0; at < (size_t)rcn[r];) {
+            uint64_t l, n;
+            memcpy(&l, rbuf + rd[r] + at, 8);
+            memcpy(&n, rbuf + rd[r] + at + 8, 8);
+            if (l >= nlist || at + 16 + n * (cs + 8) > (size_t)rcn[r]) {
+                rc = DFM_FAIL(DFM_EINTERNAL, "a malformed list record from rank %d", r);
+                break;
+            }
+            sizes[l] += n;
+            total += n * (cs + 8);
+            at += 16 + n * (cs + 8);
+        }
+    uint8_t *data = rc ? NULL : malloc(total + 1), *dp = data;
+    if (!rc && !data) rc = DFM_FAIL(DFM_ENOMEM, "no memory for a shard of %llu bytes", (unsigned long long)total);
+    *first = UINT64_MAX, *end = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) { /* each rank's records come in list order: one cursor per rank */
+        if (!sizes[l]) continue;
+        uint8_t *codes = dp, *ids = dp + sizes[l] * cs;
+        for (int r = 0; r < P; r++) {
+            uint64_t rl, n;
+            if (cur[r] >= (size_t)rcn[r]) continue;
+            memcpy(&rl, rbuf + rd[r] + cur[r], 8);
+            if (rl != l) continue;
+            memcpy(&n, rbuf + rd[r] + cur[r] + 8, 8);
+            const uint8_t *rec = rbuf + rd[r] + cur[r] + 16;
+            memcpy(codes, rec, n * cs);
+            memcpy(ids, rec + n * cs, n * 8);
+            for (uint64_t i = 0; i < n; i++) {
+                int64_t id;
+                memcpy(&id, ids + 8 * i, 8);
+                if ((uint64_t)id < *first) *first = (uint64_t)id;
+                if ((uint64_t)id + 1 > *end) *end = (uint64_t)id + 1;
+            }
+            codes += n * cs;
+            ids += n * 8;
+            cur[r] += 16 + n * (cs + 8);
+        }
+        dp += sizes[l] * (cs + 8);
+    }
+    if (!rc) rc = dfm_ivf_from_lists(tbuf, tlen, nlist, cs, sizes, data, total, out);
+    if (*first == UINT64_MAX) *first = *end = 0;
+    free(sizes);
+    free(cur);
+    free(data);
+    return rc;
+}
+
+/* the shard of this rank, sharded by list; *idx: in, the local index with this rank's vectors; out, the shard */
+static int shard_by_list(const dfm_mpi *m, const uint8_t *tbuf, size_t tlen, FaissIndex **idx, dfm_index_info *info, dfm_work *w) {
+    const int P = m->size;
+    dfm_ivf v;
+    list_owners lo = {0};
+    dfm_ivf_lists L = {0};
+    uint8_t *ser = NULL, *sbuf = NULL, *rbuf = NULL;
+    size_t nser = 0;
+    int *sc = calloc((size_t)P, sizeof *sc), *sd = calloc((size_t)P, sizeof *sd), *rcn = calloc((size_t)P, sizeof *rcn),
+        *rd = calloc((size_t)P, sizeof *rd);
+    int rc = dfm_ivf_open(*idx, &v);
+    if (!rc && !(sc && sd && rcn && rd)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = own_lists(m, &v, &lo, w);
+    const uint64_t nlist = v.nlist;
+    dfm_ivf_close(&v);
+    if (!rc) rc = dfm_index_to_buffer(*idx, &ser, &nser);
+    if (!rc) {
+        faiss_Index_free(*idx); /* its lists are in ser now */
+        *idx = NULL;
+        rc = dfm_ivf_lists_view(ser, nser, tbuf, tlen, &L);
+    }
+    if (!rc) rc = pack_lists(m, &L, &lo, &sbuf, sc, sd);
+    free(ser);
+    ser = NULL;
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Alltoall(sc, 1, MPI_INT, rcn, 1, MPI_INT, m->comm));
+    uint64_t rtotal = 0;
+    for (int r = 0; !rc && r < P; r++) {
+        rd[r] = (int)rtotal;
+        rtotal += (uint64_t)rcn[r];
+        if (r != m->rank) w->bytes_sent += (uint64_t)sc[r];
+    }
+    if (!rc && rtotal > INT_MAX) rc = DFM_FAIL(DFM_EARG, "a shard of %llu bytes is too large to receive in one exchange. HINT: use more ranks",
+                                               (unsigned long long)rtotal);
+    if (!rc && !(rbuf = malloc(rtotal + 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu bytes of lists", (unsigned long long)rtotal);
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Alltoallv(sbuf, sc, sd, MPI_BYTE, rbuf, rcn, rd, MPI_BYTE, m->comm));
+    free(sbuf);
+    if (!rc) rc = assemble_lists(rbuf, rcn, rd, P, tbuf, tlen, nlist, L.code_size, idx, &info->first_id, &info->end_id);
+    info->by_list = 1;
+    free(rbuf);
+    free(L.sizes);
+    free(lo.owner);
+    free(sc);
+    free(sd);
+    free(rcn);
+    free(rd);
+    return dfm_work_agree(w, m, rc);
 }
 
 /* 5. rank 0: the "index" stage object from every rank's shard summary (collective; agreed) */
@@ -99,6 +265,7 @@ static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_inde
             json_object_set_new(*stage, "trained", json_pack("{s:s, s:I, s:s}", "file", DFM_INDEX_TRAINED_FILE, "bytes", (json_int_t)tlen,
                                                               "xxh128", info->trained_xxh128));
             json_object_set(*stage, "training", training ? training : json_null());
+            json_object_set_new(*stage, "sharding", json_string(info->by_list ? "lists" : "ids"));
             json_object_set(*stage, "work", work);
         }
     }
@@ -113,7 +280,18 @@ static int build_shard(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_
     FaissIndex *idx = NULL;
     int rc = dfm_index_from_buffer(tbuf, tlen, &idx);
     double tadd = dfm_now();
-    if (!rc) rc = add_vectors(vs, cs, idx, info->first_id, info->end_id, padding, w);
+    dfm_ivf v = {0};
+    if (!rc) rc = dfm_ivf_open(idx, &v); /* the same on every rank: one trained index */
+    if ((rc = dfm_work_agree(w, m, rc))) {
+        if (idx) faiss_Index_free(idx);
+        return rc;
+    }
+    uint64_t nlist = v.nlist;
+    int by_list = v.ivf != NULL;
+    dfm_ivf_close(&v);
+    rc = add_vectors(vs, cs, idx, info->first_id, info->end_id, padding, w);
+    w->coarse_distances += w->vectors_added * nlist; /* FAISS assigns each added vector: nlist distances */
+    if (by_list && !(rc = dfm_work_agree(w, m, rc))) rc = shard_by_list(m, tbuf, tlen, &idx, info, w);
     if (!rc) {
         info->ntotal = (uint64_t)faiss_Index_ntotal(idx);
         char *dir = dfm_path_join(o->run_dir, "index");
@@ -126,9 +304,9 @@ static int build_shard(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_
             free(tp);
         }
         if (!rc) rc = dfm_index_write(path, idx, info);
-        if (!rc) DFM_LOG_I("index: shard %d holds %llu vectors of ids [%llu, %llu) (%.2fs to add), %llu bytes", m->rank,
+        if (!rc) DFM_LOG_I("index: shard %d holds %llu vectors of ids in [%llu, %llu)%s (%.2fs to add), %llu bytes", m->rank,
                            (unsigned long long)info->ntotal, (unsigned long long)info->first_id, (unsigned long long)info->end_id,
-                           dfm_now() - tadd, (unsigned long long)info->bytes);
+                           info->by_list ? ", whole lists" : "", dfm_now() - tadd, (unsigned long long)info->bytes);
         free(dir);
         free(path);
     }

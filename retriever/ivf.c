@@ -137,6 +137,99 @@ int dfm_ivf_encoding(const dfm_index_plan *plan, uint32_t dim, char *kind, uint3
     return rc;
 }
 
+/* ---- whole lists through the serialisation ---- */
+
+#define EMPTY_LISTS_BYTES 32 /* "ilar", nlist, code_size, "sprs", an empty size vector */
+
+/* the trained empty index's list record, checked; its prefix length */
+static int empty_tail(const uint8_t *tbuf, size_t tlen, uint64_t *nlist, uint64_t *code_size) {
+    const uint8_t *t = tbuf + tlen - EMPTY_LISTS_BYTES;
+    if (tlen < 40 + EMPTY_LISTS_BYTES || memcmp(t, "ilar", 4) || memcmp(t + 20, "sprs", 4) || rd64(t + 24) != 0)
+        return DFM_FAIL(DFM_EINTERNAL, "the trained index does not end with FAISS 1.7.3's empty list record. HINT: build dfm against FAISS 1.7.3");
+    *nlist = rd64(t + 4);
+    *code_size = rd64(t + 12);
+    return DFM_OK;
+}
+
+int dfm_ivf_lists_view(const uint8_t *buf, size_t n, const uint8_t *tbuf, size_t tlen, dfm_ivf_lists *lists) {
+    memset(lists, 0, sizeof *lists);
+    uint64_t nlist, cs;
+    DFM_TRY(empty_tail(tbuf, tlen, &nlist, &cs));
+    size_t at = tlen - EMPTY_LISTS_BYTES;
+    /* the same prefix but the vector count (bytes 8..16 of the header) */
+    if (n < at + 28 || memcmp(buf, tbuf, 8) || memcmp(buf + 16, tbuf + 16, at - 16) || memcmp(buf + at, "ilar", 4) || rd64(buf + at + 4) != nlist ||
+        rd64(buf + at + 12) != cs)
+        return DFM_FAIL(DFM_EINTERNAL, "a shard's serialisation does not start like the trained index's (FAISS 1.7.3 layout expected)");
+    lists->sizes = calloc(nlist + 1, sizeof *lists->sizes);
+    if (!lists->sizes) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    lists->nlist = nlist, lists->code_size = cs;
+    const uint8_t *p = buf + at + 20, *end = buf + n;
+    uint64_t cnt = rd64(p + 4);
+    int full = !memcmp(p, "full", 4), ok = full || !memcmp(p, "sprs", 4);
+    p += 12;
+    if (ok && (full ? cnt != nlist : cnt % 2) ) ok = 0;
+    if (ok && (uint64_t)(end - p) / 8 < cnt) ok = 0;
+    for (uint64_t i = 0; ok && i < cnt; i++) {
+        if (full) lists->sizes[i] = rd64(p + 8 * i);
+        else if (i % 2 == 0) {
+            uint64_t l = rd64(p + 8 * i);
+            if (l >= nlist) ok = 0;
+            else lists->sizes[l] = rd64(p + 8 * i + 8);
+        }
+    }
+    p += 8 * cnt;
+    uint64_t bytes = 0;
+    for (uint64_t l = 0; ok && l < nlist; l++) {
+        if (lists->sizes[l] > (uint64_t)(end - p) / (cs + 8)) ok = 0;
+        lists->ntotal += lists->sizes[l];
+        bytes += lists->sizes[l] * (cs + 8);
+    }
+    if (ok && bytes != (uint64_t)(end - p)) ok = 0; /* the lists are the last record */
+    if (!ok) {
+        free(lists->sizes);
+        memset(lists, 0, sizeof *lists);
+        return DFM_FAIL(DFM_EINTERNAL, "a shard's inverted lists are not FAISS 1.7.3's ArrayInvertedLists layout");
+    }
+    lists->data = p;
+    return DFM_OK;
+}
+
+int dfm_ivf_from_lists(const uint8_t *tbuf, size_t tlen, uint64_t nlist, uint64_t code_size, const uint64_t *sizes, const uint8_t *data,
+                       size_t data_len, FaissIndex **out) {
+    *out = NULL;
+    uint64_t tn, tcs, ntotal = 0, bytes = 0;
+    DFM_TRY(empty_tail(tbuf, tlen, &tn, &tcs));
+    for (uint64_t l = 0; l < nlist; l++) ntotal += sizes[l], bytes += sizes[l] * (code_size + 8);
+    if (tn != nlist || tcs != code_size || bytes != data_len)
+        return DFM_FAIL(DFM_EINTERNAL, "lists of %llu x %llu-byte codes (%llu bytes) for an index of %llu x %llu", (unsigned long long)nlist,
+                        (unsigned long long)code_size, (unsigned long long)data_len, (unsigned long long)tn, (unsigned long long)tcs);
+    size_t at = tlen - EMPTY_LISTS_BYTES, n = at + 32 + 8 * nlist + data_len;
+    uint8_t *b = malloc(n);
+    if (!b) return DFM_FAIL(DFM_ENOMEM, "no memory for a shard of %llu vectors", (unsigned long long)ntotal);
+    memcpy(b, tbuf, at);
+    memcpy(b + 8, &ntotal, 8);
+    uint8_t *p = b + at;
+    memcpy(p, "ilar", 4);
+    memcpy(p + 4, &nlist, 8);
+    memcpy(p + 12, &code_size, 8);
+    memcpy(p + 20, "full", 4);
+    memcpy(p + 24, &nlist, 8);
+    memcpy(p + 32, sizes, 8 * nlist);
+    memcpy(p + 32 + 8 * nlist, data, data_len);
+    int rc = dfm_index_from_buffer(b, n, out);
+    free(b);
+    if (rc) return rc;
+    FaissIndexIVF *ivf = faiss_IndexIVF_cast(*out);
+    int ok = ivf && (uint64_t)faiss_Index_ntotal(*out) == ntotal;
+    for (uint64_t l = 0; ok && l < nlist; l++) ok = faiss_IndexIVF_get_list_size(ivf, (size_t)l) == sizes[l];
+    if (!ok) {
+        faiss_Index_free(*out);
+        *out = NULL;
+        return DFM_FAIL(DFM_EINTERNAL, "a shard assembled from whole lists does not read back with its %llu vectors", (unsigned long long)ntotal);
+    }
+    return DFM_OK;
+}
+
 /* the "IwPQ" record of an untrained, empty IVF-PQ index: the offsets of is_trained and of the centroid
  * vector, each field around them checked */
 static int pq_layout(const uint8_t *b, size_t n, uint32_t dim, uint64_t nlist, uint32_t M, uint32_t nbits, size_t *off_trained, size_t *off_cent) {

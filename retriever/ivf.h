@@ -61,6 +61,27 @@ uint64_t dfm_ivf_stats_scanned(void *ctx);
 int dfm_ivf_trained(const dfm_index_plan *plan, uint32_t dim, const float *coarse, const float *pq, uint64_t train_n, const float *train_x,
                     uint8_t **buf, size_t *len);
 
+/* Whole inverted lists moved between shards without FAISS assigning or encoding their vectors again,
+ * through FAISS 1.7.3's serialisation of an IVF index: the prefix of the trained empty index (header,
+ * quantiser, encoder: its serialisation less the 32-byte empty list record) followed by the
+ * ArrayInvertedLists record "ilar": nlist, code_size, "full" (nlist sizes) or "sprs" ((list, size)
+ * pairs), then each non-empty list's codes (size x code_size bytes) and ids (size x 8 bytes), in list
+ * order; nothing follows it (IwFl, IwPQ, IwSq ...). Every field is checked; DFM_EINTERNAL names what
+ * differs. */
+typedef struct {
+    uint64_t nlist, code_size, ntotal;
+    uint64_t *sizes;     /* entries per list (owned) */
+    const uint8_t *data; /* per non-empty list, in list order: codes, then ids */
+} dfm_ivf_lists;
+
+/* The lists of buf (a serialised IVF index), whose prefix is the trained empty index's (tbuf, tlen):
+ * the same bytes but the vector count. lists->data points into buf. */
+int dfm_ivf_lists_view(const uint8_t *buf, size_t n, const uint8_t *tbuf, size_t tlen, dfm_ivf_lists *lists);
+/* An index made of the trained empty index (tbuf, tlen) and the lists sizes / data (the layout of
+ * dfm_ivf_lists.data), read by FAISS; its vector count and list sizes are checked. */
+int dfm_ivf_from_lists(const uint8_t *tbuf, size_t tlen, uint64_t nlist, uint64_t code_size, const uint64_t *sizes, const uint8_t *data,
+                       size_t data_len, FaissIndex **out);
+
 /* The index's encoding after the IVF level, from the serialised untrained index: 'F' flat vectors
  * ("IwFl"), 'P' product quantiser ("IwPQ"), 'O' other (SQ, fast-scan, refine ...); with its PQ's M and
  * bits for 'P'. *kind 0 when plan->factory is not an IVF index with a flat quantiser. */

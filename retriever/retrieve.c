@@ -44,131 +44,231 @@ static int allgather_rows(const dfm_mpi *m, const void *mine, int nq, MPI_Dataty
     return rc;
 }
 
-int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_search_params *p,
-                const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv, size_t nq, dfm_hit *out,
-                uint32_t *n_out, dfm_search_counts *c, dfm_work *w) {
+/* one alltoallv of rows of `width` elements of type t: rows sidx[...] of mine, scnt[r] of them to rank r */
+static int alltoall_rows(const dfm_mpi *m, const void *mine, const uint32_t *sidx, size_t ns, MPI_Datatype t, int width, size_t bytes,
+                         const int *scnt, const int *sd, void *all, const int *rcnt, const int *rd, dfm_work *w) {
+    size_t rb = (size_t)width * bytes;
+    uint8_t *pack = malloc(ns * rb + 1);
+    if (!pack) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries to send", ns);
+    for (size_t i = 0; i < ns; i++) memcpy(pack + i * rb, (const uint8_t *)mine + (size_t)sidx[i] * rb, rb);
+    MPI_Datatype row = MPI_DATATYPE_NULL;
+    int rc = DFM_MPI_CHECK(MPI_Type_contiguous(width, t, &row));
+    if (!rc) {
+        MPI_Type_commit(&row);
+        rc = DFM_WORK_MPI(w, MPI_Alltoallv(pack, scnt, sd, row, all, rcnt, rd, row, m->comm));
+        MPI_Type_free(&row);
+    }
+    for (int r = 0; w && r < m->size; r++)
+        if (r != m->rank) w->bytes_sent += (uint64_t)scnt[r] * rb;
+    free(pack);
+    return rc;
+}
+
+/* the ranks each query goes to: every rank (route NULL), or the ranks that hold entries of one of its
+ * probe lists. Per destination r, scnt[r] queries at sd[r] in sidx, in query order. */
+static int destinations(const dfm_mpi *m, const dfm_route *route, const int64_t *lists, size_t npr, size_t nq, int *scnt, int *sd,
+                        uint32_t **sidx, size_t *ns) {
+    const int P = m->size;
+    uint8_t *to = calloc(nq * (size_t)P + 1, 1);
+    if (!to) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (size_t q = 0; q < nq; q++) {
+        if (!route) {
+            memset(to + q * (size_t)P, 1, (size_t)P);
+            continue;
+        }
+        for (size_t j = 0; j < npr; j++) {
+            int64_t l = lists[q * npr + j];
+            if (l < 0 || (uint64_t)l >= route->nlist) continue;
+            for (uint32_t e = route->off[l]; e < route->off[l + 1]; e++) to[q * (size_t)P + (size_t)route->rank[e]] = 1;
+        }
+    }
+    size_t n = 0;
+    for (int r = 0; r < P; r++) {
+        scnt[r] = 0;
+        for (size_t q = 0; q < nq; q++) scnt[r] += to[q * (size_t)P + (size_t)r];
+        sd[r] = (int)n;
+        n += (size_t)scnt[r];
+    }
+    *sidx = malloc((n + 1) * sizeof **sidx);
+    if (!*sidx) {
+        free(to);
+        return DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    for (int r = 0, k = 0; r < P; r++)
+        for (size_t q = 0; q < nq; q++)
+            if (to[q * (size_t)P + (size_t)r]) (*sidx)[k++] = (uint32_t)q;
+    *ns = n;
+    free(to);
+    return DFM_OK;
+}
+
+/* every received query against each local shard; the shards' lists merged (loc / nloc) */
+static int search_local(const dfm_shard_searcher *searchers, int n_searchers, const dfm_search_params *p, const dfm_probes *pr,
+                        const dfm_query *q, const float *v, size_t n, const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *loc,
+                        uint32_t *nloc, dfm_search_counts *c) {
+    const uint32_t k = dfm_search_cap(p);
+    dfm_hit *tmp = n_searchers > 1 ? malloc((n + 1) * k * sizeof *tmp) : NULL, *mbuf = malloc((size_t)k * sizeof *mbuf);
+    uint32_t *ntmp = n_searchers > 1 ? calloc(n + 1, sizeof *ntmp) : NULL;
+    int rc = mbuf && (n_searchers <= 1 || (tmp && ntmp)) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", n);
+    for (size_t i = 0; i < n; i++) nloc[i] = 0;
+    for (int s = 0; s < n_searchers && !rc; s++) {
+        rc = dfm_shard_topk(&searchers[s], p, pr, q, v, n, vs, cs, s == 0 ? loc : tmp, s == 0 ? nloc : ntmp, c);
+        for (size_t i = 0; s > 0 && !rc && i < n; i++) {
+            const dfm_hit *lists[2] = {loc + i * k, tmp + i * k};
+            size_t lens[2] = {nloc[i], ntmp[i]};
+            nloc[i] = (uint32_t)dfm_hits_merge(lists, lens, 2, k, p->metric, mbuf);
+            memcpy(loc + i * k, mbuf, nloc[i] * sizeof *mbuf);
+        }
+    }
+    free(tmp);
+    free(ntmp);
+    free(mbuf);
+    return rc;
+}
+
+/* a query's lists from its destinations, merged into its top K (approximate indexes: the best K + margin
+ * by the index's scores, re-ranked by exact score) */
+static void merge_query(const dfm_search_params *p, const dfm_hit *const *lists, const size_t *lens, int nl, dfm_hit *mbuf, dfm_hit *out,
+                        uint32_t *n_out) {
+    const uint32_t k = dfm_search_cap(p);
+    dfm_hit *dst = p->approx ? mbuf : out;
+    uint32_t nm = (uint32_t)dfm_hits_merge(lists, lens, nl, k, p->metric, dst);
+    if (p->approx) {
+        for (uint32_t j = 0; j < nm; j++) mbuf[j].score = mbuf[j].aux;
+        dfm_hits_sort(mbuf, nm, p->metric);
+        if (nm > p->k) nm = p->k;
+        memcpy(out, mbuf, nm * sizeof *mbuf);
+    }
+    *n_out = nm;
+}
+
+int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_route *route,
+                const dfm_search_params *p, const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv,
+                size_t nq, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c, dfm_work *w) {
     const int P = m->size;
     const uint32_t k = dfm_search_cap(p), dim = vs->dim; /* k: hits per list while merging */
     const size_t npr = quant ? dfm_ivf_nprobe(quant) : 0;
+    if (!quant) route = NULL;
     if (nq > INT_MAX / 2) return DFM_FAIL(DFM_EARG, "query block of %zu is too large", nq);
-    int mynq = (int)nq, *cnt = calloc((size_t)P, sizeof *cnt), *displ = calloc((size_t)P, sizeof *displ);
-    int *rcnt = calloc((size_t)P, sizeof *rcnt), *rdispl = calloc((size_t)P, sizeof *rdispl);
-    dfm_query *allq = NULL;
-    float *allv = NULL, *mydis = NULL, *alldis = NULL;
-    int64_t *mylists = NULL, *alllists = NULL;
-    int32_t *my32 = NULL, *all32 = NULL;
-    dfm_hit *loc = NULL, *tmp = NULL, *recv = NULL, *mbuf = NULL;
-    uint32_t *nloc = NULL, *ntmp = NULL, *nrecv = NULL;
+    int mynq = (int)nq, *scnt = calloc((size_t)P, sizeof *scnt), *sd = calloc((size_t)P, sizeof *sd);
+    int *rcnt = calloc((size_t)P, sizeof *rcnt), *rd = calloc((size_t)P, sizeof *rd), *qoff = calloc(nq + 2, sizeof *qoff);
+    uint32_t *sidx = NULL, *nloc = NULL, *nrecv = NULL;
+    size_t ns = 0, rtotal = 0;
+    dfm_query *rq = NULL;
+    float *rv = NULL, *mydis = NULL, *rdis = NULL;
+    int64_t *mylists = NULL, *rlists = NULL;
+    int32_t *my32 = NULL, *r32 = NULL;
+    dfm_hit *loc = NULL, *recv = NULL, *mbuf = malloc((size_t)k * sizeof *mbuf);
+    const dfm_hit **lists = NULL;
+    size_t *lens = NULL;
     MPI_Datatype htype = MPI_DATATYPE_NULL;
-    int rc = (cnt && displ && rcnt && rdispl) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
-    if ((rc = dfm_work_agree(w, m, rc))) goto done;
-    if ((rc = DFM_WORK_MPI(w, MPI_Allgather(&mynq, 1, MPI_INT, cnt, 1, MPI_INT, m->comm)))) goto done;
-    if (w) w->bytes_sent += sizeof(int) * (uint64_t)(P - 1);
-    size_t total = 0;
-    for (int r = 0; r < P; r++) {
-        displ[r] = (int)total;
-        total += (size_t)cnt[r];
-    }
-    if (total > INT_MAX) {
-        rc = DFM_FAIL(DFM_EARG, "%zu queries in one round. HINT: use a smaller --query-block", total);
-        goto done;
-    }
-    allq = malloc((total + 1) * sizeof *allq);
-    allv = malloc((total + 1) * dim * sizeof *allv);
-    loc = malloc((total + 1) * k * sizeof *loc);
-    tmp = malloc((total + 1) * k * sizeof *tmp);
-    nloc = calloc(total + 1, sizeof *nloc);
-    ntmp = calloc(total + 1, sizeof *ntmp);
-    recv = malloc(((size_t)P * nq + 1) * k * sizeof *recv);
-    nrecv = calloc((size_t)P * nq + 1, sizeof *nrecv);
-    mbuf = malloc((size_t)k * sizeof *mbuf);
-    if (!mbuf || !allq || !allv || !loc || !tmp || !nloc || !ntmp || !recv || !nrecv) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", total);
+    int rc = (scnt && sd && rcnt && rd && qoff && mbuf) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     if (!rc && quant) {
         /* 1. this rank's queries to their probe lists, once: the lists travel with the queries */
         mylists = malloc((nq + 1) * npr * sizeof *mylists);
         mydis = malloc((nq + 1) * npr * sizeof *mydis);
         my32 = malloc((nq + 1) * npr * sizeof *my32);
-        alllists = malloc((total + 1) * npr * sizeof *alllists);
-        all32 = malloc((total + 1) * npr * sizeof *all32);
-        alldis = malloc((total + 1) * npr * sizeof *alldis);
-        if (!mylists || !mydis || !my32 || !alllists || !all32 || !alldis) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu x %zu probe lists", total, npr);
+        if (!mylists || !mydis || !my32) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu x %zu probe lists", nq, npr);
         if (!rc) rc = dfm_ivf_assign(quant, nq, qv, npr, mylists, mydis);
         if (!rc && nq) c->coarse_distances += (uint64_t)(nq < DFM_MIN_SEARCH_BATCH ? DFM_MIN_SEARCH_BATCH : nq) * quant->nlist;
         for (size_t i = 0; !rc && i < nq * npr; i++) my32[i] = (int32_t)mylists[i]; /* nlist < 2^31 (checked at load) */
     }
+    /* 2. where each query goes: every rank, or the ranks holding its lists */
+    if (!rc) rc = destinations(m, route, mylists, npr, nq, scnt, sd, &sidx, &ns);
     if ((rc = dfm_work_agree(w, m, rc))) goto done;
-    rc = allgather_rows(m, qs, mynq, MPI_BYTE, (int)sizeof(dfm_query), 1, allq, cnt, displ, w);
-    if (!rc) rc = allgather_rows(m, qv, mynq, MPI_FLOAT, (int)dim, sizeof(float), allv, cnt, displ, w);
-    if (!rc && quant) rc = allgather_rows(m, my32, mynq, MPI_INT32_T, (int)npr, sizeof(int32_t), all32, cnt, displ, w);
-    if (!rc && quant) rc = allgather_rows(m, mydis, mynq, MPI_FLOAT, (int)npr, sizeof(float), alldis, cnt, displ, w);
+    if (route) rc = DFM_WORK_MPI(w, MPI_Alltoall(scnt, 1, MPI_INT, rcnt, 1, MPI_INT, m->comm));
+    else rc = DFM_WORK_MPI(w, MPI_Allgather(&mynq, 1, MPI_INT, rcnt, 1, MPI_INT, m->comm));
+    if (w) w->bytes_sent += sizeof(int) * (uint64_t)(P - 1);
     if (rc) goto done;
-    for (size_t i = 0; quant && i < total * npr; i++) alllists[i] = all32[i];
-    /* 2. every query against each local shard, in the given lists; merge the shards' lists */
-    dfm_probes pr = {npr, alllists, alldis};
-    for (int s = 0; s < n_searchers && !rc; s++) {
-        rc = dfm_shard_topk(&searchers[s], p, quant ? &pr : NULL, allq, allv, total, vs, cs, s == 0 ? loc : tmp, s == 0 ? nloc : ntmp, c);
-        for (size_t q = 0; s > 0 && !rc && q < total; q++) {
-            const dfm_hit *lists[2] = {loc + q * k, tmp + q * k};
-            size_t lens[2] = {nloc[q], ntmp[q]};
-            nloc[q] = (uint32_t)dfm_hits_merge(lists, lens, 2, k, p->metric, mbuf);
-            memcpy(loc + q * k, mbuf, nloc[q] * sizeof *mbuf);
-        }
-    }
-    if ((rc = dfm_work_agree(w, m, rc))) goto done;
-    /* 3. each owner gets every rank's lists for its queries */
     for (int r = 0; r < P; r++) {
-        rcnt[r] = mynq;
-        rdispl[r] = r * mynq;
+        rd[r] = (int)rtotal;
+        rtotal += (size_t)rcnt[r];
     }
+    if (rtotal > INT_MAX) {
+        rc = DFM_FAIL(DFM_EARG, "%zu queries in one round. HINT: use a smaller --query-block", rtotal);
+        goto done;
+    }
+    rq = malloc((rtotal + 1) * sizeof *rq);
+    rv = malloc((rtotal + 1) * dim * sizeof *rv);
+    loc = malloc((rtotal + 1) * k * sizeof *loc);
+    nloc = calloc(rtotal + 1, sizeof *nloc);
+    recv = malloc((ns + 1) * k * sizeof *recv);
+    nrecv = calloc(ns + 1, sizeof *nrecv);
+    if (quant) {
+        r32 = malloc((rtotal + 1) * npr * sizeof *r32);
+        rlists = malloc((rtotal + 1) * npr * sizeof *rlists);
+        rdis = malloc((rtotal + 1) * npr * sizeof *rdis);
+    }
+    if (!rq || !rv || !loc || !nloc || !recv || !nrecv || (quant && (!r32 || !rlists || !rdis)))
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", rtotal);
+    if ((rc = dfm_work_agree(w, m, rc))) goto done;
+    /* 3. the queries (with their probe lists) to their destinations */
+    if (route) {
+        rc = alltoall_rows(m, qs, sidx, ns, MPI_BYTE, (int)sizeof(dfm_query), 1, scnt, sd, rq, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, qv, sidx, ns, MPI_FLOAT, (int)dim, sizeof(float), scnt, sd, rv, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, my32, sidx, ns, MPI_INT32_T, (int)npr, sizeof(int32_t), scnt, sd, r32, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, mydis, sidx, ns, MPI_FLOAT, (int)npr, sizeof(float), scnt, sd, rdis, rcnt, rd, w);
+    } else {
+        rc = allgather_rows(m, qs, mynq, MPI_BYTE, (int)sizeof(dfm_query), 1, rq, rcnt, rd, w);
+        if (!rc) rc = allgather_rows(m, qv, mynq, MPI_FLOAT, (int)dim, sizeof(float), rv, rcnt, rd, w);
+        if (!rc && quant) rc = allgather_rows(m, my32, mynq, MPI_INT32_T, (int)npr, sizeof(int32_t), r32, rcnt, rd, w);
+        if (!rc && quant) rc = allgather_rows(m, mydis, mynq, MPI_FLOAT, (int)npr, sizeof(float), rdis, rcnt, rd, w);
+    }
+    if (rc) goto done;
+    for (size_t i = 0; quant && i < rtotal * npr; i++) rlists[i] = r32[i];
+    /* 4. every received query against each local shard, in its given lists */
+    dfm_probes pr = {npr, rlists, rdis};
+    rc = search_local(searchers, n_searchers, p, quant ? &pr : NULL, rq, rv, rtotal, vs, cs, loc, nloc, c);
+    if ((rc = dfm_work_agree(w, m, rc))) goto done;
+    /* 5. the lists back to each query's owner */
     MPI_Type_contiguous((int)(k * sizeof(dfm_hit)), MPI_BYTE, &htype);
     MPI_Type_commit(&htype);
-    rc = DFM_WORK_MPI(w, MPI_Alltoallv(loc, cnt, displ, htype, recv, rcnt, rdispl, htype, m->comm));
-    if (!rc) rc = DFM_WORK_MPI(w, MPI_Alltoallv(nloc, cnt, displ, MPI_UINT32_T, nrecv, rcnt, rdispl, MPI_UINT32_T, m->comm));
-    if (w) w->bytes_sent += (uint64_t)(total - (size_t)mynq) * (k * sizeof(dfm_hit) + sizeof(uint32_t));
+    rc = DFM_WORK_MPI(w, MPI_Alltoallv(loc, rcnt, rd, htype, recv, scnt, sd, htype, m->comm));
+    if (!rc) rc = DFM_WORK_MPI(w, MPI_Alltoallv(nloc, rcnt, rd, MPI_UINT32_T, nrecv, scnt, sd, MPI_UINT32_T, m->comm));
+    if (w) w->bytes_sent += (uint64_t)(rtotal - (size_t)rcnt[m->rank]) * (k * sizeof(dfm_hit) + sizeof(uint32_t));
     if (rc) goto done;
-    {
-        const dfm_hit *lists_stack[64], **lists = P <= 64 ? lists_stack : malloc((size_t)P * sizeof *lists);
-        size_t lens_stack[64], *lens = P <= 64 ? lens_stack : malloc((size_t)P * sizeof *lens);
-        if (!lists || !lens) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        for (size_t q = 0; !rc && q < nq; q++) {
-            for (int r = 0; r < P; r++) {
-                lists[r] = recv + ((size_t)r * nq + q) * k;
-                lens[r] = nrecv[(size_t)r * nq + q];
-            }
-            dfm_hit *merged = mbuf, *dst = p->approx ? merged : out + q * p->k;
-            uint32_t nm = (uint32_t)dfm_hits_merge(lists, lens, P, k, p->metric, dst);
-            if (p->approx) { /* re-rank the global best k + margin by exact score, keep k */
-                for (uint32_t j = 0; j < nm; j++) merged[j].score = merged[j].aux;
-                dfm_hits_sort(merged, nm, p->metric);
-                if (nm > p->k) nm = p->k;
-                memcpy(out + q * p->k, merged, nm * sizeof *merged);
-            }
-            n_out[q] = nm;
-        }
-        if (lists != lists_stack) free(lists);
-        if (lens != lens_stack) free(lens);
+    /* 6. each query's lists, merged */
+    for (size_t i = 0; i < ns; i++) qoff[sidx[i] + 1]++;
+    for (size_t q = 0; q < nq; q++) qoff[q + 1] += qoff[q];
+    lists = malloc((ns + 1) * sizeof *lists);
+    lens = malloc((ns + 1) * sizeof *lens);
+    if (!lists || !lens) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        goto done;
+    }
+    for (size_t i = 0; i < ns; i++) { /* sidx is in destination order, then query order: the merge does not depend on it */
+        size_t at = (size_t)qoff[sidx[i]]++;
+        lists[at] = recv + i * k;
+        lens[at] = nrecv[i];
+    }
+    for (size_t q = 0, at = 0; q < nq; q++) {
+        size_t nl = (size_t)qoff[q] - at;
+        merge_query(p, lists + at, lens + at, (int)nl, mbuf, out + q * p->k, &n_out[q]);
+        at = (size_t)qoff[q];
     }
 done:
     if (htype != MPI_DATATYPE_NULL) MPI_Type_free(&htype);
-    free(cnt);
-    free(displ);
+    free(scnt);
+    free(sd);
     free(rcnt);
-    free(rdispl);
-    free(allq);
-    free(allv);
+    free(rd);
+    free(qoff);
+    free(sidx);
+    free(rq);
+    free(rv);
     free(mylists);
     free(mydis);
     free(my32);
-    free(alllists);
-    free(all32);
-    free(alldis);
+    free(r32);
+    free(rlists);
+    free(rdis);
     free(loc);
-    free(tmp);
     free(nloc);
-    free(ntmp);
     free(recv);
     free(nrecv);
     free(mbuf);
+    free((void *)lists);
+    free(lens);
     return rc;
 }
 
@@ -192,8 +292,9 @@ typedef struct {
     FaissIndex **idx;
     dfm_index_info *info;
     dfm_ivf *ivf; /* per shard (ivf[i].ivf NULL: not a plain IVF index) */
-    dfm_shard_searcher *faiss_s, *bf_s;
-    dfm_bf_ctx *bf_ctx;
+    dfm_shard_searcher *faiss_s;
+    dfm_shard_searcher bf_s; /* brute force over this rank's share of the ids (recall samples) */
+    dfm_bf_ctx bf_ctx;
     int n;
     FaissIndex *trained; /* a rank without a shard: the trained empty index, for its quantiser */
     dfm_ivf trained_ivf;
@@ -210,8 +311,6 @@ static void shards_free(shards_t *s) {
     free(s->info);
     free(s->ivf);
     free(s->faiss_s);
-    free(s->bf_s);
-    free(s->bf_ctx);
 }
 
 /* rank 0 samples up to want queries (seeded); the others get none */
@@ -258,6 +357,7 @@ typedef struct {
     const char *metric_s, *factory;
     shards_t sh;
     const dfm_ivf *quant;           /* this rank's coarse quantiser (NULL on every rank: each shard assigns) */
+    dfm_route route;                /* with quant: the ranks holding each list */
     dfm_search_params sp, sp_exact; /* the index's search; brute force */
     dfm_search_counts cnt;          /* the run's rounds */
     dfm_search_counts side, side_bf; /* tuning and recall: the index's searches; brute force */
@@ -329,9 +429,50 @@ static void shard_searchers(retrieve_ctx *r, int i) {
     }
     s->scans_all = flat_index(sh->idx[i]);
     s->scanned = s->scans_all ? NULL : dfm_ivf_stats_scanned; /* FAISS counts the IVF codes it compares */
-    sh->bf_ctx[i] = (dfm_bf_ctx){r->vs, sh->info[i].first_id, sh->info[i].end_id - sh->info[i].first_id, r->metric};
-    sh->bf_s[i] = (dfm_shard_searcher){dfm_bf_search, &sh->bf_ctx[i], sh->bf_ctx[i].n, 1};
-    sh->bf_s[i].scans_all = 1;
+}
+
+/* brute force over this rank's share [rank*n/P, (rank+1)*n/P) of the ids, whatever the index's sharding */
+static void bf_searcher(retrieve_ctx *r) {
+    shards_t *sh = &r->sh;
+    uint64_t a = (uint64_t)(((unsigned __int128)r->n * (unsigned)r->m->rank) / (unsigned)r->m->size);
+    uint64_t z = (uint64_t)(((unsigned __int128)r->n * (unsigned)(r->m->rank + 1)) / (unsigned)r->m->size);
+    sh->bf_ctx = (dfm_bf_ctx){r->vs, a, z - a, r->metric};
+    sh->bf_s = (dfm_shard_searcher){dfm_bf_search, &sh->bf_ctx, z - a, 1};
+    sh->bf_s.scans_all = 1;
+}
+
+/* The route of every list (quant set): each rank's lists with entries, allgathered as bitmaps; a list
+ * goes to every rank that holds some of it (one rank when the index is sharded by list). */
+static int build_route(retrieve_ctx *r) {
+    const dfm_mpi *m = r->m;
+    const uint64_t nlist = r->quant->nlist, words = (nlist + 63) / 64;
+    uint64_t *mine = calloc(words + 1, 8), *all = calloc((size_t)m->size * words + 1, 8);
+    dfm_route *rt = &r->route;
+    rt->nlist = nlist;
+    rt->off = calloc(nlist + 1, sizeof *rt->off);
+    int rc = mine && all && rt->off ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for the routes of %llu lists", (unsigned long long)nlist);
+    for (int i = 0; !rc && i < r->sh.n; i++)
+        for (uint64_t l = 0; l < nlist; l++)
+            if (r->sh.ivf[i].list_sizes && r->sh.ivf[i].list_sizes[l]) mine[l / 64] |= 1ull << (l % 64);
+    if (!(rc = dfm_mpi_agree(m, rc))) rc = DFM_MPI_CHECK(MPI_Allgather(mine, (int)words, MPI_UINT64_T, all, (int)words, MPI_UINT64_T, m->comm));
+    uint64_t n = 0, shared = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) {
+        uint32_t c = 0;
+        for (int q = 0; q < m->size; q++) c += (uint32_t)(all[(size_t)q * words + l / 64] >> (l % 64) & 1);
+        rt->off[l + 1] = rt->off[l] + c;
+        shared += c > 1;
+        n += c;
+    }
+    if (!rc && !(rt->rank = malloc((n + 1) * sizeof *rt->rank))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0, e = 0; !rc && l < nlist; l++)
+        for (int q = 0; q < m->size; q++)
+            if (all[(size_t)q * words + l / 64] >> (l % 64) & 1) rt->rank[e++] = q;
+    if (!rc && m->rank == 0)
+        DFM_LOG_I("retrieve: %llu of %llu lists are whole in one rank's shard; a query goes only to the ranks holding its lists",
+                  (unsigned long long)(nlist - shared), (unsigned long long)nlist);
+    free(mine);
+    free(all);
+    return dfm_mpi_agree(m, rc);
 }
 
 /* The coarse quantiser that assigns this rank's queries: its first shard's, or, on a rank without a
@@ -377,9 +518,8 @@ static int load_shards(retrieve_ctx *r) {
     sh->info = calloc((size_t)nmine + 1, sizeof *sh->info);
     sh->ivf = calloc((size_t)nmine + 1, sizeof *sh->ivf);
     sh->faiss_s = calloc((size_t)nmine + 1, sizeof *sh->faiss_s);
-    sh->bf_s = calloc((size_t)nmine + 1, sizeof *sh->bf_s);
-    sh->bf_ctx = calloc((size_t)nmine + 1, sizeof *sh->bf_ctx);
-    if (!sh->idx || !sh->info || !sh->ivf || !sh->faiss_s || !sh->bf_s || !sh->bf_ctx) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!sh->idx || !sh->info || !sh->ivf || !sh->faiss_s) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    bf_searcher(r);
     for (int j = m->rank; j < n_shards && !rc; j += m->size) {
         const char *file = json_string_value(json_object_get(json_array_get(r->outputs, (size_t)j), "file"));
         char *path = file ? dfm_path_join(o->run_dir, file) : NULL;
@@ -398,6 +538,7 @@ static int load_shards(retrieve_ctx *r) {
     }
     if ((rc = dfm_mpi_agree(m, rc))) return rc;
     DFM_TRY(choose_quantizer(r));
+    if (r->quant) DFM_TRY(build_route(r));
     if (!rc && o->nprobe > 0) rc = set_param_all(sh, "nprobe", (double)o->nprobe);
     if (!rc && o->ef_search > 0) rc = set_param_all(sh, "efSearch", (double)o->ef_search);
     return dfm_mpi_agree(m, rc);
@@ -434,13 +575,14 @@ static int recall_sample_exact(retrieve_ctx *r, uint64_t want, uint64_t seed, re
     if (!rc && (!s->ex || !s->ap || !s->nex || !s->nap)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     if (!rc) rc = dfm_work_agree(&r->w, m, rc);
     if (!rc)
-        rc = dfm_dsearch(m, r->sh.bf_s, r->sh.n, NULL, &r->sp_exact, r->vs, r->cs, s->sq, s->sv, s->snq, s->ex, s->nex, &r->side_bf, &r->w);
+        rc = dfm_dsearch(m, &r->sh.bf_s, 1, NULL, NULL, &r->sp_exact, r->vs, r->cs, s->sq, s->sv, s->snq, s->ex, s->nex, &r->side_bf, &r->w);
     return rc;
 }
 
 /* The index's search of the sample and its recall against the exact lists (the same on every rank). */
 static int recall_of_index(retrieve_ctx *r, recall_sample *s, double *recall) {
-    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, r->quant, &r->sp, r->vs, r->cs, s->sq, s->sv, s->snq, s->ap, s->nap, &r->side, &r->w));
+    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, s->sq, s->sv, s->snq, s->ap,
+                        s->nap, &r->side, &r->w));
     *recall = r->m->rank == 0 ? dfm_recall(s->ap, s->nap, s->ex, s->nex, s->snq, r->k) : 0;
     DFM_TRY(DFM_WORK_MPI(&r->w, MPI_Bcast(recall, 1, MPI_DOUBLE, 0, r->m->comm)));
     return DFM_OK;
@@ -644,7 +786,8 @@ static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds, uint
         uint64_t lo = 0, hi = 0, bend = 0;
         rc = round_queries(r, rs, &nq, &lo, &hi, &bend);
         if ((rc = dfm_work_agree(&r->w, m, rc))) break;
-        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, r->quant, &r->sp, r->vs, r->cs, rs->qs, rs->qv, nq, rs->hits, rs->nh, &r->cnt, &r->w);
+        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, rs->qs, rs->qv, nq, rs->hits,
+                         rs->nh, &r->cnt, &r->w);
         if (rc) break;
         rc = round_rows(r, rs, lo, hi, bend);
         rc = dfm_work_agree(&r->w, m, rc);
@@ -817,5 +960,7 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
     if (!rc && o->measure_recall) rc = measure_recall(&r);
     if (!rc) rc = retrieve_finish(&r, stage);
     shards_free(&r.sh);
+    free(r.route.off);
+    free(r.route.rank);
     return rc;
 }

@@ -8,11 +8,13 @@
  *
  * Distributed top-K (dfm_dsearch): every rank contributes a block of queries; for an IVF index it
  * first computes their probe lists and coarse distances itself (dfm_ivf_assign: each query is
- * quantised once, by its owner); the blocks, with those lists, are allgathered, every rank searches all
- * of them in each of its index shards, scanning only the given lists of its shard (dfm_shard_topk:
- * exact scores, exclusions, deeper re-search with the same lists), and the per-shard lists go back to
- * the query's owner, which merges them into the global top-K (score, then id). The result does not
- * depend on P, nor on which rank assigned a query.
+ * quantised once, by its owner). An IVF index is sharded by list (every list whole in one rank's
+ * shard): each query, with its lists, goes only to the ranks holding them; other indexes are sharded by
+ * id, and every query goes to every rank. Each rank searches what it receives in each of its shards,
+ * scanning only the given lists (dfm_shard_topk: exact scores, exclusions, deeper re-search with the
+ * same lists), and the per-shard lists go back to the query's owner, which merges them into the global
+ * top-K (score, then id). The result does not depend on P, on the sharding, nor on which rank assigned
+ * a query.
  */
 #ifndef DFM_RETRIEVER_RETRIEVE_H
 #define DFM_RETRIEVER_RETRIEVE_H
@@ -60,13 +62,22 @@ typedef struct {
 int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
                      uint64_t block_chunks, json_t *index_stage, json_t **stage);
 
+/* Which ranks hold entries of each inverted list: ranks rank[off[l] .. off[l+1]) for list l. */
+typedef struct {
+    uint64_t nlist;
+    uint32_t *off;
+    int32_t *rank;
+} dfm_route;
+
 /* The collective search of one round: this rank's nq queries in, their merged top-K out (out[q*k],
  * n_out[q]). searchers: this rank's shards. quant: the IVF coarse quantiser that assigns this rank's
  * queries (the same nprobe on every rank; then every searcher that can searches with those lists), or
- * NULL on every rank (each shard assigns the queries itself). w (may be NULL): MPI time and bytes. */
-int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_search_params *p,
-                const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv, size_t nq, dfm_hit *out,
-                uint32_t *n_out, dfm_search_counts *c, dfm_work *w);
+ * NULL on every rank (each shard assigns the queries itself). route (with quant; NULL on every rank or
+ * on none): a query goes only to the ranks that hold entries of one of its lists (the index is sharded
+ * by list); without it, to every rank. w (may be NULL): MPI time and bytes. */
+int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_route *route,
+                const dfm_search_params *p, const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv,
+                size_t nq, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c, dfm_work *w);
 
 /* Rank r's embedding blocks [*b0, *b1) of the ceil(n / block_chunks) blocks on size ranks. */
 void dfm_block_range(uint64_t n, uint64_t block_chunks, int rank, int size, uint64_t *b0, uint64_t *b1);

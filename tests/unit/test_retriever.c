@@ -614,7 +614,7 @@ static void check_split(const char *factory, int approx, uint32_t policy) {
         res[v] = malloc(sizeof(dfm_hit) * nq * 8);
         nres[v] = malloc(sizeof(uint32_t) * nq);
         dfm_search_counts cnt = {0};
-        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], NULL, &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt, NULL), 0);
+        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], NULL, NULL, &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt, NULL), 0);
         for (int s = 0; s < nsh[v]; s++) faiss_Index_free(idx[s]);
     }
     for (size_t q = 0; q < nq; q++) {
