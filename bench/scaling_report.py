@@ -59,13 +59,15 @@ def pq_m(factory):
 
 # ---- the model ----
 
-INDEX_TERMS = ["kmeans_flops", "assign", "encode", "startup"]
+INDEX_TERMS = ["kmeans_flops", "sample", "train_start", "assign", "encode", "add_start"]
 RETRIEVE_TERMS = ["coarse", "scan", "tables", "exact", "visits", "queries"]
+# the index's two phases are fitted apart (work record: train_cpu_s, add_cpu_s): their units grow together
+INDEX_PHASES = {"train_cpu_s": [0, 1, 2], "add_cpu_s": [3, 4, 5]}
 
 
 def index_units(w, d, M):
     enc = 256 * d if M else d
-    return [w["kmeans_flops"], w["coarse_distances"] * d, w["vectors_added"] * enc, 1.0]
+    return [w["kmeans_flops"], w["train_points"] * d, 1.0, w["coarse_distances"] * d, w["vectors_added"] * enc, 1.0]
 
 
 def retrieve_units(w, d, M, nprobe):
@@ -120,14 +122,16 @@ def predict(rates, u):
 # ---- the 5e9-token job: each rank's counts, as retriever/estimate.c computes them ----
 
 def big_counts(N, P, d, nlist, nprobe, M, k, margin, train_n):
-    ksub, cap = 256, k + (2 * margin if M else margin)
+    ksub, cap = 256, k + margin
     km = 10 * (train_n / P) * nlist * 2 * d
     if M:
         n_pq = min(train_n, 256 * ksub)
         km += 25 * (n_pq / P) * ksub * 2 * d + (n_pq / P) * nlist * 2 * d
-    idx = {"kmeans_flops": km, "coarse_distances": N / P * nlist, "vectors_added": N / P}
-    ret = {"coarse_distances": N / P * nlist, "codes_scanned": N * nprobe * (N / nlist) / P, "shard_searches": N,
-           "exact_scores": N * (k + margin), "queries": N / P}
+    idx = {"kmeans_flops": km, "train_points": train_n / P, "coarse_distances": N / P * nlist, "vectors_added": N / P}
+    # a query visits the ranks holding its nprobe lists: N / P queries x P (1 - (1 - 1/P)^nprobe) ranks each
+    visits = N * (1 - (1 - 1 / P) ** nprobe)
+    ret = {"coarse_distances": N / P * nlist, "codes_scanned": N * nprobe * (N / nlist) / P, "shard_searches": visits,
+           "exact_scores": visits * cap, "queries": N / P}
     return idx, ret
 
 
@@ -186,27 +190,40 @@ def main():
     # 3. the model
     fits, err_lines = {}, []
     md += ["", "## The per-rank model", ""]
+    def fit_stage(stage, pts):
+        """rates of every term: the index's phases apart, retrieve's rounds (search_cpu_s)"""
+        n = len(INDEX_TERMS if stage == "index" else RETRIEVE_TERMS)
+        phases = INDEX_PHASES if stage == "index" else {"search_cpu_s": list(range(n))}
+        rates = np.zeros(n)
+        for ph, cols in phases.items():
+            smp = [([units(stage, w, r)[c] for c in cols], w[ph]) for r in pts for w in r["work"]["ranks"] if w[ph] > 0.02]
+            rates[cols] = fit(smp) if smp else float("nan")
+        return rates
+
+    def measured(stage, w):
+        return sum(w[ph] for ph in (INDEX_PHASES if stage == "index" else {"search_cpu_s": 0}))
+
     for stage, terms in (("index", INDEX_TERMS), ("retrieve", RETRIEVE_TERMS)):
         pts = [r for r in new if r["stage"] == stage]
-        samples = [(units(stage, w, r), w["cpu_s"]) for r in pts for w in r["work"]["ranks"] if w["cpu_s"] > 0.02]
-        rates = fit(samples)
+        rates = fit_stage(stage, pts)
         fits[stage] = dict(zip(terms, rates.tolist()))
         biggest = max(r["n"] for r in pts)
-        rest = [(units(stage, w, r), w["cpu_s"]) for r in pts if r["n"] != biggest for w in r["work"]["ranks"] if w["cpu_s"] > 0.02]
-        held = fit(rest) if rest else rates * float("nan")  # one size only: nothing to hold out
+        rest = [r for r in pts if r["n"] != biggest]
+        held = fit_stage(stage, rest) if rest else rates * float("nan")  # one size only: nothing to hold out
         md += [f"### {stage}", "", "| term | rate (s per unit) |", "|---|---:|"] + [f"| {t} | {v:.3e} |" for t, v in fits[stage].items()]
-        md += ["", "| n | d | index | np | measured s (slowest rank, outside MPI) | model | error | model fitted without n = "
+        md += ["", "| n | d | index | np | measured s (slowest rank: " + ("training + adding" if stage == "index" else "the rounds")
+               + ", outside MPI) | model | error | model fitted without n = "
                f"{biggest:,} | error |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         errs, herrs = [], []
         for r in sorted(pts, key=lambda r: (r["dim"], r["n"], r["factory"], r["np"])):
-            slow = max(r["work"]["ranks"], key=lambda w: w["cpu_s"])
-            u = units(stage, slow, r)
+            slow = max(r["work"]["ranks"], key=lambda w: measured(stage, w))
+            u, y = units(stage, slow, r), measured(stage, slow)
             pm, ph = predict(rates, u), predict(held, u)
-            e, he = pm / slow["cpu_s"] - 1, ph / slow["cpu_s"] - 1
+            e, he = pm / y - 1, ph / y - 1
             errs.append(e)
             if r["n"] == biggest:
                 herrs.append(he)
-            md.append(f"| {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {slow['cpu_s']:.2f} | {pm:.2f} | {e:+.0%} | {ph:.2f} | {he:+.0%} |")
+            md.append(f"| {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {y:.2f} | {pm:.2f} | {e:+.0%} | {ph:.2f} | {he:+.0%} |")
         err_lines.append(f"{stage}: in-sample error {min(errs):+.0%} to {max(errs):+.0%} (median |e| {np.median(np.abs(errs)):.0%}); "
                          f"n = {biggest:,} held out: {min(herrs):+.0%} to {max(herrs):+.0%}")
         md.append("")
@@ -223,8 +240,7 @@ def main():
     for M, nprobe in ((32, 16), (32, 32), (48, 32), (0, 16)):
         fac = f"IVF{nlist},PQ{M}np" if M else f"IVF{nlist},Flat"
         ic, rc = big_counts(N, P, d, nlist, nprobe, M, 16, 16, 100 * nlist)
-        iu = index_units(ic | {"kmeans_flops": ic["kmeans_flops"]}, d, M)
-        iu[3] = 1.0
+        iu = index_units(ic, d, M)
         ru = retrieve_units(rc, d, M, nprobe)
         ti = [fits["index"][t] * v for t, v in zip(INDEX_TERMS, iu)]
         tr = [fits["retrieve"][t] * v for t, v in zip(RETRIEVE_TERMS, ru)]

@@ -53,34 +53,39 @@ enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
 
 /* Index and retrieve: the CPU seconds of a rank outside MPI = rates x its work, in units that do not
  * depend on the machine (retriever/work.h counts them; bench/scaling_report.py defines the same units
- * and fits the rates by non-negative least squares on every rank of bench/scaling.sh's points:
- * bench/results/scaling.md and scaling_fit.json, where the model's error on each measured point is).
- *   index:    kmeans_flops; coarse_distances x d; vectors_added x (PQ: 256 d; Flat: d); 1
+ * and fits the rates by non-negative least squares on every rank of bench/scaling.sh's points, the
+ * index's training and adding apart: bench/results/scaling.md and scaling_fit.json, where the model's
+ * error on each measured point is).
+ *   index:    kmeans_flops; train_points x d; 1 | coarse_distances x d; vectors_added x (PQ: 256 d;
+ *             Flat: d); 1
  *   retrieve: coarse_distances x d; codes_scanned x (PQ: M; Flat: d); shard_searches x (PQ: 256 d +
  *             nprobe d; Flat: nprobe d); exact_scores x d; shard_searches; queries */
 /* seconds per unit, bench/results/scaling_fit.json */
 #define RATE_INDEX_KMEANS 2.960e-11
+#define RATE_INDEX_SAMPLE 0.0
+#define RATE_INDEX_TRAIN_START 0.0
 #define RATE_INDEX_ASSIGN 9.801e-11
 #define RATE_INDEX_ENCODE 5.888e-09
-#define RATE_INDEX_START 6.728e-02
+#define RATE_INDEX_ADD_START 6.728e-02
 #define RATE_RET_COARSE 1.922e-10
 #define RATE_RET_SCAN 1.212e-09
 #define RATE_RET_TABLES 1.547e-09
 #define RATE_RET_EXACT 0.0
 #define RATE_RET_VISITS 6.972e-06
 #define RATE_RET_QUERIES 0.0
-enum { IU_KMEANS, IU_ASSIGN, IU_ENCODE, IU_START, N_IU };
+enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ASSIGN, IU_ENCODE, IU_ADD_START, N_IU };
 enum { RU_COARSE, RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
-static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_ASSIGN, RATE_INDEX_ENCODE, RATE_INDEX_START};
+static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START,
+                                         RATE_INDEX_ASSIGN, RATE_INDEX_ENCODE,  RATE_INDEX_ADD_START};
 static const double retrieve_rates[N_RU] = {RATE_RET_COARSE, RATE_RET_SCAN, RATE_RET_TABLES, RATE_RET_EXACT, RATE_RET_VISITS, RATE_RET_QUERIES};
 
 /* one rank's work, as the manifest's "work" records it */
 typedef struct {
-    double kmeans_flops, coarse_distances, vectors_added, codes_scanned, shard_searches, exact_scores, queries;
+    double kmeans_flops, train_points, coarse_distances, vectors_added, codes_scanned, shard_searches, exact_scores, queries;
 } work_counts;
 
 static double index_seconds_of(const work_counts *w, double d, double M) {
-    double u[N_IU] = {w->kmeans_flops, w->coarse_distances * d, w->vectors_added * (M > 0 ? 256 * d : d), 1};
+    double u[N_IU] = {w->kmeans_flops, w->train_points * d, 1, w->coarse_distances * d, w->vectors_added * (M > 0 ? 256 * d : d), 1};
     double t = 0;
     for (int i = 0; i < N_IU; i++) t += index_rates[i] * u[i];
     return t;
@@ -95,8 +100,10 @@ static double retrieve_seconds_of(const work_counts *w, double d, double M, doub
 }
 
 /* The work of one rank of a job: N chunks on P ranks, dimension d, nlist lists, M PQ bytes (0: flat),
- * nprobe, K + margin candidates, train_n training points. The training and the scans and the coarse
- * assignments shrink as 1/P; every query visits every shard (shard_searches = N per rank). */
+ * nprobe, K + margin candidates, train_n training points. The training, the scans and the coarse
+ * assignments shrink as 1/P. An IVF index is sharded by list: a query visits the ranks that hold its
+ * nprobe lists, P (1 - (1 - 1/P)^nprobe) of them, so a rank searches N (1 - (1 - 1/P)^nprobe) queries;
+ * other indexes: every query visits every rank (N). */
 static void job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n, work_counts *idx,
                        work_counts *ret) {
     memset(idx, 0, sizeof *idx);
@@ -110,12 +117,14 @@ static void job_counts(double N, double P, double d, double nlist, double M, dou
         idx->coarse_distances = N / P * nlist;
         ret->coarse_distances = N / P * nlist;
         ret->codes_scanned = N * (nprobe < nlist ? nprobe : nlist) * (N / nlist) / P;
+        ret->shard_searches = N * (1 - pow(1 - 1 / P, nprobe < nlist ? nprobe : nlist));
     } else {
         ret->codes_scanned = N * N / P; /* flat shards: every vector */
+        ret->shard_searches = N;
     }
+    idx->train_points = train_n / P;
     idx->vectors_added = N / P;
-    ret->shard_searches = N;
-    ret->exact_scores = N * cand;
+    ret->exact_scores = ret->shard_searches * cand;
     ret->queries = N / P;
 }
 
@@ -126,19 +135,21 @@ static double factory_pq_m(const char *f) {
     return p ? atof(p + 2) : 0;
 }
 
-/* The slowest rank's work and CPU seconds outside MPI in a stage's "work" record (0: none) */
-static double slowest_rank(json_t *stage, work_counts *w) {
+/* The slowest rank's work and CPU seconds outside MPI in what the model covers (index: training and
+ * adding; retrieve: the rounds) in a stage's "work" record (0: none) */
+static double slowest_rank(json_t *stage, int index, work_counts *w) {
     json_t *ranks = json_object_get(json_object_get(stage, "work"), "ranks"), *r, *best = NULL;
     size_t i;
     double top = 0;
     json_array_foreach(ranks, i, r) {
-        double c = json_number_value(json_object_get(r, "cpu_s"));
+        double c = index ? json_number_value(json_object_get(r, "train_cpu_s")) + json_number_value(json_object_get(r, "add_cpu_s"))
+                         : json_number_value(json_object_get(r, "search_cpu_s"));
         if (c > top) top = c, best = r;
     }
     if (!best) return 0;
 #define WNUM(k) (double)json_integer_value(json_object_get(best, k))
-    *w = (work_counts){WNUM("kmeans_flops"), WNUM("coarse_distances"), WNUM("vectors_added"), WNUM("codes_scanned"), WNUM("shard_searches"),
-                       WNUM("exact_scores"), WNUM("queries")};
+    *w = (work_counts){WNUM("kmeans_flops"),  WNUM("train_points"),   WNUM("coarse_distances"), WNUM("vectors_added"),
+                       WNUM("codes_scanned"), WNUM("shard_searches"), WNUM("exact_scores"),     WNUM("queries")};
 #undef WNUM
     return top;
 }
@@ -226,13 +237,14 @@ static double stage_seconds(json_t *man, int st, double n, double P, double D, c
 
 /* seconds of index (st = M_INDEX) or retrieve on the slowest rank of the job whose per-rank work is w:
  * the work model, calibrated by the run's own slowest rank where the manifest has its work record (its
- * measured CPU seconds outside MPI over what the model gives for its counts) */
+ * measured CPU seconds outside MPI, of the phases the model covers, over what the model gives for its
+ * counts) */
 static double work_seconds(json_t *man, int st, const work_counts *w, double D, double M, double nprobe, const char **src) {
     double t = st == M_INDEX ? index_seconds_of(w, D, M) : retrieve_seconds_of(w, D, M, nprobe);
     *src = "work model";
     json_t *ms = man ? dfm_manifest_stage(man, models[st].stage) : NULL;
     work_counts rw;
-    double cpu = ms ? slowest_rank(ms, &rw) : 0;
+    double cpu = ms ? slowest_rank(ms, st == M_INDEX, &rw) : 0;
     if (cpu > 0) {
         json_t *enc = dfm_manifest_stage(man, "encode"), *ix = dfm_manifest_stage(man, "index"), *rt = dfm_manifest_stage(man, "retrieve");
         double d_run = (double)json_integer_value(json_object_get(enc, "dim"));

@@ -229,7 +229,7 @@ static int shard_by_list(const dfm_mpi *m, const uint8_t *tbuf, size_t tlen, Fai
 static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_index_plan *plan, const dfm_index_info *info,
                        uint64_t padding, double t0, uint64_t tlen, json_t *training, dfm_work *w, json_t **stage) {
     json_t *work = NULL;
-    DFM_TRY(dfm_work_gather(m, w, &work));
+    DFM_TRY(dfm_work_gather(m, w, "train_cpu_s", "add_cpu_s", &work));
     shard_summary me = {info->ntotal, info->first_id, info->end_id, info->bytes, padding, {0}, {0}};
     memcpy(me.xxh128, info->xxh128, 33);
     shard_summary *sum = m->rank == 0 ? calloc((size_t)m->size, sizeof *sum) : NULL;
@@ -335,6 +335,7 @@ int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_sou
     size_t tlen = 0;
     json_t *training = NULL;
     rc = dfm_index_train(m, &plan, vs, o->seed, &tbuf, &tlen, &training, &w);
+    dfm_work_phase(&w, 0);
     if (rc) {
         free(tbuf);
         json_decref(training);
@@ -353,6 +354,7 @@ int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_sou
     snprintf(info.trained_xxh128, sizeof info.trained_xxh128, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
     uint64_t padding = 0;
     rc = dfm_work_agree(&w, m, build_shard(m, o, vs, cs, tbuf, tlen, &info, &padding, &w));
+    dfm_work_phase(&w, 1);
     free(tbuf);
     if (!rc) rc = index_stage(m, o, &plan, &info, padding, t0, tlen, training, &w, stage);
     json_decref(training);

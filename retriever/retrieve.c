@@ -919,7 +919,7 @@ static int retrieve_finish(retrieve_ctx *r, json_t **stage) {
     r->w.exact_scores += cnt->exact_scores + r->side.exact_scores + r->side_bf.exact_scores;
     r->w.shard_searches += cnt->shard_searches + r->side.shard_searches;
     json_t *work = NULL;
-    int rc = dfm_work_gather(r->m, &r->w, &work);
+    int rc = dfm_work_gather(r->m, &r->w, "tune_cpu_s", "search_cpu_s", &work);
     if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));
     if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(&cnt->search_s, &index_s, 1, MPI_DOUBLE, MPI_MAX, 0, r->m->comm));
     if (!rc && r->m->rank == 0) {
@@ -954,10 +954,13 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
         if (o->target_recall > 0) rc = tune_recall(&r);
         rc = dfm_mpi_agree(m, rc);
     }
+    dfm_work_phase(&r.w, 0);
     double tsearch = dfm_now();
     if (!rc) rc = retrieve_blocks(&r);
     r.search_s = dfm_now() - tsearch;
+    dfm_work_phase(&r.w, 1);
     if (!rc && o->measure_recall) rc = measure_recall(&r);
+    dfm_work_phase(&r.w, 0);
     if (!rc) rc = retrieve_finish(&r, stage);
     shards_free(&r.sh);
     free(r.route.off);

@@ -42,6 +42,12 @@ int dfm_work_agree(dfm_work *w, const dfm_mpi *m, int rc) {
     return rc;
 }
 
+void dfm_work_phase(dfm_work *w, int phase) {
+    double now = dfm_cpu_now() - w->cpu0 - w->mpi_cpu_s;
+    w->phase_cpu[phase] += now - w->mark;
+    w->mark = now;
+}
+
 void dfm_work_ring(dfm_work *w, uint64_t bytes, int P) {
     if (w && P > 1) w->bytes_sent += 2 * bytes * (uint64_t)(P - 1) / (uint64_t)P;
 }
@@ -50,15 +56,14 @@ void dfm_work_ring(dfm_work *w, uint64_t bytes, int P) {
 enum { F_COARSE, F_SCANNED, F_BF, F_EXACT, F_KM, F_KMF, F_QUERIES, F_SHARD, F_ADDED, F_TRAIN, F_BYTES, N_U64 };
 static const char *const u64_names[N_U64] = {"coarse_distances", "codes_scanned", "bf_scanned",     "exact_scores",  "kmeans_distances", "kmeans_flops",
                                               "queries",          "shard_searches", "vectors_added", "train_points", "bytes_sent"};
-enum { F_CPU, F_MPI, F_MPI_CPU, F_WALL, N_DBL };
-static const char *const dbl_names[N_DBL] = {"cpu_s", "mpi_s", "mpi_cpu_s", "wall_s"};
+enum { F_CPU, F_PHASE0, F_PHASE1, F_MPI, F_MPI_CPU, F_WALL, N_DBL };
 
 typedef struct {
     uint64_t u[N_U64];
     double d[N_DBL];
 } record;
 
-static json_t *record_json(const record *r, int rank) {
+static json_t *record_json(const record *r, int rank, const char *const *dbl_names) {
     json_t *o = json_object();
     if (rank >= 0) json_object_set_new(o, "rank", json_integer(rank));
     for (int i = 0; i < N_U64; i++) json_object_set_new(o, u64_names[i], json_integer((json_int_t)r->u[i]));
@@ -66,12 +71,13 @@ static json_t *record_json(const record *r, int rank) {
     return o;
 }
 
-int dfm_work_gather(const dfm_mpi *m, dfm_work *w, json_t **out) {
+int dfm_work_gather(const dfm_mpi *m, dfm_work *w, const char *phase0, const char *phase1, json_t **out) {
     *out = NULL;
+    const char *const dbl_names[N_DBL] = {"cpu_s", phase0, phase1, "mpi_s", "mpi_cpu_s", "wall_s"};
     double wall = dfm_now() - w->wall0, cpu = dfm_cpu_now() - w->cpu0 - w->mpi_cpu_s;
     record me = {{w->coarse_distances, w->codes_scanned, w->bf_scanned, w->exact_scores, w->kmeans_distances, w->kmeans_flops, w->queries,
                   w->shard_searches, w->vectors_added, w->train_points, w->bytes_sent},
-                 {cpu > 0 ? cpu : 0, w->mpi_s, w->mpi_cpu_s, wall}};
+                 {cpu > 0 ? cpu : 0, w->phase_cpu[0], w->phase_cpu[1], w->mpi_s, w->mpi_cpu_s, wall}};
     record *all = m->rank == 0 ? calloc((size_t)m->size, sizeof *all) : NULL;
     int rc = m->rank == 0 && !all ? DFM_FAIL(DFM_ENOMEM, "no memory") : DFM_OK;
     if ((rc = dfm_mpi_agree(m, rc))) return rc;
@@ -88,9 +94,9 @@ int dfm_work_gather(const dfm_mpi *m, dfm_work *w, json_t **out) {
                 tot.d[i] += all[r].d[i];
                 if (all[r].d[i] > mx.d[i]) mx.d[i] = all[r].d[i];
             }
-            json_array_append_new(ranks, record_json(&all[r], r));
+            json_array_append_new(ranks, record_json(&all[r], r, dbl_names));
         }
-        *out = json_pack("{s:o, s:o, s:o}", "ranks", ranks, "total", record_json(&tot, -1), "max_rank", record_json(&mx, -1));
+        *out = json_pack("{s:o, s:o, s:o}", "ranks", ranks, "total", record_json(&tot, -1, dbl_names), "max_rank", record_json(&mx, -1, dbl_names));
         if (!*out) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     }
     free(all);

@@ -15,9 +15,9 @@
  *                     entries of the shard (IVF), or the whole shard (Flat); re-searches count again
  *   bf_scanned        vectors compared by brute force (recall measurement and nprobe tuning samples)
  *   exact_scores      exact rescorings (one d-dimensional dot product or distance in double each)
- *   shard_searches    queries searched in the rank's shards: every query visits every shard, which pays a
- *                     fixed cost per visit (FAISS's per-query tables, filtering, rescoring) that does not
- *                     shrink with more ranks
+ *   shard_searches    queries searched in the rank's shards (IVF: a query visits only the ranks that hold
+ *                     its probe lists; other indexes: every rank); each visit has a fixed cost (FAISS's
+ *                     per-query tables, filtering, rescoring)
  *   kmeans_distances  point x centroid distances in k-means iterations (coarse: d dimensions; product
  *                     quantiser: d/M dimensions), and kmeans_flops = 2 x dimensions x those
  *   bytes_sent        bytes this rank sent to other ranks (allgather: its part x (P-1); alltoallv: what
@@ -43,6 +43,7 @@ typedef struct {
     double mpi_s, mpi_cpu_s; /* wall and this thread's CPU seconds inside MPI calls */
     double cpu0, wall0;      /* at dfm_work_start */
     double open_wall, open_cpu; /* the MPI call in progress */
+    double phase_cpu[2], mark;  /* CPU seconds outside MPI of two phases (dfm_work_phase) */
 } dfm_work;
 
 /* Zero w and note the process's CPU time and the wall clock. */
@@ -58,14 +59,18 @@ static inline int dfm_work_mpi_done(dfm_work *w, int rc) {
     dfm_work_mpi_end(w);
     return rc;
 }
+/* The CPU seconds outside MPI since the last call (or the start) go to phase 0 or 1 (index: training,
+ * adding; retrieve: tuning and recall, the rounds). */
+void dfm_work_phase(dfm_work *w, int phase);
 /* bytes_sent of an allreduce or bcast of `bytes` on P ranks (ring: 2 S (P-1) / P). */
 void dfm_work_ring(dfm_work *w, uint64_t bytes, int P);
 /* CPU seconds of the process so far. */
 double dfm_cpu_now(void);
 
 /* Collective: every rank's record to rank 0, which gets {"ranks": [{...}, ...], "total": {...},
- * "max_rank": {...}} in *out (others NULL): the counts, "cpu_s" (outside MPI), "mpi_s", "mpi_cpu_s"
- * and "wall_s" of each rank, their sums and the largest of each. */
-int dfm_work_gather(const dfm_mpi *m, dfm_work *w, json_t **out);
+ * "max_rank": {...}} in *out (others NULL): the counts, "cpu_s" (outside MPI), the two phases' CPU
+ * seconds under the names phase0 and phase1, "mpi_s", "mpi_cpu_s" and "wall_s" of each rank, their
+ * sums and the largest of each. */
+int dfm_work_gather(const dfm_mpi *m, dfm_work *w, const char *phase0, const char *phase1, json_t **out);
 
 #endif
