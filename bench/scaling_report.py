@@ -138,6 +138,7 @@ def big_counts(N, P, d, nlist, nprobe, M, k, margin, train_n):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--dfm", help="build/dfm: also state `dfm estimate`'s error at every measured point")
     ap.add_argument("jsonl")
     a = ap.parse_args()
     rows = load(a.jsonl)
@@ -228,6 +229,40 @@ def main():
                          f"n = {biggest:,} held out: {min(herrs):+.0%} to {max(herrs):+.0%}")
         md.append("")
     md += err_lines
+
+    # 3b. dfm estimate itself (its counts are formulas, its rates those committed in retriever/estimate.c)
+    if a.dfm:
+        import subprocess, tempfile
+        cfg = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        cfg.write('{"run": "/nonexistent-dfm-run"}')
+        cfg.close()
+        md += ["", "## `dfm estimate` against the measured points", "",
+               "`dfm estimate CONFIG --tokens 4N --chunk-len 4 --dim d --index F --nprobe 8 --ranks np --json` (retrieve_mkrun's "
+               "chunks are 4 tokens): its index and retrieve seconds against the slowest rank's measured CPU seconds (the phases "
+               "the model covers). Its counts are formulas (every chunk a vector and a query: the synthetic runs have about 6 % "
+               "fewer queries), its rates those committed in retriever/estimate.c.", "",
+               "| n | d | index | np | index measured / estimated s | error | retrieve measured / estimated s | error |", "|---:|---:|---|---:|---|---:|---|---:|"]
+        errs = {"index": [], "retrieve": []}
+        byk = defaultdict(dict)
+        for r in new:
+            byk[(r["n"], r["dim"], r["factory"], r["np"])][r["stage"]] = r
+        for (n, d, fac, p), st in sorted(byk.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3])):
+            if set(st) != {"index", "retrieve"}:
+                continue
+            out = subprocess.run([a.dfm, "estimate", cfg.name, "--tokens", str(4 * n), "--chunk-len", "4", "--dim", str(d), "--index", fac,
+                                  "--nprobe", str(st["retrieve"]["nprobe"]), "--k", str(st["retrieve"]["k"]), "--ranks", str(p), "--json"],
+                                 capture_output=True, text=True, check=True).stdout
+            e = {x["stage"]: x["seconds"] for x in json.loads(out)["stages"]}
+            cells = []
+            for stage in ("index", "retrieve"):
+                y = max(measured(stage, w) for w in st[stage]["work"]["ranks"])
+                errs[stage].append(e[stage] / y - 1)
+                cells.append(f"{y:.2f} / {e[stage]:.2f} | {e[stage] / y - 1:+.0%}")
+            md.append(f"| {n:,} | {d} | {fac} | {p} | " + " | ".join(cells) + " |")
+        for stage, v in errs.items():
+            if v:
+                err_lines.append(f"dfm estimate, {stage}: {min(v):+.0%} to {max(v):+.0%} (median |e| {np.median(np.abs(v)):.0%}) over {len(v)} points")
+        md += ["", err_lines[-2] if len(err_lines) > 1 else "", err_lines[-1]]
 
     # 4. the 5e9-token job
     N, P, d = BIG_CHUNKS, BIG_RANKS, BIG_DIM
