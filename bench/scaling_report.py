@@ -131,7 +131,7 @@ def big_counts(N, P, d, nlist, nprobe, M, k, margin, train_n):
     # a query visits the ranks holding its nprobe lists: N / P queries x P (1 - (1 - 1/P)^nprobe) ranks each
     visits = N * (1 - (1 - 1 / P) ** nprobe)
     ret = {"coarse_distances": N / P * nlist, "codes_scanned": N * nprobe * (N / nlist) / P, "shard_searches": visits,
-           "exact_scores": visits * cap, "queries": N / P}
+           "exact_scores": (N / P if M else visits) * cap, "queries": N / P}  # PQ: rescored once, at the owner
     return idx, ret
 
 

@@ -100,7 +100,7 @@ static double retrieve_seconds_of(const work_counts *w, double d, double M, doub
 }
 
 /* The work of one rank of a job: N chunks on P ranks, dimension d, nlist lists, M PQ bytes (0: flat),
- * nprobe, K + margin candidates, train_n training points. The training, the scans and the coarse
+ * nprobe, cand = K + margin candidates rescored, train_n training points. The training, the scans and the coarse
  * assignments shrink as 1/P. An IVF index is sharded by list: a query visits the ranks that hold its
  * nprobe lists, P (1 - (1 - 1/P)^nprobe) of them, so a rank searches N (1 - (1 - 1/P)^nprobe) queries;
  * other indexes: every query visits every rank (N). */
@@ -124,7 +124,9 @@ static void job_counts(double N, double P, double d, double nlist, double M, dou
     }
     idx->train_points = train_n / P;
     idx->vectors_added = N / P;
-    ret->exact_scores = ret->shard_searches * cand;
+    /* exact rescorings: an exact index's shards rescore their survivors; an approximate one's owner rescores
+     * the merged best K + margin once */
+    ret->exact_scores = (M > 0 ? N / P : ret->shard_searches) * cand;
     ret->queries = N / P;
 }
 
@@ -323,7 +325,7 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
                                "1024-query exchange blocks + mapped embeddings and neighbours (N/P); disk for --store embeddings"};
     double items[M_STAGES] = {T, N, N, N, N}, total = 0;
     work_counts wi, wr;
-    double M = pq_m ? (double)pq_m : factory_pq_m(plan.factory), cand = K + (plan.exact_scores ? 1 : 2) * (double)cfg->margin;
+    double M = pq_m ? (double)pq_m : factory_pq_m(plan.factory), cand = K + (double)cfg->margin;
     job_counts(N, P, D, (double)plan.nlist, M, nprobe, cand, (double)plan.train_n, &wi, &wr);
     for (int st = 0; st < M_STAGES; st++) {
         if (st == M_INDEX || st == M_RETRIEVE) ln[st].seconds = work_seconds(man, st, st == M_INDEX ? &wi : &wr, D, M, nprobe, &ln[st].source);

@@ -127,19 +127,28 @@ static int search_local(const dfm_shard_searcher *searchers, int n_searchers, co
 }
 
 /* a query's lists from its destinations, merged into its top K (approximate indexes: the best K + margin
- * by the index's scores, re-ranked by exact score) */
-static void merge_query(const dfm_search_params *p, const dfm_hit *const *lists, const size_t *lens, int nl, dfm_hit *mbuf, dfm_hit *out,
-                        uint32_t *n_out) {
+ * by the index's scores, rescored exactly here, once, and re-ranked) */
+static int merge_query(const dfm_search_params *p, const dfm_hit *const *lists, const size_t *lens, int nl, const float *qv,
+                       const dfm_vec_source *vs, dfm_hit *mbuf, float *vbuf, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c) {
     const uint32_t k = dfm_search_cap(p);
     dfm_hit *dst = p->approx ? mbuf : out;
     uint32_t nm = (uint32_t)dfm_hits_merge(lists, lens, nl, k, p->metric, dst);
     if (p->approx) {
-        for (uint32_t j = 0; j < nm; j++) mbuf[j].score = mbuf[j].aux;
+        for (uint32_t j = 0; j < nm; j++) {
+            const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)mbuf[j].id) : NULL;
+            if (!row) {
+                DFM_TRY(vs->rows(vs->ctx, (uint64_t)mbuf[j].id, 1, vbuf));
+                row = vbuf;
+            }
+            mbuf[j].score = dfm_exact_score(qv, row, vs->dim, p->metric);
+        }
+        c->exact_scores += nm;
         dfm_hits_sort(mbuf, nm, p->metric);
         if (nm > p->k) nm = p->k;
         memcpy(out, mbuf, nm * sizeof *mbuf);
     }
     *n_out = nm;
+    return DFM_OK;
 }
 
 int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_route *route,
@@ -241,11 +250,14 @@ int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_sea
         lists[at] = recv + i * k;
         lens[at] = nrecv[i];
     }
-    for (size_t q = 0, at = 0; q < nq; q++) {
+    float *vbuf = malloc(sizeof(float) * dim);
+    if (!vbuf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (size_t q = 0, at = 0; !rc && q < nq; q++) {
         size_t nl = (size_t)qoff[q] - at;
-        merge_query(p, lists + at, lens + at, (int)nl, mbuf, out + q * p->k, &n_out[q]);
+        rc = merge_query(p, lists + at, lens + at, (int)nl, qv + q * dim, vs, mbuf, vbuf, out + q * p->k, &n_out[q], c);
         at = (size_t)qoff[q];
     }
+    free(vbuf);
 done:
     if (htype != MPI_DATATYPE_NULL) MPI_Type_free(&htype);
     free(scnt);

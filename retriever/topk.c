@@ -247,10 +247,10 @@ static int filter_one(const dfm_shard_searcher *s, const dfm_search_params *p, c
     *m_out = m;
     *ns_out = ns;
     *nexcl_out = nexcl;
-    /* exact scores: for every survivor of an exact index (they decide the order), and only for the
-     * best k + margin by the index's order of an approximate one (only those can be kept) */
+    /* exact scores for every survivor of an exact index (they decide the order); an approximate one is
+     * ordered by its own scores here, and the query's owner rescores only the global best k + margin */
     if (p->approx) dfm_hits_sort(surv, ns, p->metric);
-    size_t nscore = p->approx && ns > k ? k : ns;
+    size_t nscore = p->approx ? 0 : ns;
     *nscored = nscore;
     for (size_t j = 0; j < nscore; j++) {
         const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)surv[j].id) : NULL;

@@ -33,7 +33,7 @@
 typedef struct {
     int64_t id;
     float score; /* the value hits are ordered by (see dfm_search_params.approx) */
-    float aux;   /* approximate indexes: the exact score, carried until the final re-rank */
+    float aux;   /* spare (0); the ordering score is in score */
 } dfm_hit;
 
 /* 1 if a ranks before b (metric order, then id ascending). */
@@ -134,8 +134,9 @@ typedef struct {
 /* approx = 0 (Flat, IVF-Flat, HNSW-Flat, brute force): a shard keeps its best k eligible hits by exact
  * score, and lists merge by exact score. approx = 1 (PQ, SQ, ... : the index's own scores are
  * approximate): a shard keeps its best k + margin eligible hits by the *index's* score (ties by id),
- * lists merge by that score to the global best k + margin, and only those are re-ranked by exact score
- * to the final k. Either way the result does not depend on how the vectors are split into shards. */
+ * lists merge by that score to the global best k + margin, and only those are rescored exactly, by the
+ * query's owner, and re-ranked to the final k. Either way the result does not depend on how the vectors
+ * are split into shards. */
 typedef struct {
     uint32_t k, margin, metric, exclude;
     int approx;
