@@ -49,10 +49,14 @@ static int alltoall_rows(const dfm_mpi *m, const void *mine, const uint32_t *sid
                          const int *scnt, const int *sd, void *all, const int *rcnt, const int *rd, dfm_work *w) {
     size_t rb = (size_t)width * bytes;
     uint8_t *pack = malloc(ns * rb + 1);
-    if (!pack) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries to send", ns);
+    int rc = pack ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries to send", ns);
+    if ((rc = dfm_work_agree(w, m, rc))) { /* every rank reaches the exchange, or none */
+        free(pack);
+        return rc;
+    }
     for (size_t i = 0; i < ns; i++) memcpy(pack + i * rb, (const uint8_t *)mine + (size_t)sidx[i] * rb, rb);
     MPI_Datatype row = MPI_DATATYPE_NULL;
-    int rc = DFM_MPI_CHECK(MPI_Type_contiguous(width, t, &row));
+    rc = DFM_MPI_CHECK(MPI_Type_contiguous(width, t, &row));
     if (!rc) {
         MPI_Type_commit(&row);
         rc = DFM_WORK_MPI(w, MPI_Alltoallv(pack, scnt, sd, row, all, rcnt, rd, row, m->comm));
