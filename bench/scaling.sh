@@ -13,6 +13,8 @@
 # peak RSS), and this tree's work record from the manifest (counts and CPU seconds outside MPI). At the
 # largest np of each (N, d, index) OLD's retrieve also runs on this tree's index: its neighbour blocks
 # must be byte-identical to this tree's (outputs agree: recorded, and the benchmark fails otherwise).
+# COARSE=1 (default) measures the coarse assignment alone (bench/bench_coarse.c) at the points' sizes
+# and at a big job's (50,000 lists, d = 384), where it dominates and the small points cannot show it.
 # POLY=1 adds the polysemous-training measurement: OLD's index of IVF(N/400),PQ(d/4) without and with
 # 'np' (FAISS on rank 0) against this tree's (distributed, 'np' added), np = 1, at the first size.
 #
@@ -36,8 +38,8 @@ JSONL=${JSONL:-$OUT/scaling.jsonl}
 : >"$JSONL"
 source "$ROOT/bench/mpitime.sh"
 
-make -s --no-print-directory -C "$ROOT" build/dfm build/tools/retrieve_mkrun
-cp "$ROOT/build/dfm" "$B/bin/dfm"; cp "$ROOT/build/tools/retrieve_mkrun" "$B/bin/"
+make -s --no-print-directory -C "$ROOT" build/dfm build/tools/retrieve_mkrun build/bench/bench_coarse
+cp "$ROOT/build/dfm" "$B/bin/dfm"; cp "$ROOT/build/tools/retrieve_mkrun" "$ROOT/build/bench/bench_coarse" "$B/bin/"
 NEW=$B/bin/dfm
 if [ -n "$OLD" ] && [ ! -x "$OLD" ]; then  # a commit: build it in a clean export
   git -C "$ROOT" archive --prefix=old/ "$OLD" | tar -x -C "$B"
@@ -94,6 +96,16 @@ for pt in "${points[@]}"; do
   done
   rm -rf "$base"
 done
+
+if [ "${COARSE:-1}" = 1 ]; then  # the coarse assignment alone: "nlist dim queries" x nprobe 1 (add) and NPROBE..32 (search)
+  for c in "1265 64 4096" "2191 64 4096" "1265 384 4096" "8000 384 2048" "50000 384 1024"; do
+    for p in 1 "$NPROBE" 16 32; do
+      set -- $c
+      echo "{\"side\":\"coarse\",\"stage\":\"coarse\",$("$B/bin/bench_coarse" $1 $2 $3 "$p" 3 | sed 's/^{//')" >>"$JSONL"
+      tail -1 "$JSONL"
+    done
+  done
+fi
 
 if [ "$POLY" = 1 ] && [ -n "$OLD" ]; then  # FAISS's polysemous training: what 'np' saves
   n=$(echo $SIZES | awk '{print $1}'); d=$(echo $DIMS | awk '{print $1}')

@@ -15,6 +15,13 @@ OUT/scaling_fit.json:
      point (slowest rank), in-sample and with the largest size held out;
   4. the prediction for 5e9 tokens (156.25 M chunks of 32 tokens, d = 384) on 64 ranks, stage by stage.
 
+The coarse assignment (FAISS's flat quantiser search, once per query in retrieve and once per vector in
+index) is not fitted on the points: its cost per distance depends on the number of lists and the
+dimension far beyond what the small points reach. bench/bench_coarse.c measures it alone at the points'
+sizes and at the big job's (50,000 lists, d = 384); its model, CPU s = distances x (a d + b) (a per
+multiply-add in the SGEMM, b per distance for the heaps), is fitted on those measurements (add: 1
+list per vector; search: nprobe lists per query), and the other rates are fitted on what is left.
+
 Units of a rank's work (its "work" record in the manifest; d the dimension, M the PQ's sub-quantisers):
   index:    kmeans_flops; coarse_distances x d (assigning the added vectors, SGEMM); vectors_added x
             encode (PQ: 256 d, the nearest of 256 sub-centroids per sub-space; Flat: d); 1 (start-up)
@@ -41,10 +48,11 @@ def load(path):
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                r["cpu"] = [u + s for _, u, s, _ in r["ranks"]]
-                r["cpu_max"] = max(r["cpu"])
-                r["cpu_sum"] = sum(r["cpu"])
-                r["rss_max"] = max(m for *_, m in r["ranks"]) * 1024.0
+                if "ranks" in r:  # not the coarse-assignment rows
+                    r["cpu"] = [u + s for _, u, s, _ in r["ranks"]]
+                    r["cpu_max"] = max(r["cpu"])
+                    r["cpu_sum"] = sum(r["cpu"])
+                    r["rss_max"] = max(m for *_, m in r["ranks"]) * 1024.0
                 rows.append(r)
     return rows
 
@@ -102,6 +110,16 @@ def nnls(A, b):
             P = [j for j in P if x[j] > 1e-15]
         w = A.T @ (b - A @ x)
     return x
+
+
+def coarse_fit(rows, add):
+    """(a, b) of CPU s = n x nlist x (a d + b), from bench_coarse's rows (nprobe 1: add; else search)"""
+    pts = [r for r in rows if (r["nprobe"] == 1) == add]
+    return fit([([r["nq"] * r["nlist"] * r["dim"], r["nq"] * r["nlist"]], r["cpu_s"]) for r in pts]) if pts else np.zeros(2)
+
+
+def coarse_seconds(ab, distances, d):
+    return distances * (ab[0] * d + ab[1])
 
 
 def fit(samples):
@@ -191,15 +209,36 @@ def main():
     # 3. the model
     fits, err_lines = {}, []
     md += ["", "## The per-rank model", ""]
+    crow = [r for r in rows if r["side"] == "coarse"]
+    if crow:
+        md += ["### The coarse assignment alone (bench/bench_coarse.c)", "", "| lists | d | queries | nprobe | CPU s | s per distance x d |",
+               "|---:|---:|---:|---:|---:|---:|"] + [f"| {r['nlist']:,} | {r['dim']} | {r['nq']:,} | {r['nprobe']} | {r['cpu_s']:.3f} | {r['s_per_unit']:.2e} |"
+                                                    for r in crow] + [""]
+    coarse_rows = [r for r in rows if r["side"] == "coarse"]
+    ab = {"index": coarse_fit(coarse_rows, True), "retrieve": coarse_fit(coarse_rows, False)}
+    fixed = {"index": INDEX_TERMS.index("assign"), "retrieve": RETRIEVE_TERMS.index("coarse")}
+
+    def coarse_part(stage, w, r):
+        return coarse_seconds(ab[stage], w["coarse_distances"], r["dim"])
+
     def fit_stage(stage, pts):
-        """rates of every term: the index's phases apart, retrieve's rounds (search_cpu_s)"""
+        """rates of every term but the coarse assignment's (measured apart): the index's phases apart,
+        retrieve's rounds (search_cpu_s); the coarse seconds are taken off the measured ones first"""
         n = len(INDEX_TERMS if stage == "index" else RETRIEVE_TERMS)
         phases = INDEX_PHASES if stage == "index" else {"search_cpu_s": list(range(n))}
         rates = np.zeros(n)
         for ph, cols in phases.items():
-            smp = [([units(stage, w, r)[c] for c in cols], w[ph]) for r in pts for w in r["work"]["ranks"] if w[ph] > 0.02]
+            cols = [c for c in cols if c != fixed[stage]]
+            take_coarse = fixed[stage] in (INDEX_PHASES[ph] if stage == "index" else range(n))
+            smp = [([units(stage, w, r)[c] for c in cols], w[ph] - (coarse_part(stage, w, r) if take_coarse else 0))
+                   for r in pts for w in r["work"]["ranks"] if w[ph] > 0.02]
+            smp = [(u, y) for u, y in smp if y > 0.01]
             rates[cols] = fit(smp) if smp else float("nan")
         return rates
+
+    def model(stage, rates, w, r):
+        u = units(stage, w, r)
+        return sum(rates[i] * u[i] for i in range(len(u)) if i != fixed[stage]) + coarse_part(stage, w, r)
 
     def measured(stage, w):
         return sum(w[ph] for ph in (INDEX_PHASES if stage == "index" else {"search_cpu_s": 0}))
@@ -211,15 +250,17 @@ def main():
         biggest = max(r["n"] for r in pts)
         rest = [r for r in pts if r["n"] != biggest]
         held = fit_stage(stage, rest) if rest else rates * float("nan")  # one size only: nothing to hold out
-        md += [f"### {stage}", "", "| term | rate (s per unit) |", "|---|---:|"] + [f"| {t} | {v:.3e} |" for t, v in fits[stage].items()]
+        fits[stage]["coarse_a"], fits[stage]["coarse_b"] = float(ab[stage][0]), float(ab[stage][1])
+        md += [f"### {stage}", "", "| term | rate (s per unit) |", "|---|---:|"] + [f"| {t} | {v:.3e} |" for t, v in fits[stage].items()
+                                                                                  if t not in (INDEX_TERMS[fixed["index"]] if stage == "index" else "coarse",)]
         md += ["", "| n | d | index | np | measured s (slowest rank: " + ("training + adding" if stage == "index" else "the rounds")
                + ", outside MPI) | model | error | model fitted without n = "
                f"{biggest:,} | error |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         errs, herrs = [], []
         for r in sorted(pts, key=lambda r: (r["dim"], r["n"], r["factory"], r["np"])):
             slow = max(r["work"]["ranks"], key=lambda w: measured(stage, w))
-            u, y = units(stage, slow, r), measured(stage, slow)
-            pm, ph = predict(rates, u), predict(held, u)
+            y = measured(stage, slow)
+            pm, ph = model(stage, rates, slow, r), model(stage, held, slow, r)
             e, he = pm / y - 1, ph / y - 1
             errs.append(e)
             if r["n"] == biggest:
@@ -279,6 +320,8 @@ def main():
         ru = retrieve_units(rc, d, M, nprobe)
         ti = [fits["index"][t] * v for t, v in zip(INDEX_TERMS, iu)]
         tr = [fits["retrieve"][t] * v for t, v in zip(RETRIEVE_TERMS, ru)]
+        ti[fixed["index"]] = coarse_seconds(ab["index"], ic["coarse_distances"], d)
+        tr[fixed["retrieve"]] = coarse_seconds(ab["retrieve"], rc["coarse_distances"], d)
         pred[f"{fac} nprobe {nprobe}"] = {"index_s": sum(ti), "retrieve_s": sum(tr), "index_terms_s": dict(zip(INDEX_TERMS, ti)),
                                           "retrieve_terms_s": dict(zip(RETRIEVE_TERMS, tr))}
         md.append(f"| {fac} | {nprobe} | index | " + " | ".join(f"{v / 3600:.2f}" for v in ti) + " |" + " |" * len(RETRIEVE_TERMS)

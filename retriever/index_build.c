@@ -7,8 +7,10 @@
 #include "common/log.h"
 #include "retriever/index_train.h"
 #include "retriever/ivf.h"
+#include "retriever/kmeans.h"
 #include "schemas/neighbor_shard.h"
 
+#include <faiss/c_api/IndexFlat_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -59,8 +61,9 @@ static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, Fai
 /* 4. An IVF index with a flat quantiser is sharded by list: every inverted list lives whole in the shard
  * of one rank, so that a query visits only the ranks that hold its probe lists (retrieve.c routes it).
  * Each rank adds its vectors to a local index (FAISS assigns and encodes each vector once); the list
- * sizes are summed over ranks; rank r takes the lists whose middle entry falls in [r/P, (r+1)/P) of all
- * entries, in list order; then every rank sends each list's codes and ids to its rank (through FAISS's
+ * sizes are summed over ranks; the lists are ordered by group of neighbouring centroids (group_lists);
+ * rank r takes the lists whose middle entry falls in [r/P, (r+1)/P) of all entries, in that order;
+ * then every rank sends each list's codes and ids to its rank (through FAISS's
  * serialisation, ivf.h: nothing is assigned or encoded again), which assembles its shard with each
  * list's entries in id order, as one index built from every vector would hold them. */
 typedef struct {
@@ -68,23 +71,73 @@ typedef struct {
     int32_t *owner; /* the rank of each list */
 } list_owners;
 
+/* Neighbouring lists on the same rank: a query's nprobe lists are the nearest to it, so they lie near
+ * each other; grouped, they are held by a few ranks, and the query visits only those. Rank 0 clusters
+ * the coarse centroids into P groups (kmeans.h, on its own: MPI_COMM_SELF) and orders the lists by group,
+ * then by list; order[] gets that order. With one rank, or fewer lists than ranks: list order. */
+static int group_lists(const dfm_mpi *m, const dfm_ivf *v, uint32_t *order, dfm_work *w) {
+    const uint64_t nlist = v->nlist;
+    int rc = DFM_OK;
+    for (uint64_t l = 0; l < nlist; l++) order[l] = (uint32_t)l;
+    if (m->size < 2 || nlist <= (uint64_t)m->size) return DFM_OK;
+    if (m->rank == 0) {
+        float *xb = NULL;
+        size_t nx = 0;
+        faiss_IndexFlat_xb(faiss_IndexFlat_cast(v->quantizer), &xb, &nx);
+        const uint32_t d = (uint32_t)faiss_Index_d(v->quantizer), G = (uint32_t)m->size;
+        float *cent = malloc((size_t)G * d * sizeof *cent);
+        int32_t *grp = malloc(nlist * sizeof *grp);
+        uint64_t *blocks = malloc(((nlist + 255) / 256 + 1) * sizeof *blocks), nb = 0, *picks = malloc(G * sizeof *picks);
+        if (!xb || nx != nlist * d || !cent || !grp || !blocks || !picks) rc = DFM_FAIL(DFM_ENOMEM, "no memory to group %llu lists", (unsigned long long)nlist);
+        dfm_mpi self = {0, 1, MPI_COMM_SELF};
+        dfm_kmeans_opts ko = {d, 1, G, DFM_COARSE_ITERATIONS, 0, 0};
+        for (uint64_t i = 0; !rc && i < nlist; i += 256) blocks[nb++] = nlist - i < 256 ? nlist - i : 256;
+        if (!rc) {
+            dfm_sample_ids(nlist, G, 0x67726f7570ull, picks);
+            for (uint32_t g = 0; g < G; g++) memcpy(cent + (size_t)g * d, xb + picks[g] * d, d * sizeof *cent);
+            rc = dfm_kmeans_train(&self, &ko, xb, d, blocks, (size_t)nb, nlist, cent, NULL, w);
+        }
+        if (!rc) rc = dfm_kmeans_assign(&ko, cent, xb, d, nlist, grp, w);
+        /* counting sort by group, lists ascending within a group */
+        uint64_t *start = rc ? NULL : calloc((size_t)G + 1, sizeof *start);
+        if (!rc && !start) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        for (uint64_t l = 0; !rc && l < nlist; l++) start[grp[l] + 1]++;
+        for (uint32_t g = 0; !rc && g < G; g++) start[g + 1] += start[g];
+        for (uint64_t l = 0; !rc && l < nlist; l++) order[start[grp[l]]++] = (uint32_t)l;
+        free(start);
+        free(cent);
+        free(grp);
+        free(blocks);
+        free(picks);
+    }
+    if ((rc = dfm_work_agree(w, m, rc))) return rc;
+    rc = DFM_WORK_MPI(w, MPI_Bcast(order, (int)nlist, MPI_UINT32_T, 0, m->comm));
+    dfm_work_ring(w, nlist * 4, m->size);
+    return rc;
+}
+
 static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_work *w) {
     const uint64_t nlist = v->nlist;
     int64_t *cnt = malloc((nlist + 1) * sizeof *cnt);
+    uint32_t *order = malloc((nlist + 1) * sizeof *order);
     lo->owner = malloc((nlist + 1) * sizeof *lo->owner);
-    int rc = cnt && lo->owner ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    int rc = cnt && order && lo->owner ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     for (uint64_t l = 0; !rc && l < nlist; l++) cnt[l] = (int64_t)v->list_sizes[l];
     if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, cnt, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
     dfm_work_ring(w, nlist * 8, m->size);
+    if (!rc) rc = group_lists(m, v, order, w);
+    /* in that order, each list goes to the rank where the middle of its entries falls */
     uint64_t total = 0, cum = 0;
     for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
-    for (uint64_t l = 0; !rc && l < nlist; l++) {
+    for (uint64_t i = 0; !rc && i < nlist; i++) {
+        uint64_t l = order[i];
         unsigned __int128 mid = total ? ((unsigned __int128)(cum + (uint64_t)cnt[l] / 2) * (unsigned)m->size) / total
-                                      : ((unsigned __int128)l * (unsigned)m->size) / nlist;
+                                      : ((unsigned __int128)i * (unsigned)m->size) / nlist;
         lo->owner[l] = mid >= (unsigned)m->size ? m->size - 1 : (int32_t)mid;
         cum += (uint64_t)cnt[l];
     }
     free(cnt);
+    free(order);
     return rc;
 }
 
