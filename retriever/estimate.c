@@ -56,28 +56,31 @@ enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
  * and fits the rates by non-negative least squares on every rank of bench/scaling.sh's points, the
  * index's training and adding apart: bench/results/scaling.md and scaling_fit.json, where the model's
  * error on each measured point is).
- *   index:    kmeans_flops; train_points x d; 1 | coarse_distances x d; vectors_added x (PQ: 256 d;
- *             Flat: d); 1
- *   retrieve: coarse_distances x d; codes_scanned x (PQ: M; Flat: d); shard_searches x (PQ: 256 d +
- *             nprobe d; Flat: nprobe d); exact_scores x d; shard_searches; queries */
+ *   index:    kmeans_flops; train_points x d; 1 | vectors_added x (PQ: 256 d; Flat: d); 1
+ *   retrieve: codes_scanned x (PQ: M; Flat: d); shard_searches x (PQ: 256 d + nprobe d; Flat:
+ *             nprobe d); exact_scores x d; shard_searches; queries
+ * and in both the coarse assignment, coarse_distances x (a d + b): a per multiply-add of FAISS's SGEMM,
+ * b per distance (its heaps), fitted on bench/bench_coarse.c's measurements of the assignment alone up
+ * to a big job's size (50,000 lists, d = 384), which the small points cannot reach. */
 /* seconds per unit, bench/results/scaling_fit.json */
-#define RATE_INDEX_KMEANS 2.960e-11
+#define RATE_INDEX_KMEANS 2.891e-11
 #define RATE_INDEX_SAMPLE 0.0
 #define RATE_INDEX_TRAIN_START 0.0
-#define RATE_INDEX_ASSIGN 9.801e-11
-#define RATE_INDEX_ENCODE 5.888e-09
-#define RATE_INDEX_ADD_START 6.728e-02
-#define RATE_RET_COARSE 1.922e-10
-#define RATE_RET_SCAN 1.212e-09
-#define RATE_RET_TABLES 1.547e-09
-#define RATE_RET_EXACT 0.0
-#define RATE_RET_VISITS 6.972e-06
-#define RATE_RET_QUERIES 0.0
-enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ASSIGN, IU_ENCODE, IU_ADD_START, N_IU };
-enum { RU_COARSE, RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
-static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START,
-                                         RATE_INDEX_ASSIGN, RATE_INDEX_ENCODE,  RATE_INDEX_ADD_START};
-static const double retrieve_rates[N_RU] = {RATE_RET_COARSE, RATE_RET_SCAN, RATE_RET_TABLES, RATE_RET_EXACT, RATE_RET_VISITS, RATE_RET_QUERIES};
+#define RATE_INDEX_ENCODE 1.236e-09
+#define RATE_INDEX_ADD_START 1.712e-02
+#define RATE_INDEX_COARSE_A 9.140e-12
+#define RATE_INDEX_COARSE_B 3.588e-09
+#define RATE_RET_SCAN 9.754e-10
+#define RATE_RET_TABLES 1.444e-09
+#define RATE_RET_EXACT 2.938e-09
+#define RATE_RET_VISITS 0.0
+#define RATE_RET_QUERIES 9.753e-06
+#define RATE_RET_COARSE_A 5.172e-12
+#define RATE_RET_COARSE_B 6.097e-09
+enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ENCODE, IU_ADD_START, N_IU };
+enum { RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
+static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START, RATE_INDEX_ENCODE, RATE_INDEX_ADD_START};
+static const double retrieve_rates[N_RU] = {RATE_RET_SCAN, RATE_RET_TABLES, RATE_RET_EXACT, RATE_RET_VISITS, RATE_RET_QUERIES};
 
 /* one rank's work, as the manifest's "work" records it */
 typedef struct {
@@ -85,16 +88,16 @@ typedef struct {
 } work_counts;
 
 static double index_seconds_of(const work_counts *w, double d, double M) {
-    double u[N_IU] = {w->kmeans_flops, w->train_points * d, 1, w->coarse_distances * d, w->vectors_added * (M > 0 ? 256 * d : d), 1};
-    double t = 0;
+    double u[N_IU] = {w->kmeans_flops, w->train_points * d, 1, w->vectors_added * (M > 0 ? 256 * d : d), 1};
+    double t = w->coarse_distances * (RATE_INDEX_COARSE_A * d + RATE_INDEX_COARSE_B);
     for (int i = 0; i < N_IU; i++) t += index_rates[i] * u[i];
     return t;
 }
 
 static double retrieve_seconds_of(const work_counts *w, double d, double M, double nprobe) {
-    double u[N_RU] = {w->coarse_distances * d, w->codes_scanned * (M > 0 ? M : d), w->shard_searches * ((M > 0 ? 256 * d : 0) + nprobe * d),
-                      w->exact_scores * d, w->shard_searches, w->queries};
-    double t = 0;
+    double u[N_RU] = {w->codes_scanned * (M > 0 ? M : d), w->shard_searches * ((M > 0 ? 256 * d : 0) + nprobe * d), w->exact_scores * d,
+                      w->shard_searches, w->queries};
+    double t = w->coarse_distances * (RATE_RET_COARSE_A * d + RATE_RET_COARSE_B);
     for (int i = 0; i < N_RU; i++) t += retrieve_rates[i] * u[i];
     return t;
 }
@@ -102,8 +105,10 @@ static double retrieve_seconds_of(const work_counts *w, double d, double M, doub
 /* The work of one rank of a job: N chunks on P ranks, dimension d, nlist lists, M PQ bytes (0: flat),
  * nprobe, cand = K + margin candidates rescored, train_n training points. The training, the scans and the coarse
  * assignments shrink as 1/P. An IVF index is sharded by list: a query visits the ranks that hold its
- * nprobe lists, P (1 - (1 - 1/P)^nprobe) of them, so a rank searches N (1 - (1 - 1/P)^nprobe) queries;
- * other indexes: every query visits every rank (N). */
+ * nprobe lists. Were the lists placed at random, that would be P (1 - (1 - 1/P)^nprobe) ranks, and a
+ * rank would search N (1 - (1 - 1/P)^nprobe) queries: the figure used here, an upper bound, since dfm
+ * index puts neighbouring lists on the same rank (a run's work record shows how many fewer); other
+ * indexes: every query visits every rank (N). */
 static void job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n, work_counts *idx,
                        work_counts *ret) {
     memset(idx, 0, sizeof *idx);
