@@ -45,28 +45,14 @@ for _ in 1 2 3 4 5; do
 done
 DFM=$B/bin/dfm
 "$DFM" --version >/dev/null
-now() { date +%s.%N; }
-calc() { echo "$*" | bc -l; }
+source "$ROOT/bench/mpitime.sh"
 disk() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
-
-# run NP TAG CMD...: under mpirun, each rank in /usr/bin/time; sets WALL; rank r's "elapsed user sys maxrss_kb"
-# goes to $B/t-TAG.r
-run() {
-  local np=$1 tag=$2; shift 2
-  rm -f "$B/t-$tag".*
-  local t0; t0=$(now)
-  if ! mpirun -np "$np" sh -c 'exec /usr/bin/time -f "%e %U %S %M" -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$B/t-$tag" "$@" \
-    >"$B/log-$tag" 2>&1; then
-    echo "growth: $tag failed:"; tail -20 "$B/log-$tag"; exit 1
-  fi
-  WALL=$(calc "$(now) - $t0")
-}
+run() { mpitime "$@"; }
 
 # record STAGE N NP TAG DISK_BYTES [EXTRA_JSON]: one JSON line from the rank files of TAG
 record() {
   local stage=$1 n=$2 np=$3 tag=$4 dbytes=$5 extra=${6:-}
-  local ranks; ranks=$(for f in "$B/t-$tag".*; do tail -1 "$f"; done | awk '{printf "%s[%s,%s,%s,%s]", (NR > 1 ? "," : ""), $1, $2, $3, $4}')
-  echo "{\"stage\":\"$stage\",\"n\":$n,\"np\":$np,\"dim\":${DIMNOW:-$DIM},\"wall_s\":$WALL,\"ranks\":[$ranks],\"disk_bytes\":$dbytes$extra}" >>"$JSONL"
+  echo "{\"stage\":\"$stage\",\"n\":$n,\"np\":$np,\"dim\":${DIMNOW:-$DIM},\"wall_s\":$WALL,\"ranks\":$(ranks_json "$tag"),\"disk_bytes\":$dbytes$extra}" >>"$JSONL"
   printf '%-14s n=%-9s np=%s wall %7.2fs  disk %s\n' "$stage" "$n" "$np" "$WALL" "$dbytes"
 }
 

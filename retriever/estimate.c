@@ -6,6 +6,7 @@
 #include "common/manifest.h"
 #include "pipeline/chunk/chunk.h"
 #include "retriever/index.h"
+#include "retriever/ivf.h"
 #include "schemas/embedding_shard.h"
 #include "schemas/neighbor_shard.h"
 
@@ -26,33 +27,139 @@ static void human(char *out, size_t n, double bytes) {
     snprintf(out, n, "%.1f %s", bytes, u[i]);
 }
 
-/* The cost model of each stage, fitted by bench/growth.sh on its np = 1 points (bench/results/growth.md,
- * 2026-12-01, the shared 2-core VM; 1e5, 3e5 and 1e6 chunks, 1.3M to 21M tokens for chunk). Fitted on
- * the two smaller sizes only, it predicted the 1e6 point within +54 % (index), -12 % (retrieve) and
- * -17 % (write-targets); these constants use all three. CPU-seconds of the slowest rank
- *     t = t0 + a * n^b * (s + (1 - s) / P) * (d / 64)^e
- * n the stage's items, P the ranks. t0 is a fixed start-up (loading the tokenizer). s, the part that
- * does not shrink with more ranks, is by design, not measured (on 2 shared cores MPI's busy polling
- * bills a waiting rank's idle time as CPU): index trains on rank 0 (about half its time at these
- * sizes); retrieve quantises every query on every rank (nlist*d per query against nprobe*N/nlist*d
- * for the scan: 2/3 of its flops at nprobe 8 and nlist 4*sqrt(N)). e from the point at d = 384 (index
- * 0.94, retrieve 0.92: about linear in d; write-targets 0.46: zstd and LMDB costs per record that do
- * not grow with d). base_rss is the measured peak RSS per rank at the smallest point minus the stage's own buffers
- * (process, MPI, libraries; for chunk the tokenizer). encode was not part of the growth runs: its
- * rate is BENCHMARKS.md's CPU encoder (26 chunks/s per rank). */
+/* The cost model of chunk, encode and write-targets, fitted by bench/growth.sh on its np = 1 points
+ * (bench/results/growth.md, 2026-12-01, the shared 2-core VM; 1e5, 3e5 and 1e6 chunks, 1.3M to 21M
+ * tokens for chunk). CPU-seconds of the slowest rank
+ *     t = t0 + a * n^b / P * (d / 64)^e
+ * n the stage's items, P the ranks. t0 is a fixed start-up (loading the tokenizer). e from the point at
+ * d = 384 (write-targets 0.46: zstd and LMDB costs per record that do not grow with d). base_rss is the
+ * measured peak RSS per rank at the smallest point minus the stage's own buffers (process, MPI,
+ * libraries; for chunk the tokenizer). encode's rate is the CPU encoder's on real chunk texts, one
+ * thread: 127.6 chunks per CPU-second (bench/results/encoder_cpu.md, 2026-12-01). Index and retrieve
+ * are modelled from their work instead (below). */
 typedef struct {
     const char *stage, *count;
-    double t0, a, b, s, e;
+    double t0, a, b, e;
     double base_rss;
 } stage_model;
 static const stage_model models[] = {
-    {"chunk", "stream_tokens", 0.87, 1.99e-7, 1.0, 0.0, 0.0, 148e6},
-    {"encode", "chunks", 0.0, 1.0 / 26.0, 1.0, 0.0, 0.0, 330e6},
-    {"index", "vectors", 0.0, 7.77e-6, 1.22, 0.5, 0.94, 32e6},
-    {"retrieve", "queries", 0.0, 3.67e-7, 1.45, 2.0 / 3.0, 0.92, 43e6},
-    {"targets", "records", 0.0, 2.23e-5, 1.03, 0.0, 0.46, 25e6},
+    {"chunk", "stream_tokens", 0.87, 1.99e-7, 1.0, 0.0, 148e6},
+    {"encode", "chunks", 0.0, 1.0 / 127.6, 1.0, 0.0, 330e6},
+    {"index", "vectors", 0.0, 0, 0, 0, 32e6},
+    {"retrieve", "queries", 0.0, 0, 0, 0, 43e6},
+    {"targets", "records", 0.0, 2.23e-5, 1.03, 0.46, 25e6},
 };
 enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
+
+/* Index and retrieve: the CPU seconds of a rank outside MPI = rates x its work, in units that do not
+ * depend on the machine (retriever/work.h counts them; bench/scaling_report.py defines the same units
+ * and fits the rates by non-negative least squares on every rank of bench/scaling.sh's points, the
+ * index's training and adding apart: bench/results/scaling.md and scaling_fit.json, where the model's
+ * error on each measured point is).
+ *   index:    kmeans_flops; train_points x d; 1 | vectors_added x (PQ: 256 d; Flat: d); 1
+ *   retrieve: codes_scanned x (PQ: M; Flat: d); shard_searches x (PQ: 256 d + nprobe d; Flat:
+ *             nprobe d); exact_scores x d; shard_searches; queries
+ * and in both the coarse assignment, coarse_distances x (a d + b): a per multiply-add of FAISS's SGEMM,
+ * b per distance (its heaps), fitted on bench/bench_coarse.c's measurements of the assignment alone up
+ * to a big job's size (50,000 lists, d = 384), which the small points cannot reach. */
+/* seconds per unit, bench/results/scaling_fit.json */
+#define RATE_INDEX_KMEANS 2.891e-11
+#define RATE_INDEX_SAMPLE 0.0
+#define RATE_INDEX_TRAIN_START 0.0
+#define RATE_INDEX_ENCODE 1.236e-09
+#define RATE_INDEX_ADD_START 1.712e-02
+#define RATE_INDEX_COARSE_A 9.140e-12
+#define RATE_INDEX_COARSE_B 3.588e-09
+#define RATE_RET_SCAN 9.754e-10
+#define RATE_RET_TABLES 1.444e-09
+#define RATE_RET_EXACT 2.938e-09
+#define RATE_RET_VISITS 0.0
+#define RATE_RET_QUERIES 9.753e-06
+#define RATE_RET_COARSE_A 5.172e-12
+#define RATE_RET_COARSE_B 6.097e-09
+enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ENCODE, IU_ADD_START, N_IU };
+enum { RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
+static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START, RATE_INDEX_ENCODE, RATE_INDEX_ADD_START};
+static const double retrieve_rates[N_RU] = {RATE_RET_SCAN, RATE_RET_TABLES, RATE_RET_EXACT, RATE_RET_VISITS, RATE_RET_QUERIES};
+
+/* one rank's work, as the manifest's "work" records it */
+typedef struct {
+    double kmeans_flops, train_points, coarse_distances, vectors_added, codes_scanned, shard_searches, exact_scores, queries;
+} work_counts;
+
+static double index_seconds_of(const work_counts *w, double d, double M) {
+    double u[N_IU] = {w->kmeans_flops, w->train_points * d, 1, w->vectors_added * (M > 0 ? 256 * d : d), 1};
+    double t = w->coarse_distances * (RATE_INDEX_COARSE_A * d + RATE_INDEX_COARSE_B);
+    for (int i = 0; i < N_IU; i++) t += index_rates[i] * u[i];
+    return t;
+}
+
+static double retrieve_seconds_of(const work_counts *w, double d, double M, double nprobe) {
+    double u[N_RU] = {w->codes_scanned * (M > 0 ? M : d), w->shard_searches * ((M > 0 ? 256 * d : 0) + nprobe * d), w->exact_scores * d,
+                      w->shard_searches, w->queries};
+    double t = w->coarse_distances * (RATE_RET_COARSE_A * d + RATE_RET_COARSE_B);
+    for (int i = 0; i < N_RU; i++) t += retrieve_rates[i] * u[i];
+    return t;
+}
+
+/* The work of one rank of a job: N chunks on P ranks, dimension d, nlist lists, M PQ bytes (0: flat),
+ * nprobe, cand = K + margin candidates rescored, train_n training points. The training, the scans and the coarse
+ * assignments shrink as 1/P. An IVF index is sharded by list: a query visits the ranks that hold its
+ * nprobe lists. Were the lists placed at random, that would be P (1 - (1 - 1/P)^nprobe) ranks, and a
+ * rank would search N (1 - (1 - 1/P)^nprobe) queries: the figure used here, an upper bound, since dfm
+ * index puts neighbouring lists on the same rank (a run's work record shows how many fewer); other
+ * indexes: every query visits every rank (N). */
+static void job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n, work_counts *idx,
+                       work_counts *ret) {
+    memset(idx, 0, sizeof *idx);
+    memset(ret, 0, sizeof *ret);
+    if (nlist > 0) {
+        idx->kmeans_flops = 10 * (train_n / P) * nlist * 2 * d;
+        if (M > 0) {
+            double n_pq = train_n < 65536 ? train_n : 65536;
+            idx->kmeans_flops += 25 * (n_pq / P) * 256 * 2 * d + (n_pq / P) * nlist * 2 * d;
+        }
+        idx->coarse_distances = N / P * nlist;
+        ret->coarse_distances = N / P * nlist;
+        ret->codes_scanned = N * (nprobe < nlist ? nprobe : nlist) * (N / nlist) / P;
+        ret->shard_searches = N * (1 - pow(1 - 1 / P, nprobe < nlist ? nprobe : nlist));
+    } else {
+        ret->codes_scanned = N * N / P; /* flat shards: every vector */
+        ret->shard_searches = N;
+    }
+    idx->train_points = train_n / P;
+    idx->vectors_added = N / P;
+    /* exact rescorings: an exact index's shards rescore their survivors; an approximate one's owner rescores
+     * the merged best K + margin once */
+    ret->exact_scores = (M > 0 ? N / P : ret->shard_searches) * cand;
+    ret->queries = N / P;
+}
+
+/* PQ bytes of a factory string ("IVF..,PQ32np" -> 32), 0 without a PQ */
+static double factory_pq_m(const char *f) {
+    const char *p = f ? strstr(f, "PQ") : NULL;
+    while (p && p > f && p[-1] != ',' && p[-1] != '_') p = strstr(p + 2, "PQ");
+    return p ? atof(p + 2) : 0;
+}
+
+/* The slowest rank's work and CPU seconds outside MPI in what the model covers (index: training and
+ * adding; retrieve: the rounds) in a stage's "work" record (0: none) */
+static double slowest_rank(json_t *stage, int index, work_counts *w) {
+    json_t *ranks = json_object_get(json_object_get(stage, "work"), "ranks"), *r, *best = NULL;
+    size_t i;
+    double top = 0;
+    json_array_foreach(ranks, i, r) {
+        double c = index ? json_number_value(json_object_get(r, "train_cpu_s")) + json_number_value(json_object_get(r, "add_cpu_s"))
+                         : json_number_value(json_object_get(r, "search_cpu_s"));
+        if (c > top) top = c, best = r;
+    }
+    if (!best) return 0;
+#define WNUM(k) (double)json_integer_value(json_object_get(best, k))
+    *w = (work_counts){WNUM("kmeans_flops"),  WNUM("train_points"),   WNUM("coarse_distances"), WNUM("vectors_added"),
+                       WNUM("codes_scanned"), WNUM("shard_searches"), WNUM("exact_scores"),     WNUM("queries")};
+#undef WNUM
+    return top;
+}
 
 /* bytes of a target record after zstd 3 (random-mantissa embeddings keep about 0.86 of their bytes;
  * ids and scores 12 per slot; header 64), and what LMDB stores for it: a record over a third of a
@@ -117,11 +224,11 @@ typedef struct {
     char note[160];
 } est_line;
 
-/* seconds of stage st for n items on P ranks at dimension D: the run's own timing scaled by the model's
- * exponents where the manifest has one, else the fitted model */
+/* seconds of chunk, encode or targets for n items on P ranks at dimension D: the run's own timing scaled
+ * by the model's exponent where the manifest has one, else the fitted model */
 static double stage_seconds(json_t *man, int st, double n, double P, double D, const char **src) {
     const stage_model *md = &models[st];
-    double t = md->t0 + md->a * pow(n, md->b) * (md->s + (1 - md->s) / P) * pow(D / 64.0, md->e);
+    double t = md->t0 + md->a * pow(n, md->b) / P * pow(D / 64.0, md->e);
     *src = st == M_ENCODE ? "CPU encoder rate" : "growth fit";
     json_t *ms = man ? dfm_manifest_stage(man, md->stage) : NULL;
     double t_run = json_number_value(json_object_get(json_object_get(ms, "timings"), "total_s"));
@@ -129,12 +236,32 @@ static double stage_seconds(json_t *man, int st, double n, double P, double D, c
     double p_run = (double)json_integer_value(json_object_get(ms, "ranks"));
     if (t_run > 0 && json_is_integer(cnt) && json_integer_value(cnt) > 0) {
         double n_run = (double)json_integer_value(cnt);
-        /* counts of index and retrieve are vectors and queries, slightly fewer than chunks; scale by chunks */
-        if (st == M_INDEX || st == M_RETRIEVE) n_run = (double)dfm_manifest_count(man, "chunk", "chunks");
-        if (n_run > 0) {
-            double pr = p_run > 0 ? p_run : 1;
-            t = t_run * pow(n / n_run, md->b) * (md->s + (1 - md->s) / P) / (md->s + (1 - md->s) / pr);
-            *src = "this run";
+        t = t_run * pow(n / n_run, md->b) * (p_run > 0 ? p_run : 1) / P;
+        *src = "this run";
+    }
+    return t;
+}
+
+/* seconds of index (st = M_INDEX) or retrieve on the slowest rank of the job whose per-rank work is w:
+ * the work model, calibrated by the run's own slowest rank where the manifest has its work record (its
+ * measured CPU seconds outside MPI, of the phases the model covers, over what the model gives for its
+ * counts) */
+static double work_seconds(json_t *man, int st, const work_counts *w, double D, double M, double nprobe, const char **src) {
+    double t = st == M_INDEX ? index_seconds_of(w, D, M) : retrieve_seconds_of(w, D, M, nprobe);
+    *src = "work model";
+    json_t *ms = man ? dfm_manifest_stage(man, models[st].stage) : NULL;
+    work_counts rw;
+    double cpu = ms ? slowest_rank(ms, st == M_INDEX, &rw) : 0;
+    if (cpu > 0) {
+        json_t *enc = dfm_manifest_stage(man, "encode"), *ix = dfm_manifest_stage(man, "index"), *rt = dfm_manifest_stage(man, "retrieve");
+        double d_run = (double)json_integer_value(json_object_get(enc, "dim"));
+        double m_run = factory_pq_m(json_string_value(json_object_get(ix, "factory")));
+        double np_run = json_number_value(json_object_get(json_object_get(rt, "tuning"), "value"));
+        if (np_run <= 0) np_run = (double)json_integer_value(json_object_get(json_object_get(rt, "config"), "nprobe"));
+        double model_run = st == M_INDEX ? index_seconds_of(&rw, d_run > 0 ? d_run : D, m_run) : retrieve_seconds_of(&rw, d_run > 0 ? d_run : D, m_run, np_run);
+        if (model_run > 0) {
+            t *= cpu / model_run;
+            *src = "this run's work";
         }
     }
     return t;
@@ -176,30 +303,48 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     /* encode: a window of 4096 chunks and one batch of activations (BENCHMARKS.md) */
     double emb_bytes = N * D * (edt ? (double)dfm_emb_dtype_size((uint32_t)dfm_emb_dtype_parse(edt)) : 4.0);
     ln[M_ENCODE] = (est_line){"encode", models[M_ENCODE].base_rss, emb_bytes, 0, NULL, "bounded: model weights + a 4096-chunk window"};
-    /* index: the rank's shard, the coarse centroids, the training sample on rank 0, one embedding block */
+    /* index: the rank's shard, the coarse centroids, the training sample (its share; all of it on rank 0
+     * for indexes that FAISS trains there), one embedding block */
+    char kind = 0;
+    uint32_t pq_m = 0, pq_nbits = 0;
+    if (plan.nlist && dfm_ivf_encoding(&plan, (uint32_t)dim, &kind, &pq_m, &pq_nbits)) dfm_error_clear();
     double idx_disk = plan.exact_scores ? N * (4 * D + 8) : (double)plan.bytes_per_rank * P;
     if (plan.nlist) idx_disk += P * (double)plan.nlist * 4 * D;
     /* the rank's embedding blocks are mapped whole (file-backed pages: counted in RSS, reclaimable) */
     double emb_rank = emb_bytes / P;
-    double idx_mem = idx_disk / P, train_mem = (double)plan.train_n * 4 * D;
+    double idx_mem = idx_disk / P;
+    double train_mem = kind ? (double)plan.train_n / P * 4 * D + (double)plan.nlist * D * 16 : (double)plan.train_n * 4 * D;
     ln[M_INDEX] = (est_line){"index", models[M_INDEX].base_rss + idx_mem + train_mem + emb_rank, idx_disk, 0, NULL, ""};
-    snprintf(ln[M_INDEX].note, sizeof ln[M_INDEX].note, "%s; grows as N/P (shard + mapped embeddings) + the training sample (rank 0)", plan.factory);
-    /* retrieve: the index shard + the query rounds + one neighbour block */
-    double round_q = P * (double)qblock;
-    double ret_mem = idx_mem + emb_rank + round_q * (4 * D + 32 + 2.0 * 16 * K) + (double)qblock * (4 * D + 16 * K) +
+    snprintf(ln[M_INDEX].note, sizeof ln[M_INDEX].note, "%s; grows as N/P (shard + mapped embeddings) + %s", plan.factory,
+             kind ? "its share of the training sample and the centroids' sums" : "the training sample (rank 0)");
+    /* retrieve: the index shard + the query rounds (queries, probe lists, hits) + one neighbour block */
+    double round_q = P * (double)qblock, nprobe = cfg->nprobe > 0 ? (double)cfg->nprobe : 16;
+    if (plan.nlist && nprobe > (double)plan.nlist) nprobe = (double)plan.nlist;
+    double ret_mem = idx_mem + emb_rank + round_q * (4 * D + 32 + 2.0 * 16 * K + (plan.nlist ? 12 * nprobe : 0)) + (double)qblock * (4 * D + 16 * K) +
                      (double)DFM_EMB_DEFAULT_BLOCK_CHUNKS * (double)dfm_nbr_row_bytes((uint32_t)k);
-    ln[M_RETRIEVE] = (est_line){"retrieve", models[M_RETRIEVE].base_rss + ret_mem, N * (double)dfm_nbr_row_bytes((uint32_t)k), 0, NULL,
-                                "grows as N/P (index shard + mapped embeddings) + P x query block"};
+    ln[M_RETRIEVE] = (est_line){"retrieve", models[M_RETRIEVE].base_rss + ret_mem, N * (double)dfm_nbr_row_bytes((uint32_t)k), 0, NULL, ""};
     /* write-targets: bounded exchange blocks (1024 queries x K x d floats, sent and received) */
     double emb_store = N * trec_disk(K * D * es * EST_TREC_RATIO + 12.0 * K + 64), ids_store = N * (trec_disk(EST_IDS_RECORD_BYTES) + D * es);
     double nbr_rank = N / P * (double)dfm_nbr_row_bytes((uint32_t)k);
     ln[M_TARGETS] = (est_line){"targets", models[M_TARGETS].base_rss + 1024.0 * K * D * 4 * 3 + emb_rank + nbr_rank, emb_store, 0, NULL,
                                "1024-query exchange blocks + mapped embeddings and neighbours (N/P); disk for --store embeddings"};
     double items[M_STAGES] = {T, N, N, N, N}, total = 0;
+    work_counts wi, wr;
+    double M = pq_m ? (double)pq_m : factory_pq_m(plan.factory), cand = K + (double)cfg->margin;
+    job_counts(N, P, D, (double)plan.nlist, M, nprobe, cand, (double)plan.train_n, &wi, &wr);
     for (int st = 0; st < M_STAGES; st++) {
-        ln[st].seconds = stage_seconds(man, st, items[st], P, D, &ln[st].source);
-        total += ln[st].seconds;
+        if (st == M_INDEX || st == M_RETRIEVE) ln[st].seconds = work_seconds(man, st, st == M_INDEX ? &wi : &wr, D, M, nprobe, &ln[st].source);
+        else ln[st].seconds = stage_seconds(man, st, items[st], P, D, &ln[st].source);
     }
+    if (cfg->encode_gpus > 0) { /* encode on GPUs: the assumed rate per GPU, until one is measured */
+        ln[M_ENCODE].seconds = N / ((double)cfg->encode_gpus * cfg->gpu_rate);
+        ln[M_ENCODE].source = "assumed GPU rate";
+        snprintf(ln[M_ENCODE].note, sizeof ln[M_ENCODE].note, "%lld GPU(s) at %.0f chunks/s each (--gpu-rate: assumed, not measured)",
+                 (long long)cfg->encode_gpus, cfg->gpu_rate);
+    }
+    snprintf(ln[M_RETRIEVE].note, sizeof ln[M_RETRIEVE].note, "nprobe %.0f%s; per rank: %.2g coarse distances, %.2g codes scanned, %.2g shard searches",
+             nprobe, cfg->nprobe > 0 ? "" : " (assumed: --nprobe)", wr.coarse_distances, wr.codes_scanned, wr.shard_searches);
+    for (int st = 0; st < M_STAGES; st++) total += ln[st].seconds;
     /* the target store: ids mode reads each neighbour's row from the shard tables (N x d x dtype in all);
      * a trainer's random lookups stay in memory while the tables fit a node's page cache */
     double node_mem = cfg->node_memory > 0 ? (double)cfg->node_memory : node_memory_default();
@@ -240,7 +385,7 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
         printf("  %-9s %14s %12s %10.0f s  (%.1f h on %lld rank(s); CPU-seconds of the slowest rank, one core each)\n", "total", "", "", total,
                total / 3600, (long long)ranks);
         human(a, sizeof a, train_mem);
-        printf("  index: %s; training sample %s on rank 0 (in its memory above)\n", plan.why, a);
+        printf("  index: %s; training: %s %s per rank (in its memory above)\n", plan.why, kind ? "distributed," : "FAISS on rank 0,", a);
         human(a, sizeof a, emb_store);
         human(b, sizeof b, ids_store);
         printf("  targets (%s, K=%lld): --store embeddings %s, --store ids %s (tables %.1f GB)\n", dfm_emb_dtype_name((uint32_t)tdt), (long long)k,

@@ -18,6 +18,10 @@ typedef struct {
     const char *tdtype;  /* dtype of target embeddings: fp32, fp16 or bf16 */
     int64_t window;      /* dfm chunk --window-tokens (0: its default) */
     int64_t node_memory; /* memory of a training node, bytes, for the store advice (0: this machine's) */
+    int64_t nprobe;      /* IVF lists searched per query (0: 16, an assumption: dfm retrieve tunes it) */
+    int64_t margin;      /* dfm retrieve --margin */
+    int64_t encode_gpus; /* > 0: encode on this many GPUs */
+    double gpu_rate;     /* chunks per second per GPU (assumed until measured) */
     int json;            /* print one JSON object instead of the text */
 } dfm_estimate_config;
 
@@ -26,10 +30,14 @@ typedef struct {
  *
  * Per stage: memory per rank (the stage's bounded buffers and data structures plus the process's
  * measured base), disk, and time. Times are CPU-seconds of the slowest rank on one core of the
- * machine class that bench/growth.sh measured (BENCHMARKS.md, "Cost growth"): t = a * n^b * P^-g,
- * n the stage's items (tokens, chunks), P the ranks, scaled by (d / 64)^e for the stages that handle
- * vectors; where the run's manifest has timed a stage, its own time is scaled by the same exponents
- * instead. The target-store advice compares the ids tables with node_memory.
+ * machine class the benchmarks measured. chunk and write-targets: t = a * n^b / P, n the stage's items
+ * (tokens, chunks), P the ranks, scaled by (d / 64)^e (bench/growth.sh, BENCHMARKS.md "Cost growth");
+ * encode: the CPU encoder's rate, or on GPUs an assumed rate; where the run's manifest has timed one of
+ * these, its own time is scaled instead. index and retrieve: the slowest rank's work (k-means, coarse
+ * distances, codes scanned, shard searches, rescorings: the counts retriever/work.h records) for the
+ * job, times rates fitted on bench/scaling.sh's measured ranks; where the run has a work record, the
+ * model is calibrated by its slowest rank. The target-store advice compares the ids tables with
+ * node_memory.
  * DFM_ESTATE without a size to start from. */
 int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg);
 

@@ -58,6 +58,32 @@ static int has_token(const char *s, const char *tok) {
     return 0;
 }
 
+/* Insert "np" after every product quantiser of a factory string that lacks it ("PQ16", "PQ16x8", at the
+ * start of a component or after '_'): FAISS then skips polysemous training, which only a Hamming-filtered
+ * search uses (polysemous_ht, never set by dfm) and which took 91 s on 2,032 vectors. Returns how many
+ * were inserted; 0 when f has no room. Forms with a suffix (x4fs, +8, np) are left as they are. */
+static int add_no_polysemous(char *f, size_t cap) {
+    int added = 0;
+    for (size_t i = 0; f[i]; i++) {
+        if (f[i] != 'P' || f[i + 1] != 'Q' || (i > 0 && f[i - 1] != ',' && f[i - 1] != '_')) continue;
+        size_t j = i + 2;
+        if (f[j] < '0' || f[j] > '9') continue;
+        while (f[j] >= '0' && f[j] <= '9') j++;
+        if (f[j] == 'x' && f[j + 1] >= '0' && f[j + 1] <= '9') {
+            j++;
+            while (f[j] >= '0' && f[j] <= '9') j++;
+        }
+        if (f[j] != 0 && f[j] != ',') continue;
+        size_t n = strlen(f);
+        if (n + 3 > cap) return 0;
+        memmove(f + j + 2, f + j, n - j + 1);
+        f[j] = 'n', f[j + 1] = 'p';
+        added++;
+        i = j + 1;
+    }
+    return added;
+}
+
 static int needs_idmap(const char *f) {
     return !strstr(f, "IVF") && !strstr(f, "IMI") && strncmp(f, "IDMap", 5) != 0;
 }
@@ -111,7 +137,9 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
     } else {
         if (strlen(factory) + 7 >= sizeof plan->factory) return DFM_FAIL(DFM_EARG, "--index string is too long (%zu characters)", strlen(factory));
         snprintf(plan->factory, sizeof plan->factory, "%s%s", needs_idmap(factory) ? "IDMap," : "", factory);
-        snprintf(plan->why, sizeof plan->why, "given with --index%s", needs_idmap(factory) ? " (wrapped in IDMap for global ids)" : "");
+        int np = add_no_polysemous(plan->factory, sizeof plan->factory);
+        snprintf(plan->why, sizeof plan->why, "given with --index%s%s", needs_idmap(factory) ? " (wrapped in IDMap for global ids)" : "",
+                 np ? "; 'np' added: no polysemous training (dfm's search does not use it)" : "");
     }
     const char *f = plan->factory;
     uint64_t v = 0;
@@ -166,15 +194,19 @@ static uint64_t splitmix64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
-void dfm_sample_ids(uint64_t n, uint64_t m, uint64_t seed, uint64_t *out) {
-    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 1;
-    for (uint64_t j = 0; j < m; j++) {
+void dfm_sample_ids_range(uint64_t n, uint64_t m, uint64_t seed, uint64_t j0, uint64_t j1, uint64_t *out) {
+    /* draw j of the seeded splitmix64 stream, directly: its state after j + 1 steps is st0 + (j+1) * gamma */
+    const uint64_t st0 = seed * 0x2545F4914F6CDD1Dull + 1;
+    for (uint64_t j = j0; j < j1; j++) {
+        uint64_t st = st0 + j * 0x9e3779b97f4a7c15ull;
+        uint64_t r = splitmix64(&st);
         /* stratum [j*n/m, (j+1)*n/m), computed without overflow in 128-bit */
         uint64_t lo = (uint64_t)(((unsigned __int128)j * n) / m), hi = (uint64_t)(((unsigned __int128)(j + 1) * n) / m);
-        uint64_t r = splitmix64(&st);
-        out[j] = lo + (hi > lo ? r % (hi - lo) : 0);
+        out[j - j0] = lo + (hi > lo ? r % (hi - lo) : 0);
     }
 }
+
+void dfm_sample_ids(uint64_t n, uint64_t m, uint64_t seed, uint64_t *out) { dfm_sample_ids_range(n, m, seed, 0, m, out); }
 
 /* ---- create, serialise ---- */
 
@@ -242,12 +274,12 @@ int dfm_index_write(const char *faiss_path, const FaissIndex *idx, dfm_index_inf
     DFM_TRY(dfm_file_size(faiss_path, &info->bytes));
     DFM_TRY(dfm_file_hash(faiss_path, info->xxh128));
     const char *slash = strrchr(faiss_path, '/');
-    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:i, s:I, s:s, s:s, s:b}", "format", DFM_INDEX_FORMAT,
+    json_t *j = json_pack("{s:s, s:i, s:s, s:i, s:s, s:s, s:I, s:I, s:I, s:i, s:i, s:I, s:s, s:s, s:b, s:s}", "format", DFM_INDEX_FORMAT,
                           "version", DFM_INDEX_VERSION, "file", slash ? slash + 1 : faiss_path, "dim", (int)info->dim, "metric",
                           info->metric == DFM_METRIC_IP ? "ip" : "l2", "factory", info->factory, "ntotal", (json_int_t)info->ntotal,
                           "first_id", (json_int_t)info->first_id, "end_id", (json_int_t)info->end_id, "shard", info->shard, "n_shards",
                           info->n_shards, "bytes", (json_int_t)info->bytes, "xxh128", info->xxh128, "trained_xxh128",
-                          info->trained_xxh128, "exact_scores", info->exact_scores);
+                          info->trained_xxh128, "exact_scores", info->exact_scores, "sharding", info->by_list ? "lists" : "ids");
     char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     char *sp = sidecar_path(faiss_path);
     if (!text || !sp) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -285,6 +317,7 @@ int dfm_index_load(const char *faiss_path, uint32_t expect_dim, int expect_metri
         info->n_shards = (int)json_integer_value(json_object_get(j, "n_shards"));
         info->bytes = (uint64_t)json_integer_value(json_object_get(j, "bytes"));
         info->exact_scores = json_is_true(json_object_get(j, "exact_scores"));
+        info->by_list = !strcmp(json_string_value(json_object_get(j, "sharding")) ?: "ids", "lists");
         snprintf(info->xxh128, sizeof info->xxh128, "%s", json_string_value(json_object_get(j, "xxh128")) ?: "");
         snprintf(info->trained_xxh128, sizeof info->trained_xxh128, "%s", json_string_value(json_object_get(j, "trained_xxh128")) ?: "");
         if (strcmp(met, "ip") && strcmp(met, "l2")) rc = DFM_FAIL(DFM_EFORMAT, "index sidecar %s: metric '%s' is neither ip nor l2", sp, met);
@@ -324,6 +357,21 @@ int dfm_index_load(const char *faiss_path, uint32_t expect_dim, int expect_metri
     }
     *out = idx;
     return DFM_OK;
+}
+
+int dfm_index_load_trained(const char *run_dir, const char *xxh128, FaissIndex **out) {
+    *out = NULL;
+    char *path = dfm_path_join(run_dir, DFM_INDEX_TRAINED_FILE), hash[33];
+    if (!path) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    int rc = DFM_OK;
+    if (!dfm_path_exists(path)) rc = DFM_FAIL(DFM_ENOTFOUND, "%s does not exist (indexed by an older dfm). HINT: re-run 'dfm index --force'", path);
+    if (!rc) rc = dfm_file_hash(path, hash);
+    if (!rc && (!xxh128 || strcmp(hash, xxh128)))
+        rc = DFM_FAIL(DFM_ECHECKSUM, "%s: checksum %s is not the index stage's trained_xxh128 %s (damaged or from another index). HINT: re-run 'dfm index --force'",
+                      path, hash, xxh128 ? xxh128 : "(none)");
+    if (!rc && DFM_FAISS_CHECK(faiss_read_index_fname(path, 0, out), "reading the trained index")) rc = dfm_error_prefix("%s", path);
+    free(path);
+    return rc;
 }
 
 int dfm_index_set_param(FaissIndex *idx, const char *name, double value) {

@@ -20,6 +20,7 @@
 #define DFM_INDEX_FORMAT "dfm-index"
 #define DFM_INDEX_VERSION 1
 #define DFM_INDEX_FLAT_MAX 100000ull /* auto choice: exact Flat up to this many vectors */
+#define DFM_INDEX_TRAINED_FILE "index/trained.faiss" /* the trained empty index (hash: trained_xxh128) */
 
 typedef struct {
     char factory[256];   /* the FAISS factory string actually used (with "IDMap," where needed) */
@@ -44,6 +45,8 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
 /* Deterministic stratified sample of m ids out of [0, n), sorted ascending (m <= n): id j is drawn
  * uniformly from the j-th of m equal strata with a seeded generator. */
 void dfm_sample_ids(uint64_t n, uint64_t m, uint64_t seed, uint64_t *out);
+/* Draws [j0, j1) of the same sample (out[j - j0]), without the others: a rank's part of it. */
+void dfm_sample_ids_range(uint64_t n, uint64_t m, uint64_t seed, uint64_t j0, uint64_t j1, uint64_t *out);
 
 /* FAISS error to DFM_EFAISS with FAISS's message; returns DFM_OK when frc == 0. */
 int dfm_faiss_check_at(int frc, const char *what, const char *file, int line);
@@ -59,7 +62,8 @@ typedef struct {
     uint32_t dim, metric;
     char factory[256];
     uint64_t ntotal;            /* vectors in this shard */
-    uint64_t first_id, end_id;  /* the shard holds ids in [first_id, end_id) */
+    uint64_t first_id, end_id;  /* the shard holds ids in [first_id, end_id) (by list: some of them) */
+    int by_list;                /* sharding "lists": whole inverted lists per shard; else "ids": an id range */
     int shard, n_shards;
     uint64_t bytes;             /* size of the .faiss file */
     char xxh128[33];            /* hash of the .faiss file */
@@ -73,6 +77,11 @@ char *dfm_index_path(const char *run_dir, int shard, const char *ext);
 int dfm_index_write(const char *faiss_path, const FaissIndex *idx, dfm_index_info *info);
 /* Load and validate a shard (see above). expect_dim 0 / expect_metric < 0: not checked. */
 int dfm_index_load(const char *faiss_path, uint32_t expect_dim, int expect_metric, FaissIndex **out, dfm_index_info *info);
+
+/* The trained empty index every shard started from (RUN/index/trained.faiss, whose XXH3-128 must equal
+ * xxh128, the index stage's trained_xxh128): DFM_ENOTFOUND when absent (runs indexed before it was
+ * written), DFM_ECHECKSUM when damaged, both naming the file. */
+int dfm_index_load_trained(const char *run_dir, const char *xxh128, FaissIndex **out);
 
 /* Set a search parameter ("nprobe", "efSearch") on an index (through IDMap / PreTransform wrappers).
  * DFM_EARG if the index has no such parameter. */

@@ -7,19 +7,21 @@
 #include "common/log.h"
 #include "schemas/neighbor_shard.h"
 
+#include <faiss/c_api/IndexFlat_c.h>
 #include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/MetaIndexes_c.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
-static void block_range(uint64_t n, uint64_t block_chunks, int rank, int size, uint64_t *b0, uint64_t *b1) {
+void dfm_block_range(uint64_t n, uint64_t block_chunks, int rank, int size, uint64_t *b0, uint64_t *b1) {
     uint64_t nb = (n + block_chunks - 1) / block_chunks;
     *b0 = (uint64_t)(((unsigned __int128)nb * (unsigned)rank) / (unsigned)size);
     *b1 = (uint64_t)(((unsigned __int128)nb * (unsigned)(rank + 1)) / (unsigned)size);
 }
 
-static int check_sources(const dfm_vec_source *vs, const dfm_chunk_source *cs, uint64_t block_chunks) {
+int dfm_check_sources(const dfm_vec_source *vs, const dfm_chunk_source *cs, uint64_t block_chunks) {
     if (vs->n_rows != cs->n_chunks)
         return DFM_FAIL(DFM_EMISMATCH, "%llu embeddings for %llu chunks. HINT: re-run 'dfm encode' on this run's chunks",
                         (unsigned long long)vs->n_rows, (unsigned long long)cs->n_chunks);
@@ -27,325 +29,262 @@ static int check_sources(const dfm_vec_source *vs, const dfm_chunk_source *cs, u
     return DFM_OK;
 }
 
-/* ---- index ---- */
-
-typedef struct {
-    uint64_t ntotal, first_id, end_id, bytes, padding;
-    char xxh128[33];
-    char pad_[7];
-} shard_summary;
-
-/* 1. the training sample: every rank reads the sampled rows it owns in [lo, hi); rank 0 gathers them
- * in id order into *all (plan->train_n rows). Agreed. */
-static int gather_train_sample(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_index_plan *plan,
-                               uint64_t lo, uint64_t hi, float **all) {
-    const uint64_t n = vs->n_rows;
-    const uint32_t dim = vs->dim;
-    uint64_t *ids = malloc(plan->train_n * sizeof *ids);
-    float *mine = NULL;
-    int *cnt = NULL, *displ = NULL, rc = DFM_OK;
-    MPI_Datatype vtype = MPI_DATATYPE_NULL;
-    if (!ids) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu sample ids", (unsigned long long)plan->train_n);
-    if (!rc) dfm_sample_ids(n, plan->train_n, o->seed, ids);
-    uint64_t a = 0, z = 0;
-    while (!rc && a < plan->train_n && ids[a] < lo) a++;
-    z = a;
-    while (!rc && z < plan->train_n && ids[z] < hi) z++;
-    int nmine = (int)(z - a);
-    if (!rc && !(mine = malloc(((size_t)nmine + 1) * dim * sizeof *mine))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for the training sample");
-    for (int i = 0; !rc && i < nmine; i++) rc = vs->rows(vs->ctx, ids[a + (uint64_t)i], 1, mine + (size_t)i * dim);
-    cnt = calloc((size_t)m->size, sizeof *cnt);
-    displ = calloc((size_t)m->size, sizeof *displ);
-    if (!rc && (!cnt || !displ)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc && m->rank == 0 && !(*all = malloc(plan->train_n * dim * sizeof **all)))
-        rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu training vectors. HINT: use a smaller --train-sample", (unsigned long long)plan->train_n);
-    if (!(rc = dfm_mpi_agree(m, rc)) && !(rc = DFM_MPI_CHECK(MPI_Type_contiguous((int)dim, MPI_FLOAT, &vtype)))) {
-        MPI_Type_commit(&vtype);
-        rc = DFM_MPI_CHECK(MPI_Gather(&nmine, 1, MPI_INT, cnt, 1, MPI_INT, 0, m->comm));
-        for (int r = 1; !rc && m->rank == 0 && r < m->size; r++) displ[r] = displ[r - 1] + cnt[r - 1];
-        if (!rc) rc = DFM_MPI_CHECK(MPI_Gatherv(mine, nmine, vtype, *all, cnt, displ, vtype, 0, m->comm));
-    }
-    if (vtype != MPI_DATATYPE_NULL) MPI_Type_free(&vtype);
-    free(ids);
-    free(mine);
-    free(cnt);
-    free(displ);
-    return rc;
-}
-
-/* 2-3. rank 0 creates (and trains on all) the empty index and serialises it; the bytes are broadcast,
- * so every rank starts from the same trained empty index (*tbuf, *tlen). */
-static int trained_index(const dfm_mpi *m, const dfm_index_plan *plan, uint32_t dim, const float *all, uint8_t **tbuf,
-                         size_t *tlen) {
-    int rc = DFM_OK;
-    if (m->rank == 0) {
-        FaissIndex *idx = NULL;
-        rc = dfm_index_create(plan, dim, &idx);
-        if (!rc && plan->train_n) {
-            double tt = dfm_now();
-            rc = DFM_FAISS_CHECK(faiss_Index_train(idx, (idx_t)plan->train_n, all), "training the index");
-            if (!rc) DFM_LOG_I("index: trained %s on %llu points in %.2fs", plan->factory, (unsigned long long)plan->train_n, dfm_now() - tt);
-        }
-        if (!rc) rc = dfm_index_to_buffer(idx, tbuf, tlen);
-        faiss_Index_free(idx);
-    }
-    DFM_TRY(dfm_mpi_agree(m, rc));
-    uint64_t len = *tlen;
-    DFM_TRY(DFM_MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, m->comm)));
-    if (m->rank != 0 && !(*tbuf = malloc(len ? len : 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for the trained index (%llu bytes)", (unsigned long long)len);
-    DFM_TRY(dfm_mpi_agree(m, rc));
-    for (uint64_t off = 0; off < len && !rc; off += 1u << 30) {
-        uint64_t part = len - off < (1u << 30) ? len - off : (1u << 30);
-        rc = DFM_MPI_CHECK(MPI_Bcast(*tbuf + off, (int)part, MPI_BYTE, 0, m->comm));
-    }
-    *tlen = len;
-    return rc;
-}
-
-/* 4. this rank's vectors [lo, hi) into idx with their global ids, all-padding chunks left out (counted
- * in *padding) */
-static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, FaissIndex *idx, uint64_t lo, uint64_t hi,
-                       uint64_t *padding) {
-    const uint64_t step = 65536;
-    const uint32_t dim = vs->dim;
-    float *buf = NULL;
-    idx_t *gid = NULL;
-    int rc = DFM_OK;
-    if (hi > lo) {
-        size_t rows = hi - lo < step ? (size_t)(hi - lo) : step;
-        buf = malloc(rows * dim * sizeof *buf);
-        gid = malloc(rows * sizeof *gid);
-        if (!buf || !gid) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    }
-    for (uint64_t off = lo; !rc && off < hi; off += step) {
-        uint64_t nr = hi - off < step ? hi - off : step;
-        rc = vs->rows(vs->ctx, off, nr, buf);
-        size_t kept = 0;
-        for (uint64_t i = 0; !rc && i < nr; i++) {
-            if (cs->meta(cs->ctx, off + i)->n_valid == 0) {
-                (*padding)++;
-                continue;
-            }
-            if (kept != i) memmove(buf + kept * dim, buf + i * dim, sizeof(float) * dim);
-            gid[kept++] = (idx_t)(off + i);
-        }
-        if (!rc && kept) rc = DFM_FAISS_CHECK(faiss_Index_add_with_ids(idx, (idx_t)kept, buf, gid), "adding vectors");
-    }
-    free(buf);
-    free(gid);
-    return rc;
-}
-
-/* 5. rank 0: the "index" stage object from every rank's shard summary (collective; agreed) */
-static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_index_plan *plan, const dfm_index_info *info,
-                       uint64_t padding, double t0, json_t **stage) {
-    shard_summary me = {info->ntotal, info->first_id, info->end_id, info->bytes, padding, {0}, {0}};
-    memcpy(me.xxh128, info->xxh128, 33);
-    shard_summary *sum = m->rank == 0 ? calloc((size_t)m->size, sizeof *sum) : NULL;
-    int rc = m->rank == 0 && !sum ? DFM_FAIL(DFM_ENOMEM, "no memory") : DFM_OK;
-    if ((rc = dfm_mpi_agree(m, rc))) return rc;
-    rc = DFM_MPI_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, sum, sizeof me, MPI_BYTE, 0, m->comm));
-    if (!rc && m->rank == 0) {
-        uint64_t vectors = 0, pads = 0, bytes = 0;
-        json_t *outs = json_array();
-        for (int r = 0; r < m->size; r++) {
-            vectors += sum[r].ntotal;
-            pads += sum[r].padding;
-            bytes += sum[r].bytes;
-            char f[64], sc[64];
-            snprintf(f, sizeof f, "index/index-%05d.faiss", r);
-            snprintf(sc, sizeof sc, "index/index-%05d.json", r);
-            json_array_append_new(outs, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:s}", "file", f, "sidecar", sc, "first_id",
-                                                  (json_int_t)sum[r].first_id, "end_id", (json_int_t)sum[r].end_id, "ntotal",
-                                                  (json_int_t)sum[r].ntotal, "bytes", (json_int_t)sum[r].bytes, "xxh128", sum[r].xxh128));
-        }
-        *stage = json_pack("{s:s, s:i, s:s, s:s, s:i, s:{s:s, s:s, s:I, s:I, s:b}, s:{s:I, s:I, s:I, s:I, s:I}, s:{s:f}, s:o}", "state",
-                           "complete", "ranks", m->size, "factory", plan->factory, "metric", o->metric == DFM_METRIC_IP ? "ip" : "l2", "dim",
-                           (int)info->dim, "choice", "factory", plan->factory, "why", plan->why, "nlist", (json_int_t)plan->nlist, "train_points",
-                           (json_int_t)plan->train_n, "exact_scores", plan->exact_scores, "counts", "vectors", (json_int_t)vectors,
-                           "padding_skipped", (json_int_t)pads, "train_points", (json_int_t)plan->train_n, "shards", (json_int_t)m->size,
-                           "bytes", (json_int_t)bytes, "timings", "total_s", dfm_now() - t0, "outputs", outs);
-        if (!*stage) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        else json_object_set_new(*stage, "trained_xxh128", json_string(info->trained_xxh128));
-    }
-    free(sum);
-    return dfm_mpi_agree(m, rc);
-}
-
-/* 4. this rank's shard: the trained empty index, its vectors, written with its sidecar */
-static int build_shard(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
-                       const uint8_t *tbuf, size_t tlen, dfm_index_info *info, uint64_t *padding) {
-    FaissIndex *idx = NULL;
-    int rc = dfm_index_from_buffer(tbuf, tlen, &idx);
-    double tadd = dfm_now();
-    if (!rc) rc = add_vectors(vs, cs, idx, info->first_id, info->end_id, padding);
-    if (!rc) {
-        info->ntotal = (uint64_t)faiss_Index_ntotal(idx);
-        char *dir = dfm_path_join(o->run_dir, "index");
-        char *path = dfm_index_path(o->run_dir, m->rank, "faiss");
-        if (!dir || !path) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        if (!rc) rc = dfm_mkdir_p(dir);
-        if (!rc) rc = dfm_index_write(path, idx, info);
-        if (!rc) DFM_LOG_I("index: shard %d holds %llu vectors of ids [%llu, %llu) (%.2fs to add), %llu bytes", m->rank,
-                           (unsigned long long)info->ntotal, (unsigned long long)info->first_id, (unsigned long long)info->end_id,
-                           dfm_now() - tadd, (unsigned long long)info->bytes);
-        free(dir);
-        free(path);
-    }
-    if (idx) faiss_Index_free(idx);
-    return rc;
-}
-
-int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
-                    uint64_t block_chunks, json_t **stage) {
-    *stage = NULL;
-    DFM_TRY(check_sources(vs, cs, block_chunks));
-    const uint64_t n = vs->n_rows;
-    const uint32_t dim = vs->dim;
-    double t0 = dfm_now();
-    dfm_index_plan plan;
-    int rc = dfm_index_plan_make(o->factory, n, dim, m->size, o->mem_budget, o->metric, o->train_sample, &plan);
-    if ((rc = dfm_mpi_agree(m, rc))) return rc;
-    if (m->rank == 0)
-        DFM_LOG_I("index: %s — %s; %llu training points", plan.factory, plan.why, (unsigned long long)plan.train_n);
-    uint64_t b0, b1;
-    block_range(n, block_chunks, m->rank, m->size, &b0, &b1);
-    uint64_t lo = b0 * block_chunks < n ? b0 * block_chunks : n, hi = b1 * block_chunks < n ? b1 * block_chunks : n;
-    float *all = NULL;
-    uint8_t *tbuf = NULL;
-    size_t tlen = 0;
-    if (plan.train_n) rc = gather_train_sample(m, o, vs, &plan, lo, hi, &all);
-    if (!rc) rc = trained_index(m, &plan, dim, all, &tbuf, &tlen);
-    free(all);
-    if (rc) {
-        free(tbuf);
-        return rc;
-    }
-    dfm_index_info info = {0};
-    info.dim = dim;
-    info.metric = o->metric;
-    snprintf(info.factory, sizeof info.factory, "%s", plan.factory);
-    info.first_id = lo;
-    info.end_id = hi;
-    info.shard = m->rank;
-    info.n_shards = m->size;
-    info.exact_scores = plan.exact_scores;
-    XXH128_hash_t h = XXH3_128bits(tbuf, tlen);
-    snprintf(info.trained_xxh128, sizeof info.trained_xxh128, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
-    uint64_t padding = 0;
-    rc = dfm_mpi_agree(m, build_shard(m, o, vs, cs, tbuf, tlen, &info, &padding));
-    free(tbuf);
-    return rc ? rc : index_stage(m, o, &plan, &info, padding, t0, stage);
-}
-
 /* ---- distributed search ---- */
 
-int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_search_params *p,
-                const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv, size_t nq, dfm_hit *out,
-                uint32_t *n_out, dfm_search_counts *c) {
+/* one allgatherv of this rank's nq rows of `width` elements of type t (bytes each) into all */
+static int allgather_rows(const dfm_mpi *m, const void *mine, int nq, MPI_Datatype t, int width, size_t bytes, void *all, const int *cnt,
+                          const int *displ, dfm_work *w) {
+    MPI_Datatype row = MPI_DATATYPE_NULL;
+    int rc = DFM_MPI_CHECK(MPI_Type_contiguous(width, t, &row));
+    if (rc) return rc;
+    MPI_Type_commit(&row);
+    rc = DFM_WORK_MPI(w, MPI_Allgatherv(mine, nq, row, all, cnt, displ, row, m->comm));
+    MPI_Type_free(&row);
+    if (w) w->bytes_sent += (uint64_t)nq * (uint64_t)width * bytes * (uint64_t)(m->size - 1);
+    return rc;
+}
+
+/* one alltoallv of rows of `width` elements of type t: rows sidx[...] of mine, scnt[r] of them to rank r */
+static int alltoall_rows(const dfm_mpi *m, const void *mine, const uint32_t *sidx, size_t ns, MPI_Datatype t, int width, size_t bytes,
+                         const int *scnt, const int *sd, void *all, const int *rcnt, const int *rd, dfm_work *w) {
+    size_t rb = (size_t)width * bytes;
+    uint8_t *pack = malloc(ns * rb + 1);
+    int rc = pack ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries to send", ns);
+    if ((rc = dfm_work_agree(w, m, rc))) { /* every rank reaches the exchange, or none */
+        free(pack);
+        return rc;
+    }
+    for (size_t i = 0; i < ns; i++) memcpy(pack + i * rb, (const uint8_t *)mine + (size_t)sidx[i] * rb, rb);
+    MPI_Datatype row = MPI_DATATYPE_NULL;
+    rc = DFM_MPI_CHECK(MPI_Type_contiguous(width, t, &row));
+    if (!rc) {
+        MPI_Type_commit(&row);
+        rc = DFM_WORK_MPI(w, MPI_Alltoallv(pack, scnt, sd, row, all, rcnt, rd, row, m->comm));
+        MPI_Type_free(&row);
+    }
+    for (int r = 0; w && r < m->size; r++)
+        if (r != m->rank) w->bytes_sent += (uint64_t)scnt[r] * rb;
+    free(pack);
+    return rc;
+}
+
+/* the ranks each query goes to: every rank (route NULL), or the ranks that hold entries of one of its
+ * probe lists. Per destination r, scnt[r] queries at sd[r] in sidx, in query order. */
+static int destinations(const dfm_mpi *m, const dfm_route *route, const int64_t *lists, size_t npr, size_t nq, int *scnt, int *sd,
+                        uint32_t **sidx, size_t *ns) {
+    const int P = m->size;
+    uint8_t *to = calloc(nq * (size_t)P + 1, 1);
+    if (!to) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (size_t q = 0; q < nq; q++) {
+        if (!route) {
+            memset(to + q * (size_t)P, 1, (size_t)P);
+            continue;
+        }
+        for (size_t j = 0; j < npr; j++) {
+            int64_t l = lists[q * npr + j];
+            if (l < 0 || (uint64_t)l >= route->nlist) continue;
+            for (uint32_t e = route->off[l]; e < route->off[l + 1]; e++) to[q * (size_t)P + (size_t)route->rank[e]] = 1;
+        }
+    }
+    size_t n = 0;
+    for (int r = 0; r < P; r++) {
+        scnt[r] = 0;
+        for (size_t q = 0; q < nq; q++) scnt[r] += to[q * (size_t)P + (size_t)r];
+        sd[r] = (int)n;
+        n += (size_t)scnt[r];
+    }
+    *sidx = malloc((n + 1) * sizeof **sidx);
+    if (!*sidx) {
+        free(to);
+        return DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    for (int r = 0, k = 0; r < P; r++)
+        for (size_t q = 0; q < nq; q++)
+            if (to[q * (size_t)P + (size_t)r]) (*sidx)[k++] = (uint32_t)q;
+    *ns = n;
+    free(to);
+    return DFM_OK;
+}
+
+/* every received query against each local shard; the shards' lists merged (loc / nloc) */
+static int search_local(const dfm_shard_searcher *searchers, int n_searchers, const dfm_search_params *p, const dfm_probes *pr,
+                        const dfm_query *q, const float *v, size_t n, const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *loc,
+                        uint32_t *nloc, dfm_search_counts *c) {
+    const uint32_t k = dfm_search_cap(p);
+    dfm_hit *tmp = n_searchers > 1 ? malloc((n + 1) * k * sizeof *tmp) : NULL, *mbuf = malloc((size_t)k * sizeof *mbuf);
+    uint32_t *ntmp = n_searchers > 1 ? calloc(n + 1, sizeof *ntmp) : NULL;
+    int rc = mbuf && (n_searchers <= 1 || (tmp && ntmp)) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", n);
+    for (size_t i = 0; i < n; i++) nloc[i] = 0;
+    for (int s = 0; s < n_searchers && !rc; s++) {
+        rc = dfm_shard_topk(&searchers[s], p, pr, q, v, n, vs, cs, s == 0 ? loc : tmp, s == 0 ? nloc : ntmp, c);
+        for (size_t i = 0; s > 0 && !rc && i < n; i++) {
+            const dfm_hit *lists[2] = {loc + i * k, tmp + i * k};
+            size_t lens[2] = {nloc[i], ntmp[i]};
+            nloc[i] = (uint32_t)dfm_hits_merge(lists, lens, 2, k, p->metric, mbuf);
+            memcpy(loc + i * k, mbuf, nloc[i] * sizeof *mbuf);
+        }
+    }
+    free(tmp);
+    free(ntmp);
+    free(mbuf);
+    return rc;
+}
+
+/* a query's lists from its destinations, merged into its top K (approximate indexes: the best K + margin
+ * by the index's scores, rescored exactly here, once, and re-ranked) */
+static int merge_query(const dfm_search_params *p, const dfm_hit *const *lists, const size_t *lens, int nl, const float *qv,
+                       const dfm_vec_source *vs, dfm_hit *mbuf, float *vbuf, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c) {
+    const uint32_t k = dfm_search_cap(p);
+    dfm_hit *dst = p->approx ? mbuf : out;
+    uint32_t nm = (uint32_t)dfm_hits_merge(lists, lens, nl, k, p->metric, dst);
+    if (p->approx) {
+        for (uint32_t j = 0; j < nm; j++) {
+            const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)mbuf[j].id) : NULL;
+            if (!row) {
+                DFM_TRY(vs->rows(vs->ctx, (uint64_t)mbuf[j].id, 1, vbuf));
+                row = vbuf;
+            }
+            mbuf[j].score = dfm_exact_score(qv, row, vs->dim, p->metric);
+        }
+        c->exact_scores += nm;
+        dfm_hits_sort(mbuf, nm, p->metric);
+        if (nm > p->k) nm = p->k;
+        memcpy(out, mbuf, nm * sizeof *mbuf);
+    }
+    *n_out = nm;
+    return DFM_OK;
+}
+
+int dfm_dsearch(const dfm_mpi *m, const dfm_shard_searcher *searchers, int n_searchers, const dfm_ivf *quant, const dfm_route *route,
+                const dfm_search_params *p, const dfm_vec_source *vs, const dfm_chunk_source *cs, const dfm_query *qs, const float *qv,
+                size_t nq, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c, dfm_work *w) {
     const int P = m->size;
     const uint32_t k = dfm_search_cap(p), dim = vs->dim; /* k: hits per list while merging */
+    const size_t npr = quant ? dfm_ivf_nprobe(quant) : 0;
+    if (!quant) route = NULL;
     if (nq > INT_MAX / 2) return DFM_FAIL(DFM_EARG, "query block of %zu is too large", nq);
-    int mynq = (int)nq, *cnt = calloc((size_t)P, sizeof *cnt), *displ = calloc((size_t)P, sizeof *displ);
-    int *rcnt = calloc((size_t)P, sizeof *rcnt), *rdispl = calloc((size_t)P, sizeof *rdispl);
-    dfm_query *allq = NULL;
-    float *allv = NULL;
-    dfm_hit *loc = NULL, *tmp = NULL, *recv = NULL, *mbuf = NULL;
-    uint32_t *nloc = NULL, *ntmp = NULL, *nrecv = NULL;
-    MPI_Datatype qtype = MPI_DATATYPE_NULL, vtype = MPI_DATATYPE_NULL, htype = MPI_DATATYPE_NULL;
-    int rc = (cnt && displ && rcnt && rdispl) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
-    if ((rc = dfm_mpi_agree(m, rc))) goto done;
-    if ((rc = DFM_MPI_CHECK(MPI_Allgather(&mynq, 1, MPI_INT, cnt, 1, MPI_INT, m->comm)))) goto done;
-    size_t total = 0;
-    for (int r = 0; r < P; r++) {
-        displ[r] = (int)total;
-        total += (size_t)cnt[r];
+    int mynq = (int)nq, *scnt = calloc((size_t)P, sizeof *scnt), *sd = calloc((size_t)P, sizeof *sd);
+    int *rcnt = calloc((size_t)P, sizeof *rcnt), *rd = calloc((size_t)P, sizeof *rd), *qoff = calloc(nq + 2, sizeof *qoff);
+    uint32_t *sidx = NULL, *nloc = NULL, *nrecv = NULL;
+    size_t ns = 0, rtotal = 0;
+    dfm_query *rq = NULL;
+    float *rv = NULL, *mydis = NULL, *rdis = NULL;
+    int64_t *mylists = NULL, *rlists = NULL;
+    int32_t *my32 = NULL, *r32 = NULL;
+    dfm_hit *loc = NULL, *recv = NULL, *mbuf = malloc((size_t)k * sizeof *mbuf);
+    const dfm_hit **lists = NULL;
+    size_t *lens = NULL;
+    MPI_Datatype htype = MPI_DATATYPE_NULL;
+    int rc = (scnt && sd && rcnt && rd && qoff && mbuf) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc && quant) {
+        /* 1. this rank's queries to their probe lists, once: the lists travel with the queries */
+        mylists = malloc((nq + 1) * npr * sizeof *mylists);
+        mydis = malloc((nq + 1) * npr * sizeof *mydis);
+        my32 = malloc((nq + 1) * npr * sizeof *my32);
+        if (!mylists || !mydis || !my32) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu x %zu probe lists", nq, npr);
+        if (!rc) rc = dfm_ivf_assign(quant, nq, qv, npr, mylists, mydis);
+        if (!rc && nq) c->coarse_distances += (uint64_t)(nq < DFM_MIN_SEARCH_BATCH ? DFM_MIN_SEARCH_BATCH : nq) * quant->nlist;
+        for (size_t i = 0; !rc && i < nq * npr; i++) my32[i] = (int32_t)mylists[i]; /* nlist < 2^31 (checked at load) */
     }
-    if (total > INT_MAX) {
-        rc = DFM_FAIL(DFM_EARG, "%zu queries in one round. HINT: use a smaller --query-block", total);
+    /* 2. where each query goes: every rank, or the ranks holding its lists */
+    if (!rc) rc = destinations(m, route, mylists, npr, nq, scnt, sd, &sidx, &ns);
+    if ((rc = dfm_work_agree(w, m, rc))) goto done;
+    if (route) rc = DFM_WORK_MPI(w, MPI_Alltoall(scnt, 1, MPI_INT, rcnt, 1, MPI_INT, m->comm));
+    else rc = DFM_WORK_MPI(w, MPI_Allgather(&mynq, 1, MPI_INT, rcnt, 1, MPI_INT, m->comm));
+    if (w) w->bytes_sent += sizeof(int) * (uint64_t)(P - 1);
+    if (rc) goto done;
+    for (int r = 0; r < P; r++) {
+        rd[r] = (int)rtotal;
+        rtotal += (size_t)rcnt[r];
+    }
+    if (rtotal > INT_MAX) {
+        rc = DFM_FAIL(DFM_EARG, "%zu queries in one round. HINT: use a smaller --query-block", rtotal);
         goto done;
     }
-    allq = malloc((total + 1) * sizeof *allq);
-    allv = malloc((total + 1) * dim * sizeof *allv);
-    loc = malloc((total + 1) * k * sizeof *loc);
-    tmp = malloc((total + 1) * k * sizeof *tmp);
-    nloc = calloc(total + 1, sizeof *nloc);
-    ntmp = calloc(total + 1, sizeof *ntmp);
-    recv = malloc(((size_t)P * nq + 1) * k * sizeof *recv);
-    nrecv = calloc((size_t)P * nq + 1, sizeof *nrecv);
-    mbuf = malloc((size_t)k * sizeof *mbuf);
-    if (!mbuf || !allq || !allv || !loc || !tmp || !nloc || !ntmp || !recv || !nrecv) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", total);
-    if ((rc = dfm_mpi_agree(m, rc))) goto done;
-    MPI_Type_contiguous((int)sizeof(dfm_query), MPI_BYTE, &qtype);
-    MPI_Type_commit(&qtype);
-    MPI_Type_contiguous((int)dim, MPI_FLOAT, &vtype);
-    MPI_Type_commit(&vtype);
+    rq = malloc((rtotal + 1) * sizeof *rq);
+    rv = malloc((rtotal + 1) * dim * sizeof *rv);
+    loc = malloc((rtotal + 1) * k * sizeof *loc);
+    nloc = calloc(rtotal + 1, sizeof *nloc);
+    recv = malloc((ns + 1) * k * sizeof *recv);
+    nrecv = calloc(ns + 1, sizeof *nrecv);
+    if (quant) {
+        r32 = malloc((rtotal + 1) * npr * sizeof *r32);
+        rlists = malloc((rtotal + 1) * npr * sizeof *rlists);
+        rdis = malloc((rtotal + 1) * npr * sizeof *rdis);
+    }
+    if (!rq || !rv || !loc || !nloc || !recv || !nrecv || (quant && (!r32 || !rlists || !rdis)))
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries", rtotal);
+    if ((rc = dfm_work_agree(w, m, rc))) goto done;
+    /* 3. the queries (with their probe lists) to their destinations */
+    if (route) {
+        rc = alltoall_rows(m, qs, sidx, ns, MPI_BYTE, (int)sizeof(dfm_query), 1, scnt, sd, rq, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, qv, sidx, ns, MPI_FLOAT, (int)dim, sizeof(float), scnt, sd, rv, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, my32, sidx, ns, MPI_INT32_T, (int)npr, sizeof(int32_t), scnt, sd, r32, rcnt, rd, w);
+        if (!rc) rc = alltoall_rows(m, mydis, sidx, ns, MPI_FLOAT, (int)npr, sizeof(float), scnt, sd, rdis, rcnt, rd, w);
+    } else {
+        rc = allgather_rows(m, qs, mynq, MPI_BYTE, (int)sizeof(dfm_query), 1, rq, rcnt, rd, w);
+        if (!rc) rc = allgather_rows(m, qv, mynq, MPI_FLOAT, (int)dim, sizeof(float), rv, rcnt, rd, w);
+        if (!rc && quant) rc = allgather_rows(m, my32, mynq, MPI_INT32_T, (int)npr, sizeof(int32_t), r32, rcnt, rd, w);
+        if (!rc && quant) rc = allgather_rows(m, mydis, mynq, MPI_FLOAT, (int)npr, sizeof(float), rdis, rcnt, rd, w);
+    }
+    if (rc) goto done;
+    for (size_t i = 0; quant && i < rtotal * npr; i++) rlists[i] = r32[i];
+    /* 4. every received query against each local shard, in its given lists */
+    dfm_probes pr = {npr, rlists, rdis};
+    rc = search_local(searchers, n_searchers, p, quant ? &pr : NULL, rq, rv, rtotal, vs, cs, loc, nloc, c);
+    if ((rc = dfm_work_agree(w, m, rc))) goto done;
+    /* 5. the lists back to each query's owner */
     MPI_Type_contiguous((int)(k * sizeof(dfm_hit)), MPI_BYTE, &htype);
     MPI_Type_commit(&htype);
-    rc = DFM_MPI_CHECK(MPI_Allgatherv(qs, mynq, qtype, allq, cnt, displ, qtype, m->comm));
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Allgatherv(qv, mynq, vtype, allv, cnt, displ, vtype, m->comm));
+    rc = DFM_WORK_MPI(w, MPI_Alltoallv(loc, rcnt, rd, htype, recv, scnt, sd, htype, m->comm));
+    if (!rc) rc = DFM_WORK_MPI(w, MPI_Alltoallv(nloc, rcnt, rd, MPI_UINT32_T, nrecv, scnt, sd, MPI_UINT32_T, m->comm));
+    if (w) w->bytes_sent += (uint64_t)(rtotal - (size_t)rcnt[m->rank]) * (k * sizeof(dfm_hit) + sizeof(uint32_t));
     if (rc) goto done;
-    /* every query against each local shard; merge the shards' lists */
-    for (int s = 0; s < n_searchers && !rc; s++) {
-        rc = dfm_shard_topk(&searchers[s], p, allq, allv, total, vs, cs, s == 0 ? loc : tmp, s == 0 ? nloc : ntmp, c);
-        for (size_t q = 0; s > 0 && !rc && q < total; q++) {
-            const dfm_hit *lists[2] = {loc + q * k, tmp + q * k};
-            size_t lens[2] = {nloc[q], ntmp[q]};
-            nloc[q] = (uint32_t)dfm_hits_merge(lists, lens, 2, k, p->metric, mbuf);
-            memcpy(loc + q * k, mbuf, nloc[q] * sizeof *mbuf);
-        }
+    /* 6. each query's lists, merged */
+    for (size_t i = 0; i < ns; i++) qoff[sidx[i] + 1]++;
+    for (size_t q = 0; q < nq; q++) qoff[q + 1] += qoff[q];
+    lists = malloc((ns + 1) * sizeof *lists);
+    lens = malloc((ns + 1) * sizeof *lens);
+    if (!lists || !lens) {
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        goto done;
     }
-    if ((rc = dfm_mpi_agree(m, rc))) goto done;
-    /* each owner gets every rank's lists for its queries */
-    for (int r = 0; r < P; r++) {
-        rcnt[r] = mynq;
-        rdispl[r] = r * mynq;
+    for (size_t i = 0; i < ns; i++) { /* sidx is in destination order, then query order: the merge does not depend on it */
+        size_t at = (size_t)qoff[sidx[i]]++;
+        lists[at] = recv + i * k;
+        lens[at] = nrecv[i];
     }
-    rc = DFM_MPI_CHECK(MPI_Alltoallv(loc, cnt, displ, htype, recv, rcnt, rdispl, htype, m->comm));
-    if (!rc) rc = DFM_MPI_CHECK(MPI_Alltoallv(nloc, cnt, displ, MPI_UINT32_T, nrecv, rcnt, rdispl, MPI_UINT32_T, m->comm));
-    if (rc) goto done;
-    {
-        const dfm_hit *lists_stack[64], **lists = P <= 64 ? lists_stack : malloc((size_t)P * sizeof *lists);
-        size_t lens_stack[64], *lens = P <= 64 ? lens_stack : malloc((size_t)P * sizeof *lens);
-        if (!lists || !lens) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        for (size_t q = 0; !rc && q < nq; q++) {
-            for (int r = 0; r < P; r++) {
-                lists[r] = recv + ((size_t)r * nq + q) * k;
-                lens[r] = nrecv[(size_t)r * nq + q];
-            }
-            dfm_hit *merged = mbuf, *dst = p->approx ? merged : out + q * p->k;
-            uint32_t nm = (uint32_t)dfm_hits_merge(lists, lens, P, k, p->metric, dst);
-            if (p->approx) { /* re-rank the global best k + margin by exact score, keep k */
-                for (uint32_t j = 0; j < nm; j++) merged[j].score = merged[j].aux;
-                dfm_hits_sort(merged, nm, p->metric);
-                if (nm > p->k) nm = p->k;
-                memcpy(out + q * p->k, merged, nm * sizeof *merged);
-            }
-            n_out[q] = nm;
-            uint64_t excl = 0;
-            rc = dfm_count_excluded(p, &qs[q], qv + q * dim, out + q * p->k, nm, vs, cs, &excl);
-            c->excluded += excl;
-        }
-        if (lists != lists_stack) free(lists);
-        if (lens != lens_stack) free(lens);
+    float *vbuf = malloc(sizeof(float) * dim);
+    if (!vbuf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (size_t q = 0, at = 0; !rc && q < nq; q++) {
+        size_t nl = (size_t)qoff[q] - at;
+        rc = merge_query(p, lists + at, lens + at, (int)nl, qv + q * dim, vs, mbuf, vbuf, out + q * p->k, &n_out[q], c);
+        at = (size_t)qoff[q];
     }
+    free(vbuf);
 done:
-    if (qtype != MPI_DATATYPE_NULL) MPI_Type_free(&qtype);
-    if (vtype != MPI_DATATYPE_NULL) MPI_Type_free(&vtype);
     if (htype != MPI_DATATYPE_NULL) MPI_Type_free(&htype);
-    free(cnt);
-    free(displ);
+    free(scnt);
+    free(sd);
     free(rcnt);
-    free(rdispl);
-    free(allq);
-    free(allv);
+    free(rd);
+    free(qoff);
+    free(sidx);
+    free(rq);
+    free(rv);
+    free(mylists);
+    free(mydis);
+    free(my32);
+    free(r32);
+    free(rlists);
+    free(rdis);
     free(loc);
-    free(tmp);
     free(nloc);
-    free(ntmp);
     free(recv);
     free(nrecv);
     free(mbuf);
+    free((void *)lists);
+    free(lens);
     return rc;
 }
 
@@ -368,19 +307,26 @@ double dfm_recall(const dfm_hit *approx, const uint32_t *na, const dfm_hit *exac
 typedef struct {
     FaissIndex **idx;
     dfm_index_info *info;
-    dfm_shard_searcher *faiss_s, *bf_s;
-    dfm_bf_ctx *bf_ctx;
+    dfm_ivf *ivf; /* per shard (ivf[i].ivf NULL: not a plain IVF index) */
+    dfm_shard_searcher *faiss_s;
+    dfm_shard_searcher bf_s; /* brute force over this rank's share of the ids (recall samples) */
+    dfm_bf_ctx bf_ctx;
     int n;
+    FaissIndex *trained; /* a rank without a shard: the trained empty index, for its quantiser */
+    dfm_ivf trained_ivf;
 } shards_t;
 
 static void shards_free(shards_t *s) {
-    for (int i = 0; i < s->n; i++)
+    for (int i = 0; i < s->n; i++) {
+        dfm_ivf_close(&s->ivf[i]);
         if (s->idx[i]) faiss_Index_free(s->idx[i]);
+    }
+    dfm_ivf_close(&s->trained_ivf);
+    if (s->trained) faiss_Index_free(s->trained);
     free(s->idx);
     free(s->info);
+    free(s->ivf);
     free(s->faiss_s);
-    free(s->bf_s);
-    free(s->bf_ctx);
 }
 
 /* rank 0 samples up to want queries (seeded); the others get none */
@@ -411,6 +357,7 @@ static int sample_queries(const dfm_mpi *m, const dfm_vec_source *vs, const dfm_
 
 static int set_param_all(shards_t *sh, const char *name, double v) {
     for (int i = 0; i < sh->n; i++) DFM_TRY(dfm_index_set_param(sh->idx[i], name, v));
+    if (sh->trained) DFM_TRY(dfm_index_set_param(sh->trained, name, v));
     return DFM_OK;
 }
 
@@ -425,8 +372,13 @@ typedef struct {
     uint32_t dim, k, metric;
     const char *metric_s, *factory;
     shards_t sh;
+    const dfm_ivf *quant;           /* this rank's coarse quantiser (NULL on every rank: each shard assigns) */
+    dfm_route route;                /* with quant: the ranks holding each list */
     dfm_search_params sp, sp_exact; /* the index's search; brute force */
-    dfm_search_counts cnt;
+    dfm_search_counts cnt;          /* the run's rounds */
+    dfm_search_counts side, side_bf; /* tuning and recall: the index's searches; brute force */
+    dfm_work w;
+    uint64_t blocks_kept, blocks_searched;
     const char *tuned_name;
     double tuned_value, tuned_recall, measured_recall;
     double t0, search_s;
@@ -435,7 +387,7 @@ typedef struct {
 /* The options and the index stage (its files, metric, factory) before anything is loaded. */
 static int retrieve_check(retrieve_ctx *r) {
     const dfm_retrieve_opts *o = r->o;
-    DFM_TRY(check_sources(r->vs, r->cs, r->block_chunks));
+    DFM_TRY(dfm_check_sources(r->vs, r->cs, r->block_chunks));
     if (o->k == 0 || o->k > DFM_NBR_MAX_K) return DFM_FAIL(DFM_EARG, "--k %u: K must be 1..64", o->k);
     if (o->window == 0) return DFM_FAIL(DFM_EARG, "--query-window must be at least 1");
     if (o->query_block == 0) return DFM_FAIL(DFM_EARG, "--query-block must be at least 1");
@@ -475,6 +427,102 @@ static int index_hash(retrieve_ctx *r) {
     return DFM_OK;
 }
 
+/* 1 when the index compares every vector of the shard per search (Flat, in IDMap or not) */
+static int flat_index(FaissIndex *idx) {
+    FaissIndexIDMap *map = faiss_IndexIDMap_cast(idx);
+    return faiss_IndexFlat_cast(map ? faiss_IndexIDMap_sub_index(map) : idx) != NULL;
+}
+
+/* one loaded shard's searchers: FAISS (with its probe lists when a plain IVF) and brute force */
+static void shard_searchers(retrieve_ctx *r, int i) {
+    shards_t *sh = &r->sh;
+    dfm_shard_searcher *s = &sh->faiss_s[i];
+    *s = (dfm_shard_searcher){dfm_faiss_search, sh->idx[i], sh->info[i].ntotal, sh->info[i].exact_scores};
+    if (sh->ivf[i].ivf) {
+        s->search_assigned = dfm_ivf_search_assigned;
+        s->actx = &sh->ivf[i];
+        s->list_sizes = sh->ivf[i].list_sizes;
+    }
+    s->scans_all = flat_index(sh->idx[i]);
+    s->scanned = s->scans_all ? NULL : dfm_ivf_stats_scanned; /* FAISS counts the IVF codes it compares */
+}
+
+/* brute force over this rank's share [rank*n/P, (rank+1)*n/P) of the ids, whatever the index's sharding */
+static void bf_searcher(retrieve_ctx *r) {
+    shards_t *sh = &r->sh;
+    uint64_t a = (uint64_t)(((unsigned __int128)r->n * (unsigned)r->m->rank) / (unsigned)r->m->size);
+    uint64_t z = (uint64_t)(((unsigned __int128)r->n * (unsigned)(r->m->rank + 1)) / (unsigned)r->m->size);
+    sh->bf_ctx = (dfm_bf_ctx){r->vs, a, z - a, r->metric};
+    sh->bf_s = (dfm_shard_searcher){dfm_bf_search, &sh->bf_ctx, z - a, 1};
+    sh->bf_s.scans_all = 1;
+}
+
+/* The route of every list (quant set): each rank's lists with entries, allgathered as bitmaps; a list
+ * goes to every rank that holds some of it (one rank when the index is sharded by list). */
+static int build_route(retrieve_ctx *r) {
+    const dfm_mpi *m = r->m;
+    const uint64_t nlist = r->quant->nlist, words = (nlist + 63) / 64;
+    uint64_t *mine = calloc(words + 1, 8), *all = calloc((size_t)m->size * words + 1, 8);
+    dfm_route *rt = &r->route;
+    rt->nlist = nlist;
+    rt->off = calloc(nlist + 1, sizeof *rt->off);
+    int rc = mine && all && rt->off ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for the routes of %llu lists", (unsigned long long)nlist);
+    for (int i = 0; !rc && i < r->sh.n; i++)
+        for (uint64_t l = 0; l < nlist; l++)
+            if (r->sh.ivf[i].list_sizes && r->sh.ivf[i].list_sizes[l]) mine[l / 64] |= 1ull << (l % 64);
+    if (!(rc = dfm_mpi_agree(m, rc))) rc = DFM_MPI_CHECK(MPI_Allgather(mine, (int)words, MPI_UINT64_T, all, (int)words, MPI_UINT64_T, m->comm));
+    uint64_t n = 0, shared = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) {
+        uint32_t c = 0;
+        for (int q = 0; q < m->size; q++) c += (uint32_t)(all[(size_t)q * words + l / 64] >> (l % 64) & 1);
+        rt->off[l + 1] = rt->off[l] + c;
+        shared += c > 1;
+        n += c;
+    }
+    if (!rc && !(rt->rank = malloc((n + 1) * sizeof *rt->rank))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0, e = 0; !rc && l < nlist; l++)
+        for (int q = 0; q < m->size; q++)
+            if (all[(size_t)q * words + l / 64] >> (l % 64) & 1) rt->rank[e++] = q;
+    if (!rc && m->rank == 0)
+        DFM_LOG_I("retrieve: %llu of %llu lists are whole in one rank's shard; a query goes only to the ranks holding its lists",
+                  (unsigned long long)(nlist - shared), (unsigned long long)nlist);
+    free(mine);
+    free(all);
+    return dfm_mpi_agree(m, rc);
+}
+
+/* The coarse quantiser that assigns this rank's queries: its first shard's, or, on a rank without a
+ * shard, the trained empty index's. Used only when every rank has one (agreed); otherwise each shard
+ * assigns the queries itself, as FAISS's search does (indexes that are not plain IVF; runs indexed
+ * before the trained index was kept). */
+static int choose_quantizer(retrieve_ctx *r) {
+    shards_t *sh = &r->sh;
+    const dfm_ivf *q = NULL;
+    int rc = DFM_OK;
+    if (sh->n > 0 && sh->ivf[0].ivf) {
+        q = &sh->ivf[0];
+    } else if (sh->n == 0 && strstr(r->factory, "IVF")) {
+        const char *h = json_string_value(json_object_get(r->index_stage, "trained_xxh128"));
+        rc = dfm_index_load_trained(r->o->run_dir, h, &sh->trained);
+        if (rc == DFM_ENOTFOUND) {
+            DFM_LOG_W("%s; each shard assigns the queries itself", dfm_last_error());
+            dfm_error_clear();
+            rc = DFM_OK;
+        }
+        if (!rc && sh->trained) rc = dfm_ivf_open(sh->trained, &sh->trained_ivf);
+        if (!rc && sh->trained_ivf.ivf) q = &sh->trained_ivf;
+    }
+    if (q && q->nlist > INT32_MAX) q = NULL;
+    int have = q != NULL, all = 0;
+    if ((rc = dfm_mpi_agree(r->m, rc))) return rc;
+    DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, r->m->comm)));
+    r->quant = all ? q : NULL;
+    if (r->m->rank == 0)
+        DFM_LOG_I("retrieve: %s", r->quant ? "each query is assigned to its probe lists once, by its owner; shards scan only those lists"
+                                           : "each shard assigns the queries itself (not a plain IVF index, or no trained index on a rank without a shard)");
+    return DFM_OK;
+}
+
 /* 1. this rank's shards (j = rank, rank + P, ...), with their FAISS and brute-force searchers; agreed */
 static int load_shards(retrieve_ctx *r) {
     const dfm_mpi *m = r->m;
@@ -484,10 +532,10 @@ static int load_shards(retrieve_ctx *r) {
     for (int j = m->rank; j < n_shards; j += m->size) nmine++;
     sh->idx = calloc((size_t)nmine + 1, sizeof *sh->idx);
     sh->info = calloc((size_t)nmine + 1, sizeof *sh->info);
+    sh->ivf = calloc((size_t)nmine + 1, sizeof *sh->ivf);
     sh->faiss_s = calloc((size_t)nmine + 1, sizeof *sh->faiss_s);
-    sh->bf_s = calloc((size_t)nmine + 1, sizeof *sh->bf_s);
-    sh->bf_ctx = calloc((size_t)nmine + 1, sizeof *sh->bf_ctx);
-    if (!sh->idx || !sh->info || !sh->faiss_s || !sh->bf_s || !sh->bf_ctx) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!sh->idx || !sh->info || !sh->ivf || !sh->faiss_s) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    bf_searcher(r);
     for (int j = m->rank; j < n_shards && !rc; j += m->size) {
         const char *file = json_string_value(json_object_get(json_array_get(r->outputs, (size_t)j), "file"));
         char *path = file ? dfm_path_join(o->run_dir, file) : NULL;
@@ -499,12 +547,14 @@ static int load_shards(retrieve_ctx *r) {
                           (unsigned long long)sh->info[i].end_id, (unsigned long long)r->n);
         if (!rc) {
             sh->n++;
-            sh->faiss_s[i] = (dfm_shard_searcher){dfm_faiss_search, sh->idx[i], sh->info[i].ntotal, sh->info[i].exact_scores};
-            sh->bf_ctx[i] = (dfm_bf_ctx){r->vs, sh->info[i].first_id, sh->info[i].end_id - sh->info[i].first_id, r->metric};
-            sh->bf_s[i] = (dfm_shard_searcher){dfm_bf_search, &sh->bf_ctx[i], sh->bf_ctx[i].n, 1};
+            rc = dfm_ivf_open(sh->idx[i], &sh->ivf[i]);
         }
+        if (!rc) shard_searchers(r, i);
         free(path);
     }
+    if ((rc = dfm_mpi_agree(m, rc))) return rc;
+    DFM_TRY(choose_quantizer(r));
+    if (r->quant) DFM_TRY(build_route(r));
     if (!rc && o->nprobe > 0) rc = set_param_all(sh, "nprobe", (double)o->nprobe);
     if (!rc && o->ef_search > 0) rc = set_param_all(sh, "efSearch", (double)o->ef_search);
     return dfm_mpi_agree(m, rc);
@@ -533,24 +583,24 @@ static void recall_sample_free(recall_sample *s) {
 static int recall_sample_exact(retrieve_ctx *r, uint64_t want, uint64_t seed, recall_sample *s) {
     const dfm_mpi *m = r->m;
     uint32_t k = r->k;
-    dfm_search_counts scratch = {0};
     int rc = sample_queries(m, r->vs, r->cs, r->o->window, want, seed, &s->sq, &s->sv, &s->snq);
     s->ex = malloc((s->snq + 1) * k * sizeof *s->ex);
     s->ap = malloc((s->snq + 1) * k * sizeof *s->ap);
     s->nex = calloc(s->snq + 1, sizeof *s->nex);
     s->nap = calloc(s->snq + 1, sizeof *s->nap);
     if (!rc && (!s->ex || !s->ap || !s->nex || !s->nap)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc) rc = dfm_mpi_agree(m, rc);
-    if (!rc) rc = dfm_dsearch(m, r->sh.bf_s, r->sh.n, &r->sp_exact, r->vs, r->cs, s->sq, s->sv, s->snq, s->ex, s->nex, &scratch);
+    if (!rc) rc = dfm_work_agree(&r->w, m, rc);
+    if (!rc)
+        rc = dfm_dsearch(m, &r->sh.bf_s, 1, NULL, NULL, &r->sp_exact, r->vs, r->cs, s->sq, s->sv, s->snq, s->ex, s->nex, &r->side_bf, &r->w);
     return rc;
 }
 
 /* The index's search of the sample and its recall against the exact lists (the same on every rank). */
 static int recall_of_index(retrieve_ctx *r, recall_sample *s, double *recall) {
-    dfm_search_counts scratch = {0};
-    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, &r->sp, r->vs, r->cs, s->sq, s->sv, s->snq, s->ap, s->nap, &scratch));
+    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, s->sq, s->sv, s->snq, s->ap,
+                        s->nap, &r->side, &r->w));
     *recall = r->m->rank == 0 ? dfm_recall(s->ap, s->nap, s->ex, s->nex, s->snq, r->k) : 0;
-    MPI_Bcast(recall, 1, MPI_DOUBLE, 0, r->m->comm);
+    DFM_TRY(DFM_WORK_MPI(&r->w, MPI_Bcast(recall, 1, MPI_DOUBLE, 0, r->m->comm)));
     return DFM_OK;
 }
 
@@ -579,7 +629,7 @@ static int tune_recall(retrieve_ctx *r) {
         for (;; v *= 2) {
             if (v > limit) v = limit;
             rc = set_param_all(&r->sh, r->tuned_name, v);
-            if ((rc = dfm_mpi_agree(m, rc))) break;
+            if ((rc = dfm_work_agree(&r->w, m, rc))) break;
             double rec;
             if ((rc = recall_of_index(r, &s, &rec))) break;
             if (m->rank == 0) DFM_LOG_I("retrieve: tuning %s=%g: recall@%u %.4f", r->tuned_name, v, r->k, rec);
@@ -598,7 +648,8 @@ static int tune_recall(retrieve_ctx *r) {
 /* The neighbour file of one block being written, and this rank's place in its blocks. */
 typedef struct {
     const char *outdir;
-    uint64_t b, b1, pos; /* current block, end of this rank's blocks, next row of the current block */
+    uint64_t b, b0, b1, pos; /* current block, this rank's blocks [b0, b1), next row of the current block */
+    uint8_t *done;           /* per block of this rank: 1 when a finished file was kept (resume) */
     dfm_nbr_writer *w;
     dfm_query *qs;
     float *qv;
@@ -607,26 +658,93 @@ typedef struct {
     uint32_t *nh;
 } round_state;
 
-/* This rank's queries of the round: rows [*lo, *hi) of block rs->b (opening its file first); *bend
- * its end. None once this rank's blocks are done. */
+/* the header every block of this run has (first_chunk and n_rows per block) */
+static dfm_nbr_header block_header(const retrieve_ctx *r, uint64_t b) {
+    uint64_t first = b * r->block_chunks;
+    dfm_nbr_header h = {0};
+    h.k = r->k;
+    h.metric = r->metric;
+    h.first_chunk = first;
+    h.n_rows = (first + r->block_chunks < r->n ? first + r->block_chunks : r->n) - first;
+    h.n_chunks_total = r->n;
+    h.exclude = r->o->exclude;
+    h.query_window = r->o->window;
+    h.index_hash = r->index_hash;
+    return h;
+}
+
+static char *block_path(const char *outdir, uint64_t b) { return dfm_strdupf("%s/nbr-%06llu.bin", outdir, (unsigned long long)b); }
+
+/* One row as the run counts it: a row with a query adds its kept and padded slots and the ids the
+ * exclusion policy took from its plain top-K; a row without one is no_query. The same counts whether
+ * the row was searched now or kept from an interrupted run. */
+static int count_row(retrieve_ctx *r, int has_query, const dfm_query *q, const float *qv, const dfm_hit *hits, uint32_t nh) {
+    if (!has_query) {
+        r->cnt.no_query++;
+        return DFM_OK;
+    }
+    r->cnt.kept += nh;
+    r->cnt.padded += r->k - nh;
+    uint64_t excl = 0;
+    DFM_TRY(dfm_count_excluded(&r->sp, q, qv, hits, nh, r->vs, r->cs, &excl));
+    r->cnt.excluded += excl;
+    return DFM_OK;
+}
+
+/* Resume: block b's file, finished by an interrupted run with this run's header, is kept and its rows
+ * counted (returns 1); a missing, damaged or different file is searched again (0). */
+static int keep_block(retrieve_ctx *r, const char *outdir, uint64_t b, int *kept) {
+    *kept = 0;
+    char *path = block_path(outdir, b);
+    if (!path) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    dfm_nbr_block *blk = NULL;
+    dfm_nbr_header want = block_header(r, b);
+    int rc = DFM_OK;
+    if (dfm_path_exists(path)) {
+        if (dfm_nbr_block_open(path, &blk) != DFM_OK) {
+            DFM_LOG_W("retrieve: %s is damaged (%s); searching its block again", path, dfm_last_error());
+            dfm_error_clear();
+        } else if (blk->hdr.k != want.k || blk->hdr.metric != want.metric || blk->hdr.first_chunk != want.first_chunk ||
+                   blk->hdr.n_rows != want.n_rows || blk->hdr.n_chunks_total != want.n_chunks_total || blk->hdr.exclude != want.exclude ||
+                   blk->hdr.query_window != want.query_window || blk->hdr.index_hash != want.index_hash) {
+            DFM_LOG_W("retrieve: %s was written with other settings or another index; searching its block again", path);
+        } else {
+            dfm_query q;
+            float *qv = malloc(sizeof(float) * r->dim);
+            dfm_hit hits[DFM_NBR_MAX_K];
+            if (!qv) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+            for (uint64_t i = 0; !rc && i < blk->hdr.n_rows; i++) {
+                dfm_nbr_row row = dfm_nbr_block_row(blk, i);
+                int hq = dfm_query_build(r->vs, r->cs, row.chunk_id, r->o->window, &q, qv);
+                uint32_t nh = 0;
+                while (nh < r->k && (row.mask >> nh & 1)) {
+                    hits[nh] = (dfm_hit){row.ids[nh], row.scores[nh], 0};
+                    nh++;
+                }
+                rc = hq < 0 ? hq : count_row(r, hq, &q, qv, hits, nh);
+            }
+            free(qv);
+            if (!rc) *kept = 1;
+        }
+    }
+    dfm_nbr_block_close(blk);
+    free(path);
+    return rc;
+}
+
+/* This rank's queries of the round: rows [*lo, *hi) of block rs->b (opening its file first; blocks
+ * kept from an interrupted run are skipped); *bend its end. None once this rank's blocks are done. */
 static int round_queries(retrieve_ctx *r, round_state *rs, size_t *nq, uint64_t *lo, uint64_t *hi, uint64_t *bend) {
     uint64_t n = r->n, B = r->block_chunks;
     int rc = DFM_OK;
     *nq = 0, *lo = *hi = *bend = 0;
+    while (rs->b < rs->b1 && rs->done[rs->b - rs->b0]) rs->b++;
     if (rs->b >= rs->b1) return DFM_OK;
     uint64_t bstart = rs->b * B;
     *bend = bstart + B < n ? bstart + B : n;
     if (!rs->w) {
-        char *path = dfm_strdupf("%s/nbr-%06llu.bin", rs->outdir, (unsigned long long)rs->b);
-        dfm_nbr_header h = {0};
-        h.k = r->k;
-        h.metric = r->metric;
-        h.first_chunk = bstart;
-        h.n_rows = *bend - bstart;
-        h.n_chunks_total = n;
-        h.exclude = r->o->exclude;
-        h.query_window = r->o->window;
-        h.index_hash = r->index_hash;
+        char *path = block_path(rs->outdir, rs->b);
+        dfm_nbr_header h = block_header(r, rs->b);
         rc = path ? dfm_nbr_writer_open(path, &h, &rs->w) : DFM_FAIL(DFM_ENOMEM, "no memory");
         free(path);
     }
@@ -637,6 +755,7 @@ static int round_queries(retrieve_ctx *r, round_state *rs, size_t *nq, uint64_t 
         if (q < 0) rc = q;
         rs->rowq[i - *lo] = q == 1 ? (int64_t)(*nq)++ : -1;
     }
+    r->w.queries += *nq;
     return rc;
 }
 
@@ -651,13 +770,12 @@ static int round_rows(retrieve_ctx *r, round_state *rs, uint64_t lo, uint64_t hi
         uint64_t mask = 0;
         if (q < 0) {
             dfm_hits_to_row(NULL, 0, k, ids, scores, &mask);
-            r->cnt.no_query++;
+            rc = count_row(r, 0, NULL, NULL, NULL, 0);
         } else {
-            uint32_t pad = dfm_hits_to_row(rs->hits + (size_t)q * k, rs->nh[q], k, ids, scores, &mask);
-            r->cnt.padded += pad;
-            r->cnt.kept += k - pad;
+            dfm_hits_to_row(rs->hits + (size_t)q * k, rs->nh[q], k, ids, scores, &mask);
+            rc = count_row(r, 1, &rs->qs[q], rs->qv + (size_t)q * r->dim, rs->hits + (size_t)q * k, rs->nh[q]);
         }
-        rc = dfm_nbr_writer_add(rs->w, ids, scores, mask);
+        if (!rc) rc = dfm_nbr_writer_add(rs->w, ids, scores, mask);
     }
     if (!rc && rs->w && hi == bend) {
         rc = dfm_nbr_writer_close(rs->w);
@@ -665,6 +783,7 @@ static int round_rows(retrieve_ctx *r, round_state *rs, uint64_t lo, uint64_t hi
         rs->w = NULL;
         rs->b++;
         rs->pos = 0;
+        r->blocks_searched++;
     } else if (rs->w) {
         rs->pos = hi - rs->b * r->block_chunks;
     }
@@ -672,22 +791,22 @@ static int round_rows(retrieve_ctx *r, round_state *rs, uint64_t lo, uint64_t hi
 }
 
 /* 3. the retrieval proper: every rank takes part in the same number of rounds, one query block each */
-static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds) {
+static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds, uint64_t todo) {
     const dfm_mpi *m = r->m;
-    uint64_t b0 = rs->b, n = r->n, B = r->block_chunks;
-    uint64_t c0 = b0 * B, c1 = rs->b1 * B < n ? rs->b1 * B : n, done_chunks = 0;
+    uint64_t done_chunks = 0;
     dfm_progress *prog = NULL;
-    dfm_progress_begin(m, "retrieve", "chunks", c1 > c0 ? c1 - c0 : 0, &prog);
+    dfm_progress_begin(m, "retrieve", "chunks", todo, &prog);
     int rc = DFM_OK;
     for (uint64_t round = 0; round < rounds && !rc; round++) {
         size_t nq = 0;
         uint64_t lo = 0, hi = 0, bend = 0;
         rc = round_queries(r, rs, &nq, &lo, &hi, &bend);
-        if ((rc = dfm_mpi_agree(m, rc))) break;
-        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, &r->sp, r->vs, r->cs, rs->qs, rs->qv, nq, rs->hits, rs->nh, &r->cnt);
+        if ((rc = dfm_work_agree(&r->w, m, rc))) break;
+        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, rs->qs, rs->qv, nq, rs->hits,
+                         rs->nh, &r->cnt, &r->w);
         if (rc) break;
         rc = round_rows(r, rs, lo, hi, bend);
-        rc = dfm_mpi_agree(m, rc);
+        rc = dfm_work_agree(&r->w, m, rc);
         if (hi > lo) done_chunks += hi - lo;
         dfm_progress_update(prog, done_chunks);
     }
@@ -697,22 +816,34 @@ static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds) {
     return rc;
 }
 
-/* 3. buffers, the output folder and the number of rounds, then the rounds */
+/* 3. buffers, the output folder, the blocks kept from an interrupted run and the number of rounds,
+ * then the rounds */
 static int retrieve_blocks(retrieve_ctx *r) {
     const dfm_mpi *m = r->m;
     uint64_t n = r->n, B = r->block_chunks;
     round_state rs = {0};
-    uint64_t b0, my_rounds = 0, rounds = 0;
-    block_range(n, B, m->rank, m->size, &b0, &rs.b1);
-    rs.b = b0;
-    for (uint64_t b = b0; b < rs.b1; b++) {
-        uint64_t rows = (b + 1) * B < n ? B : n - b * B;
-        my_rounds += (rows + r->o->query_block - 1) / r->o->query_block;
-    }
-    int rc = DFM_MPI_CHECK(MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UINT64_T, MPI_MAX, m->comm));
+    uint64_t my_rounds = 0, rounds = 0, todo = 0;
+    dfm_block_range(n, B, m->rank, m->size, &rs.b0, &rs.b1);
+    rs.b = rs.b0;
     char *outdir = dfm_path_join(r->o->run_dir, "retrieve");
-    if (!outdir) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    rs.done = calloc(rs.b1 - rs.b0 + 1, 1);
+    int rc = outdir && rs.done ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     if (!rc) rc = dfm_mkdir_p(outdir);
+    for (uint64_t b = rs.b0; !rc && b < rs.b1; b++) {
+        int kept = 0;
+        rc = keep_block(r, outdir, b, &kept); /* only after a resume: a fresh stage emptied the folder */
+        rs.done[b - rs.b0] = (uint8_t)kept;
+        r->blocks_kept += (uint64_t)kept;
+        uint64_t rows = (b + 1) * B < n ? B : n - b * B;
+        if (!kept) {
+            my_rounds += (rows + r->o->query_block - 1) / r->o->query_block;
+            todo += rows;
+        }
+    }
+    if (!(rc = dfm_work_agree(&r->w, m, rc))) rc = DFM_WORK_MPI(&r->w, MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UINT64_T, MPI_MAX, m->comm));
+    uint64_t kept_all = 0;
+    if (!rc) rc = DFM_WORK_MPI(&r->w, MPI_Allreduce(&r->blocks_kept, &kept_all, 1, MPI_UINT64_T, MPI_SUM, m->comm));
+    if (!rc && kept_all && m->rank == 0) DFM_LOG_I("retrieve: resuming: %llu finished block(s) kept", (unsigned long long)kept_all);
     size_t qb = (size_t)r->o->query_block;
     rs.outdir = outdir;
     rs.qs = malloc(qb * sizeof *rs.qs);
@@ -720,9 +851,10 @@ static int retrieve_blocks(retrieve_ctx *r) {
     rs.rowq = malloc(qb * sizeof *rs.rowq);
     rs.hits = malloc(qb * r->k * sizeof *rs.hits);
     rs.nh = calloc(qb, sizeof *rs.nh);
-    if (!rs.qs || !rs.qv || !rs.rowq || !rs.hits || !rs.nh) rc = DFM_FAIL(DFM_ENOMEM, "no memory for a query block of %zu", qb);
-    if (!(rc = dfm_mpi_agree(m, rc))) rc = search_rounds(r, &rs, rounds);
+    if (!rc && (!rs.qs || !rs.qv || !rs.rowq || !rs.hits || !rs.nh)) rc = DFM_FAIL(DFM_ENOMEM, "no memory for a query block of %zu", qb);
+    if (!(rc = dfm_work_agree(&r->w, m, rc))) rc = search_rounds(r, &rs, rounds, todo);
     free(outdir);
+    free(rs.done);
     free(rs.qs);
     free(rs.qv);
     free(rs.rowq);
@@ -738,13 +870,15 @@ static int measure_recall(retrieve_ctx *r) {
     if (!rc) rc = recall_of_index(r, &s, &r->measured_recall);
     if (!rc && r->m->rank == 0) printf("recall@%u = %.4f on %zu sampled queries (%s)\n", r->k, r->measured_recall, s.snq, r->factory);
     recall_sample_free(&s);
-    return dfm_mpi_agree(r->m, rc);
+    return dfm_work_agree(&r->w, r->m, rc);
 }
 
+enum { C_SEARCHES, C_CAND, C_EXCL, C_RESEARCH, C_KEPT, C_PADDED, C_NOQUERY, C_SHARD_EXCL, C_BLOCKS_KEPT, C_BLOCKS_SEARCHED, N_COUNTS };
+
 /* 5. rank 0: the "retrieve" stage object from the counts summed over ranks (sum) */
-static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s) {
+static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s, json_t *work) {
     const dfm_retrieve_opts *o = r->o;
-    uint64_t n = r->n, B = r->block_chunks, nb = (n + B - 1) / B, queries_issued = n - sum[6], bytes = 0;
+    uint64_t n = r->n, B = r->block_chunks, nb = (n + B - 1) / B, queries_issued = n - sum[C_NOQUERY], bytes = 0;
     uint32_t k = r->k;
     json_t *outs = json_array();
     for (uint64_t b = 0; b < nb; b++) {
@@ -756,12 +890,15 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
         json_array_append_new(outs, json_pack("{s:s, s:I, s:I, s:I}", "file", f, "first_chunk", (json_int_t)first, "n_rows",
                                               (json_int_t)rows, "bytes", (json_int_t)by));
     }
-    /* the run's counts (per query, the same on any number of ranks), then the shard-level figures */
-    json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "queries", (json_int_t)queries_issued,
-                               "no_query_rows", (json_int_t)sum[6], "candidates_fetched", (json_int_t)(queries_issued * (k + o->margin)),
-                               "excluded", (json_int_t)sum[2], "items_kept", (json_int_t)sum[4], "padded_slots", (json_int_t)sum[5],
-                               "bytes", (json_int_t)bytes, "shard_searches", (json_int_t)sum[0], "shard_candidates_fetched",
-                               (json_int_t)sum[1], "shard_excluded", (json_int_t)sum[7], "re_searches", (json_int_t)sum[3]);
+    /* the run's counts (per query, the same on any number of ranks, and after a resume), then the
+     * shard-level figures of this invocation */
+    json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "queries", (json_int_t)queries_issued,
+                               "no_query_rows", (json_int_t)sum[C_NOQUERY], "candidates_fetched", (json_int_t)(queries_issued * (k + o->margin)),
+                               "excluded", (json_int_t)sum[C_EXCL], "items_kept", (json_int_t)sum[C_KEPT], "padded_slots",
+                               (json_int_t)sum[C_PADDED], "bytes", (json_int_t)bytes, "shard_searches", (json_int_t)sum[C_SEARCHES],
+                               "shard_candidates_fetched", (json_int_t)sum[C_CAND], "shard_excluded", (json_int_t)sum[C_SHARD_EXCL],
+                               "re_searches", (json_int_t)sum[C_RESEARCH], "blocks_searched", (json_int_t)sum[C_BLOCKS_SEARCHED], "blocks_kept",
+                               (json_int_t)sum[C_BLOCKS_KEPT]);
     if (r->measured_recall >= 0) json_object_set_new(counts, "recall", json_real(r->measured_recall));
     char hashbuf[20];
     snprintf(hashbuf, sizeof hashbuf, "%016llx", (unsigned long long)r->index_hash);
@@ -770,30 +907,42 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
                            dfm_exclude_name(o->exclude), "query_window", (int)o->window, "counts", counts, "timings", "total_s",
                            dfm_now() - r->t0, "search_s", r->search_s, "outputs", outs);
     if (st) json_object_set_new(json_object_get(st, "timings"), "index_search_s_max_rank", json_real(index_s));
+    if (st) json_object_set_new(st, "assignment", json_string(r->quant ? "once per query, at its owner" : "by each shard"));
     if (st && r->tuned_name && r->tuned_recall >= 0)
         json_object_set_new(st, "tuning", json_pack("{s:s, s:f, s:f, s:f}", "parameter", r->tuned_name, "value", r->tuned_value, "recall",
                                                     r->tuned_recall, "target", o->target_recall));
     if (st && r->measured_recall >= 0) json_object_set_new(st, "recall", json_pack("{s:i, s:f, s:I}", "k", (int)k, "recall@k", r->measured_recall,
                                                                                   "queries", (json_int_t)o->measure_recall));
+    if (st) json_object_set(st, "work", work);
     DFM_LOG_I("retrieve: %llu queries, %llu kept, %llu padded slots, %llu excluded; %llu shard searches fetched %llu candidates, "
-              "%llu re-searches, in %.2fs", (unsigned long long)queries_issued, (unsigned long long)sum[4], (unsigned long long)sum[5],
-              (unsigned long long)sum[2], (unsigned long long)sum[0], (unsigned long long)sum[1], (unsigned long long)sum[3], r->search_s);
+              "%llu re-searches, in %.2fs", (unsigned long long)queries_issued, (unsigned long long)sum[C_KEPT], (unsigned long long)sum[C_PADDED],
+              (unsigned long long)sum[C_EXCL], (unsigned long long)sum[C_SEARCHES], (unsigned long long)sum[C_CAND],
+              (unsigned long long)sum[C_RESEARCH], r->search_s);
     return st;
 }
 
 /* 5. counts over ranks; rank 0 gets the stage object */
 static int retrieve_finish(retrieve_ctx *r, json_t **stage) {
     const dfm_search_counts *cnt = &r->cnt;
-    uint64_t mine[8] = {cnt->shard_searches, cnt->shard_candidates, cnt->excluded, cnt->researches, cnt->kept, cnt->padded, cnt->no_query,
-                        cnt->shard_excluded},
-             sum[8] = {0};
+    uint64_t mine[N_COUNTS] = {cnt->shard_searches, cnt->shard_candidates, cnt->excluded, cnt->researches, cnt->kept,
+                               cnt->padded,         cnt->no_query,         cnt->shard_excluded, r->blocks_kept, r->blocks_searched},
+             sum[N_COUNTS] = {0};
     double index_s = 0;
-    int rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, 8, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));
+    /* the work record: the rounds' searches plus tuning and recall (their brute force apart) */
+    r->w.coarse_distances += cnt->coarse_distances + r->side.coarse_distances;
+    r->w.codes_scanned += cnt->codes_scanned + r->side.codes_scanned;
+    r->w.bf_scanned += r->side_bf.codes_scanned;
+    r->w.exact_scores += cnt->exact_scores + r->side.exact_scores + r->side_bf.exact_scores;
+    r->w.shard_searches += cnt->shard_searches + r->side.shard_searches;
+    json_t *work = NULL;
+    int rc = dfm_work_gather(r->m, &r->w, "tune_cpu_s", "search_cpu_s", &work);
+    if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(mine, sum, N_COUNTS, MPI_UINT64_T, MPI_SUM, 0, r->m->comm));
     if (!rc) rc = DFM_MPI_CHECK(MPI_Reduce(&cnt->search_s, &index_s, 1, MPI_DOUBLE, MPI_MAX, 0, r->m->comm));
     if (!rc && r->m->rank == 0) {
-        *stage = stage_object(r, sum, index_s);
+        *stage = stage_object(r, sum, index_s, work);
         if (!*stage) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     }
+    json_decref(work);
     return dfm_mpi_agree(r->m, rc);
 }
 
@@ -806,6 +955,7 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
     r.tuned_recall = r.measured_recall = -1;
     DFM_TRY(retrieve_check(&r));
     r.t0 = dfm_now();
+    dfm_work_start(&r.w);
     DFM_TRY(index_hash(&r));
     int rc = load_shards(&r);
     if (!rc) {
@@ -820,11 +970,16 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
         if (o->target_recall > 0) rc = tune_recall(&r);
         rc = dfm_mpi_agree(m, rc);
     }
+    dfm_work_phase(&r.w, 0);
     double tsearch = dfm_now();
     if (!rc) rc = retrieve_blocks(&r);
     r.search_s = dfm_now() - tsearch;
+    dfm_work_phase(&r.w, 1);
     if (!rc && o->measure_recall) rc = measure_recall(&r);
+    dfm_work_phase(&r.w, 0);
     if (!rc) rc = retrieve_finish(&r, stage);
     shards_free(&r.sh);
+    free(r.route.off);
+    free(r.route.rank);
     return rc;
 }

@@ -22,8 +22,6 @@ static int parse_metric(const char *s) {
     return !strcmp(s, "l2") ? DFM_METRIC_L2 : DFM_METRIC_IP;
 }
 
-/* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed.
- * Neither stage resumes part-way: an interrupted one is redone whole (schemas/manifest.md says why). */
 /* one index shard, whole: sidecar, size, hash, and FAISS can read it */
 static int index_file_ok(const char *path) {
     FaissIndex *idx = NULL;
@@ -33,6 +31,8 @@ static int index_file_ok(const char *path) {
     return DFM_OK;
 }
 
+/* The stage contract (common/manifest.h) on rank 0, its outcome on every rank (*skip); agreed. An
+ * interrupted index is redone whole; an interrupted retrieve keeps its finished blocks (retrieve.c). */
 static int stage_begin(const dfm_mpi *m, const char *run, const char *name, json_t *cfg, int force, int *skip) {
     int rc = DFM_OK, sk = 0;
     if (m->rank == 0) {
@@ -75,7 +75,7 @@ int dfm_cmd_index(int argc, char **argv) {
     int64_t mem = 0, train = 0, seed = 0;
     int force = 0, skip = 0;
     dfm_opt table[] = {
-        {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"); auto: choose from N and --index-memory", 0},
+        {"index", DFM_OPT_STR, &factory, "auto", "STR", "FAISS index-factory string (\"Flat\", \"IVF4096,Flat\", \"IVF4096,PQ32\", \"HNSW32\"; a PQ gets 'np': no polysemous training); auto: choose from N and --index-memory", 0},
         {"metric", DFM_OPT_STR, &metric_s, "ip", "ip|l2", "inner product (embeddings are normalised) or squared L2", 0, .choices = "ip|l2"},
         {"index-memory", DFM_OPT_INT, &mem, "4G", "BYTES", "memory budget per rank for the index (auto choice)", 0, .min = "0"},
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "training points (0: ~100 per list, at least 39*256 for PQ)", 0, .min = "0"},
@@ -88,9 +88,11 @@ int dfm_cmd_index(int argc, char **argv) {
     json_t *cfg = NULL, *stage = NULL;
     dfm_run_sources src = {0};
     int rc = dfm_opts_parse("index", "RUN",
-                            "Build one FAISS index shard per rank from RUN's embeddings: train once on a seeded sample gathered "
-                            "from all ranks (rank 0), broadcast the trained empty index, add each rank's vectors with their "
-                            "global chunk ids, write RUN/index/index-RRRRR.faiss + .json atomically.",
+                            "Build one FAISS index shard per rank from RUN's embeddings: train on a seeded sample spread over all "
+                            "ranks (IVF: k-means of the coarse quantiser and the PQ codebooks on every rank, the same bytes for "
+                            "any number of ranks; other indexes: FAISS on rank 0), broadcast the trained empty index (kept as "
+                            "RUN/index/trained.faiss), add each rank's vectors with their global chunk ids, write "
+                            "RUN/index/index-RRRRR.faiss + .json atomically.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
         return 0;
@@ -147,8 +149,10 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     dfm_run_sources src = {0};
     int rc = dfm_opts_parse("retrieve", "RUN",
                             "Find the top-K neighbours of every chunk's query (the chunk before it) in all index shards: query "
-                            "blocks visit every rank, candidates merge exactly (score, then id), exclusions by id, re-search "
-                            "deeper when too few survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin.",
+                            "blocks visit every rank (IVF: with their probe lists, computed once by the query's owner), "
+                            "candidates merge exactly (score, then id), exclusions by id, re-search deeper when too few "
+                            "survive, pad with -1 otherwise. Writes RUN/retrieve/nbr-BBBBBB.bin; an interrupted run keeps "
+                            "its finished blocks.",
                             table, argc, argv, &pos, &npos, &cfg);
     if (rc == DFM_OPTS_HELP) {
         return 0;
@@ -182,6 +186,8 @@ int dfm_cmd_retrieve(int argc, char **argv) {
 int dfm_cmd_estimate(int argc, char **argv) {
     char *factory = NULL, *tdtype = NULL;
     int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0, tokens = 0, chunk_len = 0, window = 0, node_mem = 0;
+    int64_t nprobe = 0, margin = 0, gpus = 0;
+    double gpu_rate = 0;
     int as_json = 0;
     dfm_opt table[] = {
         {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0, .min = "1"},
@@ -192,6 +198,10 @@ int dfm_cmd_estimate(int argc, char **argv) {
         {"train-sample", DFM_OPT_INT, &train, "0", "N", "as for dfm index", 0, .min = "0"},
         {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0, .min = "1", .max = "64"},
         {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0, .min = "1", .max = "1048576"},
+        {"margin", DFM_OPT_INT, &margin, "16", "M", "as for dfm retrieve", 0, .min = "0", .max = "4096"},
+        {"nprobe", DFM_OPT_INT, &nprobe, "16", "N", "IVF lists searched per query (dfm retrieve tunes it to --target-recall; this is the assumption)", 0, .min = "1"},
+        {"encode-gpus", DFM_OPT_INT, &gpus, "0", "G", "encode on G GPUs (0: on the CPU ranks)", 0, .min = "0"},
+        {"gpu-rate", DFM_OPT_DOUBLE, &gpu_rate, "20000", "R", "chunks per second per GPU with --encode-gpus: an assumption until measured on a GPU", 0, .min = "1"},
         {"dim", DFM_OPT_INT, &dim_opt, "0", "D", "embedding dimension (0: from the manifest, else 384)", 0},
         {"target-dtype", DFM_OPT_STR, &tdtype, "fp16", "T", "dtype of target embeddings", 0, .choices = "fp32|fp16|bf16"},
         {"window-tokens", DFM_OPT_INT, &window, "0", "N", "as for dfm chunk (0: its default)", 0, .min = "0"},
@@ -205,14 +215,17 @@ int dfm_cmd_estimate(int argc, char **argv) {
                             "Before submitting the jobs: memory per rank, disk and time per stage for a corpus and a "
                             "rank count, and whether to write targets with --store embeddings or ids. Sizes come from "
                             "RUN's manifest, or, before any stage has run, from a dfm build CONFIG's inputs or --tokens; "
-                            "times (CPU-seconds of the slowest rank, one core each) from the run's own timings where a "
-                            "stage has run, else from the growth fits of this machine class (BENCHMARKS.md, Cost growth), "
-                            "both scaled by the fitted exponents.",
+                            "times (CPU-seconds of the slowest rank, one core each): index and retrieve from the slowest "
+                            "rank's work (k-means, distances, codes scanned, shard searches) times rates measured on this "
+                            "machine class (BENCHMARKS.md, Index and retrieve as ranks grow), calibrated by the run's own "
+                            "work records where it has them; the other stages from the run's timings or the growth fits "
+                            "(BENCHMARKS.md, Cost growth).",
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN|CONFIG [options]");
     if (!rc) {
-        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, as_json};
+        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, nprobe, margin, gpus,
+                                  gpu_rate, as_json};
         rc = dfm_estimate_run(&ec, pos[0]);
     }
     free(pos);

@@ -222,7 +222,7 @@ int dfm_count_excluded(const dfm_search_params *p, const dfm_query *q, const flo
  * deep enough (*again = 0: result written to out / *n_out) or must be repeated deeper (*again = 1). */
 static int filter_one(const dfm_shard_searcher *s, const dfm_search_params *p, const dfm_query *q, const float *qv, const int64_t *L,
                       const float *D, size_t kp, const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *surv, float *vbuf,
-                      size_t *m_out, size_t *ns_out, size_t *nexcl_out, dfm_hit *out, uint32_t *n_out, int8_t *again) {
+                      size_t *m_out, size_t *ns_out, size_t *nexcl_out, size_t *nscored, dfm_hit *out, uint32_t *n_out, int8_t *again) {
     const uint32_t k = dfm_search_cap(p), dim = vs->dim;
     size_t m = 0, ns = 0, nexcl = 0;
     float last = 0;
@@ -247,10 +247,11 @@ static int filter_one(const dfm_shard_searcher *s, const dfm_search_params *p, c
     *m_out = m;
     *ns_out = ns;
     *nexcl_out = nexcl;
-    /* exact scores: for every survivor of an exact index (they decide the order), and only for the
-     * best k + margin by the index's order of an approximate one (only those can be kept) */
+    /* exact scores for every survivor of an exact index (they decide the order); an approximate one is
+     * ordered by its own scores here, and the query's owner rescores only the global best k + margin */
     if (p->approx) dfm_hits_sort(surv, ns, p->metric);
-    size_t nscore = p->approx && ns > k ? k : ns;
+    size_t nscore = p->approx ? 0 : ns;
+    *nscored = nscore;
     for (size_t j = 0; j < nscore; j++) {
         const float *row = vs->row ? vs->row(vs->ctx, (uint64_t)surv[j].id) : NULL;
         if (!row) {
@@ -289,62 +290,78 @@ static int filter_one(const dfm_shard_searcher *s, const dfm_search_params *p, c
     return DFM_OK;
 }
 
-int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, const dfm_query *qs, const float *qv, size_t nq,
-                   const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c) {
+/* the codes one search of queries pend[0..np) compares in shard s */
+static uint64_t scanned_by(const dfm_shard_searcher *s, const dfm_probes *pr, const size_t *pend, size_t np, size_t nsearch) {
+    if (pr) {
+        uint64_t n = 0;
+        for (size_t j = 0; j < np; j++)
+            for (size_t t = 0; t < pr->nprobe; t++) {
+                int64_t l = pr->lists[pend[j] * pr->nprobe + t];
+                if (l >= 0) n += s->list_sizes[l];
+            }
+        return n;
+    }
+    return s->scans_all ? (uint64_t)nsearch * s->ntotal : 0;
+}
+
+int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, const dfm_probes *pr, const dfm_query *qs, const float *qv,
+                   size_t nq, const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c) {
     const uint32_t k = dfm_search_cap(p), dim = vs->dim;
     for (size_t q = 0; q < nq; q++) n_out[q] = 0;
     if (nq == 0 || s->ntotal == 0) return DFM_OK;
+    if (!s->search_assigned || !s->list_sizes) pr = NULL; /* this shard assigns its queries itself */
+    const size_t npr = pr ? pr->nprobe : 0;
     c->shard_searches += nq;
     size_t kp = (size_t)k + p->margin;
     if (kp > s->ntotal) kp = (size_t)s->ntotal;
     size_t *pend = malloc(nq * sizeof *pend);
-    float *qsub = NULL, *dist = NULL, *vbuf = malloc(sizeof(float) * dim);
-    int64_t *lab = NULL;
+    float *qsub = NULL, *dist = NULL, *vbuf = malloc(sizeof(float) * dim), *dsub = NULL;
+    int64_t *lab = NULL, *lsub = NULL;
     int8_t *again = malloc(nq);
     int rc = (pend && vbuf && again) ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc && pr && (!(lsub = malloc(nq * npr * sizeof *lsub)) || !(dsub = malloc(nq * npr * sizeof *dsub))))
+        rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu x %zu probe lists", nq, npr);
     size_t npend = nq;
     for (size_t q = 0; q < nq && !rc; q++) pend[q] = q;
     while (!rc && npend) {
-        float *nq_sub = realloc(qsub, npend * dim * sizeof *qsub);
+        /* FAISS computes small batches (< 20 queries) with other float code than large ones; a
+         * re-search of a few queries is padded (repeating the last query) so that every query is
+         * scored the same way whatever the batch, hence whatever the number of ranks. A search with
+         * given probe lists computes each query on its own and needs no padding. */
+        size_t nsearch = !pr && npend < DFM_MIN_SEARCH_BATCH ? DFM_MIN_SEARCH_BATCH : npend;
+        float *nq_sub = realloc(qsub, nsearch * dim * sizeof *qsub);
         if (nq_sub) qsub = nq_sub;
-        float *nd = realloc(dist, npend * kp * sizeof *dist);
+        float *nd = realloc(dist, nsearch * kp * sizeof *dist);
         if (nd) dist = nd;
-        int64_t *nl = realloc(lab, npend * kp * sizeof *lab);
+        int64_t *nl = realloc(lab, nsearch * kp * sizeof *lab);
         if (nl) lab = nl;
         if (!nq_sub || !nd || !nl) {
-            rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries x k' %zu", npend, kp);
+            rc = DFM_FAIL(DFM_ENOMEM, "no memory for %zu queries x k' %zu", nsearch, kp);
             break;
         }
         for (size_t j = 0; j < npend; j++) memcpy(qsub + j * dim, qv + pend[j] * dim, sizeof(float) * dim);
-        /* FAISS computes small batches (< 20 queries) with other float code than large ones; a
-         * re-search of a few queries is padded (repeating the last query) so that every query is
-         * scored the same way whatever the batch, hence whatever the number of ranks */
-        size_t nsearch = npend;
-        if (npend < DFM_MIN_SEARCH_BATCH) {
-            nsearch = DFM_MIN_SEARCH_BATCH;
-            float *pq = realloc(qsub, nsearch * dim * sizeof *qsub);
-            float *pd = realloc(dist, nsearch * kp * sizeof *dist);
-            if (pd) dist = pd;
-            int64_t *pl = realloc(lab, nsearch * kp * sizeof *lab);
-            if (pl) lab = pl;
-            if (!pq || !pd || !pl) {
-                if (pq) qsub = pq;
-                rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-                break;
-            }
-            qsub = pq;
-            for (size_t j = npend; j < nsearch; j++) memcpy(qsub + j * dim, qsub + (npend - 1) * dim, sizeof(float) * dim);
-        }
+        for (size_t j = npend; j < nsearch; j++) memcpy(qsub + j * dim, qsub + (npend - 1) * dim, sizeof(float) * dim);
+        uint64_t scan0 = !pr && s->scanned ? s->scanned(s->ctx) : 0;
         double t_search = dfm_now();
-        rc = s->search(s->ctx, nsearch, qsub, kp, dist, lab);
+        if (pr) {
+            /* the deeper re-search reuses the probe lists: no query is assigned twice */
+            for (size_t j = 0; j < npend; j++) {
+                memcpy(lsub + j * npr, pr->lists + pend[j] * npr, npr * sizeof *lsub);
+                memcpy(dsub + j * npr, pr->dis + pend[j] * npr, npr * sizeof *dsub);
+            }
+            rc = s->search_assigned(s->actx, npend, qsub, kp, npr, lsub, dsub, dist, lab);
+        } else {
+            rc = s->search(s->ctx, nsearch, qsub, kp, dist, lab);
+        }
         c->search_s += dfm_now() - t_search;
         if (rc) break;
+        c->codes_scanned += !pr && s->scanned ? s->scanned(s->ctx) - scan0 : scanned_by(s, pr, pend, npend, nsearch);
         /* filter, rescore and decide per query, in parallel (callbacks only read mapped files) */
-        uint64_t cand = 0, excl = 0;
+        uint64_t cand = 0, excl = 0, scored = 0;
         int prc = DFM_OK;
         char errmsg[512] = "";
         const size_t np_ = npend, kp_ = kp;
-#pragma omp parallel reduction(+ : cand, excl) if (np_ > 16)
+#pragma omp parallel reduction(+ : cand, excl, scored) if (np_ > 16)
         {
             dfm_hit *ts = malloc(kp_ * sizeof *ts);
             float *tv = malloc(sizeof(float) * dim);
@@ -358,10 +375,11 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
 #pragma omp for schedule(dynamic, 16)
             for (size_t j = 0; j < np_; j++) {
                 if (prc) continue;
-                size_t m = 0, ns = 0, nexcl = 0;
+                size_t m = 0, ns = 0, nexcl = 0, nsc = 0;
                 int r = filter_one(s, p, &qs[pend[j]], qv + pend[j] * dim, lab + j * kp_, dist + j * kp_, kp_, vs, cs, ts, tv, &m, &ns, &nexcl,
-                                   out + pend[j] * k, &n_out[pend[j]], &again[j]);
+                                   &nsc, out + pend[j] * k, &n_out[pend[j]], &again[j]);
                 cand += m;
+                scored += nsc;
                 if (!again[j]) excl += nexcl;
                 if (r) {
 #pragma omp critical(dfm_topk_err)
@@ -380,6 +398,7 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
         }
         c->shard_candidates += cand;
         c->shard_excluded += excl;
+        c->exact_scores += scored;
         size_t newpend = 0;
         for (size_t j = 0; j < npend; j++)
             if (again[j]) pend[newpend++] = pend[j];
@@ -392,6 +411,8 @@ int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, cons
     free(qsub);
     free(dist);
     free(lab);
+    free(lsub);
+    free(dsub);
     free(vbuf);
     free(again);
     return rc;

@@ -33,7 +33,7 @@
 typedef struct {
     int64_t id;
     float score; /* the value hits are ordered by (see dfm_search_params.approx) */
-    float aux;   /* approximate indexes: the exact score, carried until the final re-rank */
+    float aux;   /* spare (0); the ordering score is in score */
 } dfm_hit;
 
 /* 1 if a ranks before b (metric order, then id ascending). */
@@ -104,19 +104,39 @@ int dfm_excluded(uint32_t policy, const dfm_query *q, uint64_t c, const dfm_chun
 /* A k-nearest search over one shard: for nq queries (row-major), the kp best labels (global ids, -1
  * where fewer exist) and their scores in the index's own order. */
 typedef int (*dfm_search_fn)(void *ctx, size_t nq, const float *q, size_t kp, float *dist, int64_t *labels);
+/* The same with each query's probe lists given (IVF: nprobe lists and coarse distances per query, from
+ * dfm_ivf_assign), so that the shard does not assign the queries again. */
+typedef int (*dfm_search_assigned_fn)(void *ctx, size_t nq, const float *q, size_t kp, size_t nprobe, const int64_t *lists,
+                                      const float *dis, float *dist, int64_t *labels);
 
 typedef struct {
     dfm_search_fn search;
     void *ctx;
     uint64_t ntotal;  /* vectors in the shard: the deepest useful k' */
     int exact_scores; /* 1 when the search ranks by exact distances (Flat, IVF-Flat, HNSW-Flat) */
+    /* optional (IVF indexes): search with given probe lists, and the shard's entries per list */
+    dfm_search_assigned_fn search_assigned;
+    void *actx;
+    const uint64_t *list_sizes;
+    /* codes compared, for the work counts: scans_all = 1 when every search compares the whole shard
+     * (Flat, brute force); else scanned (optional) is a running count the searcher keeps */
+    int scans_all;
+    uint64_t (*scanned)(void *ctx);
 } dfm_shard_searcher;
+
+/* Probe lists of the queries of one search (row q: lists[q*nprobe ...], dis[q*nprobe ...]). */
+typedef struct {
+    size_t nprobe;
+    const int64_t *lists;
+    const float *dis;
+} dfm_probes;
 
 /* approx = 0 (Flat, IVF-Flat, HNSW-Flat, brute force): a shard keeps its best k eligible hits by exact
  * score, and lists merge by exact score. approx = 1 (PQ, SQ, ... : the index's own scores are
  * approximate): a shard keeps its best k + margin eligible hits by the *index's* score (ties by id),
- * lists merge by that score to the global best k + margin, and only those are re-ranked by exact score
- * to the final k. Either way the result does not depend on how the vectors are split into shards. */
+ * lists merge by that score to the global best k + margin, and only those are rescored exactly, by the
+ * query's owner, and re-ranked to the final k. Either way the result does not depend on how the vectors
+ * are split into shards. */
 typedef struct {
     uint32_t k, margin, metric, exclude;
     int approx;
@@ -137,6 +157,9 @@ typedef struct {
     uint64_t shard_candidates; /* labels fetched from indexes, all shards and all searches */
     uint64_t shard_excluded;   /* of those, dropped by exclusions */
     uint64_t researches;       /* shard searches repeated deeper */
+    uint64_t codes_scanned;    /* vectors or codes the shards' searches compared (dfm_shard_searcher) */
+    uint64_t exact_scores;     /* candidates rescored exactly */
+    uint64_t coarse_distances; /* query x centroid distances of the probe-list assignments */
     double search_s;           /* seconds inside the index's search (the raw FAISS cost) */
 } dfm_search_counts;
 
@@ -156,9 +179,10 @@ int dfm_count_excluded(const dfm_search_params *p, const dfm_query *q, const flo
  * out[q*cap ...], n_out[q] of them. Searches k' = cap + margin first; a query whose survivors are too
  * few, or whose cap-th survivor is not clearly ahead of the deepest candidate fetched (a tie or float
  * noise at the boundary), is searched again with k' doubled up to the shard size. The result is then
- * exactly the shard's best cap eligible vectors in the index's order. */
-int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, const dfm_query *qs, const float *qv, size_t nq,
-                   const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c);
+ * exactly the shard's best cap eligible vectors in the index's order. With pr (not NULL) and a searcher
+ * that has search_assigned, every search, the deeper ones too, uses the queries' given probe lists. */
+int dfm_shard_topk(const dfm_shard_searcher *s, const dfm_search_params *p, const dfm_probes *pr, const dfm_query *qs, const float *qv,
+                   size_t nq, const dfm_vec_source *vs, const dfm_chunk_source *cs, dfm_hit *out, uint32_t *n_out, dfm_search_counts *c);
 
 /* A brute-force searcher over the vectors [first, first+n) of a vec source (blocked SGEMM). Used for
  * recall measurement and as a reference; ctx must outlive the searcher. */

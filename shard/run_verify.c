@@ -105,11 +105,16 @@ static int verify_index_shard(const char *run, json_t *o, size_t i, size_t n, ui
         rc = DFM_FAIL(DFM_EMISMATCH, "index %s (ids [%llu, %llu), %llu vectors, %llu bytes, xxh128 %s) is not the file %s/manifest.json "
                       "lists. HINT: the run directory was modified; re-run 'dfm index --force'", path, (unsigned long long)info.first_id,
                       (unsigned long long)info.end_id, (unsigned long long)info.ntotal, (unsigned long long)info.bytes, info.xxh128, run);
-    if (!rc && (info.first_id != *next || info.end_id < info.first_id || info.shard != (int)i || info.n_shards != (int)n))
+    /* sharded by list (an IVF index): whole lists, ids from anywhere; by id: the shards tile the ids */
+    if (!rc && info.by_list && (info.end_id < info.first_id || info.shard != (int)i || info.n_shards != (int)n))
+        rc = DFM_FAIL(DFM_EMISMATCH, "index %s: shard %d of %d of whole lists; expected shard %zu of %zu (a shard of another build). "
+                      "HINT: re-run 'dfm index --force'", path, info.shard, info.n_shards, i, n);
+    else if (!rc && !info.by_list && (info.first_id != *next || info.end_id < info.first_id || info.shard != (int)i || info.n_shards != (int)n))
         rc = DFM_FAIL(DFM_EMISMATCH, "index %s: shard %d of %d with ids from %llu; expected shard %zu of %zu with ids from %llu (gap, "
                       "overlap or a shard of another build). HINT: re-run 'dfm index --force'", path, info.shard, info.n_shards,
                       (unsigned long long)info.first_id, i, n, (unsigned long long)*next);
-    if (!rc) *next = info.end_id, *vectors += info.ntotal;
+    if (!rc && !info.by_list) *next = info.end_id;
+    if (!rc) *vectors += info.ntotal;
     free(path);
     return rc;
 }
@@ -128,7 +133,8 @@ static int verify_index(const char *run, json_t *man) {
     json_array_foreach(outs, i, o) {
         if ((rc = verify_index_shard(run, o, i, n, (uint32_t)dim, metric, &next, &vectors))) return rc;
     }
-    DFM_TRY(count_matches(run, "index", "ids (the end of the last shard's range)", run_chunks(man), next));
+    if (strcmp(json_string_value(json_object_get(st, "sharding")) ?: "ids", "lists"))
+        DFM_TRY(count_matches(run, "index", "ids (the end of the last shard's range)", run_chunks(man), next));
     DFM_TRY(count_matches(run, "index", "vectors", dfm_manifest_count(man, "index", "vectors"), vectors));
     printf("verify: index: %zu shards, %llu vectors of dim %lld (%s): sizes, hashes, FAISS loads and id ranges OK\n", n,
            (unsigned long long)vectors, (long long)dim, met);

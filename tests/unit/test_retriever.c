@@ -1,6 +1,8 @@
 /* Unit tests of the retriever core: ordering and merging, exclusions, queries, per-shard top-K with
- * padding and ties, index choice, training-point errors, index files (round trip, corrupted,
- * mismatched), and the neighbour block format. No MPI run, no run directory: in-memory corpora. */
+ * padding and ties, index choice ('np' added to PQs), training-point errors, index files (round trip,
+ * corrupted, mismatched), the neighbour block format, k-means, PQ codebooks put into a FAISS index,
+ * whole lists moved through the serialisation, and search with given probe lists. One MPI rank, no run
+ * directory: in-memory corpora. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,10 +12,13 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "retriever/index.h"
+#include "retriever/ivf.h"
+#include "retriever/kmeans.h"
 #include "retriever/retrieve.h"
 #include "retriever/topk.h"
 #include "schemas/neighbor_shard.h"
 
+#include <faiss/c_api/IndexIVF_c.h>
 #include <faiss/c_api/Index_c.h>
 #include <math.h>
 #include <stdio.h>
@@ -288,7 +293,7 @@ static void check_shard_topk(uint32_t metric, int use_faiss, int duplicates) {
         dfm_hit out[60 * 8], ref[8];
         uint32_t n_out[60];
         dfm_search_counts cnt = {0};
-        assert_int_equal(dfm_shard_topk(&s, &p, qs, qv, nq, &c.vs, &c.cs, out, n_out, &cnt), 0);
+        assert_int_equal(dfm_shard_topk(&s, &p, NULL, qs, qv, nq, &c.vs, &c.cs, out, n_out, &cnt), 0);
         for (size_t q = 0; q < nq; q++) {
             uint32_t nr = reference_topk(&c, &qs[q], qv + q * 16, k, metric, policy, 0, c.n, ref);
             assert_int_equal(n_out[q], nr);
@@ -323,10 +328,10 @@ static void test_padding_tiny_corpus(void **state) {
     uint32_t n_out;
     dfm_search_counts cnt = {0};
     dfm_search_params p = {16, 0, DFM_METRIC_IP, DFM_EXCLUDE_SEQUENCE, 0};
-    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 0);
     p.exclude = DFM_EXCLUDE_SELF;
-    assert_int_equal(dfm_shard_topk(&s, &p, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 7); /* 10 minus self (5), source (4), padding (7) */
     for (uint32_t j = 0; j < n_out; j++) assert_true(out[j].id != 4 && out[j].id != 5 && out[j].id != 7);
     int64_t ids[16];
@@ -343,7 +348,7 @@ static void test_padding_tiny_corpus(void **state) {
     dfm_query q9;
     assert_int_equal(dfm_query_build(&c.vs, &c.cs, 9, 1, &q9, v), 1);
     memcpy(v, c.x + 8 * 4, sizeof v); /* the query is chunk 8, which is excluded, as is 9 */
-    assert_int_equal(dfm_shard_topk(&s, &p, &q9, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
+    assert_int_equal(dfm_shard_topk(&s, &p, NULL, &q9, v, 1, &c.vs, &c.cs, out, &n_out, &cnt), 0);
     assert_int_equal(n_out, 2);
     assert_true(cnt.researches >= 1);
     corpus_free(&c);
@@ -382,6 +387,16 @@ static void test_index_plan(void **state) {
     assert_int_equal(dfm_index_plan_make("IVF16,PQ7", 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), DFM_EARG); /* 7 does not divide 64 */
     assert_int_equal(dfm_index_plan_make("HNSW16", 100, 8, 1, 0, DFM_METRIC_L2, 0, &p), 0);
     assert_string_equal(p.factory, "IDMap,HNSW16");
+    /* no polysemous training: 'np' after every plain PQ, other forms untouched */
+    static const char *const np_in[] = {"IVF16,PQ8", "PQ8", "IVF16,PQ8x4", "HNSW16_PQ8", "OPQ8_64,IVF16,PQ8", "IVF16,PQ8np", "IVF16,PQ8x4fs", "IVF16,PQ8+4"};
+    static const char *const np_out[] = {"IVF16,PQ8np", "IDMap,PQ8np", "IVF16,PQ8x4np", "IDMap,HNSW16_PQ8np", "OPQ8_64,IVF16,PQ8np",
+                                          "IVF16,PQ8np", "IVF16,PQ8x4fs", "IVF16,PQ8+4"};
+    for (size_t i = 0; i < sizeof np_in / sizeof np_in[0]; i++) {
+        assert_int_equal(dfm_index_plan_make(np_in[i], 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), 0);
+        assert_string_equal(p.factory, np_out[i]);
+        assert_true((strstr(p.why, "polysemous") != NULL) == (strcmp(np_in[i] + strlen(np_in[i]) - 2, "np") && !strchr(np_in[i], '+') &&
+                                                             !strstr(np_in[i], "fs")));
+    }
     assert_int_equal(dfm_index_plan_make("IVF8,Flat", 100, 8, 1, 0, DFM_METRIC_IP, 500, &p), DFM_EARG); /* sample > n */
     /* an unusable factory string is a FAISS error naming the string */
     assert_int_equal(dfm_index_plan_make("Bogus99", 1000, 8, 1, 0, DFM_METRIC_IP, 0, &p), 0);
@@ -397,6 +412,10 @@ static void test_sample_ids(void **state) {
     dfm_sample_ids(1000, 100, 7, a);
     dfm_sample_ids(1000, 100, 7, b);
     assert_memory_equal(a, b, sizeof a);
+    /* a rank's part of the sample, drawn alone, is that part of the whole */
+    uint64_t part[30];
+    dfm_sample_ids_range(1000, 100, 7, 40, 70, part);
+    assert_memory_equal(part, a + 40, sizeof part);
     for (int i = 0; i < 100; i++) {
         assert_true(a[i] >= (uint64_t)i * 10 && a[i] < (uint64_t)(i + 1) * 10);
         if (i) assert_true(a[i] > a[i - 1]);
@@ -614,7 +633,7 @@ static void check_split(const char *factory, int approx, uint32_t policy) {
         res[v] = malloc(sizeof(dfm_hit) * nq * 8);
         nres[v] = malloc(sizeof(uint32_t) * nq);
         dfm_search_counts cnt = {0};
-        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt), 0);
+        assert_int_equal(dfm_dsearch(&g_mpi, ss, nsh[v], NULL, NULL, &p, &c.vs, &c.cs, qs, qv, nq, res[v], nres[v], &cnt, NULL), 0);
         for (int s = 0; s < nsh[v]; s++) faiss_Index_free(idx[s]);
     }
     for (size_t q = 0; q < nq; q++) {
@@ -637,6 +656,149 @@ static void check_split(const char *factory, int approx, uint32_t policy) {
 static void test_split_flat(void **state) { (void)state; check_split("Flat", 0, DFM_EXCLUDE_SEQUENCE); }
 static void test_split_ivfpq(void **state) { (void)state; check_split("IVF4,PQ4np", 1, DFM_EXCLUDE_DOCUMENT); }
 
+
+/* ---- k-means, codebooks in FAISS, lists through the serialisation, search with given lists ---- */
+
+/* points around 8 well-separated centres: k-means finds them (each centroid within noise of a centre),
+ * in any block split the same bits, an empty centroid is split from the largest, and the result does
+ * not depend on the blocks' sizes as long as every block is computed the same way */
+static void test_kmeans(void **state) {
+    (void)state;
+    const uint32_t dim = 8, k = 8, n = 4000;
+    float *x = malloc(sizeof(float) * n * dim), centres[8 * 8];
+    for (uint32_t c = 0; c < k; c++)
+        for (uint32_t t = 0; t < dim; t++) centres[c * dim + t] = (t == c) ? 10.0f : 0.0f;
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t t = 0; t < dim; t++) x[i * dim + t] = centres[(i % k) * dim + t] + (float)(urand() - 0.5) * 0.2f;
+    uint64_t blocks[16], nb = 0;
+    for (uint64_t i = 0; i < n; i += 256) blocks[nb++] = n - i < 256 ? n - i : 256;
+    dfm_kmeans_opts o = {dim, 1, k, 10, 0, 0};
+    float c1[64], c2[64];
+    for (uint32_t c = 0; c < k; c++) memcpy(c1 + c * dim, x + c * dim, sizeof(float) * dim); /* one point of each cluster */
+    memcpy(c2, c1, sizeof c1);
+    dfm_work w;
+    dfm_work_start(&w);
+    double obj = 0;
+    assert_int_equal(dfm_kmeans_train(&g_mpi, &o, x, dim, blocks, nb, n, c1, &obj, &w), 0);
+    assert_int_equal(w.kmeans_distances, 10ull * n * k);
+    for (uint32_t c = 0; c < k; c++) {
+        double d = 0;
+        for (uint32_t t = 0; t < dim; t++) d += (c1[c * dim + t] - centres[c * dim + t]) * (c1[c * dim + t] - centres[c * dim + t]);
+        assert_true(d < 0.01);
+    }
+    assert_true(obj > 0 && obj < n * dim * 0.02);
+    /* the same again: the same bits */
+    assert_int_equal(dfm_kmeans_train(&g_mpi, &o, x, dim, blocks, nb, n, c2, NULL, NULL), 0);
+    assert_memory_equal(c1, c2, sizeof c1);
+    /* two centroids start on the same point: one is empty after the first assignment and is split */
+    for (uint32_t c = 0; c < k; c++) memcpy(c2 + c * dim, x + c * dim, sizeof(float) * dim);
+    memcpy(c2 + 1 * dim, c2, sizeof(float) * dim);
+    assert_int_equal(dfm_kmeans_train(&g_mpi, &o, x, dim, blocks, nb, n, c2, NULL, NULL), 0);
+    for (uint32_t c = 0; c < k; c++) assert_true(isfinite(c2[c * dim]));
+    assert_true(memcmp(c2, c2 + dim, sizeof(float) * dim) != 0);
+    /* non-finite input: refused */
+    x[5] = NAN;
+    assert_int_equal(dfm_kmeans_train(&g_mpi, &o, x, dim, blocks, nb, n, c2, NULL, NULL), DFM_EARG);
+    free(x);
+}
+
+/* codebooks trained outside FAISS, put into an IVF-PQ index: a vector that is a centroid plus one
+ * codeword per sub-space is encoded exactly, so FAISS reconstructs it */
+static void test_ivf_pq_codebooks(void **state) {
+    (void)state;
+    const uint32_t dim = 16, M = 4, dsub = 4, nlist = 4, ksub = 256;
+    dfm_index_plan plan;
+    assert_int_equal(dfm_index_plan_make("IVF4,PQ4", 20000, dim, 1, 0, DFM_METRIC_L2, 0, &plan), 0);
+    char kind;
+    uint32_t m_, nb_;
+    assert_int_equal(dfm_ivf_encoding(&plan, dim, &kind, &m_, &nb_), 0);
+    assert_int_equal(kind, 'P');
+    assert_int_equal(m_, M);
+    assert_int_equal(nb_, 8);
+    float coarse[4 * 16], *pq = malloc(sizeof(float) * dim * ksub);
+    for (uint32_t i = 0; i < nlist * dim; i++) coarse[i] = (float)(i % 7) * 3.0f;
+    for (uint32_t i = 0; i < dim * ksub; i++) pq[i] = (float)(urand() * 2 - 1);
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(dfm_ivf_trained(&plan, dim, coarse, pq, 0, NULL, &buf, &len), 0);
+    FaissIndex *idx = NULL;
+    assert_int_equal(dfm_index_from_buffer(buf, len, &idx), 0);
+    assert_true(faiss_Index_is_trained(idx));
+    float v[16];
+    const uint32_t code[4] = {3, 200, 17, 99};
+    for (uint32_t s = 0; s < M; s++)
+        for (uint32_t t = 0; t < dsub; t++) v[s * dsub + t] = coarse[2 * dim + s * dsub + t] + pq[(s * ksub + code[s]) * dsub + t];
+    idx_t id = 0; /* FAISS's direct map wants sequential ids */
+    assert_int_equal(faiss_Index_add_with_ids(idx, 1, v, &id), 0);
+    assert_int_equal(faiss_IndexIVF_get_list_size(faiss_IndexIVF_cast(idx), 2), 1);
+    assert_int_equal(faiss_IndexIVF_make_direct_map(faiss_IndexIVF_cast(idx), 1), 0);
+    float back[16];
+    assert_int_equal(faiss_Index_reconstruct(idx, 0, back), 0);
+    for (uint32_t t = 0; t < dim; t++) assert_true(fabsf(back[t] - v[t]) < 1e-4f);
+    faiss_Index_free(idx);
+    free(buf);
+    free(pq);
+}
+
+/* an IVF index's lists moved whole through the serialisation (as dfm index moves them between ranks):
+ * the lists read back with their sizes, and a search with given probe lists finds what search() finds */
+static void test_ivf_lists_and_assigned_search(void **state) {
+    (void)state;
+    corpus c;
+    corpus_make(&c, 3000, 16, 20, 1);
+    dfm_index_plan plan;
+    assert_int_equal(dfm_index_plan_make("IVF16,Flat", c.n, 16, 1, 0, DFM_METRIC_IP, 3000, &plan), 0);
+    FaissIndex *tr = NULL;
+    assert_int_equal(dfm_index_create(&plan, 16, &tr), 0);
+    assert_int_equal(faiss_Index_train(tr, c.n, c.x), 0);
+    uint8_t *tbuf, *full;
+    size_t tlen, flen;
+    assert_int_equal(dfm_index_to_buffer(tr, &tbuf, &tlen), 0);
+    idx_t *ids = malloc(sizeof(idx_t) * c.n);
+    for (uint32_t i = 0; i < c.n; i++) ids[i] = (idx_t)(i + 100);
+    assert_int_equal(faiss_Index_add_with_ids(tr, c.n, c.x, ids), 0);
+    assert_int_equal(dfm_index_to_buffer(tr, &full, &flen), 0);
+    dfm_ivf_lists L;
+    assert_int_equal(dfm_ivf_lists_view(full, flen, tbuf, tlen, &L), 0);
+    assert_int_equal(L.nlist, 16);
+    assert_int_equal(L.ntotal, c.n);
+    FaissIndex *back = NULL;
+    size_t data_len = (size_t)(full + flen - L.data);
+    assert_int_equal(dfm_ivf_from_lists(tbuf, tlen, L.nlist, L.code_size, L.sizes, L.data, data_len, &back), 0);
+    uint8_t *again;
+    size_t alen;
+    assert_int_equal(dfm_index_to_buffer(back, &again, &alen), 0);
+    assert_int_equal(alen, flen);
+    assert_memory_equal(again, full, flen); /* the same index, byte for byte */
+    assert_int_equal(dfm_ivf_lists_view(full, flen - 1, tbuf, tlen, &L) == DFM_EINTERNAL, 1); /* truncated: refused */
+    dfm_ivf v;
+    assert_int_equal(dfm_ivf_open(back, &v), 0);
+    assert_non_null(v.ivf);
+    assert_int_equal(dfm_index_set_param(back, "nprobe", 3), 0);
+    size_t np = dfm_ivf_nprobe(&v), nq = 50, kp = 10;
+    assert_int_equal(np, 3);
+    int64_t *lists = malloc(sizeof(int64_t) * nq * np), *l1 = malloc(sizeof(int64_t) * nq * kp), *l2 = malloc(sizeof(int64_t) * nq * kp);
+    float *dis = malloc(sizeof(float) * nq * np), *d1 = malloc(sizeof(float) * nq * kp), *d2 = malloc(sizeof(float) * nq * kp);
+    assert_int_equal(dfm_ivf_assign(&v, nq, c.x, np, lists, dis), 0);
+    assert_int_equal(dfm_faiss_search(back, nq, c.x, kp, d1, l1), 0);
+    assert_int_equal(dfm_ivf_search_assigned(&v, nq, c.x, kp, np, lists, dis, d2, l2), 0);
+    assert_memory_equal(l1, l2, sizeof(int64_t) * nq * kp);
+    assert_memory_equal(d1, d2, sizeof(float) * nq * kp);
+    /* a short batch is padded: the same lists as inside a long one */
+    int64_t one[3];
+    float onedis[3];
+    assert_int_equal(dfm_ivf_assign(&v, 1, c.x + 7 * 16, np, one, onedis), 0);
+    assert_memory_equal(one, lists + 7 * np, sizeof one);
+    assert_memory_equal(onedis, dis + 7 * np, sizeof onedis);
+    dfm_ivf_close(&v);
+    free(L.sizes);
+    free(lists), free(l1), free(l2), free(dis), free(d1), free(d2), free(ids);
+    free(tbuf), free(full), free(again);
+    faiss_Index_free(tr);
+    faiss_Index_free(back);
+    corpus_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_and_merge),
@@ -656,6 +818,9 @@ int main(void) {
         cmocka_unit_test(test_neighbor_block),
         cmocka_unit_test(test_split_flat),
         cmocka_unit_test(test_split_ivfpq),
+        cmocka_unit_test(test_kmeans),
+        cmocka_unit_test(test_ivf_pq_codebooks),
+        cmocka_unit_test(test_ivf_lists_and_assigned_search),
     };
     int argc = 1;
     char *args[] = {"test_retriever", NULL}, **argv = args;

@@ -1,0 +1,415 @@
+/* index_build.c — the index stage over abstract sources: train with every rank (index_train.h), add
+ * each rank's vectors to its shard, write the shards, the trained empty index and the stage object. */
+#include "retriever/retrieve.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "retriever/index_train.h"
+#include "retriever/ivf.h"
+#include "retriever/kmeans.h"
+#include "schemas/neighbor_shard.h"
+
+#include <faiss/c_api/IndexFlat_c.h>
+#include <faiss/c_api/Index_c.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+typedef struct {
+    uint64_t ntotal, first_id, end_id, bytes, padding;
+    char xxh128[33];
+    char pad_[7];
+} shard_summary;
+
+/* 4. indexes other than a plain IVF are sharded by id: this rank's vectors [lo, hi) into idx with their
+ * global ids, all-padding chunks left out (counted in *padding) */
+static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, FaissIndex *idx, uint64_t lo, uint64_t hi,
+                       uint64_t *padding, dfm_work *w) {
+    int rc = DFM_OK;
+    const uint64_t step = 65536;
+    const uint32_t dim = vs->dim;
+    float *buf = NULL;
+    idx_t *gid = NULL;
+    if (!rc && hi > lo) {
+        size_t rows = hi - lo < step ? (size_t)(hi - lo) : step;
+        buf = malloc(rows * dim * sizeof *buf);
+        gid = malloc(rows * sizeof *gid);
+        if (!buf || !gid) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    for (uint64_t off = lo; !rc && off < hi; off += step) {
+        uint64_t nr = hi - off < step ? hi - off : step;
+        rc = vs->rows(vs->ctx, off, nr, buf);
+        size_t kept = 0;
+        for (uint64_t i = 0; !rc && i < nr; i++) {
+            if (cs->meta(cs->ctx, off + i)->n_valid == 0) {
+                (*padding)++;
+                continue;
+            }
+            if (kept != i) memmove(buf + kept * dim, buf + i * dim, sizeof(float) * dim);
+            gid[kept++] = (idx_t)(off + i);
+        }
+        if (!rc && kept) rc = DFM_FAISS_CHECK(faiss_Index_add_with_ids(idx, (idx_t)kept, buf, gid), "adding vectors");
+        w->vectors_added += kept;
+    }
+    free(buf);
+    free(gid);
+    return rc;
+}
+
+/* 4. An IVF index with a flat quantiser is sharded by list: every inverted list lives whole in the shard
+ * of one rank, so that a query visits only the ranks that hold its probe lists (retrieve.c routes it).
+ * Each rank adds its vectors to a local index (FAISS assigns and encodes each vector once); the list
+ * sizes are summed over ranks; the lists are ordered by group of neighbouring centroids (group_lists);
+ * rank r takes the lists whose middle entry falls in [r/P, (r+1)/P) of all entries, in that order;
+ * then every rank sends each list's codes and ids to its rank (through FAISS's
+ * serialisation, ivf.h: nothing is assigned or encoded again), which assembles its shard with each
+ * list's entries in id order, as one index built from every vector would hold them. */
+typedef struct {
+    uint64_t nlist, code_size;
+    int32_t *owner; /* the rank of each list */
+} list_owners;
+
+/* Neighbouring lists on the same rank: a query's nprobe lists are the nearest to it, so they lie near
+ * each other; grouped, they are held by a few ranks, and the query visits only those. Rank 0 clusters
+ * the coarse centroids into P groups (kmeans.h, on its own: MPI_COMM_SELF) and orders the lists by group,
+ * then by list; order[] gets that order. With one rank, or fewer lists than ranks: list order. */
+static int group_lists(const dfm_mpi *m, const dfm_ivf *v, uint32_t *order, dfm_work *w) {
+    const uint64_t nlist = v->nlist;
+    int rc = DFM_OK;
+    for (uint64_t l = 0; l < nlist; l++) order[l] = (uint32_t)l;
+    if (m->size < 2 || nlist <= (uint64_t)m->size) return DFM_OK;
+    if (m->rank == 0) {
+        float *xb = NULL;
+        size_t nx = 0;
+        faiss_IndexFlat_xb(faiss_IndexFlat_cast(v->quantizer), &xb, &nx);
+        const uint32_t d = (uint32_t)faiss_Index_d(v->quantizer), G = (uint32_t)m->size;
+        float *cent = malloc((size_t)G * d * sizeof *cent);
+        int32_t *grp = malloc(nlist * sizeof *grp);
+        uint64_t *blocks = malloc(((nlist + 255) / 256 + 1) * sizeof *blocks), nb = 0, *picks = malloc(G * sizeof *picks);
+        if (!xb || nx != nlist * d || !cent || !grp || !blocks || !picks) rc = DFM_FAIL(DFM_ENOMEM, "no memory to group %llu lists", (unsigned long long)nlist);
+        dfm_mpi self = {0, 1, MPI_COMM_SELF};
+        dfm_kmeans_opts ko = {d, 1, G, DFM_COARSE_ITERATIONS, 0, 0};
+        for (uint64_t i = 0; !rc && i < nlist; i += 256) blocks[nb++] = nlist - i < 256 ? nlist - i : 256;
+        if (!rc) {
+            dfm_sample_ids(nlist, G, 0x67726f7570ull, picks);
+            for (uint32_t g = 0; g < G; g++) memcpy(cent + (size_t)g * d, xb + picks[g] * d, d * sizeof *cent);
+            rc = dfm_kmeans_train(&self, &ko, xb, d, blocks, (size_t)nb, nlist, cent, NULL, w);
+        }
+        if (!rc) rc = dfm_kmeans_assign(&ko, cent, xb, d, nlist, grp, w);
+        /* counting sort by group, lists ascending within a group */
+        uint64_t *start = rc ? NULL : calloc((size_t)G + 1, sizeof *start);
+        if (!rc && !start) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        for (uint64_t l = 0; !rc && l < nlist; l++) start[grp[l] + 1]++;
+        for (uint32_t g = 0; !rc && g < G; g++) start[g + 1] += start[g];
+        for (uint64_t l = 0; !rc && l < nlist; l++) order[start[grp[l]]++] = (uint32_t)l;
+        free(start);
+        free(cent);
+        free(grp);
+        free(blocks);
+        free(picks);
+    }
+    if ((rc = dfm_work_agree(w, m, rc))) return rc;
+    rc = DFM_WORK_MPI(w, MPI_Bcast(order, (int)nlist, MPI_UINT32_T, 0, m->comm));
+    dfm_work_ring(w, nlist * 4, m->size);
+    return rc;
+}
+
+static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_work *w) {
+    const uint64_t nlist = v->nlist;
+    int64_t *cnt = malloc((nlist + 1) * sizeof *cnt);
+    uint32_t *order = malloc((nlist + 1) * sizeof *order);
+    lo->owner = malloc((nlist + 1) * sizeof *lo->owner);
+    int rc = cnt && order && lo->owner ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0; !rc && l < nlist; l++) cnt[l] = (int64_t)v->list_sizes[l];
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, cnt, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
+    dfm_work_ring(w, nlist * 8, m->size);
+    if (!rc) rc = group_lists(m, v, order, w);
+    /* in that order, each list goes to the rank where the middle of its entries falls */
+    uint64_t total = 0, cum = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
+    for (uint64_t i = 0; !rc && i < nlist; i++) {
+        uint64_t l = order[i];
+        unsigned __int128 mid = total ? ((unsigned __int128)(cum + (uint64_t)cnt[l] / 2) * (unsigned)m->size) / total
+                                      : ((unsigned __int128)i * (unsigned)m->size) / nlist;
+        lo->owner[l] = mid >= (unsigned)m->size ? m->size - 1 : (int32_t)mid;
+        cum += (uint64_t)cnt[l];
+    }
+    free(cnt);
+    free(order);
+    return rc;
+}
+
+/* this rank's local lists, packed per owner: records (list, n, n codes, n ids), lists ascending */
+static int pack_lists(const dfm_mpi *m, const dfm_ivf_lists *L, const list_owners *lo, uint8_t **sbuf, int *sc, int *sd) {
+    const int P = m->size;
+    uint64_t *bytes = calloc((size_t)P, sizeof *bytes), total = 0;
+    if (!bytes) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t l = 0; l < L->nlist; l++)
+        if (L->sizes[l]) bytes[lo->owner[l]] += 16 + L->sizes[l] * (L->code_size + 8);
+    int rc = DFM_OK;
+    for (int r = 0; r < P; r++) {
+        if (bytes[r] > INT_MAX || total + bytes[r] > (uint64_t)INT_MAX)
+            rc = DFM_FAIL(DFM_EARG, "index shard too large to move in one exchange (%llu bytes to rank %d). HINT: use more ranks",
+                          (unsigned long long)bytes[r], r);
+        sd[r] = (int)total;
+        sc[r] = (int)bytes[r];
+        total += bytes[r];
+    }
+    if (!rc && !(*sbuf = malloc(total + 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu bytes of lists", (unsigned long long)total);
+    uint64_t *fill = calloc((size_t)P, sizeof *fill);
+    if (!rc && !fill) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    const uint8_t *src = L->data;
+    for (uint64_t l = 0; !rc && l < L->nlist; l++) {
+        uint64_t n = L->sizes[l], nb = n * (L->code_size + 8);
+        if (!n) continue;
+        uint8_t *p = *sbuf + sd[lo->owner[l]] + fill[lo->owner[l]];
+        memcpy(p, &l, 8);
+        memcpy(p + 8, &n, 8);
+        memcpy(p + 16, src, nb); /* codes, then ids: the serialisation's own order */
+        fill[lo->owner[l]] += 16 + nb;
+        src += nb;
+    }
+    free(fill);
+    free(bytes);
+    return rc;
+}
+
+/* the records received from every rank (rank order: ascending ids) into this rank's shard */
+static int assemble_lists(const uint8_t *rbuf, const int *rcn, const int *rd, int P, const uint8_t *tbuf, size_t tlen, uint64_t nlist,
+                          uint64_t cs, FaissIndex **out, uint64_t *first, uint64_t *end) {
+    uint64_t *sizes = calloc(nlist + 1, sizeof *sizes), total = 0;
+    size_t *cur = calloc((size_t)P, sizeof *cur);
+    int rc = sizes && cur ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (int r = 0; !rc && r < P; r++)
+        for (size_t at = 0; at < (size_t)rcn[r];) {
+            uint64_t l, n;
+            memcpy(&l, rbuf + rd[r] + at, 8);
+            memcpy(&n, rbuf + rd[r] + at + 8, 8);
+            if (l >= nlist || at + 16 + n * (cs + 8) > (size_t)rcn[r]) {
+                rc = DFM_FAIL(DFM_EINTERNAL, "a malformed list record from rank %d", r);
+                break;
+            }
+            sizes[l] += n;
+            total += n * (cs + 8);
+            at += 16 + n * (cs + 8);
+        }
+    uint8_t *data = rc ? NULL : malloc(total + 1), *dp = data;
+    if (!rc && !data) rc = DFM_FAIL(DFM_ENOMEM, "no memory for a shard of %llu bytes", (unsigned long long)total);
+    *first = UINT64_MAX, *end = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) { /* each rank's records come in list order: one cursor per rank */
+        if (!sizes[l]) continue;
+        uint8_t *codes = dp, *ids = dp + sizes[l] * cs;
+        for (int r = 0; r < P; r++) {
+            uint64_t rl, n;
+            if (cur[r] >= (size_t)rcn[r]) continue;
+            memcpy(&rl, rbuf + rd[r] + cur[r], 8);
+            if (rl != l) continue;
+            memcpy(&n, rbuf + rd[r] + cur[r] + 8, 8);
+            const uint8_t *rec = rbuf + rd[r] + cur[r] + 16;
+            memcpy(codes, rec, n * cs);
+            memcpy(ids, rec + n * cs, n * 8);
+            for (uint64_t i = 0; i < n; i++) {
+                int64_t id;
+                memcpy(&id, ids + 8 * i, 8);
+                if ((uint64_t)id < *first) *first = (uint64_t)id;
+                if ((uint64_t)id + 1 > *end) *end = (uint64_t)id + 1;
+            }
+            codes += n * cs;
+            ids += n * 8;
+            cur[r] += 16 + n * (cs + 8);
+        }
+        dp += sizes[l] * (cs + 8);
+    }
+    if (!rc) rc = dfm_ivf_from_lists(tbuf, tlen, nlist, cs, sizes, data, total, out);
+    if (*first == UINT64_MAX) *first = *end = 0;
+    free(sizes);
+    free(cur);
+    free(data);
+    return rc;
+}
+
+/* the shard of this rank, sharded by list; *idx: in, the local index with this rank's vectors; out, the shard */
+static int shard_by_list(const dfm_mpi *m, const uint8_t *tbuf, size_t tlen, FaissIndex **idx, dfm_index_info *info, dfm_work *w) {
+    const int P = m->size;
+    dfm_ivf v;
+    list_owners lo = {0};
+    dfm_ivf_lists L = {0};
+    uint8_t *ser = NULL, *sbuf = NULL, *rbuf = NULL;
+    size_t nser = 0;
+    int *sc = calloc((size_t)P, sizeof *sc), *sd = calloc((size_t)P, sizeof *sd), *rcn = calloc((size_t)P, sizeof *rcn),
+        *rd = calloc((size_t)P, sizeof *rd);
+    int rc = dfm_ivf_open(*idx, &v);
+    if (!rc && !(sc && sd && rcn && rd)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = own_lists(m, &v, &lo, w);
+    const uint64_t nlist = v.nlist;
+    dfm_ivf_close(&v);
+    if (!rc) rc = dfm_index_to_buffer(*idx, &ser, &nser);
+    if (!rc) {
+        faiss_Index_free(*idx); /* its lists are in ser now */
+        *idx = NULL;
+        rc = dfm_ivf_lists_view(ser, nser, tbuf, tlen, &L);
+    }
+    if (!rc) rc = pack_lists(m, &L, &lo, &sbuf, sc, sd);
+    free(ser);
+    ser = NULL;
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Alltoall(sc, 1, MPI_INT, rcn, 1, MPI_INT, m->comm));
+    uint64_t rtotal = 0;
+    for (int r = 0; !rc && r < P; r++) {
+        rd[r] = (int)rtotal;
+        rtotal += (uint64_t)rcn[r];
+        if (r != m->rank) w->bytes_sent += (uint64_t)sc[r];
+    }
+    if (!rc && rtotal > INT_MAX) rc = DFM_FAIL(DFM_EARG, "a shard of %llu bytes is too large to receive in one exchange. HINT: use more ranks",
+                                               (unsigned long long)rtotal);
+    if (!rc && !(rbuf = malloc(rtotal + 1))) rc = DFM_FAIL(DFM_ENOMEM, "no memory for %llu bytes of lists", (unsigned long long)rtotal);
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Alltoallv(sbuf, sc, sd, MPI_BYTE, rbuf, rcn, rd, MPI_BYTE, m->comm));
+    free(sbuf);
+    if (!rc) rc = assemble_lists(rbuf, rcn, rd, P, tbuf, tlen, nlist, L.code_size, idx, &info->first_id, &info->end_id);
+    info->by_list = 1;
+    free(rbuf);
+    free(L.sizes);
+    free(lo.owner);
+    free(sc);
+    free(sd);
+    free(rcn);
+    free(rd);
+    return dfm_work_agree(w, m, rc);
+}
+
+/* 5. rank 0: the "index" stage object from every rank's shard summary (collective; agreed) */
+static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_index_plan *plan, const dfm_index_info *info,
+                       uint64_t padding, double t0, uint64_t tlen, json_t *training, dfm_work *w, json_t **stage) {
+    json_t *work = NULL;
+    DFM_TRY(dfm_work_gather(m, w, "train_cpu_s", "add_cpu_s", &work));
+    shard_summary me = {info->ntotal, info->first_id, info->end_id, info->bytes, padding, {0}, {0}};
+    memcpy(me.xxh128, info->xxh128, 33);
+    shard_summary *sum = m->rank == 0 ? calloc((size_t)m->size, sizeof *sum) : NULL;
+    int rc = m->rank == 0 && !sum ? DFM_FAIL(DFM_ENOMEM, "no memory") : DFM_OK;
+    if ((rc = dfm_mpi_agree(m, rc))) {
+        json_decref(work);
+        return rc;
+    }
+    rc = DFM_MPI_CHECK(MPI_Gather(&me, sizeof me, MPI_BYTE, sum, sizeof me, MPI_BYTE, 0, m->comm));
+    if (!rc && m->rank == 0) {
+        uint64_t vectors = 0, pads = 0, bytes = 0;
+        json_t *outs = json_array();
+        for (int r = 0; r < m->size; r++) {
+            vectors += sum[r].ntotal;
+            pads += sum[r].padding;
+            bytes += sum[r].bytes;
+            char f[64], sc[64];
+            snprintf(f, sizeof f, "index/index-%05d.faiss", r);
+            snprintf(sc, sizeof sc, "index/index-%05d.json", r);
+            json_array_append_new(outs, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:s}", "file", f, "sidecar", sc, "first_id",
+                                                  (json_int_t)sum[r].first_id, "end_id", (json_int_t)sum[r].end_id, "ntotal",
+                                                  (json_int_t)sum[r].ntotal, "bytes", (json_int_t)sum[r].bytes, "xxh128", sum[r].xxh128));
+        }
+        *stage = json_pack("{s:s, s:i, s:s, s:s, s:i, s:{s:s, s:s, s:I, s:I, s:b}, s:{s:I, s:I, s:I, s:I, s:I}, s:{s:f}, s:o}", "state",
+                           "complete", "ranks", m->size, "factory", plan->factory, "metric", o->metric == DFM_METRIC_IP ? "ip" : "l2", "dim",
+                           (int)info->dim, "choice", "factory", plan->factory, "why", plan->why, "nlist", (json_int_t)plan->nlist, "train_points",
+                           (json_int_t)plan->train_n, "exact_scores", plan->exact_scores, "counts", "vectors", (json_int_t)vectors,
+                           "padding_skipped", (json_int_t)pads, "train_points", (json_int_t)plan->train_n, "shards", (json_int_t)m->size,
+                           "bytes", (json_int_t)bytes, "timings", "total_s", dfm_now() - t0, "outputs", outs);
+        if (!*stage) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        else {
+            json_object_set_new(*stage, "trained_xxh128", json_string(info->trained_xxh128));
+            json_object_set_new(*stage, "trained", json_pack("{s:s, s:I, s:s}", "file", DFM_INDEX_TRAINED_FILE, "bytes", (json_int_t)tlen,
+                                                              "xxh128", info->trained_xxh128));
+            json_object_set(*stage, "training", training ? training : json_null());
+            json_object_set_new(*stage, "sharding", json_string(info->by_list ? "lists" : "ids"));
+            json_object_set(*stage, "work", work);
+        }
+    }
+    json_decref(work);
+    free(sum);
+    return dfm_mpi_agree(m, rc);
+}
+
+/* 4. this rank's shard: the trained empty index, its vectors, written with its sidecar */
+static int build_shard(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
+                       const uint8_t *tbuf, size_t tlen, dfm_index_info *info, uint64_t *padding, dfm_work *w) {
+    FaissIndex *idx = NULL;
+    int rc = dfm_index_from_buffer(tbuf, tlen, &idx);
+    double tadd = dfm_now();
+    dfm_ivf v = {0};
+    if (!rc) rc = dfm_ivf_open(idx, &v); /* the same on every rank: one trained index */
+    if ((rc = dfm_work_agree(w, m, rc))) {
+        if (idx) faiss_Index_free(idx);
+        return rc;
+    }
+    uint64_t nlist = v.nlist;
+    int by_list = v.ivf != NULL;
+    dfm_ivf_close(&v);
+    rc = add_vectors(vs, cs, idx, info->first_id, info->end_id, padding, w);
+    w->coarse_distances += w->vectors_added * nlist; /* FAISS assigns each added vector: nlist distances */
+    if (by_list && !(rc = dfm_work_agree(w, m, rc))) rc = shard_by_list(m, tbuf, tlen, &idx, info, w);
+    if (!rc) {
+        info->ntotal = (uint64_t)faiss_Index_ntotal(idx);
+        char *dir = dfm_path_join(o->run_dir, "index");
+        char *path = dfm_index_path(o->run_dir, m->rank, "faiss");
+        if (!dir || !path) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        if (!rc) rc = dfm_mkdir_p(dir);
+        if (!rc && m->rank == 0) { /* the trained empty index, for ranks of dfm retrieve that hold no shard */
+            char *tp = dfm_path_join(o->run_dir, DFM_INDEX_TRAINED_FILE);
+            rc = tp ? dfm_write_file_atomic(tp, tbuf, tlen) : DFM_FAIL(DFM_ENOMEM, "no memory");
+            free(tp);
+        }
+        if (!rc) rc = dfm_index_write(path, idx, info);
+        if (!rc) DFM_LOG_I("index: shard %d holds %llu vectors of ids in [%llu, %llu)%s (%.2fs to add), %llu bytes", m->rank,
+                           (unsigned long long)info->ntotal, (unsigned long long)info->first_id, (unsigned long long)info->end_id,
+                           info->by_list ? ", whole lists" : "", dfm_now() - tadd, (unsigned long long)info->bytes);
+        free(dir);
+        free(path);
+    }
+    if (idx) faiss_Index_free(idx);
+    return rc;
+}
+
+int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
+                    uint64_t block_chunks, json_t **stage) {
+    *stage = NULL;
+    DFM_TRY(dfm_check_sources(vs, cs, block_chunks));
+    const uint64_t n = vs->n_rows;
+    const uint32_t dim = vs->dim;
+    double t0 = dfm_now();
+    dfm_work w;
+    dfm_work_start(&w);
+    dfm_index_plan plan;
+    int rc = dfm_index_plan_make(o->factory, n, dim, m->size, o->mem_budget, o->metric, o->train_sample, &plan);
+    if ((rc = dfm_mpi_agree(m, rc))) return rc;
+    if (m->rank == 0)
+        DFM_LOG_I("index: %s — %s; %llu training points", plan.factory, plan.why, (unsigned long long)plan.train_n);
+    uint64_t b0, b1;
+    dfm_block_range(n, block_chunks, m->rank, m->size, &b0, &b1);
+    uint64_t lo = b0 * block_chunks < n ? b0 * block_chunks : n, hi = b1 * block_chunks < n ? b1 * block_chunks : n;
+    uint8_t *tbuf = NULL;
+    size_t tlen = 0;
+    json_t *training = NULL;
+    rc = dfm_index_train(m, &plan, vs, o->seed, &tbuf, &tlen, &training, &w);
+    dfm_work_phase(&w, 0);
+    if (rc) {
+        free(tbuf);
+        json_decref(training);
+        return rc;
+    }
+    dfm_index_info info = {0};
+    info.dim = dim;
+    info.metric = o->metric;
+    snprintf(info.factory, sizeof info.factory, "%s", plan.factory);
+    info.first_id = lo;
+    info.end_id = hi;
+    info.shard = m->rank;
+    info.n_shards = m->size;
+    info.exact_scores = plan.exact_scores;
+    XXH128_hash_t h = XXH3_128bits(tbuf, tlen);
+    snprintf(info.trained_xxh128, sizeof info.trained_xxh128, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    uint64_t padding = 0;
+    rc = dfm_work_agree(&w, m, build_shard(m, o, vs, cs, tbuf, tlen, &info, &padding, &w));
+    dfm_work_phase(&w, 1);
+    free(tbuf);
+    if (!rc) rc = index_stage(m, o, &plan, &info, padding, t0, tlen, training, &w, stage);
+    json_decref(training);
+    return rc;
+}
