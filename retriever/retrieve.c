@@ -365,10 +365,13 @@ static int set_param_all(shards_t *sh, const char *name, double v) {
 typedef struct {
     const dfm_mpi *m;
     const dfm_retrieve_opts *o;
-    const dfm_vec_source *vs;
+    const dfm_vec_source *vs;   /* the queries' run: query vectors, their sequences, the output rows */
     const dfm_chunk_source *cs;
+    const dfm_vec_source *dvs;  /* the datastore the index holds: rescoring, brute force, exclusions (= vs, cs */
+    const dfm_chunk_source *dcs; /* unless --datastore names another run) */
+    const char *index_run;      /* the run whose index files are searched */
     json_t *index_stage, *outputs;
-    uint64_t block_chunks, n, index_hash;
+    uint64_t block_chunks, n, nd, index_hash; /* n: query rows; nd: datastore rows (ids < nd) */
     uint32_t dim, k, metric;
     const char *metric_s, *factory;
     shards_t sh;
@@ -394,12 +397,24 @@ static int retrieve_check(retrieve_ctx *r) {
     if (o->exclude > DFM_EXCLUDE_DOCUMENT) return DFM_FAIL(DFM_EARG, "unknown exclusion policy %u", o->exclude);
     if (o->target_recall < 0 || o->target_recall > 1) return DFM_FAIL(DFM_EARG, "--target-recall %g must be in (0, 1]", o->target_recall);
     r->n = r->vs->n_rows;
+    r->nd = r->dvs->n_rows;
     r->dim = r->vs->dim, r->k = o->k;
+    if (r->dvs != r->vs) {
+        if (r->dcs->n_chunks != r->dvs->n_rows)
+            return DFM_FAIL(DFM_EMISMATCH, "datastore run %s: %llu chunks but %llu embedding rows. HINT: re-run its 'dfm encode'", r->index_run,
+                            (unsigned long long)r->dcs->n_chunks, (unsigned long long)r->dvs->n_rows);
+        if (r->dvs->dim != r->dim)
+            return DFM_FAIL(DFM_EMISMATCH, "%s holds embeddings of dim %u but its datastore run %s of dim %u. HINT: encode both with the same "
+                            "encoder", o->run_dir, r->dim, r->index_run, r->dvs->dim);
+        if (o->exclude != DFM_EXCLUDE_NONE)
+            return DFM_FAIL(DFM_EARG, "--exclude %s with --datastore: the datastore's sequences and documents are not the queries'. HINT: use "
+                            "--exclude none (keep the datastore free of the query texts instead)", dfm_exclude_name(o->exclude));
+    }
     r->outputs = json_object_get(r->index_stage, "outputs");
     r->metric_s = json_string_value(json_object_get(r->index_stage, "metric"));
     r->factory = json_string_value(json_object_get(r->index_stage, "factory")) ?: "?";
     if (!json_is_array(r->outputs) || !json_array_size(r->outputs) || !r->metric_s)
-        return DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: the index stage lists no index files or no metric. HINT: re-run 'dfm index'", o->run_dir);
+        return DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: the index stage lists no index files or no metric. HINT: re-run 'dfm index'", r->index_run);
     r->metric = !strcmp(r->metric_s, "ip") ? DFM_METRIC_IP : DFM_METRIC_L2;
     if (o->metric >= 0 && (uint32_t)o->metric != r->metric)
         return DFM_FAIL(DFM_EMISMATCH, "the index of %s uses metric %s but --metric %s was asked for. HINT: drop --metric or re-run 'dfm index --metric %s'",
@@ -450,9 +465,9 @@ static void shard_searchers(retrieve_ctx *r, int i) {
 /* brute force over this rank's share [rank*n/P, (rank+1)*n/P) of the ids, whatever the index's sharding */
 static void bf_searcher(retrieve_ctx *r) {
     shards_t *sh = &r->sh;
-    uint64_t a = (uint64_t)(((unsigned __int128)r->n * (unsigned)r->m->rank) / (unsigned)r->m->size);
-    uint64_t z = (uint64_t)(((unsigned __int128)r->n * (unsigned)(r->m->rank + 1)) / (unsigned)r->m->size);
-    sh->bf_ctx = (dfm_bf_ctx){r->vs, a, z - a, r->metric};
+    uint64_t a = (uint64_t)(((unsigned __int128)r->nd * (unsigned)r->m->rank) / (unsigned)r->m->size);
+    uint64_t z = (uint64_t)(((unsigned __int128)r->nd * (unsigned)(r->m->rank + 1)) / (unsigned)r->m->size);
+    sh->bf_ctx = (dfm_bf_ctx){r->dvs, a, z - a, r->metric};
     sh->bf_s = (dfm_shard_searcher){dfm_bf_search, &sh->bf_ctx, z - a, 1};
     sh->bf_s.scans_all = 1;
 }
@@ -503,7 +518,7 @@ static int choose_quantizer(retrieve_ctx *r) {
         q = &sh->ivf[0];
     } else if (sh->n == 0 && strstr(r->factory, "IVF")) {
         const char *h = json_string_value(json_object_get(r->index_stage, "trained_xxh128"));
-        rc = dfm_index_load_trained(r->o->run_dir, h, &sh->trained);
+        rc = dfm_index_load_trained(r->index_run, h, &sh->trained);
         if (rc == DFM_ENOTFOUND) {
             DFM_LOG_W("%s; each shard assigns the queries itself", dfm_last_error());
             dfm_error_clear();
@@ -538,13 +553,13 @@ static int load_shards(retrieve_ctx *r) {
     bf_searcher(r);
     for (int j = m->rank; j < n_shards && !rc; j += m->size) {
         const char *file = json_string_value(json_object_get(json_array_get(r->outputs, (size_t)j), "file"));
-        char *path = file ? dfm_path_join(o->run_dir, file) : NULL;
-        if (!path) rc = DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: index output %d has no \"file\"", o->run_dir, j);
+        char *path = file ? dfm_path_join(r->index_run, file) : NULL;
+        if (!path) rc = DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: index output %d has no \"file\"", r->index_run, j);
         int i = sh->n;
         if (!rc) rc = dfm_index_load(path, r->dim, (int)r->metric, &sh->idx[i], &sh->info[i]);
-        if (!rc && sh->info[i].end_id > r->n)
+        if (!rc && sh->info[i].end_id > r->nd)
             rc = DFM_FAIL(DFM_EMISMATCH, "index %s holds ids up to %llu but the corpus has %llu chunks. HINT: re-run 'dfm index'", path,
-                          (unsigned long long)sh->info[i].end_id, (unsigned long long)r->n);
+                          (unsigned long long)sh->info[i].end_id, (unsigned long long)r->nd);
         if (!rc) {
             sh->n++;
             rc = dfm_ivf_open(sh->idx[i], &sh->ivf[i]);
@@ -591,13 +606,13 @@ static int recall_sample_exact(retrieve_ctx *r, uint64_t want, uint64_t seed, re
     if (!rc && (!s->ex || !s->ap || !s->nex || !s->nap)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     if (!rc) rc = dfm_work_agree(&r->w, m, rc);
     if (!rc)
-        rc = dfm_dsearch(m, &r->sh.bf_s, 1, NULL, NULL, &r->sp_exact, r->vs, r->cs, s->sq, s->sv, s->snq, s->ex, s->nex, &r->side_bf, &r->w);
+        rc = dfm_dsearch(m, &r->sh.bf_s, 1, NULL, NULL, &r->sp_exact, r->dvs, r->dcs, s->sq, s->sv, s->snq, s->ex, s->nex, &r->side_bf, &r->w);
     return rc;
 }
 
 /* The index's search of the sample and its recall against the exact lists (the same on every rank). */
 static int recall_of_index(retrieve_ctx *r, recall_sample *s, double *recall) {
-    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, s->sq, s->sv, s->snq, s->ap,
+    DFM_TRY(dfm_dsearch(r->m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->dvs, r->dcs, s->sq, s->sv, s->snq, s->ap,
                         s->nap, &r->side, &r->w));
     *recall = r->m->rank == 0 ? dfm_recall(s->ap, s->nap, s->ex, s->nex, s->snq, r->k) : 0;
     DFM_TRY(DFM_WORK_MPI(&r->w, MPI_Bcast(recall, 1, MPI_DOUBLE, 0, r->m->comm)));
@@ -667,6 +682,7 @@ static dfm_nbr_header block_header(const retrieve_ctx *r, uint64_t b) {
     h.first_chunk = first;
     h.n_rows = (first + r->block_chunks < r->n ? first + r->block_chunks : r->n) - first;
     h.n_chunks_total = r->n;
+    h.n_ids = r->dvs != r->vs ? r->nd : 0;
     h.exclude = r->o->exclude;
     h.query_window = r->o->window;
     h.index_hash = r->index_hash;
@@ -686,7 +702,7 @@ static int count_row(retrieve_ctx *r, int has_query, const dfm_query *q, const f
     r->cnt.kept += nh;
     r->cnt.padded += r->k - nh;
     uint64_t excl = 0;
-    DFM_TRY(dfm_count_excluded(&r->sp, q, qv, hits, nh, r->vs, r->cs, &excl));
+    DFM_TRY(dfm_count_excluded(&r->sp, q, qv, hits, nh, r->dvs, r->dcs, &excl));
     r->cnt.excluded += excl;
     return DFM_OK;
 }
@@ -705,7 +721,7 @@ static int keep_block(retrieve_ctx *r, const char *outdir, uint64_t b, int *kept
             DFM_LOG_W("retrieve: %s is damaged (%s); searching its block again", path, dfm_last_error());
             dfm_error_clear();
         } else if (blk->hdr.k != want.k || blk->hdr.metric != want.metric || blk->hdr.first_chunk != want.first_chunk ||
-                   blk->hdr.n_rows != want.n_rows || blk->hdr.n_chunks_total != want.n_chunks_total || blk->hdr.exclude != want.exclude ||
+                   blk->hdr.n_rows != want.n_rows || blk->hdr.n_chunks_total != want.n_chunks_total || blk->hdr.n_ids != want.n_ids || blk->hdr.exclude != want.exclude ||
                    blk->hdr.query_window != want.query_window || blk->hdr.index_hash != want.index_hash) {
             DFM_LOG_W("retrieve: %s was written with other settings or another index; searching its block again", path);
         } else {
@@ -802,7 +818,7 @@ static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds, uint
         uint64_t lo = 0, hi = 0, bend = 0;
         rc = round_queries(r, rs, &nq, &lo, &hi, &bend);
         if ((rc = dfm_work_agree(&r->w, m, rc))) break;
-        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->vs, r->cs, rs->qs, rs->qv, nq, rs->hits,
+        rc = dfm_dsearch(m, r->sh.faiss_s, r->sh.n, r->quant, r->quant ? &r->route : NULL, &r->sp, r->dvs, r->dcs, rs->qs, rs->qv, nq, rs->hits,
                          rs->nh, &r->cnt, &r->w);
         if (rc) break;
         rc = round_rows(r, rs, lo, hi, bend);
@@ -947,11 +963,13 @@ static int retrieve_finish(retrieve_ctx *r, json_t **stage) {
 }
 
 int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
-                     uint64_t block_chunks, json_t *index_stage, json_t **stage) {
+                     uint64_t block_chunks, const dfm_vec_source *ds_vs, const dfm_chunk_source *ds_cs, json_t *index_stage, json_t **stage) {
     *stage = NULL;
     retrieve_ctx r;
     memset(&r, 0, sizeof r);
     r.m = m, r.o = o, r.vs = vs, r.cs = cs, r.block_chunks = block_chunks, r.index_stage = index_stage;
+    r.dvs = ds_vs && ds_cs ? ds_vs : vs, r.dcs = ds_vs && ds_cs ? ds_cs : cs;
+    r.index_run = o->datastore_run ? o->datastore_run : o->run_dir;
     r.tuned_recall = r.measured_recall = -1;
     DFM_TRY(retrieve_check(&r));
     r.t0 = dfm_now();
@@ -960,8 +978,8 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
     int rc = load_shards(&r);
     if (!rc) {
         if (m->rank == 0)
-            DFM_LOG_I("retrieve: %llu chunks, %d index shard(s) of %s on %d rank(s), K=%u margin=%u exclude=%s window=%u",
-                      (unsigned long long)r.n, (int)json_array_size(r.outputs), r.factory, m->size, r.k, o->margin,
+            DFM_LOG_I("retrieve: %llu chunks%s%s, %d index shard(s) of %s on %d rank(s), K=%u margin=%u exclude=%s window=%u",
+                      (unsigned long long)r.n, r.dvs != vs ? " against the datastore " : "", r.dvs != vs ? r.index_run : "", (int)json_array_size(r.outputs), r.factory, m->size, r.k, o->margin,
                       dfm_exclude_name(o->exclude), o->window);
         json_t *exact_j = json_object_get(json_object_get(index_stage, "choice"), "exact_scores");
         int approx = json_is_boolean(exact_j) ? !json_is_true(exact_j) : (r.sh.n ? !r.sh.info[0].exact_scores : 0);

@@ -46,6 +46,7 @@ int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_sou
 
 typedef struct {
     const char *run_dir;
+    const char *datastore_run; /* NULL: RUN searches its own index; else the run whose index and rows it searches */
     uint32_t k, margin, exclude, window;
     uint64_t query_block;   /* queries per rank per round */
     int metric;             /* -1: the index's; else checked against it */
@@ -57,10 +58,13 @@ typedef struct {
 } dfm_retrieve_opts;
 
 /* Retrieve the top-K neighbours of every chunk into RUN/retrieve/nbr-BBBBBB.bin (one file per block).
- * index_stage is the manifest's "index" stage (borrowed). Collective; rank 0 gets the "retrieve"
- * stage object in *stage. */
+ * vs, cs (block_chunks rows per block): RUN's chunks, whose queries are asked. ds_vs, ds_cs: NULL, or
+ * the datastore run o->datastore_run (a query-only run: the neighbours are the datastore's chunks,
+ * searched in its index and rescored from its rows; --exclude must be none; the blocks record the
+ * datastore's chunk count as n_ids). index_stage is the manifest's "index" stage of the run searched
+ * (borrowed). Collective; rank 0 gets the "retrieve" stage object in *stage. */
 int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec_source *vs, const dfm_chunk_source *cs,
-                     uint64_t block_chunks, json_t *index_stage, json_t **stage);
+                     uint64_t block_chunks, const dfm_vec_source *ds_vs, const dfm_chunk_source *ds_cs, json_t *index_stage, json_t **stage);
 
 /* Which ranks hold entries of each inverted list: ranks rank[off[l] .. off[l+1]) for list l. */
 typedef struct {

@@ -13,6 +13,7 @@
 #include "schemas/embedding_shard.h"
 #include "schemas/neighbor_shard.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,7 +123,7 @@ int dfm_cmd_index(int argc, char **argv) {
 int dfm_cmd_retrieve(int argc, char **argv) {
     dfm_mpi m;
     DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
-    char *exclude_s = NULL, *metric_s = NULL;
+    char *exclude_s = NULL, *metric_s = NULL, *datastore = NULL;
     int64_t k = 0, margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
     double target = 0;
     int force = 0, skip = 0;
@@ -140,13 +141,17 @@ int dfm_cmd_retrieve(int argc, char **argv) {
          "held-out queries (printed, and recorded in the manifest as \"tuning\"); 0: FAISS default", 0, .min = "0", .max = "1"},
         {"measure-recall", DFM_OPT_INT, &measure, "0", "N", "measure recall@K against brute force on N sampled queries", 0, .min = "0"},
         {"seed", DFM_OPT_INT, &seed, "1234", "S", "seed of the sampled queries", 0},
+        {"datastore", DFM_OPT_STR, &datastore, NULL, "DS_RUN",
+         "search the index and chunks of another run instead of RUN's own: RUN is then a query-only run (its chunk and encode "
+         "stages suffice), its neighbours are DS_RUN's chunks (write-targets and inspect read them from there); needs --exclude none", 0},
         {"force", DFM_OPT_FLAG, &force, NULL, NULL, "redo the stage even if the manifest says it is complete, or differs", 1},
         {0},
     };
     char **pos = NULL;
     int npos = 0;
-    json_t *cfg = NULL, *stage = NULL, *man = NULL;
-    dfm_run_sources src = {0};
+    json_t *cfg = NULL, *stage = NULL, *man = NULL, *dman = NULL;
+    dfm_run_sources src = {0}, dsrc = {0};
+    char *ds_abs = NULL;
     int rc = dfm_opts_parse("retrieve", "RUN",
                             "Find the top-K neighbours of every chunk's query (the chunk before it) in all index shards: query "
                             "blocks visit every rank (IVF: with their probe lists, computed once by the query's owner), "
@@ -162,18 +167,31 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     const char *run = npos ? pos[0] : NULL;
     if (!rc) rc = dfm_run_sources_open(run, &src);
     if (!rc) rc = dfm_manifest_load(run, 0, &man);
-    if (!rc) rc = dfm_manifest_require_complete(man, "index", run);
+    if (!rc && !datastore) rc = dfm_manifest_require_complete(man, "index", run);
+    if (!rc && datastore) { /* a query-only run: the datastore's index, chunks and rows */
+        if (!(ds_abs = realpath(datastore, NULL))) rc = DFM_FAIL(DFM_ENOTFOUND, "--datastore %s: %s", datastore, strerror(errno));
+        if (!rc) rc = dfm_run_sources_open(ds_abs, &dsrc);
+        if (!rc) rc = dfm_manifest_load(ds_abs, 0, &dman);
+        if (!rc) rc = dfm_manifest_require_complete(dman, "index", ds_abs);
+        if (rc) dfm_error_prefix("--datastore %s", datastore);
+    }
     rc = dfm_mpi_agree(&m, rc);
     if (!rc) rc = stage_begin(&m, run, "retrieve", cfg, force, &skip);
     if (!rc && !skip) {
-        dfm_retrieve_opts o = {run,    (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
-                               metric, nprobe,      ef,               target,            (uint64_t)measure, (uint64_t)seed};
-        rc = dfm_retrieve_run(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, dfm_manifest_stage(man, "index"), &stage);
+        dfm_retrieve_opts o = {run,    ds_abs, (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
+                               metric, nprobe, ef,          target,           (uint64_t)measure, (uint64_t)seed};
+        rc = dfm_retrieve_run(&m, &o, &src.vs, &src.cs, src.emb->block_chunks, ds_abs ? &dsrc.vs : NULL, ds_abs ? &dsrc.cs : NULL,
+                              dfm_manifest_stage(ds_abs ? dman : man, "index"), &stage);
     }
+    if (!rc && !skip && stage && ds_abs) /* rank 0: which run the neighbour ids index (shard/target_source.c reads it) */
+        json_object_set_new(stage, "datastore", json_pack("{s:s, s:I}", "run", ds_abs, "chunks", (json_int_t)dsrc.vs.n_rows));
     if (!rc && !skip) rc = stage_end(&m, run, "retrieve", stage);
     rc = dfm_mpi_agree(&m, rc);
     json_decref(stage);
     json_decref(man);
+    json_decref(dman);
+    free(ds_abs);
+    dfm_run_sources_close(&dsrc);
     json_decref(cfg);
     dfm_run_sources_close(&src);
     free(pos);

@@ -16,7 +16,7 @@
 
 static uint64_t header_checksum(const dfm_nbr_header *h) { return XXH3_64bits(h, offsetof(dfm_nbr_header, header_checksum)); }
 
-int dfm_nbr_row_check(const dfm_nbr_row *row, uint32_t metric, uint64_t n_chunks_total) {
+int dfm_nbr_row_check(const dfm_nbr_row *row, uint32_t metric, uint64_t id_bound) {
     uint32_t k = row->k;
     if (k == 0 || k > DFM_NBR_MAX_K) return DFM_FAIL(DFM_EFORMAT, "row of chunk %llu: K = %u outside 1..64", (unsigned long long)row->chunk_id, k);
     if (k < 64 && (row->mask >> k))
@@ -37,9 +37,9 @@ int dfm_nbr_row_check(const dfm_nbr_row *row, uint32_t metric, uint64_t n_chunks
         if (seen_empty)
             return DFM_FAIL(DFM_EFORMAT, "row of chunk %llu, slot %u: a real slot after an empty one (mask 0x%llx)",
                             (unsigned long long)row->chunk_id, j, (unsigned long long)row->mask);
-        if (id < 0 || (uint64_t)id >= n_chunks_total)
+        if (id < 0 || (uint64_t)id >= id_bound)
             return DFM_FAIL(DFM_EFORMAT, "row of chunk %llu, slot %u: id %lld outside [0, %llu)", (unsigned long long)row->chunk_id, j,
-                            (long long)id, (unsigned long long)n_chunks_total);
+                            (long long)id, (unsigned long long)id_bound);
         if (!isfinite(s))
             return DFM_FAIL(DFM_EFORMAT, "row of chunk %llu, slot %u: score is not finite", (unsigned long long)row->chunk_id, j);
         if (j > 0) {
@@ -96,7 +96,7 @@ int dfm_nbr_writer_add(dfm_nbr_writer *w, const int64_t *ids, const float *score
         return DFM_FAIL(DFM_EINTERNAL, "neighbour block %s: more than %llu rows added", w->path, (unsigned long long)w->hdr.n_rows);
     uint32_t k = w->hdr.k;
     dfm_nbr_row row = {w->hdr.first_chunk + w->rows_added, k, ids, scores, mask};
-    if (dfm_nbr_row_check(&row, w->hdr.metric, w->hdr.n_chunks_total)) {
+    if (dfm_nbr_row_check(&row, w->hdr.metric, dfm_nbr_id_bound(&w->hdr))) {
         dfm_error_prefix("writing %s", w->path);
         return DFM_FAIL(DFM_EINTERNAL, "%s", dfm_last_error());
     }
@@ -168,7 +168,7 @@ static int validate(dfm_nbr_block *b) {
         return DFM_FAIL(DFM_ECHECKSUM, "neighbour block %s: payload checksum mismatch (the rows are damaged). HINT: re-run 'dfm retrieve'", p);
     for (uint64_t i = 0; i < h->n_rows; i++) {
         dfm_nbr_row r = dfm_nbr_block_row(b, i);
-        if (dfm_nbr_row_check(&r, h->metric, h->n_chunks_total)) return dfm_error_prefix("neighbour block %s", p);
+        if (dfm_nbr_row_check(&r, h->metric, dfm_nbr_id_bound(h))) return dfm_error_prefix("neighbour block %s", p);
     }
     return DFM_OK;
 }
@@ -246,7 +246,8 @@ int dfm_nbr_set_open(const char *run_dir, dfm_nbr_set **out) {
         uint64_t next = 0;
         for (int i = 0; i < set->n_blocks && !rc; i++) {
             const dfm_nbr_header *h = &set->blocks[i]->hdr, *h0 = &set->blocks[0]->hdr;
-            if (h->k != h0->k || h->metric != h0->metric || h->n_chunks_total != h0->n_chunks_total || h->index_hash != h0->index_hash)
+            if (h->k != h0->k || h->metric != h0->metric || h->n_chunks_total != h0->n_chunks_total || h->n_ids != h0->n_ids ||
+                h->index_hash != h0->index_hash)
                 rc = DFM_FAIL(DFM_EMISMATCH, "neighbour blocks %s and %s disagree on K, metric, corpus size or index", set->blocks[0]->path,
                               set->blocks[i]->path);
             if (!rc && h->first_chunk != next)

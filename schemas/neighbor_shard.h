@@ -48,7 +48,9 @@ typedef struct {
     uint64_t payload_bytes;    /*  64: n_rows * row_bytes */
     uint64_t payload_checksum; /*  72: XXH3-64 of the payload */
     uint64_t index_hash;       /*  80: identifies the index the rows came from (0 = unknown) */
-    uint8_t reserved[32];      /*  88: zero */
+    uint64_t n_ids;            /*  88: 0: ids are this run's chunks (< n_chunks_total); else ids are chunks of a
+                                *      datastore run of n_ids chunks (dfm retrieve --datastore), every real id < n_ids */
+    uint8_t reserved[24];      /*  96: zero */
     uint64_t header_checksum;  /* 120: XXH3-64 of the 120 bytes before this field */
 } dfm_nbr_header;
 
@@ -67,16 +69,19 @@ typedef struct {
 } dfm_nbr_row;
 
 /* Check one row's invariants: mask bits only below K, real slots first, ids[j] >= 0 exactly where the
- * bit is set and < n_chunks_total, empty slots hold id -1, scores finite and ordered (metric order,
+ * bit is set and < id_bound (dfm_nbr_id_bound), empty slots hold id -1, scores finite and ordered (metric order,
  * then id ascending on ties). Returns DFM_OK or DFM_EFORMAT saying which slot and why (the caller
  * prefixes the file name). */
-int dfm_nbr_row_check(const dfm_nbr_row *row, uint32_t metric, uint64_t n_chunks_total);
+int dfm_nbr_row_check(const dfm_nbr_row *row, uint32_t metric, uint64_t id_bound);
+/* Every real neighbour id of a block with header h is below this: n_ids when set (a datastore run's
+ * chunks), else n_chunks_total. */
+static inline uint64_t dfm_nbr_id_bound(const dfm_nbr_header *h) { return h->n_ids ? h->n_ids : h->n_chunks_total; }
 
 /* ---- writing ---------------------------------------------------------------------------------- */
 typedef struct dfm_nbr_writer dfm_nbr_writer;
 
 /* Start a block at PATH (buffered in memory, written under a temporary name at close). hdr supplies
- * k, metric, first_chunk, n_rows, n_chunks_total, exclude, query_window, index_hash; the rest is
+ * k, metric, first_chunk, n_rows, n_chunks_total, n_ids, exclude, query_window, index_hash; the rest is
  * filled in. DFM_EARG if K is 0 or > 64, or the metric/exclusion is unknown. */
 int dfm_nbr_writer_open(const char *path, const dfm_nbr_header *hdr, dfm_nbr_writer **out);
 /* Append the next row (ids and scores have K entries). The row is checked with dfm_nbr_row_check;

@@ -79,6 +79,12 @@ static int verify_retrieve(const char *run, json_t *man) {
             rc = DFM_FAIL(DFM_EMISMATCH, "%s: K %u, metric %s, index %s; %s/manifest.json's retrieve stage says K %lld, metric %s, "
                           "index %s (blocks of another retrieval). HINT: re-run 'dfm retrieve --force'", ns->blocks[0]->path, h->k, hm,
                           have, run, (long long)mk, met ? met : "(none)", ih ? ih : "(none)");
+        json_t *ds = json_object_get(st, "datastore");
+        json_int_t ds_chunks = ds ? json_integer_value(json_object_get(ds, "chunks")) : 0;
+        if (!rc && (uint64_t)ds_chunks != h->n_ids)
+            rc = DFM_FAIL(DFM_EMISMATCH, "%s: neighbour ids index %s (n_ids %llu); %s/manifest.json's retrieve stage says %s %lld chunks. "
+                          "HINT: re-run 'dfm retrieve --force'", ns->blocks[0]->path, h->n_ids ? "a datastore run" : "this run",
+                          (unsigned long long)h->n_ids, run, ds ? "a datastore of" : "this run's own", (long long)ds_chunks);
     }
     if (!rc) printf("verify: retrieve: %d blocks, %llu rows of K %u: headers, payload checksums, rows and tiling OK\n", ns->n_blocks,
                     (unsigned long long)ns->n_chunks, ns->k);

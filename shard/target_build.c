@@ -568,6 +568,9 @@ int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const d
     f.level = bc->rec.level;
     f.n_shards = bc->n_shards;
     f.n_chunks_total = n_chunks;
+    /* a query-only run: its neighbour ids are the datastore run's chunks (shard/target_source.c) */
+    json_int_t ds_chunks = json_integer_value(json_object_get(json_object_get(dfm_manifest_stage(man, "retrieve"), "datastore"), "chunks"));
+    f.n_ids = ds_chunks > 0 ? (uint64_t)ds_chunks : 0;
     dfm_target_fingerprint(upstream, &f, fp);
     memcpy(f.fingerprint, fp, 17);
     json_t *fmt = dfm_target_format_make(&f, upstream);

@@ -192,9 +192,11 @@ json_t *dfm_target_upstream(json_t *manifest) {
 
 void dfm_target_fingerprint(json_t *upstream, const dfm_target_shard_meta *f, char out[17]) {
     char *up = json_dumps(upstream, JSON_SORT_KEYS | JSON_COMPACT);
-    char *all = dfm_strdupf("%s|k=%u|d=%u|dtype=%d|ids=%d|shuffle=%d|level=%d|shards=%u|n=%llu|v=%u", up ? up : "", f->k, f->d,
+    char ids[40] = "";
+    if (f->n_ids) snprintf(ids, sizeof ids, "|n_ids=%llu", (unsigned long long)f->n_ids); /* absent for a run's own ids */
+    char *all = dfm_strdupf("%s|k=%u|d=%u|dtype=%d|ids=%d|shuffle=%d|level=%d|shards=%u|n=%llu|v=%u%s", up ? up : "", f->k, f->d,
                             f->dtype, f->ids_only, f->shuffle, f->level, f->n_shards, (unsigned long long)f->n_chunks_total,
-                            DFM_TREC_VERSION);
+                            DFM_TREC_VERSION, ids);
     hex64(all ? XXH3_64bits(all, strlen(all)) : 0, out);
     free(up);
     free(all);
@@ -215,12 +217,14 @@ int dfm_target_upstream_check(json_t *stored, json_t *current, const char *targe
 }
 
 json_t *dfm_target_format_make(const dfm_target_shard_meta *f, json_t *upstream) {
-    return json_pack("{s:i, s:I, s:I, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:s, s:O}", "record_version", (int)DFM_TREC_VERSION, "k",
+    json_t *fmt = json_pack("{s:i, s:I, s:I, s:s, s:s, s:b, s:I, s:I, s:I, s:I, s:s, s:O}", "record_version", (int)DFM_TREC_VERSION, "k",
                      (json_int_t)f->k, "d", (json_int_t)f->d, "dtype", dfm_dtype_name(f->dtype), "store",
                      f->ids_only ? "ids" : "embeddings", "shuffle", f->shuffle, "zstd_level", (json_int_t)f->level, "n_shards",
                      (json_int_t)f->n_shards, "n_chunks", (json_int_t)f->n_chunks_total, "span",
                      (json_int_t)dfm_target_span(f->n_chunks_total, f->n_shards), "fingerprint", f->fingerprint, "upstream",
                      upstream);
+    if (fmt && f->n_ids) json_object_set_new(fmt, "n_ids", json_integer((json_int_t)f->n_ids));
+    return fmt;
 }
 
 int dfm_target_format_parse(json_t *fmt, const char *run_dir, dfm_target_shard_meta *f, json_t **upstream) {
@@ -250,6 +254,10 @@ int dfm_target_format_parse(json_t *fmt, const char *run_dir, dfm_target_shard_m
     f->level = (int)level;
     f->n_shards = (uint32_t)shards;
     f->n_chunks_total = (uint64_t)n;
+    json_t *ni = json_object_get(fmt, "n_ids");
+    if (ni && (!json_is_integer(ni) || json_integer_value(ni) < 1))
+        return DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: targets format \"n_ids\" must be a positive integer", run_dir);
+    f->n_ids = ni ? (uint64_t)json_integer_value(ni) : 0;
     memcpy(f->fingerprint, fp, 17);
     if (upstream) *upstream = up;
     return DFM_OK;

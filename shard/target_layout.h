@@ -48,6 +48,8 @@ typedef struct {
     uint64_t seq_starts;      /* records flagged SEQ_START */
     uint64_t padded_slots;    /* masked slots in records that have at least one valid slot */
     char fingerprint[17];     /* 16 hex digits: run fingerprint (see dfm_target_fingerprint) */
+    uint64_t n_ids;           /* the targets format only: neighbour ids are chunks of a datastore run of n_ids chunks
+                               * (a query-only run, dfm retrieve --datastore); 0: this run's own chunks */
 } dfm_target_shard_meta;
 
 /* Write DIR/shard.json atomically. */

@@ -189,6 +189,7 @@ int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts
                       run_dir, f.k, f.d, (unsigned long long)f.n_chunks_total, o.k, o.d, (unsigned long long)o.n_chunks);
     if (!rc) {
         r->info.n_chunks = f.n_chunks_total;
+        r->info.n_ids = f.n_ids;
         r->info.k = f.k;
         r->info.d = f.d;
         r->info.dtype = f.dtype;
@@ -246,9 +247,10 @@ static int decode_into(const dfm_target_reader *r, dfm_trec_codec *c, const shar
         rc = DFM_FAIL(DFM_EFORMAT, "record header says chunk %llu", (unsigned long long)out->chunk_id);
     if (!rc) {
         for (uint32_t i = 0; i < r->info.k && !rc; i++)
-            if (((out->mask >> i) & 1u) && (uint64_t)out->ids[i] >= r->info.n_chunks)
-                rc = DFM_FAIL(DFM_ERANGE, "slot %u: neighbour id %lld is not a chunk of this run (%llu chunks)", i,
-                              (long long)out->ids[i], (unsigned long long)r->info.n_chunks);
+            if (((out->mask >> i) & 1u) && (uint64_t)out->ids[i] >= (r->info.n_ids ? r->info.n_ids : r->info.n_chunks))
+                rc = DFM_FAIL(DFM_ERANGE, "slot %u: neighbour id %lld is not a chunk of %s (%llu chunks)", i, (long long)out->ids[i],
+                              r->info.n_ids ? "its datastore run" : "this run",
+                              (unsigned long long)(r->info.n_ids ? r->info.n_ids : r->info.n_chunks));
     }
     if (!rc && r->info.ids_only && out->emb) rc = fill_from_tables(r, out);
     if (!rc && payload_sum) {

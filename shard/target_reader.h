@@ -47,6 +47,7 @@ typedef struct {
     uint64_t span;      /* chunk ids per shard (shard s holds [s*span, (s+1)*span)) */
     uint64_t raw_bytes, stored_bytes; /* totals over all records */
     char fingerprint[17];
+    uint64_t n_ids;     /* neighbour ids are < n_ids: a datastore run's chunks (a query-only run); 0: ids < n_chunks */
 } dfm_target_info;
 
 /* Open RUN's target shards and check them: the manifest's "targets" stage must be complete

@@ -103,13 +103,17 @@ static json_t *stage_copy(const char *run, const char *stage) {
 /* The stages in order, each called as `dfm STAGE RUN [INPUTS] --config CONFIG [--force]`; agreed.
  * Rank 0 logs each stage's wall time in this build and whether it did anything ("skipped": its
  * manifest entry is unchanged). */
-static int run_stages(const dfm_mpi *m, const dfm_build_config *o, const char *run, char **inputs, int n_inputs) {
+static int run_stages(const dfm_mpi *m, const dfm_build_config *o, const char *run, char **inputs, int n_inputs, int query_only) {
     const char *stages = o->stages;
     char *config = (char *)o->config;
     int force = o->force, rc = DFM_OK;
     dfm_mpi_hold(1);
     for (int s = 0; !rc && s < N_STAGES; s++) {
         if (!wanted(stages, all_stages[s].name)) continue;
+        if (query_only && !strcmp(all_stages[s].name, "index")) { /* retrieve searches the datastore's index */
+            if (m->rank == 0) DFM_LOG_I("build: no index stage: a query-only run (\"retrieve\": {\"datastore\": ...}) searches its datastore's");
+            continue;
+        }
         if (m->rank == 0) DFM_LOG_I("build: stage %s", all_stages[s].name);
         char *av[512];
         int ac = 0;
@@ -183,7 +187,8 @@ int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
     if (!rc && m->rank == 0) rc = dfm_runlock_take(run);
     rc = dfm_mpi_agree(m, rc);
     double t0 = dfm_now();
-    if (!rc) rc = run_stages(m, o, run, inputs, n_inputs);
+    int query_only = json_object_get(json_object_get(cfg, "retrieve"), "datastore") != NULL;
+    if (!rc) rc = run_stages(m, o, run, inputs, n_inputs, query_only);
     if (!rc && m->rank == 0) {
         rc = dfm_manifest_load(run, 0, &man);
         if (!rc) {

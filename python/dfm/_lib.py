@@ -39,7 +39,8 @@ class TargetInfo(ctypes.Structure):
     """dfm_target_info (shard/target_reader.h)."""
     _fields_ = [("n_chunks", ctypes.c_uint64), ("k", ctypes.c_uint32), ("d", ctypes.c_uint32), ("dtype", ctypes.c_int),
                 ("ids_only", ctypes.c_int), ("n_shards", ctypes.c_uint32), ("span", ctypes.c_uint64),
-                ("raw_bytes", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64), ("fingerprint", ctypes.c_char * 17)]
+                ("raw_bytes", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64), ("fingerprint", ctypes.c_char * 17),
+                ("n_ids", ctypes.c_uint64)]
 
 
 class OpenOpts(ctypes.Structure):

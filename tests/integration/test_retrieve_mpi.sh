@@ -13,6 +13,9 @@
 #   5. Resume by block: a rank SIGKILLed after writing a block; the re-run (on another rank count) keeps
 #      the finished blocks untouched (same inode), searches a damaged one again, and ends with the files
 #      and counts of an uninterrupted run.
+#   6. A query-only run (--datastore): another run's queries against this index, exact on np 1, 2, 3
+#      (the reference reads the datastore the stage names), files identical; IVF on np 1 and 3; its
+#      targets hold the datastore's rows (verify recomputes every record); refusals.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DFM=${DFM:-$ROOT/build/dfm}
@@ -158,4 +161,51 @@ mpi 2 "$DFM" retrieve "$R" --nprobe 4 --query-block 100 >"$T/out.txt" 2>"$T/log"
 grep -q "$f is damaged" "$T/log" || { cat "$T/log"; fail "the damaged $f was not reported"; }
 for g in "$T/res-ref"/retrieve/nbr-*.bin; do cmp -s "$g" "$R/retrieve/$(basename "$g")" || fail "after a damaged block, $(basename "$g") differs"; done
 echo "ok: a damaged finished block is searched again"
+
+echo "== 6. a query-only run: queries of one run, neighbours from another run's index (--datastore)"
+DS=$T/ds; fresh "$DS"
+mpi 2 "$DFM" index "$DS" --index Flat 2>"$T/log" || { cat "$T/log"; fail "index of the datastore"; }
+"$ROOT/build/tools/retrieve_mkrun" "$T/qbase" 700 32 16 300 11 >/dev/null
+for np in 1 2 3; do
+  Q=$T/q$np; rm -rf "$Q"; cp -r "$T/qbase" "$Q"
+  mpi $np "$DFM" retrieve "$Q" --datastore "$DS" --exclude none --margin 4 --query-block 128 2>"$T/log" || { cat "$T/log"; fail "retrieve --datastore np=$np"; }
+  "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$Q" --check | grep -q "against a datastore of 3000" || fail "np=$np: not checked against the datastore"
+  "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$Q" --check >/dev/null || fail "np=$np: --datastore rows differ from the reference"
+  [ $np = 1 ] || for f in "$T/q1"/retrieve/nbr-*.bin; do cmp -s "$f" "$Q/retrieve/$(basename "$f")" || fail "--datastore: $(basename "$f") differs between np=1 and np=$np"; done
+done
+"$PY" - "$T/q1/manifest.json" "$DS" <<'EOF2'
+import json, os, sys
+st = json.load(open(sys.argv[1]))["stages"]["retrieve"]
+want = {"run": os.path.realpath(sys.argv[2]), "chunks": 3000}
+sys.exit(0 if st.get("datastore") == want else f"retrieve stage records datastore {st.get('datastore')}, expected {want}")
+EOF2
+# the ids are the datastore's: some exceed the query run's 700 chunks, and the blocks say so (n_ids)
+"$PY" - "$T/q1/retrieve/nbr-000000.bin" <<'EOF2'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+(n_ids,) = struct.unpack_from("<Q", b, 88)
+k, = struct.unpack_from("<I", b, 16); n, = struct.unpack_from("<Q", b, 32); rb, = struct.unpack_from("<Q", b, 40)
+top = max(struct.unpack_from("<q", b, 128 + i * rb)[0] for i in range(n))
+sys.exit(0 if n_ids == 3000 and top >= 700 else f"n_ids {n_ids}, largest first neighbour {top}")
+EOF2
+mpi 2 "$DFM" write-targets "$T/q1" --target-shards 3 >"$T/log" 2>&1 || { cat "$T/log"; fail "write-targets of the query-only run"; }
+"$DFM" verify "$T/q1" --recompute-records 1 >/dev/null 2>"$T/log" || { cat "$T/log"; fail "the query-only run's records differ from the datastore rows"; }
+echo "ok: --datastore exact against the reference on np 1, 2, 3 (identical files), recorded, its targets from the datastore's rows"
+Q=$T/qivf; rm -rf "$Q"; cp -r "$T/qbase" "$Q"
+mpi 3 "$DFM" index "$DS" --index IVF32,Flat --force 2>"$T/log" || { cat "$T/log"; fail "IVF index of the datastore"; }
+mpi 1 "$DFM" retrieve "$Q" --datastore "$DS" --exclude none --nprobe 8 2>"$T/log" || { cat "$T/log"; fail "IVF --datastore np 1"; }
+cp -r "$Q/retrieve" "$T/qivf-1"
+mpi 3 "$DFM" retrieve "$Q" --datastore "$DS" --exclude none --nprobe 8 --force 2>"$T/log" || { cat "$T/log"; fail "IVF --datastore np 3"; }
+for f in "$T/qivf-1"/nbr-*.bin; do cmp -s "$f" "$Q/retrieve/$(basename "$f")" || fail "IVF --datastore: $(basename "$f") differs between np 1 and 3"; done
+"$PY" "$ROOT/tests/ref/retrieval_reference.py" "$Q" --min-recall 0.9 >/dev/null || fail "IVF --datastore recall"
+echo "ok: IVF --datastore: same files on np 1 and 3, recall >= 0.9"
+# refusals: exclusions across runs, another dimension, a datastore without an index
+if "$DFM" retrieve "$T/q2" --datastore "$DS" --force 2>"$T/log"; then fail "--datastore with the default --exclude sequence must fail"; fi
+grep -q "exclude none" "$T/log" || { cat "$T/log"; fail "--datastore exclusion message"; }
+"$ROOT/build/tools/retrieve_mkrun" "$T/q16" 200 16 16 100 3 >/dev/null
+if "$DFM" retrieve "$T/q16" --datastore "$DS" --exclude none 2>"$T/log"; then fail "a datastore of another dimension must fail"; fi
+grep -q "dim 16 but its datastore run .* of dim 32" "$T/log" || { cat "$T/log"; fail "dimension message"; }
+if "$DFM" retrieve "$T/q16" --datastore "$T/qbase" --exclude none 2>"$T/log"; then fail "a datastore without an index must fail"; fi
+grep -q "index" "$T/log" || { cat "$T/log"; fail "no-index message"; }
+echo "ok: --datastore refusals (exclusions, dimension, no index)"
 echo "all retrieval checks passed"

@@ -13,6 +13,10 @@ blocks) with its own parsers — no dfm code — and recomputes every chunk's to
                      sequence = i's training sequence, document = self + chunks whose document range
                      overlaps [doc_first(first source), doc_last(i)]
 
+A query-only run (`dfm retrieve RUN --datastore DS`: its retrieve stage names DS) is checked against
+DS's chunks and embeddings as the candidates: queries from RUN, neighbours from DS, no exclusions
+but all-padding chunks.
+
   retrieval_reference.py RUN [--check] [--min-recall R] [--exclude P] [--k K] [--window W]
     --check         every row must equal the reference exactly (ids and mask; scores within 1e-5)
     --min-recall R  recall@K of the rows against the reference must be >= R (approximate indexes)
@@ -88,14 +92,20 @@ def load_neighbours(run, man):
     return r["ids"], r["scores"][:, :hdr0["k"]], r["mask"], hdr0
 
 
-def reference(x, doc_first, doc_last, n_valid, flags, cps, k, metric, exclude, window):
+def reference(x, doc_first, doc_last, n_valid, flags, cps, k, metric, exclude, window, xd=None, n_valid_d=None):
+    """xd, n_valid_d: a datastore's embeddings and valid-token counts (the candidates; else x's own)"""
     n = x.shape[0]
     ids = np.full((n, k), -1, np.int64)
     scores = np.zeros((n, k), np.float32)
     mask = np.zeros(n, np.uint64)
     x64 = x.astype(np.float64)
     seq_start = (np.arange(n) % cps == 0) | ((flags & 1) != 0)
-    all_ids = np.arange(n)
+    if xd is None:
+        xd, n_valid_d = x, n_valid
+    else:
+        assert exclude == 0, "a datastore run is retrieved with --exclude none"
+    xd64 = xd.astype(np.float64)
+    all_ids = np.arange(xd.shape[0])
     for i in range(n):
         if n_valid[i] == 0 or seq_start[i]:
             continue
@@ -115,10 +125,10 @@ def reference(x, doc_first, doc_last, n_valid, flags, cps, k, metric, exclude, w
             q = x64[src].sum(axis=0)
             q = (q / np.linalg.norm(q)).astype(np.float32).astype(np.float64)
         if metric == 0:
-            s = (x64 @ q).astype(np.float32)
+            s = (xd64 @ q).astype(np.float32)
         else:
-            s = ((x64 - q) ** 2).sum(axis=1).astype(np.float32)
-        ok = n_valid > 0
+            s = ((xd64 - q) ** 2).sum(axis=1).astype(np.float32)
+        ok = n_valid_d > 0
         if exclude == 1:
             ok &= ~((all_ids >= first) & (all_ids <= i))
         elif exclude == 2:
@@ -147,9 +157,17 @@ def main():
     x = load_embeddings(args.run, man)
     got_ids, got_scores, got_mask, h = load_neighbours(args.run, man)
     k, metric, exclude, window = h["k"], h["metric"], h["exclude"], h["window"]
-    ids, scores, mask = reference(x, doc_first, doc_last, n_valid, flags, cps, k, metric, exclude, window)
+    ds = man["stages"]["retrieve"].get("datastore")
+    xd = n_valid_d = None
+    if ds:
+        dman = json.load(open(os.path.join(ds["run"], "manifest.json")))
+        n_valid_d = load_chunks(ds["run"], dman)[2]
+        xd = load_embeddings(ds["run"], dman)
+        assert xd.shape[0] == ds["chunks"] == n_valid_d.shape[0], "the datastore changed since the retrieval"
+    ids, scores, mask = reference(x, doc_first, doc_last, n_valid, flags, cps, k, metric, exclude, window, xd, n_valid_d)
     n = x.shape[0]
-    tag = f"K={k} metric={'ip' if metric == 0 else 'l2'} exclude={EXCLUDE[exclude]} window={window}, {n} chunks"
+    tag = f"K={k} metric={'ip' if metric == 0 else 'l2'} exclude={EXCLUDE[exclude]} window={window}, {n} chunks" + \
+        (f" against a datastore of {xd.shape[0]}" if ds else "")
     if got_ids.shape != ids.shape:
         print(f"FAIL shape {got_ids.shape} vs reference {ids.shape}")
         return 1

@@ -131,8 +131,8 @@ int main(int argc, char **argv) {
     json_t *man = NULL;
     if (dfm_manifest_load(run, 1, &man)) return fail();
     dfm_manifest_set_stage(man, "chunk",
-                           json_pack("{s:s, s:i, s:{s:s}, s:{s:I, s:I}, s:o}", "state", "complete", "ranks", 1, "config", "synthetic",
-                                     "retrieve_mkrun", "counts", "chunks", (json_int_t)n, "documents", (json_int_t)n_docs, "outputs", couts));
+                           json_pack("{s:s, s:i, s:{s:s, s:i, s:i}, s:{s:I, s:I}, s:o}", "state", "complete", "ranks", 1, "config", "synthetic",
+                                     "retrieve_mkrun", "chunk-len", (int)L, "seq-len", (int)(L * cps), "counts", "chunks", (json_int_t)n, "documents", (json_int_t)n_docs, "outputs", couts));
     dfm_manifest_set_stage(man, "encode",
                            json_pack("{s:s, s:i, s:I, s:i, s:s, s:o}", "state", "complete", "ranks", 1, "block_chunks", (json_int_t)block, "dim",
                                      (int)dim, "dtype", dfm_emb_dtype_name((uint32_t)dtype), "outputs", eouts));
