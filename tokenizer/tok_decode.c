@@ -77,18 +77,7 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
     if (!type) return DFM_LFAIL(lc, DFM_EFORMAT, "%s has no \"type\"", where);
     dfm_dec_stage st = {0};
     int rc = DFM_OK;
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(p, "decoders");
-        if (!json_is_array(arr)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.decoders is not an array", where);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", where, i);
-            json_t *x = json_array_get(arr, i);
-            if (!json_is_object(x)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s is not an object", sub);
-            DFM_TRY(parse_stage(lc, tok, x, sub));
-        }
-        return DFM_OK;
-    }
+    if (!strcmp(type, "Sequence")) return dfm_jsequence(lc, tok, p, "decoders", where, parse_stage);
     if (!strcmp(type, "ByteLevel")) st.kind = DFM_DEC_BYTELEVEL;
     else if (!strcmp(type, "ByteFallback")) st.kind = DFM_DEC_BYTEFALLBACK;
     else if (!strcmp(type, "Fuse")) st.kind = DFM_DEC_FUSE;

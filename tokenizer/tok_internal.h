@@ -282,6 +282,11 @@ int dfm_tok_fail_in(const dfm_load_ctx *lc, const char *src, int line, int code,
 const char *dfm_jstr(const void *obj, const char *key, size_t *len);
 /* A boolean member, def when absent or null; DFM_EFORMAT naming where when it is another type. */
 int dfm_jbool(const dfm_load_ctx *lc, const void *obj, const char *key, int def, const char *where, int *out);
+/* A component's parser: one JSON object at where (the JSON path) into tok. */
+typedef int (*dfm_component_parser)(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *obj, const char *where);
+/* A "Sequence" component: each object of its array member key, in order, through parse (where.key[i] as
+ * its path); DFM_EFORMAT when key is not an array of objects. */
+int dfm_jsequence(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *seq, const char *key, const char *where, dfm_component_parser parse);
 /* One character given as a JSON string (Metaspace replacement, Strip content, CharDelimiterSplit). */
 int dfm_jchar(const dfm_load_ctx *lc, const void *obj, const char *key, const char *where, uint32_t *out);
 /* Map a token string of tokenizer.json to its raw key bytes (byte-level: through the byte alphabet when

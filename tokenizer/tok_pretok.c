@@ -84,18 +84,7 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
     const char *type = dfm_jstr(p, "type", NULL);
     if (!type) return DFM_LFAIL(lc, DFM_EFORMAT, "%s has no \"type\"", where);
     dfm_pre_stage st = {.label = NULL};
-    if (!strcmp(type, "Sequence")) {
-        json_t *arr = json_object_get(p, "pretokenizers");
-        if (!json_is_array(arr)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.pretokenizers is not an array", where);
-        for (size_t i = 0; i < json_array_size(arr); i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", where, i);
-            json_t *x = json_array_get(arr, i);
-            if (!json_is_object(x)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s is not an object", sub);
-            DFM_TRY(parse_stage(lc, tok, x, sub));
-        }
-        return DFM_OK;
-    }
+    if (!strcmp(type, "Sequence")) return dfm_jsequence(lc, tok, p, "pretokenizers", where, parse_stage);
     dfm_pre_stage *bl = NULL; /* what follows ByteLevel splits its byte-level string */
     for (size_t i = 0; i < tok->n_pre; i++)
         if (tok->pre[i].kind == DFM_PRE_BYTELEVEL) bl = &tok->pre[i];

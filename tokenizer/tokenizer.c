@@ -96,6 +96,19 @@ int dfm_jbool(const dfm_load_ctx *lc, const void *obj, const char *key, int def,
     return DFM_OK;
 }
 
+int dfm_jsequence(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *seq, const char *key, const char *where, dfm_component_parser parse) {
+    json_t *arr = json_object_get(seq, key);
+    if (!json_is_array(arr)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.%s is not an array", where, key);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", where, key, i);
+        json_t *x = json_array_get(arr, i);
+        if (!json_is_object(x)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s is not an object", sub);
+        DFM_TRY(parse(lc, tok, x, sub));
+    }
+    return DFM_OK;
+}
+
 int dfm_jchar(const dfm_load_ctx *lc, const void *obj, const char *key, const char *where, uint32_t *out) {
     size_t n;
     const char *s = dfm_jstr(obj, key, &n);
