@@ -17,7 +17,8 @@
 #
 #   bash bench/bench_real_memory.sh                       # about 2 hours on 2 cores
 #   SEEDS="1" PARTS="probes" bash bench/bench_real_memory.sh
-# Knobs: SEEDS (1 2 3), PARTS (text probes), TEXT_BYTES (bytes of each real corpus, 250000), EPOCHS_TEXT (2),
+# Knobs: SEEDS (1 2 3), PARTS (text probes), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
+# held out, 8), EPOCHS_TEXT (2),
 # ENTITIES (240), PROBES (120 probes, both forms), EPOCHS_FACTS (4), FUSION (26,29), PRED_INPUT (16), THREADS (2),
 # WORK (scratch folder, kept; default /tmp/dfm-real-memory).
 set -euo pipefail
@@ -26,7 +27,7 @@ cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2}
+SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
 ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} EPOCHS_FACTS=${EPOCHS_FACTS:-4} FUSION=${FUSION:-26,29}
 PRED_INPUT=${PRED_INPUT:-16} THREADS=${THREADS:-2} NP=${NP:-2}
 W=${WORK:-/tmp/dfm-real-memory}
@@ -72,18 +73,26 @@ for seed in $SEEDS; do
     for corpus in gcide foldoc; do
       src=$DFM_CACHE/corpus/$corpus-1mb.jsonl d=$W/$corpus-s$seed
       mkdir -p "$d"
-      # the first TEXT_BYTES of the corpus, split by document: about 1 in 8 documents held out, drawn by seed
-      python3 - "$src" "$d" "$seed" "$TEXT_BYTES" <<'PY'
+      # the first TEXT_BYTES of the corpus, split by document: about 1 in HOLDOUT documents held out, drawn by seed
+      python3 - "$src" "$d" "$seed" "$TEXT_BYTES" "$HOLDOUT" <<'PY'
 import hashlib, json, sys
-src, d, seed, limit = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-n, tr, ho = 0, open(d + "/train.jsonl", "w"), open(d + "/heldout.jsonl", "w")
+src, d, seed, limit, every = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+n, held, kept, tr, ho = 0, 0, 0, open(d + "/train.jsonl", "w"), open(d + "/heldout.jsonl", "w")
 for line in open(src):
     if n >= limit:
         break
     n += len(line)
     doc = json.loads(line)
     h = int(hashlib.sha256((seed + doc["id"]).encode()).hexdigest(), 16)
-    (ho if h % 8 == 0 else tr).write(line)
+    if h % every == 0:
+        ho.write(line)
+        held += 1
+    else:
+        tr.write(line)
+        kept += 1
+if held < 2 or kept < 2:
+    sys.exit("bench_real_memory: %s: %d documents held out, %d kept in the first %d bytes: raise TEXT_BYTES or lower HOLDOUT"
+             % (src, held, kept, limit))
 PY
       echo "== $corpus, seed $seed: datastore and training part, then the held-out part as a query-only run"
       build "$d/train" "$d/train.jsonl" $T "" document

@@ -18,6 +18,7 @@ CE of answer tokens against the other tokens of the sequence.
 
     python3 bench/knowledge/score.py --backbone LM --modules M.safetensors --run PROBE_RUN --spans SPANS.jsonl
         --probes PROBES.jsonl --corpus-run CORPUS_RUN --tokenizer tokenizer.json --out RESULT.json [--threads 2]
+        [--limit N]
 """
 import argparse
 import glob
@@ -74,6 +75,7 @@ def main():
         ap.add_argument("--" + k, required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=0, help="score only the first N probe sequences (0: all)")
     a = ap.parse_args()
     import torch
     import dfm
@@ -84,6 +86,10 @@ def main():
     t0 = time.time()
     tok = Tokenizer.from_file(a.tokenizer)
     spans = [json.loads(l) for l in open(a.spans)]
+    if a.limit:
+        spans = spans[:a.limit]
+    if len({s["entity"] for s in spans}) < 2:
+        sys.exit("score: the shuffled controls need probes of at least two entities (raise --limit)")
     probes = {p["id"]: p for p in (json.loads(l) for l in open(a.probes))}
     backbone = dt.load_backbone(a.backbone)
     mods = dt.DFMModules.from_safetensors(a.modules)

@@ -8,7 +8,11 @@
 #   2. retrieval finds the facts: chunk 1 (the prompt) as the query, a neighbour of the answer chunk holds
 #      the answer in >= 75 % of the probes (the corpus run's chunk texts); the same check on the rows
 #      shuffled between probes stays below 50 % (the check can fail);
-#   3. the probe run's targets feed dfm-train eval: every mode and both shuffled controls finite.
+#   3. the probe run's targets feed dfm-train eval: every mode and both shuffled controls finite, and each
+#      memory effect is its control's CE minus the mode's;
+#   4. the probe scoring (bench/knowledge/score.py, dfm.torch) on 4 probe sequences: every mode scored,
+#      the pasted fact (in-context reference) raises the answer's log-probability over fusion off by > 2
+#      nats, retrieval recall as in 2.
 # SKIP when the LM is not installed (make lm).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,6 +96,27 @@ e = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 keys = ["ce_none", "ce_pred", "ce_target", "ce_pred_shuffled", "ce_target_shuffled"]
 bad = [k for k in keys if not (isinstance(e.get(k), float) and math.isfinite(e[k]))]
 assert not bad, "not finite: %s" % bad
-print("eval on the probe run: " + ", ".join("%s %.4f" % (k, e[k]) for k in keys))
+for m in ("pred", "target"):  # the effect is control minus real (both rounded to 1e-6 in the JSON)
+    d = e["ce_%s_shuffled" % m] - e["ce_" + m]
+    assert abs(e["memory_effect_" + m] - d) <= 3e-6, "memory_effect_%s %g, shuffled - real %g" % (m, e["memory_effect_" + m], d)
+print("eval on the probe run: " + ", ".join("%s %.4f" % (k, e[k]) for k in keys) +
+      "; memory effect pred %+.4f, target %+.4f" % (e["memory_effect_pred"], e["memory_effect_target"]))
+EOF
+
+echo "== 4. the probe scoring on 4 sequences"
+"$PY" "$ROOT/bench/knowledge/score.py" --backbone "$LM" --modules "$T/dfm/dfm_modules.safetensors" --run "$T/probes" \
+  --spans "$T/pt/spans.jsonl" --probes "$T/probes.jsonl" --corpus-run "$T/corpus" --tokenizer "$TOK" --out "$T/score.json" \
+  --threads 2 --limit 4 >"$T/score.log" 2>&1 || { tail -20 "$T/score.log"; fail "score.py"; }
+"$PY" - "$T/score.json" <<'EOF' || fail "probe scores"
+import json, math, sys
+r = json.load(open(sys.argv[1]))
+al = r["all"]
+modes = ["none", "predicted", "target", "predicted_shuffled", "target_shuffled", "in_context"]
+assert r["sequences"] == 4 and all(al[m]["n"] == 4 and math.isfinite(al[m]["logprob"]) for m in modes), al
+gain = al["in_context"]["logprob"] - al["none"]["logprob"]
+assert gain > 2, "the pasted fact raises the answer log-prob by only %.2f nats" % gain
+assert r["analysis"]["retrieval_recall"] >= 0.75, r["analysis"]["retrieval_recall"]
+print("probe scores (answer log-prob): " + ", ".join("%s %.2f" % (m, al[m]["logprob"]) for m in modes) +
+      "; in-context gain %.2f nats; retrieval recall %.2f" % (gain, r["analysis"]["retrieval_recall"]))
 EOF
 echo "all knowledge-probe checks passed"
