@@ -93,7 +93,7 @@ def row(s, x, date):
             f"| **{x['ratio']:.2f}×**{spread(x)} | {agree_text(x)} | {date} |")
 
 def goal_text(s, x):
-    g = GOALS.get(s)
+    g = x.get("goal", GOALS.get(s))  # a row may carry its own goal (the encoder's lower precisions: 2x fp32 peers)
     if g is None:
         return "—"
     mm = x.get("ratio_min_max")
