@@ -511,13 +511,14 @@ int dfm_encoder_encode(dfm_encoder *enc, const char *const *texts, const size_t 
 }
 
 #ifndef DFM_HAVE_CUDA
-/* Built without CUDA: the GPU entry points exist and say so. */
-int bert_cuda_device_count(void) { return 0; }
-int bert_cuda_init(dfm_encoder *enc) {
+/* Built without CUDA: the GPU entry points exist and say so. Weak, so that a program linking encoder/bert_cuda.cu
+ * built for the host emulation of CUDA (tests/cuda/encoder_cuda_check.cu) gets the real ones. */
+__attribute__((weak)) int bert_cuda_device_count(void) { return 0; }
+__attribute__((weak)) int bert_cuda_init(dfm_encoder *enc) {
     return DFM_FAIL(DFM_ECUDA, "this dfm was built without CUDA. HINT: rebuild with 'make CUDA=1'");
 }
-void bert_cuda_free(dfm_encoder *enc) {}
-int bert_forward_cuda(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
+__attribute__((weak)) void bert_cuda_free(dfm_encoder *enc) {}
+__attribute__((weak)) int bert_forward_cuda(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
     return DFM_FAIL(DFM_ECUDA, "this dfm was built without CUDA. HINT: rebuild with 'make CUDA=1'");
 }
 #endif
