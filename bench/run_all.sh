@@ -98,6 +98,9 @@ def goal_text(s, x):
         return "—"
     mm = x.get("ratio_min_max")
     low = mm[0] if isinstance(mm, list) and len(mm) == 2 else x["ratio"]
+    ag = x["agree"]
+    if low >= g and not (ag.get("ok") if isinstance(ag, dict) else bool(ag)):
+        return f"≥ {g}×: not met (fast enough in every round, but the outputs fail their check)"
     if low >= g:
         return f"≥ {g}×: **met**"
     return f"≥ {g}×: not met" + (" (median only)" if x["ratio"] >= g else "")
