@@ -186,7 +186,7 @@ $(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 
 # checker = tests/cuda/<checker>.cu, its main behind -D<checker>_DEF, the CUDA sources it tests and the
 # CPU twins it compares with
-CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check
+CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check encoder_cuda_check
 ops_cuda_check_DEF := DFM_OPS_CUDA_CHECK_MAIN
 ops_cuda_check_CU := trainer/ops_cuda.cu
 ops_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
@@ -196,11 +196,18 @@ attention_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common
 model_cuda_check_DEF := DFM_MODEL_CUDA_CHECK_MAIN
 model_cuda_check_CU := trainer/ops_cuda.cu trainer/attention_cuda.cu trainer/stack_cuda.cu trainer/model_cuda.cu
 model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
+# the encoder's checker links the whole library (loading, tokenising, the CPU forward; bert_model.c's CUDA stubs
+# are weak, so the emulated bert_cuda.cu's entry points win) and the libraries it needs
+encoder_cuda_check_DEF := DFM_ENCODER_CUDA_CHECK_MAIN
+encoder_cuda_check_CU := encoder/bert_cuda.cu
+encoder_cuda_check_C :=
+encoder_cuda_check_A := $(BUILD)/libdfm.a
+encoder_cuda_check_LIBS := $(PKG_LIBS)
 
 PYTHON ?= python3
 BLAS_LIBS := $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
 EMU := $(BUILD)/emu
-EMU_STUBS := $(addprefix $(EMU)/include/,cublas_v2.h cuda_runtime.h cuda_runtime_api.h cuda_bf16.h)
+EMU_STUBS := $(addprefix $(EMU)/include/,cublas_v2.h cuda_runtime.h cuda_runtime_api.h cuda_bf16.h cuda_fp16.h)
 # with SAN=1 (build-san/emu/): under ASan+UBSan, as the C objects they link with
 EMU_CXXFLAGS := -std=c++17 $(OPT) -g -w -MMD -MP -I$(EMU)/include $(INCS) -include tests/cuda/host_emu_cuda.h \
                 -DDFM_HAVE_CUDA=1 $(SANFLAGS)
@@ -237,16 +244,16 @@ endif
 
 define checker_rules
 $(EMU)/obj/tests/cuda/$(1).o $(BUILD)/obj/tests/cuda/$(1).cu.o: CHECK_DEF := -D$($(1)_DEF)
-$(EMU)/$(1): $(patsubst %.cu,$(EMU)/obj/%.o,tests/cuda/$(1).cu $($(1)_CU)) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
-	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(BLAS_LIBS) -lgomp -lm -pthread
+$(EMU)/$(1): $(patsubst %.cu,$(EMU)/obj/%.o,tests/cuda/$(1).cu $($(1)_CU)) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C)) $($(1)_A)
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $($(1)_LIBS) $$(BLAS_LIBS) -lgomp -lm -pthread
 ifneq ($(EMU_MUT),)
-$(MUT)/$(1): $(foreach s,tests/cuda/$(1).cu $($(1)_CU),$(call mut_obj,$(s))) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
-	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(BLAS_LIBS) -lgomp -lm -pthread
+$(MUT)/$(1): $(foreach s,tests/cuda/$(1).cu $($(1)_CU),$(call mut_obj,$(s))) $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C)) $($(1)_A)
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $($(1)_LIBS) $$(BLAS_LIBS) -lgomp -lm -pthread
 endif
 $(BUILD)/checks/$(1): $(patsubst %.cu,$(BUILD)/obj/%.cu.o,tests/cuda/$(1).cu $($(1)_CU)) \
-                      $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C))
+                      $(patsubst %.c,$(BUILD)/obj/%.o,$($(1)_C)) $($(1)_A)
 	@mkdir -p $$(dir $$@)
-	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $$(CHECK_CUDA_LIBS) $$(BLAS_LIBS) -lgomp -lm -pthread
+	$$(CXX) $$(LDFLAGS) -o $$@ $$^ $($(1)_LIBS) $$(CHECK_CUDA_LIBS) $$(BLAS_LIBS) -lgomp -lm -pthread
 endef
 $(foreach c,$(CHECKERS),$(eval $(call checker_rules,$(c))))
 

@@ -6,8 +6,8 @@
  * (cpu_seconds: process CPU time of the pass, all threads; gflop: the model FLOPs the pass spent; CORE:
  * OpenBLAS's kernel set, corrected as dfm-train does on CPUs OpenBLAS does not know: common/blas_core.h).
  * With OUT_F32, the last pass's vectors are written there as raw little-endian float32 rows, N x dim,
- * for the agreement check.
- * usage: bench_encoder MODEL_DIR TEXTS_JSONL [REPS [OUT_F32 [BATCH]]]
+ * for the agreement check. PRECISION: fp32 (default), bf16 or int8 (dfm encode --precision; encoder.h).
+ * usage: bench_encoder MODEL_DIR TEXTS_JSONL [REPS [OUT_F32 [BATCH [PRECISION]]]]
  * Built by `make bench-programs` (build/bench/bench_encoder), run by bench/bench_encoder_cpu.sh. */
 #include "common/blas_core.h"
 #include "common/error.h"
@@ -69,7 +69,7 @@ static int read_texts(const char *path, char ***text, size_t **len) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s MODEL_DIR TEXTS_JSONL [REPS [OUT_F32 [BATCH]]]\n", argv[0]);
+        fprintf(stderr, "usage: %s MODEL_DIR TEXTS_JSONL [REPS [OUT_F32 [BATCH [PRECISION]]]]\n", argv[0]);
         return 2;
     }
     /* OpenBLAS's SIMD kernels on CPUs its dispatcher does not know, as dfm-train's main does
@@ -78,12 +78,18 @@ int main(int argc, char **argv) {
     int reps = argc > 3 ? atoi(argv[3]) : 1;
     const char *out_path = argc > 4 && argv[4][0] ? argv[4] : NULL;
     int batch = argc > 5 ? atoi(argv[5]) : 0;
+    const char *prec_name = argc > 6 ? argv[6] : "fp32";
+    int prec = dfm_encoder_precision_parse(prec_name);
+    if (prec < 0) {
+        fprintf(stderr, "precision '%s': use fp32, bf16 or int8\n", prec_name);
+        return 2;
+    }
     char **text;
     size_t *len;
     int n = read_texts(argv[2], &text, &len);
     if (n <= 0) return 1;
     dfm_encoder *enc = NULL;
-    if (dfm_encoder_load(argv[1], DFM_DEVICE_CPU, DFM_COMPUTE_F32, &enc) ||
+    if (dfm_encoder_load(argv[1], DFM_DEVICE_CPU, prec, &enc) ||
         (batch > 0 && dfm_encoder_set_batch(enc, batch))) {
         fprintf(stderr, "%s\n", dfm_last_error());
         return 1;
@@ -100,9 +106,9 @@ int main(int argc, char **argv) {
         double dt = clock_s(CLOCK_MONOTONIC) - t0, dc = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
         dfm_encoder_get_stats(enc, &s1);
         if (!rc)
-            printf("dfm pass=%d threads=%d texts=%d tokens=%llu batch=%s seconds=%.4f cpu_seconds=%.4f gflop=%.3f blas=%s\n", r,
-                   omp_get_max_threads(), n, (unsigned long long)(s1.tokens - s0.tokens),
-                   batch > 0 ? argv[5] : "default", dt, dc, (s1.flops - s0.flops) * 1e-9, dfm_blas_core_name());
+            printf("dfm pass=%d threads=%d texts=%d tokens=%llu batch=%s seconds=%.4f cpu_seconds=%.4f gflop=%.3f blas=%s "
+                   "precision=%s\n", r, omp_get_max_threads(), n, (unsigned long long)(s1.tokens - s0.tokens),
+                   batch > 0 ? argv[5] : "default", dt, dc, (s1.flops - s0.flops) * 1e-9, dfm_blas_core_name(), prec_name);
     }
     if (rc) { fprintf(stderr, "%s\n", dfm_last_error()); return 1; }
     if (out_path) {

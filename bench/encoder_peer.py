@@ -4,17 +4,24 @@ venv (bench/peers.sh); a missing peer is an error, never replaced by another.
   export MODEL OUT.onnx          MiniLM (local weights) -> ONNX, with mean pooling and L2 normalisation in
                                  the graph, then ONNX Runtime's transformer optimizer (fused Attention,
                                  SkipLayerNormalization, Gelu); prints the fused-operator counts
-  run PEER MODEL TEXTS T REPS B  PEER st | ort; one untimed warm-up call on the first 64 texts, then REPS
+  quantize IN.onnx OUT.onnx      ONNX Runtime's quantize_dynamic on the exported graph: int8 weights, activations
+                                 quantised at run time (DynamicQuantizeLinear + MatMulInteger / QAttention,
+                                 which ORT's MLAS runs with VNNI where the CPU has it)
+  run PEER MODEL TEXTS T REPS B  PEER st | st-bf16 | ort | ort-int8 (st-bf16: sentence-transformers under
+                                 torch.autocast("cpu", torch.bfloat16); ort-int8: MODEL is quantize's
+                                 output); one untimed warm-up call on the first 64 texts, then REPS
                                  timed passes over all texts at batch size B and T threads; prints
                                  "PEER pass=R threads=T texts=N batch=B seconds=S cpu_seconds=C" lines
                                  and a final "version ..." line; --out F.f32 writes the last pass's vectors
   sweep PEER MODEL TEXTS T B...  one process, a warm-up, then one timed pass per batch size; prints
                                  "best_batch=B" (least CPU-seconds)
-  compare A.f32 B.f32            max abs error and min cosine between two N x 384 float32 files
+  compare A.f32 B.f32            max abs error, min and mean cosine between two N x 384 float32 files, and the
+                                 recall@16 of B's nearest neighbours (inner product, self excluded) against A's
 
 Timing is in-process, around the encode call only (model loading excluded), as bench_encoder.c times
 dfm: tokenisation is inside on both sides. cpu_seconds is the process CPU time (all threads).
-For ort, MODEL is the .onnx file written by export and the tokenizer.json is read from --tokenizer-dir.
+For ort and ort-int8, MODEL is the .onnx file written by export (or quantize) and the tokenizer.json is read
+from --tokenizer-dir.
 """
 import argparse
 import json
@@ -94,9 +101,26 @@ def cmd_export(a):
     return 0 if err < 1e-4 else 1
 
 
+def cmd_quantize(a):
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    # the fused graph's contrib operators (Attention, SkipLayerNormalization) defeat ONNX shape inference;
+    # their outputs are float, which DefaultTensorType tells the quantizer
+    quantize_dynamic(a.inp, a.out, weight_type=QuantType.QInt8, per_channel=a.per_channel,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    ops = {}
+    for n in onnx.load(a.out).graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    q = {k: v for k, v in sorted(ops.items()) if "Integer" in k or k.startswith("Q") or "Quantize" in k}
+    print(f"quantize_dynamic (weights QInt8, per_channel={a.per_channel}) -> {os.path.basename(a.out)}, "
+          f"quantised operators {json.dumps(q, sort_keys=True)}")
+    return 0 if q else 1
+
+
 # ---- peers ------------------------------------------------------------------------------------------
 class STPeer:
-    def __init__(self, model_dir, threads):
+    def __init__(self, model_dir, threads, bf16=False):
         import torch
 
         torch.set_num_threads(threads)
@@ -106,17 +130,20 @@ class STPeer:
         from sentence_transformers import SentenceTransformer
 
         self.torch = torch
+        self.bf16 = bf16
         self.m = SentenceTransformer(model_dir, device="cpu")
         self.version = (f"sentence-transformers {sentence_transformers.__version__}, torch {torch.__version__}, "
-                        f"transformers {transformers.__version__}, max_seq_length {self.m.max_seq_length}")
+                        f"transformers {transformers.__version__}, max_seq_length {self.m.max_seq_length}"
+                        f"{', torch.autocast cpu bfloat16' if bf16 else ''}")
 
     def encode(self, texts, batch):
-        with self.torch.inference_mode():
-            return self.m.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_numpy=True)
+        with self.torch.inference_mode(), self.torch.autocast("cpu", dtype=self.torch.bfloat16, enabled=self.bf16):
+            e = self.m.encode(texts, batch_size=batch, normalize_embeddings=True, convert_to_tensor=True)
+        return e.float().numpy()
 
 
 class ORTPeer:
-    def __init__(self, onnx_path, tokenizer_dir, threads):
+    def __init__(self, onnx_path, tokenizer_dir, threads, int8=False):
         import numpy as np
         import onnxruntime as ort
         import tokenizers
@@ -136,8 +163,9 @@ class ORTPeer:
         self.tok = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
         self.tok.no_padding()
         self.tok.enable_truncation(max_length=max_seq_length(tokenizer_dir))
-        self.version = (f"onnxruntime {ort.__version__} (CPUExecutionProvider, fused graph, ORT_ENABLE_ALL, "
-                        f"thread pool spinning off), tokenizers {tokenizers.__version__}")
+        self.version = (f"onnxruntime {ort.__version__} (CPUExecutionProvider, fused graph"
+                        f"{', quantize_dynamic int8' if int8 else ''}, ORT_ENABLE_ALL, thread pool spinning off), "
+                        f"tokenizers {tokenizers.__version__}")
 
     def encode(self, texts, batch):
         """Tokenise all, sort by length, run length-sorted batches padded to their longest text."""
@@ -162,11 +190,11 @@ class ORTPeer:
 
 
 def make_peer(a):
-    if a.peer == "st":
-        return STPeer(a.model, a.threads)
-    if a.peer == "ort":
-        return ORTPeer(a.model, a.tokenizer_dir, a.threads)
-    raise SystemExit(f"unknown peer {a.peer} (st | ort)")
+    if a.peer in ("st", "st-bf16"):
+        return STPeer(a.model, a.threads, bf16=a.peer == "st-bf16")
+    if a.peer in ("ort", "ort-int8"):
+        return ORTPeer(a.model, a.tokenizer_dir, a.threads, int8=a.peer == "ort-int8")
+    raise SystemExit(f"unknown peer {a.peer} (st | st-bf16 | ort | ort-int8)")
 
 
 def timed(peer, texts, batch):
@@ -215,7 +243,16 @@ def cmd_compare(a):
         return 1
     x, y = x.reshape(-1, a.dim), y.reshape(-1, a.dim)
     cos = (x * y).sum(1) / np.maximum(np.linalg.norm(x, axis=1) * np.linalg.norm(y, axis=1), 1e-30)
-    print(f"rows={len(x)} max_abs_err={np.abs(x - y).max():.3g} min_cos={cos.min():.9f}")
+    k = min(a.k, len(x) - 1)
+
+    def knn(e):
+        s = e @ e.T
+        np.fill_diagonal(s, -np.inf)
+        return np.argsort(-s, axis=1, kind="stable")[:, :k]
+
+    recall = float(np.mean([len(set(p) & set(q)) / k for p, q in zip(knn(x), knn(y))])) if k > 0 else float("nan")
+    print(f"rows={len(x)} max_abs_err={np.abs(x - y).max():.3g} min_cos={cos.min():.9f} mean_cos={cos.mean():.9f} "
+          f"recall{a.k}={recall:.5f}")
     return 0
 
 
@@ -227,7 +264,7 @@ def main():
     e.add_argument("out")
     for name in ("run", "sweep"):
         p = sub.add_parser(name)
-        p.add_argument("peer", choices=["st", "ort"])
+        p.add_argument("peer", choices=["st", "st-bf16", "ort", "ort-int8"])
         p.add_argument("model")
         p.add_argument("texts")
         p.add_argument("threads", type=int)
@@ -242,8 +279,14 @@ def main():
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--dim", type=int, default=384)
+    c.add_argument("--k", type=int, default=16)
+    q = sub.add_parser("quantize")
+    q.add_argument("inp")
+    q.add_argument("out")
+    q.add_argument("--per-channel", action="store_true")
     a = ap.parse_args()
-    return {"export": cmd_export, "run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare}[a.cmd](a)
+    return {"export": cmd_export, "run": cmd_run, "sweep": cmd_sweep, "compare": cmd_compare,
+            "quantize": cmd_quantize}[a.cmd](a)
 
 
 if __name__ == "__main__":

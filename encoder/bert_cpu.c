@@ -223,7 +223,7 @@ static void pool_row(float *o, const float *x, int T, int H, int mode) {
 
 /* ---- state: packed weights and per-thread work areas ------------------------------------------- */
 struct bert_cpu {
-    int isa;
+    int isa, prec;   /* the GEMM kernel and its precision (bert_gemm.h) */
     struct bert_cpu_layer {
         bert_gemm_w qkv, ao, fc, proj;
     } *layer;
@@ -241,6 +241,8 @@ int bert_cpu_init(dfm_encoder *enc) {
     if (!P) return DFM_FAIL(DFM_ENOMEM, "no memory");
     enc->cpu = P;
     P->isa = bert_gemm_isa();
+    P->prec = enc->compute == DFM_COMPUTE_BF16 ? BERT_PREC_BF16 : enc->compute == DFM_COMPUTE_INT8 ? BERT_PREC_INT8 : BERT_PREC_F32;
+    DFM_TRY(bert_gemm_prec_check(P->isa, P->prec));
     P->layer = calloc(c->layers, sizeof *P->layer);
     if (!P->layer) return DFM_FAIL(DFM_ENOMEM, "no memory");
     P->n_layers = c->layers;
@@ -248,10 +250,10 @@ int bert_cpu_init(dfm_encoder *enc) {
     for (int l = 0; l < c->layers; l++) {
         const struct bert_layer *L = &enc->w.layer[l];
         struct bert_cpu_layer *PL = &P->layer[l];
-        DFM_TRY(bert_gemm_pack(&PL->qkv, L->qkv_w, 3 * H, H, P->isa));
-        DFM_TRY(bert_gemm_pack(&PL->ao, L->ao_w, H, H, P->isa));
-        DFM_TRY(bert_gemm_pack(&PL->fc, L->fc_w, FF, H, P->isa));
-        DFM_TRY(bert_gemm_pack(&PL->proj, L->proj_w, H, FF, P->isa));
+        DFM_TRY(bert_gemm_pack(&PL->qkv, L->qkv_w, 3 * H, H, P->isa, P->prec));
+        DFM_TRY(bert_gemm_pack(&PL->ao, L->ao_w, H, H, P->isa, P->prec));
+        DFM_TRY(bert_gemm_pack(&PL->fc, L->fc_w, FF, H, P->isa, P->prec));
+        DFM_TRY(bert_gemm_pack(&PL->proj, L->proj_w, H, FF, P->isa, P->prec));
     }
     return DFM_OK;
 }
@@ -274,7 +276,11 @@ void bert_cpu_free(dfm_encoder *enc) {
     enc->cpu = NULL;
 }
 
-const char *bert_cpu_kernel(const dfm_encoder *enc) { return bert_gemm_isa_name(enc->cpu ? enc->cpu->isa : 0); }
+const char *bert_cpu_kernel(const dfm_encoder *enc) {
+    if (enc->cpu && enc->cpu->prec == BERT_PREC_BF16) return "avx512_bf16";
+    if (enc->cpu && enc->cpu->prec == BERT_PREC_INT8) return "avx512_vnni";
+    return bert_gemm_isa_name(enc->cpu ? enc->cpu->isa : 0);
+}
 
 /* Rows per GEMM call for a chunk of R rows: as few equal tiles of at most TILE_ROWS as cover it (a small
  * remainder tile would stream every weight from L3 for little work), rounded up to 8 rows. */
@@ -287,18 +293,22 @@ static int chunk_tile(int R) {
  * a 64-byte boundary. */
 typedef struct {
     float *x, *qkv, *att, *tmp, *fc, *attn;
+    void *gemm; /* bert_gemm's scratch (bf16 / int8 input rows) */
 } chunk_work;
 
-static size_t carve_work(chunk_work *cw, float *base, int R, int T, const dfm_bert_config *c) {
+static size_t carve_work(chunk_work *cw, float *base, int R, int T, const dfm_bert_config *c, int prec) {
     int H = c->hidden, FF = c->inter;
-    size_t sizes[6] = {(size_t)R * H, (size_t)R * 3 * H, (size_t)R * H, (size_t)R * H, (size_t)TILE_ROWS * FF,
-                       attention_work_floats(T, H / c->heads)};
-    float **dst[6] = {&cw->x, &cw->qkv, &cw->att, &cw->tmp, &cw->fc, &cw->attn};
+    float *gemm = NULL;
+    size_t sizes[7] = {(size_t)R * H, (size_t)R * 3 * H, (size_t)R * H, (size_t)R * H, (size_t)TILE_ROWS * FF,
+                       attention_work_floats(T, H / c->heads),
+                       (bert_gemm_scratch_bytes(TILE_ROWS, H > FF ? H : FF, prec) + sizeof(float) - 1) / sizeof(float)};
+    float **dst[7] = {&cw->x, &cw->qkv, &cw->att, &cw->tmp, &cw->fc, &cw->attn, &gemm};
     size_t off = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         if (base) *dst[i] = base + off;
         off += ROUND_UP(sizes[i], 16);
     }
+    cw->gemm = gemm;
     return off;
 }
 
@@ -324,7 +334,7 @@ static void forward_chunk(const dfm_encoder *enc, const dfm_bert_batch *b, int s
          * fc = GELU(x Wfc + b); x = LN2(fc Wproj + b + x) */
         for (int t = 0; t < R; t += tile) {
             int m = R - t < tile ? R - t : tile;
-            bert_gemm(qkv + (size_t)t * 3 * H, x + (size_t)t * H, m, &PL->qkv, L->qkv_b, BERT_ACT_NONE);
+            bert_gemm(qkv + (size_t)t * 3 * H, x + (size_t)t * H, m, &PL->qkv, L->qkv_b, BERT_ACT_NONE, cw->gemm);
         }
         for (int s = s0; s < s1; s++) {
             int o = b->off[s] - r0, T = b->off[s + 1] - b->off[s];
@@ -334,10 +344,10 @@ static void forward_chunk(const dfm_encoder *enc, const dfm_bert_batch *b, int s
         for (int t = 0; t < R; t += tile) {
             int m = R - t < tile ? R - t : tile;
             float *xt = x + (size_t)t * H, *yt = tmp + (size_t)t * H;
-            bert_gemm(yt, att + (size_t)t * H, m, &PL->ao, L->ao_b, BERT_ACT_NONE);
+            bert_gemm(yt, att + (size_t)t * H, m, &PL->ao, L->ao_b, BERT_ACT_NONE, cw->gemm);
             residual_layernorm(xt, yt, L->ln1_w, L->ln1_b, m, H, c->ln_eps);
-            bert_gemm(fc, xt, m, &PL->fc, L->fc_b, BERT_ACT_GELU);
-            bert_gemm(yt, fc, m, &PL->proj, L->proj_b, BERT_ACT_NONE);
+            bert_gemm(fc, xt, m, &PL->fc, L->fc_b, BERT_ACT_GELU, cw->gemm);
+            bert_gemm(yt, fc, m, &PL->proj, L->proj_b, BERT_ACT_NONE, cw->gemm);
             residual_layernorm(xt, yt, L->ln2_w, L->ln2_b, m, H, c->ln_eps);
         }
     }
@@ -383,7 +393,7 @@ int bert_forward_cpu(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
         for (int t = P->n_ws; t < nt; t++) P->ws[t] = NULL, P->ws_floats[t] = 0;
         P->n_ws = nt;
     }
-    size_t need = carve_work(&(chunk_work){0}, NULL, max_rows, max_T, c);
+    size_t need = carve_work(&(chunk_work){0}, NULL, max_rows, max_T, c, P->prec);
     for (int t = 0; t < nt; t++)
         if (P->ws_floats[t] < need) {
             free(P->ws[t]);
@@ -396,7 +406,7 @@ int bert_forward_cpu(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
 #pragma omp parallel num_threads(nt)
     {
         chunk_work cw;
-        carve_work(&cw, P->ws[omp_get_thread_num()], max_rows, max_T, c);
+        carve_work(&cw, P->ws[omp_get_thread_num()], max_rows, max_T, c, P->prec);
 #pragma omp for schedule(dynamic, 1)
         for (int k = 0; k < n_chunks; k++) forward_chunk(enc, b, P->chunk[k], P->chunk[k + 1], &cw, out);
     }

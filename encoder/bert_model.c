@@ -319,22 +319,37 @@ void dfm_encoder_free(dfm_encoder *enc) {
 }
 
 static void describe(dfm_encoder *enc) {
-    static const char *pools[] = {"mean", "cls", "max"}, *comp[] = {"fp32", "fp16", "bf16"};
+    static const char *pools[] = {"mean", "cls", "max"};
     const dfm_bert_config *c = &enc->cfg;
     snprintf(enc->desc, sizeof enc->desc, "%s %d layers, hidden %d, %d heads, %s pooling, max %d tokens, %s %s",
              c->arch, c->layers, c->hidden, c->heads, pools[c->pooling], c->max_len,
-             enc->device == DFM_DEVICE_CUDA ? "cuda" : "cpu", comp[enc->compute]);
+             enc->device == DFM_DEVICE_CUDA ? "cuda" : "cpu", dfm_encoder_precision_name(enc->compute));
+}
+
+static const char *const precisions[] = {"fp32", "fp16", "bf16", "int8"};
+
+int dfm_encoder_precision_parse(const char *s) {
+    for (int i = 0; s && i < 4; i++)
+        if (!strcmp(s, precisions[i])) return i;
+    return -1;
+}
+
+const char *dfm_encoder_precision_name(int compute) {
+    return compute >= 0 && compute < 4 ? precisions[compute] : "?";
 }
 
 int dfm_encoder_load(const char *model_dir, int device, int compute, dfm_encoder **out) {
     *out = NULL;
     if (device != DFM_DEVICE_CPU && device != DFM_DEVICE_CUDA)
         return DFM_FAIL(DFM_EARG, "encoder device %d is not cpu (0) or cuda (1)", device);
-    if (compute < DFM_COMPUTE_F32 || compute > DFM_COMPUTE_BF16)
-        return DFM_FAIL(DFM_EARG, "encoder compute dtype %d is not fp32/fp16/bf16", compute);
-    if (device == DFM_DEVICE_CPU && compute != DFM_COMPUTE_F32)
-        return DFM_FAIL(DFM_EUNSUPPORTED, "the CPU encoder computes in fp32 only. HINT: use --compute fp32 on the CPU "
-                        "(--dtype fp16 still stores fp16 embeddings)");
+    if (compute < DFM_COMPUTE_F32 || compute > DFM_COMPUTE_INT8)
+        return DFM_FAIL(DFM_EARG, "encoder precision %d is not fp32/fp16/bf16/int8", compute);
+    if (device == DFM_DEVICE_CPU && compute == DFM_COMPUTE_F16)
+        return DFM_FAIL(DFM_EUNSUPPORTED, "the CPU encoder has no fp16 path. HINT: use --precision fp32, bf16 or int8 on "
+                        "the CPU (--dtype fp16 still stores fp16 embeddings)");
+    if (device == DFM_DEVICE_CUDA && compute == DFM_COMPUTE_INT8)
+        return DFM_FAIL(DFM_EUNSUPPORTED, "the CUDA encoder has no int8 path. HINT: use --precision fp16, bf16 or fp32 on "
+                        "the GPU (int8 is the CPU's VNNI path)");
 #ifndef DFM_HAVE_CUDA
     if (device == DFM_DEVICE_CUDA)
         return DFM_FAIL(DFM_ECUDA, "--device cuda, but this dfm was built without CUDA. HINT: rebuild with 'make "
@@ -496,13 +511,14 @@ int dfm_encoder_encode(dfm_encoder *enc, const char *const *texts, const size_t 
 }
 
 #ifndef DFM_HAVE_CUDA
-/* Built without CUDA: the GPU entry points exist and say so. */
-int bert_cuda_device_count(void) { return 0; }
-int bert_cuda_init(dfm_encoder *enc) {
+/* Built without CUDA: the GPU entry points exist and say so. Weak, so that a program linking encoder/bert_cuda.cu
+ * built for the host emulation of CUDA (tests/cuda/encoder_cuda_check.cu) gets the real ones. */
+__attribute__((weak)) int bert_cuda_device_count(void) { return 0; }
+__attribute__((weak)) int bert_cuda_init(dfm_encoder *enc) {
     return DFM_FAIL(DFM_ECUDA, "this dfm was built without CUDA. HINT: rebuild with 'make CUDA=1'");
 }
-void bert_cuda_free(dfm_encoder *enc) {}
-int bert_forward_cuda(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
+__attribute__((weak)) void bert_cuda_free(dfm_encoder *enc) {}
+__attribute__((weak)) int bert_forward_cuda(dfm_encoder *enc, const dfm_bert_batch *b, float *out) {
     return DFM_FAIL(DFM_ECUDA, "this dfm was built without CUDA. HINT: rebuild with 'make CUDA=1'");
 }
 #endif

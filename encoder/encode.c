@@ -27,10 +27,15 @@ static void parse_device(const char *s, int *dev) {
     else *dev = DFM_DEVICE_CUDA;
 }
 
+/* --precision: auto (or unset) is fp16 on CUDA, fp32 on the CPU */
+static int parse_precision(const char *s, int device) {
+    if (!s || !strcmp(s, "auto")) return device == DFM_DEVICE_CUDA ? DFM_COMPUTE_F16 : DFM_COMPUTE_F32;
+    return dfm_encoder_precision_parse(s);
+}
+
 static int open_encoder(const dfm_encode_config *o, int device, dfm_encoder **enc) {
-    int compute = o->compute                    ? dfm_emb_dtype_parse(o->compute)
-                  : device == DFM_DEVICE_CUDA ? DFM_COMPUTE_F16
-                                              : DFM_COMPUTE_F32;
+    int compute = parse_precision(o->precision, device);
+    if (compute < 0) return DFM_FAIL(DFM_EARG, "--precision %s: use auto, fp32, fp16, bf16 or int8", o->precision);
     DFM_TRY(dfm_encoder_load(o->model, device, compute, enc));
     int rc = o->batch > 0 ? dfm_encoder_set_batch(*enc, (int)o->batch) : DFM_OK;
     if (!rc && o->max_len > 0) rc = dfm_encoder_set_max_len(*enc, (int)o->max_len);
@@ -318,6 +323,7 @@ static int stage_finish(encode_run *r, const uint64_t *tot, const double *tmax, 
     json_object_set_new(st, "block_chunks", json_integer((json_int_t)B));
     json_object_set_new(st, "dim", json_integer(dfm_encoder_dim(r->enc)));
     json_object_set_new(st, "dtype", json_string(dfm_emb_dtype_name((uint32_t)r->dtype)));
+    json_object_set_new(st, "precision", json_string(dfm_encoder_precision_name(parse_precision(r->o->precision, r->device))));
     json_object_set_new(st, "model", json_pack("{s:s, s:s, s:s}", "path", r->o->model, "hash", r->model_hash, "describe",
                                                dfm_encoder_describe(r->enc)));
     json_object_set_new(st, "dfm_version", json_string(DFM_VERSION));
@@ -351,6 +357,9 @@ static int encode_stage(encode_run *r, json_t *config) {
     snprintf(r->model_hash, sizeof r->model_hash, "%016llx", (unsigned long long)dfm_encoder_model_hash(r->enc));
     json_object_set_new(config, "model_hash", json_string(r->model_hash));
     json_object_set_new(config, "max_len", json_integer(dfm_encoder_max_len(r->enc)));
+    /* the precision the vectors are computed in, resolved (auto -> fp32 / fp16): part of the stage contract,
+     * so a resume or a re-run under another precision is refused instead of mixing blocks */
+    json_object_set_new(config, "precision", json_string(dfm_encoder_precision_name(parse_precision(r->o->precision, r->device))));
     dfm_emb_header hdr = {.dim = (uint32_t)dfm_encoder_dim(r->enc), .dtype = (uint32_t)r->dtype,
                           .model_hash = dfm_encoder_model_hash(r->enc), .tokenizer_hash = dfm_tokenizer_hash(r->lm)};
     int skip = 0, rc = m->rank == 0 ? stage_begin(r, config, &skip) : DFM_OK;

@@ -24,7 +24,9 @@ typedef struct {
     char *model;        /* BERT-family sentence-transformers model folder */
     char *device;       /* "auto" (or NULL: cuda when a GPU is visible), "cpu" or "cuda" */
     char *dtype;        /* stored embedding dtype: "fp32", "fp16" or "bf16" */
-    char *compute;      /* compute precision (NULL: fp16 on CUDA, fp32 on the CPU) */
+    char *precision;    /* linear layers' precision: fp32, fp16 (CUDA), bf16, int8 (CPU); NULL or "auto": fp16
+                         * on CUDA, fp32 on the CPU. Recorded (resolved) in the stage's config: a run never
+                         * mixes precisions */
     char *tokenizer;    /* run mode: the LM tokenizer.json (NULL: the one the chunk stage recorded) */
     char *texts;        /* texts mode: JSONL input */
     char *out;          /* texts mode: the embedding file to write */
@@ -37,7 +39,8 @@ typedef struct {
 } dfm_encode_config;
 
 /* Collective over m: the encode stage of RUN (its chunk stage must be complete). config: the options
- * as recorded in the manifest's stage (the caller's; this adds "dtype", "model_hash" and "max_len").
+ * as recorded in the manifest's stage (the caller's; this adds "dtype", "model_hash", "max_len" and the
+ * resolved "precision", so resuming under another precision is DFM_EMISMATCH).
  * A stage already complete with the same config is a no-op. Rank 0 prints a one-line summary.
  * Returns the same success or failure on every rank. */
 int dfm_encode_run(const dfm_mpi *m, const dfm_encode_config *cfg, const char *run, json_t *config);

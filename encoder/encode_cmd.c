@@ -20,7 +20,10 @@ int dfm_cmd_encode(int argc, char **argv) {
         {"model", DFM_OPT_STR, &o.model, def_model, "DIR", "BERT-family sentence-transformers model folder (env DFM_MODEL)", 0},
         {"device", DFM_OPT_STR, &o.device, "auto", "DEV", "where to encode (auto: cuda when a GPU is visible)", 1, .choices = "auto|cpu|cuda"},
         {"dtype", DFM_OPT_STR, &o.dtype, "fp32", "T", "stored embedding dtype", 0, .choices = "fp32|fp16|bf16"},
-        {"compute", DFM_OPT_STR, &o.compute, NULL, "T", "compute precision: fp32 (CPU), fp16/bf16/fp32 (CUDA; default fp16)", 1, .choices = "fp32|fp16|bf16"},
+        {"precision", DFM_OPT_STR, &o.precision, "auto", "P",
+         "linear layers' precision: fp32, bf16 (CPU avx512_bf16 or CUDA), int8 (CPU VNNI), fp16 (CUDA); auto: fp16 on "
+         "CUDA, fp32 on the CPU. Recorded in the manifest: a resume under another precision is refused",
+         1, .choices = "auto|fp32|fp16|bf16|int8"},
         {"batch", DFM_OPT_INT, &o.batch, "0", "N", "texts per forward batch, length-bucketed (0: 64 on the CPU, 1024 on CUDA)", 1, .min = "0", .max = "65536"},
         {"block-chunks", DFM_OPT_INT, &o.block_chunks, "65536", "B", "chunks per embedding block file", 0, .min = "1", .max = "4294967296"},
         {"window", DFM_OPT_INT, &o.window, "4096", "N", "chunks decoded, sorted by length and encoded together", 0, .min = "1", .max = "1048576"},

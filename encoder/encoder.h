@@ -38,9 +38,17 @@
 typedef struct dfm_encoder dfm_encoder;
 
 enum { DFM_DEVICE_CPU = 0, DFM_DEVICE_CUDA = 1 };
-/* Compute precision. CPU: fp32 only. CUDA: fp32, fp16 or bf16 GEMMs with fp32 accumulation;
- * LayerNorm, softmax, pooling and normalisation always in fp32. */
-enum { DFM_COMPUTE_F32 = 0, DFM_COMPUTE_F16 = 1, DFM_COMPUTE_BF16 = 2 };
+/* Compute precision of the linear layers (dfm encode --precision). CPU: fp32; bf16 (AVX-512 avx512_bf16:
+ * bf16 weights and inputs, fp32 accumulation); int8 (AVX-512 VNNI: per-channel s8 weights, per-row dynamic
+ * u8 inputs, int32 accumulation; encoder/bert_gemm.h). CUDA: fp32, fp16 or bf16 GEMMs with fp32
+ * accumulation. Attention, LayerNorm, softmax, GELU, pooling and normalisation are always fp32. A
+ * precision the device or CPU cannot run is refused at load (DFM_EUNSUPPORTED with a HINT), never
+ * approximated by another. */
+enum { DFM_COMPUTE_F32 = 0, DFM_COMPUTE_F16 = 1, DFM_COMPUTE_BF16 = 2, DFM_COMPUTE_INT8 = 3 };
+/* "fp32" / "fp16" / "bf16" / "int8" -> DFM_COMPUTE_*, or -1 */
+int dfm_encoder_precision_parse(const char *s);
+/* DFM_COMPUTE_* -> its name ("?" if none) */
+const char *dfm_encoder_precision_name(int compute);
 
 typedef struct {
     uint64_t texts;       /* texts encoded since load */

@@ -4,7 +4,7 @@
  *
  * Not a CUDA implementation: kernels run on one OS thread, block after block; each GPU thread is a
  * cooperative fiber (its own stack; host_emu_launch.h) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync.
- * cublasGemmEx is a naive column-major loop (double accumulation; bf16 operands rounded to nearest even).
+ * cublasGemmEx is a naive column-major loop (double accumulation; bf16 and fp16 operands rounded to nearest even).
  * Passing here says the arithmetic, indexing and ordering match trainer/ops.c under every schedule tried;
  * only a GPU run (tests/gpu/gpu_check_trainer.sh) says the kernels are right on hardware.
  *
@@ -321,13 +321,50 @@ inline __nv_bfloat16 __float2bfloat16(float f) {  // round to nearest even (no N
 }
 inline float emu_bf2f(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
 inline float __bfloat162float(__nv_bfloat16 b) { return emu_bf2f(b); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __float2bfloat16(f); }
+// fp16 (IEEE binary16), round to nearest even, subnormals and overflow to infinity as the hardware does
+struct __half { uint16_t x; };
+inline __half __float2half(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    __half h;
+    if (a >= 0x7f800000u) { h.x = (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0)); return h; }  // inf, NaN
+    if (a >= 0x477ff000u) { h.x = (uint16_t)(sign | 0x7c00u); return h; }  // rounds past 65504: infinity
+    if (a < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), in units of 2^-24, rounded to nearest even
+        float v;
+        memcpy(&v, &a, 4);
+        h.x = (uint16_t)(sign | (uint32_t)rintf(v * 16777216.0f));  // exact scaling; 1024 is the smallest normal
+        return h;
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1);  // round to nearest even at bit 13
+    h.x = (uint16_t)(sign | ((r - 0x38000000u) >> 13));
+    return h;
+}
+inline __half __float2half_rn(float f);
+inline float __half2float(__half h) {
+    uint32_t sign = (uint32_t)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ffu, u;
+    if (e == 0x1f) u = sign | 0x7f800000u | (m << 13);
+    else if (e) u = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) u = sign;
+    else {  // subnormal: normalise
+        int k = 0;
+        while (!(m & 0x400u)) m <<= 1, k++;
+        u = sign | ((uint32_t)(113 - k) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline __half __float2half_rn(float f) { return __float2half(f); }
 // cublas
 struct emu_Cublas { cudaStream_t stream = nullptr; };
 typedef emu_Cublas *cublasHandle_t;
 typedef int cublasStatus_t;
 enum { CUBLAS_STATUS_SUCCESS = 0 };
 typedef enum { CUBLAS_OP_N, CUBLAS_OP_T } cublasOperation_t;
-typedef enum { CUDA_R_32F, CUDA_R_16BF } cudaDataType;
+typedef enum { CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F } cudaDataType;
+typedef cudaDataType cudaDataType_t;
 enum { CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT, CUBLAS_DEFAULT_MATH };
 inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = new emu_Cublas; return 0; }
 inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return 0; }
@@ -335,7 +372,9 @@ inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->str
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t, int) { return 0; }
 inline const char *cublasGetStatusString(cublasStatus_t) { return "emu"; }
 inline float emu_ld(const void *p, cudaDataType t, size_t i) {
-    return t == CUDA_R_32F ? ((const float *)p)[i] : emu_bf2f(((const __nv_bfloat16 *)p)[i]);
+    return t == CUDA_R_32F    ? ((const float *)p)[i]
+           : t == CUDA_R_16BF ? emu_bf2f(((const __nv_bfloat16 *)p)[i])
+                              : __half2float(((const __half *)p)[i]);
 }
 // C = alpha op(A) op(B) + beta C, now (the cuBLAS calls below queue it on the handle's stream)
 inline void emu_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha_, const void *A,
@@ -378,6 +417,7 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
     return 0;
 }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }  // the GPU intrinsic is an approximation of expf (2 ulp + ...)
 #include "tests/cuda/host_emu_launch.h"
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {  // an H200's launch limits
     memset(p, 0, sizeof *p);

@@ -111,6 +111,13 @@ inline void emu_shared(void *p, size_t n) {
     }
 }
 
+// ---- extern __shared__ (dynamic shared memory): one buffer of the launch's size, poisoned for every block ----
+// (host_emu_rewrite.py turns `extern __shared__ T name[];` into `T *name = (T *)emu_dynamic_shared();`)
+inline std::vector<unsigned char> emu_g_dyn;  // the running launch's dynamic shared memory (+64 for alignment)
+inline void *emu_dynamic_shared() {
+    return (void *)(((uintptr_t)emu_g_dyn.data() + 63) & ~(uintptr_t)63);
+}
+
 // ---- fibers (one per GPU thread), barriers ---------------------------------------------------------------
 // A switch between fibers saves the callee-saved registers and the stack pointer only (x86-64 System V):
 // swapcontext also saves the signal mask with a system call at every switch, which was most of the time.
@@ -291,6 +298,7 @@ inline void emu_run(emu_cfg c, emu_site site, std::function<void()> fn) {  // on
     blockDim = emu_dim{c.b.x, c.b.y, c.b.z};
     gridDim = emu_dim{c.g.x, c.g.y, c.g.z};
     emu_g_fn = &fn;
+    emu_g_dyn.assign(c.smem + 64, 0);
     emu_g_tid.resize(nt);
     for (unsigned t = 0; t < nt; t++) emu_g_tid[t] = emu_dim{t % c.b.x, t / c.b.x % c.b.y, t / (c.b.x * c.b.y)};
     unsigned long long rng = emu_mix(emu_seed() ^ emu_mix(++emu_g_launches));
@@ -303,7 +311,8 @@ inline void emu_run(emu_cfg c, emu_site site, std::function<void()> fn) {  // on
         blockIdx = emu_dim{bl % c.g.x, bl / c.g.x % c.g.y, bl / (c.g.x * c.g.y)};
         emu_g_track.block = (int)bl;
         emu_g_epoch++;
-        emu_g_block_shared = 0;
+        emu_g_block_shared = c.smem;  // the dynamic part counts toward the block's 48 KiB
+        if (!EMU_CUDA_EAGER && c.smem) memset(emu_dynamic_shared(), 0xFF, c.smem);
         emu_g_block = emu_Bar();
         emu_g_warp.assign((nt + 31) / 32, emu_Bar());
         emu_g_slots.resize((nt + 31) / 32);

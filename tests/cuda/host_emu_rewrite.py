@@ -111,9 +111,14 @@ def declared_names(decl):
     return names
 
 
+DYN_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s+)?([\w:]+)\s+(\w+)\s*\[\s*\]\s*;")
+
+
 def rewrite_shared(src):
+    # dynamic shared memory: a pointer to the launch's buffer (host_emu_launch.h), poisoned per block
+    src = DYN_SHARED.sub(lambda m: "%s *%s = (%s *)emu_dynamic_shared();" % (m.group(1), m.group(2), m.group(1)), src)
     if re.search(r"extern\s+__shared__", src):
-        raise ValueError("extern __shared__ (dynamic shared memory) is not emulated")
+        raise ValueError("an extern __shared__ declaration the pattern does not cover (T name[];)")
 
     def one(m):
         names = declared_names(m.group(1))

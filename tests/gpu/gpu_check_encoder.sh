@@ -17,7 +17,7 @@
 # 2. embeds the 344 golden texts (tests/data/encoder/wordpiece.golden.jsonl: real chunks + hard cases) on the
 #    CPU (fp32); with carried weights, checks that every token id of these texts has its row carried;
 # 3. probes the GPU with one text: no usable CUDA GPU ends the check here, status 2, with the reason;
-# 4. embeds them on the GPU with --compute fp32, fp16, bf16 and checks every row: cosine >= 0.99999 (fp32) /
+# 4. embeds them on the GPU with --precision fp32, fp16, bf16 and checks every row: cosine >= 0.99999 (fp32) /
 #    >= 0.999 (fp16, bf16), reports max abs errors;
 # 5. benchmarks the GPU (fp16, fp32; batch 256, 1024) on GPU_N texts (default 50000: the golden chunk texts
 #    repeated; each run takes seconds on an H200) and, if a Python with sentence-transformers and CUDA torch
@@ -212,14 +212,14 @@ fi
 
 # ---- 3. is there a GPU? -------------------------------------------------------------------------------------
 say "-- CUDA probe (one text)"
-probe=$(enc build-cuda/dfm encode --texts "$W/one.jsonl" --out "$W/probe.bin" --device cuda --compute fp32) ||
+probe=$(enc build-cuda/dfm encode --texts "$W/one.jsonl" --out "$W/probe.bin" --device cuda --precision fp32) ||
   stop "the CUDA encoder cannot run one text (no usable GPU, or a CUDA error): $probe"
 say "probe: $probe"
 
 # ---- 4. correctness -----------------------------------------------------------------------------------------
 say "-- correctness: CPU fp32 vs CUDA fp32 / fp16 / bf16 on $NG texts"
 for c in fp32 fp16 bf16; do
-  say "cuda $c: $(enc build-cuda/dfm encode --texts "$W/golden.jsonl" --out "$W/cuda_$c.bin" --device cuda --compute $c)"
+  say "cuda $c: $(enc build-cuda/dfm encode --texts "$W/golden.jsonl" --out "$W/cuda_$c.bin" --device cuda --precision $c)"
 done
 python3 - "$W" "$W/cmp.json" <<'EOF' | tee -a "$LOG"
 import json, math, struct, sys
@@ -253,7 +253,7 @@ say "-- benchmark: $GPU_N chunk texts"
 : > "$W/bench.txt"
 for c in fp16 fp32; do
   for b in 256 1024; do
-    line="cuda $c batch $b: $(enc build-cuda/dfm encode --texts "$W/bench.jsonl" --out "$W/b.bin" --device cuda --compute $c --batch $b)"
+    line="cuda $c batch $b: $(enc build-cuda/dfm encode --texts "$W/bench.jsonl" --out "$W/b.bin" --device cuda --precision $c --batch $b)"
     say "$line"; echo "$line" >> "$W/bench.txt"
   done
 done

@@ -2,7 +2,8 @@
 # `dfm encode` after `dfm chunk` on a small corpus: the embedding blocks are byte-identical at 1, 2 and 3
 # ranks; the manifest records counts, outputs, block_chunks, dim, dtype and the model; a re-run keeps
 # finished blocks and redoes a missing or corrupt one with the same bytes; fp16 output differs from
-# fp32 only by rounding; bad options and a missing chunk stage are refused clearly.
+# fp32 only by rounding; the compute precision is recorded and a stage is never continued in another one;
+# bad options and a missing chunk stage are refused clearly.
 source "$(dirname "$0")/lib.sh"
 export OMP_NUM_THREADS=1
 M=${DFM_MODEL:-/var/cache/dfm/models/all-MiniLM-L6-v2}
@@ -33,6 +34,7 @@ import json, sys
 m = json.load(open(sys.argv[1]))["stages"]["encode"]; n = int(sys.argv[2])
 assert m["state"] == "complete" and m["ranks"] == 3, m["state"]
 assert m["dim"] == 384 and m["dtype"] == "fp32" and m["block_chunks"] == 64
+assert m["precision"] == "fp32" and m["config"]["precision"] == "fp32", (m.get("precision"), m["config"])
 assert m["counts"]["chunks"] == n and m["counts"]["encoded"] == n
 assert m["counts"]["empty"] >= 1, m["counts"]          # the <|endoftext|>-only document
 assert sum(o["n_rows"] for o in m["outputs"]) == n
@@ -82,8 +84,38 @@ assert err < 1e-3, err
 print("fp16 max abs difference", err)
 EOF
 
+# the precision is part of the stage contract: a complete or interrupted fp32 stage is not continued in
+# another precision (no run mixes them); --force re-encodes every block in the new one
+expect_fail "precision" E "$WORK/np2" --precision bf16
+python3 - "$WORK/np2/manifest.json" <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["stages"]["encode"]["state"] = "running"; json.dump(m, open(sys.argv[1], "w"))
+EOF
+expect_fail "precision" E "$WORK/np2" --precision int8
+for f in "$WORK"/np1/encode/emb-*.bin; do cmp "$f" "$WORK/np2/encode/$(basename "$f")" || fail "a refused resume changed $(basename "$f")"; done
+if grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo; then
+  E "$WORK/np2" --precision int8 --force >/dev/null 2>&1 || fail "int8 encode with --force"
+  python3 - "$WORK/np2/manifest.json" "$WORK/np1/encode/emb-000000.bin" "$WORK/np2/encode/emb-000000.bin" <<'EOF' || fail "int8 stage"
+import json, math, struct, sys
+m = json.load(open(sys.argv[1]))["stages"]["encode"]
+assert m["precision"] == "int8" and m["config"]["precision"] == "int8" and "cpu int8" in m["model"]["describe"], m
+a, b = open(sys.argv[2], "rb").read(), open(sys.argv[3], "rb").read()
+n, dim = struct.unpack_from("<Q", a, 32)[0], struct.unpack_from("<I", a, 16)[0]
+cos = [sum(x * y for x, y in zip(struct.unpack_from("<%df" % dim, a, 128 + 4 * dim * r),
+                                  struct.unpack_from("<%df" % dim, b, 128 + 4 * dim * r))) for r in range(n)]
+assert a != b and min(cos) > 0.99, min(cos)
+print("int8 stage: min cosine to fp32 %.4f over %d rows" % (min(cos), n))
+EOF
+  expect_fail "precision" E "$WORK/np2"
+  ok "the precision is in the stage contract: fp32 <-> int8 refused without --force, recorded in the manifest"
+else
+  expect_fail "needs AVX-512" E "$WORK/np2" --precision int8 --force
+  ok "the precision is in the stage contract (int8 refused on this CPU: no avx512_vnni)"
+fi
+
 # refusals
 expect_fail "--dtype fp8" E "$WORK/np1" --dtype fp8
+expect_fail "no fp16 path" E "$WORK/np1" --precision fp16 --force
 expect_fail "built without CUDA" "$DFM" encode "$WORK/np1" --device cuda --model "$M"
 mkdir -p "$WORK/empty"
 expect_fail "manifest.json" E "$WORK/empty"
