@@ -4,6 +4,7 @@ Run with the project's Python (it needs xxhash and zstandard):  python3 tests/fu
 The binary layouts are those of schemas/*.md; checksums are written right although the shard harnesses
 reseal them anyway."""
 import base64
+import gzip
 import json
 import os
 import struct
@@ -101,6 +102,14 @@ def token_bin():
         toks = [50256, 15496, 11, 995, 50256, 40, 716, 257, 1332, 13, 50256]
         head = struct.pack("<256i", 20240520, version, len(toks), *([0] * 253))
         put("token_bin", f"v{version}", head + b"".join(struct.pack(fmt, t) for t in toks))
+
+
+def gzip_seeds():
+    # mtime=0: the same bytes on every run; one member, three members, and a stored (level 0) member
+    text = b'{"text": "Hello world."}\n{"id": 2, "text": "caf\\u00e9"}\n{"text": ""}\n'
+    put("gzip", "one_member", gzip.compress(text, mtime=0))
+    put("gzip", "three_members", b"".join(gzip.compress(text[i:i + 20], mtime=0) for i in range(0, len(text), 20)))
+    put("gzip", "stored", gzip.compress(text, compresslevel=0, mtime=0))
 
 
 def text_seeds():
@@ -307,6 +316,7 @@ if __name__ == "__main__":
     safetensors()
     token_bin()
     text_seeds()
+    gzip_seeds()
     tokenizer_seeds()
     regression_seeds()
     gguf()
