@@ -142,7 +142,7 @@ extern "C" int dfm_parquet_open(const char *path, uint64_t file_bytes, const cha
     }
     if (!rc && p->col < 0) {
         if (!nested.empty())
-            rc = DFM_FAIL(DFM_EUNSUPPORTED, "%s: column \"%s\" is nested (it holds %s), not a top-level string column. HINT: flatten it, or choose another column with --text-field",
+            rc = DFM_FAIL(DFM_EUNSUPPORTED, "%s: column \"%s\" is a list or a struct (its leaf %s), not a top-level string column. HINT: flatten it, or choose another column with --text-field",
                           path, field, nested.c_str());
         else {
             std::string names;
