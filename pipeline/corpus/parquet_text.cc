@@ -129,6 +129,8 @@ extern "C" int dfm_parquet_open(const char *path, uint64_t file_bytes, const cha
         p->md = p->reader->metadata();
     } catch (const std::exception &e) {
         rc = fail_exception(p, "unreadable Parquet footer", -1, e);
+    } catch (...) {
+        rc = DFM_FAIL(DFM_EFORMAT, "%s: unreadable Parquet footer (unknown exception)", path);
     }
     const parquet::SchemaDescriptor *schema = rc ? nullptr : p->md->schema();
     if (!rc && p->md->is_encryption_algorithm_set())
@@ -190,6 +192,8 @@ extern "C" int dfm_parquet_open(const char *path, uint64_t file_bytes, const cha
             p->offsets.push_back((uint64_t)start);
         } catch (const std::exception &e) {
             rc = fail_exception(p, "unreadable row group metadata", rg, e);
+        } catch (...) {
+            rc = DFM_FAIL(DFM_EFORMAT, "%s, row group %d: unreadable row group metadata (unknown exception)", path, rg);
         }
     }
     if (rc) {
@@ -245,6 +249,9 @@ extern "C" int dfm_parquet_read(dfm_parquet *p, int rg, dfm_parquet_value_fn fn,
         char what[80];
         snprintf(what, sizeof what, "undecodable data near row %llu", (unsigned long long)row);
         return fail_exception(p, what, rg, e);
+    } catch (...) {
+        return DFM_FAIL(DFM_EFORMAT, "%s, row group %d: undecodable data near row %llu (unknown exception)", p->path.c_str(), rg,
+                        (unsigned long long)row);
     }
     if (row != rows)
         return DFM_FAIL(DFM_EFORMAT, "%s, row group %d: the footer says %llu rows but the pages hold %llu (damaged file)",
