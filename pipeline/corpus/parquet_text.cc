@@ -18,6 +18,7 @@ extern "C" {
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -76,8 +77,9 @@ class CappedPool : public arrow::MemoryPool {
 }  // namespace
 
 struct dfm_parquet {
+    explicit dfm_parquet(int64_t cap) : pool(cap) {}
     std::string path;
-    CappedPool pool{(int64_t)DFM_PARQUET_MAX_MEMORY};
+    CappedPool pool;
     std::unique_ptr<parquet::ParquetFileReader> reader;
     std::shared_ptr<parquet::FileMetaData> md;
     int col = -1;
@@ -89,8 +91,8 @@ static int fail_exception(const dfm_parquet *p, const char *what, int rg, const 
     char where[64] = "";
     if (rg >= 0) snprintf(where, sizeof where, ", row group %d", rg);
     if (p->pool.refused())
-        return DFM_FAIL(DFM_EFORMAT, "%s%s: reading it would take more than %lld MiB of memory (a page or dictionary size in the file is implausible; damaged file?). HINT: check it with pyarrow.parquet.read_table",
-                        p->path.c_str(), where, (long long)(p->pool.cap() >> 20));
+        return DFM_FAIL(DFM_EFORMAT, "%s%s: reading it would take more than %lld MiB of memory (a page or dictionary that large, or a damaged size). HINT: if the file is sound (pyarrow.parquet.read_table reads it), raise DFM_PARQUET_MAX_MB (now %lld)",
+                        p->path.c_str(), where, (long long)(p->pool.cap() >> 20), (long long)(p->pool.cap() >> 20));
     return DFM_FAIL(DFM_EFORMAT, "%s%s: %s: %s. HINT: check the file with pyarrow.parquet.read_table; re-create or re-download it",
                     p->path.c_str(), where, what, e.what());
 }
@@ -116,7 +118,15 @@ static int check_magic(const char *path, uint64_t bytes) {
 extern "C" int dfm_parquet_open(const char *path, uint64_t file_bytes, const char *field, dfm_parquet **out) {
     *out = nullptr;
     DFM_TRY(check_magic(path, file_bytes));
-    dfm_parquet *p = new (std::nothrow) dfm_parquet;
+    int64_t cap = (int64_t)DFM_PARQUET_MAX_MEMORY;
+    if (const char *e = getenv("DFM_PARQUET_MAX_MB"); e && *e) {
+        char *end = nullptr;
+        long long mb = strtoll(e, &end, 10);
+        if (*end || mb < 1 || mb > (1ll << 30))
+            return DFM_FAIL(DFM_EARG, "DFM_PARQUET_MAX_MB='%s' is not a number of MiB between 1 and 2^30", e);
+        cap = (int64_t)mb << 20;
+    }
+    dfm_parquet *p = new (std::nothrow) dfm_parquet(cap);
     if (!p) return DFM_FAIL(DFM_ENOMEM, "no memory");
     p->path = path;
     int rc = DFM_OK;

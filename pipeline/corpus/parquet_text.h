@@ -18,7 +18,8 @@
  * Untrusted input: sizes in the footer and page headers come from the file. Thrift fields are bounded by
  * the library (100 MB strings, 1 M container entries); column chunks must lie inside the file; every
  * allocation the library makes for a file goes through a pool capped at DFM_PARQUET_MAX_MEMORY bytes
- * live (a page that claims a huge uncompressed size is refused, not allocated). Column chunks are read
+ * live, or $DFM_PARQUET_MAX_MB MiB when set (a page that claims a huge uncompressed size is refused, not
+ * allocated; a corpus with legitimately larger pages or dictionaries raises it). Column chunks are read
  * through a 1 MiB buffered stream, never whole, so memory per reader is the pool's use: about one page
  * (compressed and uncompressed) and the dictionary. Page CRCs are verified when the writer wrote them.
  * tests/fuzz/fuzz_parquet.c drives this interface on mutated files.

@@ -55,4 +55,9 @@ printf 'PAR1 not really PAR1' > "$WORK/footer.parquet"
 expect_fail 'footer.parquet: unreadable Parquet footer' C "$WORK/r12" "$WORK/footer.parquet"
 gzip -c "$B/types.parquet" > "$WORK/types.parquet.gz"
 expect_fail 'types.parquet.gz: a compressed Parquet file' C "$WORK/r13" "$WORK/types.parquet.gz"
+# the reader's memory cap: a 3 MB page under a 2 MiB cap is refused, not allocated; 8 MiB reads it
+"$DFM_PYTHON" -c 'import sys, pyarrow as pa, pyarrow.parquet as pq; pq.write_table(pa.table({"text": ["x" * 3000000, "small"]}), sys.argv[1], compression="snappy", use_dictionary=False)' "$WORK/bigpage.parquet"
+expect_fail 'bigpage.parquet, row group 0: reading it would take more than 2 MiB of memory' env DFM_PARQUET_MAX_MB=2 "$DFM" chunk "$WORK/r14" "$WORK/bigpage.parquet" --tokenizer "$T" --seq-len 64
+DFM_PARQUET_MAX_MB=8 C "$WORK/r15" "$WORK/bigpage.parquet" > /dev/null 2>&1 || fail "bigpage.parquet under an 8 MiB cap"
+ok "DFM_PARQUET_MAX_MB=8 reads it"
 echo "all chunk Parquet checks passed"
