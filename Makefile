@@ -41,7 +41,7 @@ endif
 CC := mpicc
 NVCC ?= nvcc
 CUDA_ARCH ?= 90
-PKGS := jansson libpcre2-8 libutf8proc libzstd lmdb libxxhash openblas
+PKGS := jansson libpcre2-8 libutf8proc libzstd libisal lmdb libxxhash openblas
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -49,11 +49,25 @@ FAISS_C_LIB ?= $(DFM_CACHE)/faiss_c-1.7.3/lib/libfaiss_c.a
 FAISS_LIB ?= /usr/lib/x86_64-linux-gnu/libfaiss.a
 FAISS_C_INCLUDE ?= /usr/include
 
+# Parquet: Apache Arrow's C++ libparquet and libarrow, with their headers, as the pyarrow wheel ships them
+# (pipeline/corpus/parquet_text.h says why). DFM_ARROW is that package's folder: by default the one the
+# project's Python has (scripts/deps/requirements.txt pins it); any pyarrow install of the same major
+# version works (DFM_ARROW=$$(python -c 'import pyarrow; print(pyarrow.get_library_dirs()[0])')).
+DFM_ARROW ?= $(shell $(DFM_PYTHON) -c 'import importlib.util as u; s = u.find_spec("pyarrow"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)
+ARROW_LIBS := $(firstword $(wildcard $(DFM_ARROW)/libparquet.so.[0-9]*)) $(firstword $(wildcard $(DFM_ARROW)/libarrow.so.[0-9]*))
+
 INCS := -I$(ROOT) -I$(FAISS_C_INCLUDE)
 # -Wno-missing-field-initializers: option-table rows (common/opts.h) leave out the limits they do not use
 CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation -D_GNU_SOURCE -fPIC -MMD -MP \
           -pthread -fopenmp $(INCS) $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
-LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) $(PKG_LIBS) -lgomp -lstdc++ -lm -pthread
+# the UBSan checks that need its C++ runtime, which links through the C driver leave out (Arrow's own
+# classes are not instrumented anyway); clang has one more than gcc
+CXX_NO_UBSAN_CXX = -fno-sanitize=vptr$(if $(findstring clang,$(CXX)),$(comma)function)
+comma := ,
+CXXFLAGS := -std=c++20 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -fPIC -MMD -MP -pthread \
+            -I$(ROOT) -isystem $(DFM_ARROW)/include $(SANFLAGS) $(EXTRA_CFLAGS) \
+            $(if $(findstring undefined,$(SANFLAGS) $(EXTRA_CFLAGS)),$(CXX_NO_UBSAN_CXX))
+LDLIBS := $(FAISS_C_LIB) $(FAISS_LIB) $(PKG_LIBS) $(ARROW_LIBS) -Wl,-rpath,$(DFM_ARROW) -lgomp -lstdc++ -lm -pthread
 LDFLAGS := $(SANFLAGS) -fopenmp
 
 ifeq ($(CUDA),1)
@@ -74,12 +88,14 @@ endif
 LIB_DIRS := common schemas tokenizer pipeline/corpus pipeline/chunk pipeline/driver pipeline/audit \
             encoder retriever shard
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+LIB_CC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
 TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))
 ifeq ($(CUDA),1)
 LIB_CU := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
 TRAIN_CU := $(wildcard trainer/*.cu)
 endif
-LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(LIB_CU))
+LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %.cc,$(BUILD)/obj/%.cc.o,$(LIB_CC)) \
+           $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(LIB_CU))
 TRAIN_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TRAIN_SRC)) $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(TRAIN_CU))
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
@@ -99,6 +115,8 @@ check-tools:
 	[ -f "$(FAISS_C_LIB)" ] && ok "FAISS C API: $(FAISS_C_LIB)" || no "FAISS C API ($(FAISS_C_LIB)): run 'make deps' or set FAISS_C_LIB"; \
 	[ -f "$(FAISS_LIB)" ] && ok "FAISS: $(FAISS_LIB)" || no "FAISS ($(FAISS_LIB)): apt-get install libfaiss-dev or set FAISS_LIB"; \
 	pkg-config --exists $(PKGS) && ok "libraries: $(PKGS)" || no "libraries (pkg-config $(PKGS)): run 'make deps'"; \
+	[ -f "$(DFM_ARROW)/include/parquet/api/reader.h" ] && [ "$(words $(ARROW_LIBS))" = 2 ] && ok "Parquet: Arrow C++ of pyarrow in $(DFM_ARROW)" || \
+	  { no "Parquet: no pyarrow package with libparquet and headers found (DFM_ARROW='$(DFM_ARROW)'). HINT: run 'make deps', or pip install pyarrow and set DFM_ARROW to its folder"; exit 1; }; \
 	if command -v $(NVCC) >/dev/null; then \
 	  if [ "$(CUDA)" = 1 ]; then ok "nvcc: $$($(NVCC) --version | tail -1) (CUDA paths built, sm_$(CUDA_ARCH))"; \
 	  else ok "nvcc found; CUDA paths not built (make CUDA=1 to build them)"; fi; \
@@ -112,6 +130,10 @@ deps:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cc.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
@@ -276,6 +298,9 @@ $(BUILD)/bench/%: bench/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS)
 
+# the gzip library micro-benchmark compares every candidate library (bench/bench_gunzip.c)
+$(BUILD)/bench/bench_gunzip: LDLIBS += $(shell pkg-config --libs zlib libdeflate 2>/dev/null)
+
 bench-programs: $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
 
 checks: emu-checks tools bench-programs $(if $(filter 1,$(CUDA)),cuda-checks)
@@ -311,6 +336,7 @@ endif
 #   make fuzz FUZZERS=a b      only these harnesses
 # `make test` runs each for FUZZ_RUNS inputs (tests/run.sh, names fuzz/<name>).
 FUZZ_CC ?= clang
+FUZZ_CXX ?= $(subst clang,clang++,$(FUZZ_CC))
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZERS ?= $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
@@ -327,7 +353,7 @@ fuzzers:
 	@command -v $(FUZZ_CC) >/dev/null || { printf '  \033[31m✗\033[0m %s\n' "fuzzers: $(FUZZ_CC) not found. HINT: apt-get install clang libclang-rt-14-dev (scripts/deps/apt.txt), or FUZZ_CC=clang-N"; exit 1; }
 	@echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' | \
 	  $(FUZZ_CC) -x c -fsanitize=fuzzer - -o /dev/null 2>/dev/null || { printf '  \033[31m✗\033[0m %s\n' "fuzzers: $(FUZZ_CC) cannot link -fsanitize=fuzzer. HINT: apt-get install libclang-rt-14-dev (the version of $(FUZZ_CC))"; exit 1; }
-	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) SAN=0 CC="$(FUZZ_CC) $(MPI_CFLAGS)" \
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) SAN=0 CC="$(FUZZ_CC) $(MPI_CFLAGS)" CXX="$(FUZZ_CXX)" \
 	  OPT="-O1 -fsanitize=fuzzer-no-link" EXTRA_CFLAGS="$(FUZZ_SAN)" LDFLAGS="$(FUZZ_SAN) -fopenmp" \
 	  $(addprefix $(FUZZ_BUILD)/fuzz/,$(FUZZERS))
 

@@ -366,6 +366,9 @@ static int read_share(chunk_run *r) {
     int rc = dfm_corpus_read_share(&r->in, m->rank, m->size, &r->ro, on_doc, c);
     if (!rc) rc = flush_text(c);
     if (!rc) rc = end_token_file(c);
+    if (!rc)
+        DFM_LOG_D("chunk: this rank's share: %llu documents, %llu bytes read", (unsigned long long)c->docs,
+                  (unsigned long long)r->ro.bytes_read);
     if (!rc && c->spill && fflush(c->spill) != 0) rc = DFM_FAIL(DFM_EIO, "writing %s: %s", c->spill_path, strerror(errno));
     for (int i = 0; i < c->bn; i++) free(c->btext[i]);
     dfm_progress_end(c->prog);

@@ -15,7 +15,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         {"tokenizer", DFM_OPT_STR, &o.tokenizer, getenv("DFM_TOKENIZER"), "FILE", "the LM's Hugging Face tokenizer.json (env DFM_TOKENIZER)", 0},
         {"chunk-len", DFM_OPT_INT, &o.chunk_len, "32", "L", "tokens per chunk", 0, .min = "1", .max = "4096"},
         {"seq-len", DFM_OPT_INT, &o.seq_len, "1024", "S", "tokens per training sequence, a multiple of L", 0},
-        {"text-field", DFM_OPT_STR, &o.text_field, "text", "NAME", "JSONL field holding the text", 0},
+        {"text-field", DFM_OPT_STR, &o.text_field, "text", "NAME", "JSONL field or Parquet column holding the text", 0},
         {"doc-aligned", DFM_OPT_FLAG, &o.doc_aligned, NULL, NULL, "pad every document to a chunk boundary (padding masked)", 0},
         {"skip-bad-lines", DFM_OPT_FLAG, &o.skip_bad, NULL, NULL, "count and skip malformed lines/documents instead of failing", 0},
         {"eos-id", DFM_OPT_INT, &o.eos_id, "-1", "ID", "document separator (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, [SEP] in the vocabulary; tokenizer_config.json's eos_token is not used, since chat models name their turn end there, e.g. Qwen2.5's <|im_end|>)", 0},
@@ -29,7 +29,8 @@ int dfm_cmd_chunk(int argc, char **argv) {
     int npos = 0;
     json_t *cfg = NULL;
     int rc = dfm_opts_parse("chunk", "RUN INPUT...",
-                            "Tokenize INPUT files (JSONL, text, llm.c .bin token shards; .zst compressed too) with the LM "
+                            "Tokenize INPUT files (JSONL, text, llm.c .bin token shards, each also .zst or .gz compressed; Parquet: "
+                            "the --text-field column of every row group) with the LM "
                             "tokenizer, pack them into sequences of S tokens and cut them into chunks of L tokens, written "
                             "to RUN/chunk/ with the stage recorded in RUN/manifest.json. Special-token text in a document (e.g. "
                             "'<|endoftext|>') is matched as that token, as Hugging Face does by default, and a document ends "

@@ -1,9 +1,11 @@
 #include "pipeline/corpus/corpus.h"
 
 #include "common/error.h"
+#include "pipeline/corpus/parquet_text.h"
 
 #include <errno.h>
 #include <glob.h>
+#include <isa-l/igzip_lib.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,13 +39,19 @@ static int add_file(dfm_input_list *l, const char *path) {
     memset(in, 0, sizeof *in);
     if (!(in->path = strdup(path))) return DFM_FAIL(DFM_ENOMEM, "no memory");
     in->zst = ends_with(path, ".zst");
+    in->gz = ends_with(path, ".gz");
     char *base = strdup(path);
     if (!base) return DFM_FAIL(DFM_ENOMEM, "no memory");
     if (in->zst) base[strlen(base) - 4] = 0;
+    if (in->gz) base[strlen(base) - 3] = 0;
     in->kind = (ends_with(base, ".jsonl") || ends_with(base, ".json")) ? DFM_IN_JSONL
                : ends_with(base, ".bin")                               ? DFM_IN_TOKENS
+               : ends_with(base, ".parquet")                           ? DFM_IN_PARQUET
                                                                        : DFM_IN_TEXT;
     free(base);
+    if (in->kind == DFM_IN_PARQUET && (in->zst || in->gz))
+        return DFM_FAIL(DFM_EUNSUPPORTED, "input %s: a compressed Parquet file; Parquet compresses its pages itself. HINT: decompress it (%s)",
+                        path, in->zst ? "zstd -d" : "gzip -d");
     in->bytes = (uint64_t)st.st_size;
     in->start = l->total_bytes;
     l->total_bytes += in->bytes;
@@ -101,17 +109,23 @@ uint64_t dfm_line_of_offset(const char *path, uint64_t offset) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * byte source: a plain file from an offset, or a zstd stream
+ * byte source: a plain file from an offset, a zstd stream or a gzip stream
  * ---------------------------------------------------------------------------------------------- */
+
+static int compressed(const dfm_input *f) { return f->zst || f->gz; }
 
 typedef struct {
     const char *path;
     FILE *fp;
     ZSTD_DCtx *dctx;
+    struct inflate_state *gz;
     uint8_t *in;
     size_t in_cap;
     ZSTD_inBuffer ib;
-    size_t last_ret; /* last ZSTD_decompressStream result: 0 = frame complete */
+    size_t last_ret;  /* last ZSTD_decompressStream result: 0 = frame complete */
+    int gz_state;     /* 0: between members (none begun), 1: inside a member, 2: a member just ended */
+    uint64_t members; /* gzip members begun */
+    uint64_t member_at; /* compressed offset where the current member begins */
     int eof;
     uint64_t compressed_read;
 } source;
@@ -126,6 +140,13 @@ static int source_open(source *s, const dfm_input *f, uint64_t offset) {
         s->in_cap = ZSTD_DStreamInSize();
         s->in = malloc(s->in_cap);
         if (!s->dctx || !s->in) return DFM_FAIL(DFM_ENOMEM, "no memory for zstd stream");
+    } else if (f->gz) {
+        s->gz = malloc(sizeof *s->gz);
+        s->in_cap = 1 << 18;
+        s->in = malloc(s->in_cap);
+        if (!s->gz || !s->in) return DFM_FAIL(DFM_ENOMEM, "no memory for gzip stream");
+        isal_inflate_init(s->gz);
+        s->gz->crc_flag = ISAL_GZIP;
     } else if (offset && fseeko(s->fp, (off_t)offset, SEEK_SET) != 0) {
         return DFM_FAIL(DFM_EIO, "cannot seek to byte %llu of %s", (unsigned long long)offset, f->path);
     }
@@ -135,13 +156,88 @@ static int source_open(source *s, const dfm_input *f, uint64_t offset) {
 static void source_close(source *s) {
     if (s->fp) fclose(s->fp);
     ZSTD_freeDCtx(s->dctx);
+    free(s->gz);
     free(s->in);
     memset(s, 0, sizeof *s);
+}
+
+/* refill s->in when it is used up; *at_eof = 1 when the file has no more bytes */
+static int source_refill(source *s, size_t *avail, int *at_eof) {
+    *at_eof = 0;
+    if (*avail) return DFM_OK;
+    size_t n = s->eof ? 0 : fread(s->in, 1, s->in_cap, s->fp);
+    if (n == 0) {
+        if (ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
+        s->eof = *at_eof = 1;
+        return DFM_OK;
+    }
+    s->compressed_read += n;
+    *avail = n;
+    return DFM_OK;
+}
+
+static const char *isal_error_name(int e) {
+    switch (e) {
+    case ISAL_INVALID_BLOCK: return "invalid deflate block";
+    case ISAL_INVALID_SYMBOL: return "invalid deflate symbol";
+    case ISAL_INVALID_LOOKBACK: return "back-reference beyond the start of the data";
+    case ISAL_INVALID_WRAPPER: return "not a gzip member (bad magic or header)";
+    case ISAL_UNSUPPORTED_METHOD: return "compression method other than deflate";
+    case ISAL_INCORRECT_CHECKSUM: return "CRC-32 or length in the member trailer does not match the data";
+    case ISAL_NEED_DICT: return "needs a preset dictionary";
+    default: return "undecodable gzip data";
+    }
+}
+
+static int gz_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
+    struct inflate_state *z = s->gz;
+    size_t pos = 0;
+    while (pos == 0) {
+        size_t avail = z->avail_in;
+        int at_eof;
+        DFM_TRY(source_refill(s, &avail, &at_eof));
+        if (at_eof) {
+            if (s->gz_state == 1)
+                return DFM_FAIL(DFM_ETRUNCATED, "%s is a truncated gzip stream (member %llu, from compressed byte %llu, ends early: the file ends after %llu compressed bytes). HINT: re-create or re-download the file",
+                                s->path, (unsigned long long)s->members, (unsigned long long)s->member_at, (unsigned long long)s->compressed_read);
+            break;
+        }
+        if (avail != z->avail_in) { /* fresh input */
+            z->next_in = s->in;
+            z->avail_in = (uint32_t)avail;
+        }
+        if (s->gz_state != 1) { /* a new member starts here */
+            uint8_t *ni = z->next_in;
+            uint32_t na = z->avail_in;
+            if (s->gz_state == 2) {
+                isal_inflate_reset(z);
+                z->crc_flag = ISAL_GZIP;
+                z->next_in = ni;
+                z->avail_in = na;
+            }
+            s->gz_state = 1;
+            s->members++;
+            s->member_at = s->compressed_read - z->avail_in;
+        }
+        z->next_out = buf + pos;
+        z->avail_out = (uint32_t)(cap - pos > UINT32_MAX ? UINT32_MAX : cap - pos);
+        uint32_t before = z->avail_out;
+        int e = isal_inflate(z);
+        pos += before - z->avail_out;
+        if (e < 0 || e == ISAL_NEED_DICT)
+            return DFM_FAIL(DFM_EFORMAT, "%s: gzip error in member %llu (from compressed byte %llu) near compressed byte %llu: %s. HINT: check the file with `gzip -t`; re-create or re-download it",
+                            s->path, (unsigned long long)s->members, (unsigned long long)s->member_at,
+                            (unsigned long long)(s->compressed_read - z->avail_in), isal_error_name(e));
+        if (z->block_state == ISAL_BLOCK_FINISH) s->gz_state = 2;
+    }
+    *got = pos;
+    return DFM_OK;
 }
 
 /* Read up to cap bytes; *got = 0 only at the end. */
 static int source_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
     *got = 0;
+    if (s->gz) return gz_read(s, buf, cap, got);
     if (!s->dctx) {
         size_t n = fread(buf, 1, cap, s->fp);
         if (n == 0 && ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
@@ -150,20 +246,16 @@ static int source_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
     }
     ZSTD_outBuffer ob = {buf, cap, 0};
     while (ob.pos == 0) {
-        if (s->ib.pos == s->ib.size) {
-            if (s->eof) break;
-            size_t n = fread(s->in, 1, s->in_cap, s->fp);
-            if (n == 0) {
-                if (ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
-                s->eof = 1;
-                if (s->last_ret != 0)
-                    return DFM_FAIL(DFM_ETRUNCATED, "%s is a truncated zstd stream (ends inside a frame after %llu compressed bytes). HINT: re-create or re-download the file",
-                                    s->path, (unsigned long long)s->compressed_read);
-                break;
-            }
-            s->compressed_read += n;
-            s->ib = (ZSTD_inBuffer){s->in, n, 0};
+        size_t avail = s->ib.size - s->ib.pos;
+        int at_eof;
+        DFM_TRY(source_refill(s, &avail, &at_eof));
+        if (at_eof) {
+            if (s->last_ret != 0)
+                return DFM_FAIL(DFM_ETRUNCATED, "%s is a truncated zstd stream (ends inside a frame after %llu compressed bytes). HINT: re-create or re-download the file",
+                                s->path, (unsigned long long)s->compressed_read);
+            break;
         }
+        if (avail != s->ib.size - s->ib.pos) s->ib = (ZSTD_inBuffer){s->in, avail, 0};
         size_t r = ZSTD_decompressStream(s->dctx, &ob, &s->ib);
         if (ZSTD_isError(r))
             return DFM_FAIL(DFM_EFORMAT, "%s: zstd error near compressed byte %llu: %s", s->path,
@@ -183,7 +275,7 @@ static int bad_input(dfm_read_opts *o, int code, const dfm_input *f, uint64_t of
         o->bad_lines++;
         return DFM_OK;
     }
-    uint64_t line = f->zst ? 0 : dfm_line_of_offset(f->path, off);
+    uint64_t line = compressed(f) ? 0 : dfm_line_of_offset(f->path, off);
     if (line)
         return DFM_FAIL(code, "%s:%llu (byte %llu): %s. HINT: fix the input or pass --skip-bad-lines to count and skip it",
                         f->path, (unsigned long long)line, (unsigned long long)off, what);
@@ -246,12 +338,12 @@ static int handle_json_line(const dfm_input *f, int fi, const char *line, size_t
 static int read_jsonl(const dfm_input *f, int fi, uint64_t begin, uint64_t end, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
     source s;
     uint64_t pos = begin; /* file offset of buf[0] */
-    int rc = source_open(&s, f, f->zst ? 0 : begin);
+    int rc = source_open(&s, f, compressed(f) ? 0 : begin);
     size_t cap = 1 << 20, len = 0;
     uint8_t *buf = malloc(cap);
     if (!rc && !buf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     int skipping = 0;
-    if (!rc && !f->zst && begin > 0) { /* does a line start at begin? only if byte begin-1 is '\n' */
+    if (!rc && !compressed(f) && begin > 0) { /* does a line start at begin? only if byte begin-1 is '\n' */
         uint8_t prev = 0;
         FILE *fp = fopen(f->path, "rb");
         if (!fp || fseeko(fp, (off_t)begin - 1, SEEK_SET) != 0 || fread(&prev, 1, 1, fp) != 1)
@@ -357,7 +449,7 @@ static int read_tokens(const dfm_input *f, int fi, uint64_t t0, uint64_t t1, dfm
                         f->path, hdr[0], hdr[1]);
     }
     uint64_t count = (uint32_t)hdr[2];
-    if (!f->zst && f->bytes != TOKBIN_HEADER_BYTES + count * width) {
+    if (!compressed(f) && f->bytes != TOKBIN_HEADER_BYTES + count * width) {
         source_close(&s);
         return DFM_FAIL(f->bytes < TOKBIN_HEADER_BYTES + count * width ? DFM_ETRUNCATED : DFM_EFORMAT,
                         "token shard %s: header says %llu tokens (%llu bytes) but the file has %llu bytes", f->path,
@@ -367,7 +459,7 @@ static int read_tokens(const dfm_input *f, int fi, uint64_t t0, uint64_t t1, dfm
     if (t1 > count) t1 = count;
     int prev_eos = 1; /* token t0-1 was EOS (or t0 is the file start) */
     uint64_t idx = 0;
-    if (!f->zst && t0 > 0) {
+    if (!compressed(f) && t0 > 0) {
         uint32_t prev = 0;
         if (fseeko(s.fp, (off_t)(TOKBIN_HEADER_BYTES + (t0 - 1) * width), SEEK_SET) != 0 || fread(&prev, width, 1, s.fp) != 1)
             rc = DFM_FAIL(DFM_EIO, "cannot read token %llu of %s", (unsigned long long)t0 - 1, f->path);
@@ -420,6 +512,56 @@ static int read_tokens(const dfm_input *f, int fi, uint64_t t0, uint64_t t1, dfm
     return rc;
 }
 
+typedef struct {
+    const dfm_input *f;
+    int fi, rg;
+    uint64_t row0; /* rows of the file before this row group */
+    dfm_read_opts *o;
+    dfm_doc_fn fn;
+    void *user;
+} parquet_ctx;
+
+static int parquet_value(const char *text, size_t len, int is_null, uint64_t row, void *user) {
+    parquet_ctx *c = user;
+    c->o->bytes_read += len;
+    if (is_null || len == 0) {
+        c->o->empty_docs++;
+        return DFM_OK;
+    }
+    size_t bad = 0;
+    if (!valid_utf8((const uint8_t *)text, len, &bad)) {
+        if (c->o->skip_bad) {
+            c->o->bad_lines++;
+            return DFM_OK;
+        }
+        return DFM_FAIL(DFM_EFORMAT, "%s, row group %d, row %llu (row %llu of the file): invalid UTF-8 at byte %zu of the text. HINT: fix the input or pass --skip-bad-lines to count and skip it",
+                        c->f->path, c->rg, (unsigned long long)row, (unsigned long long)(c->row0 + row), bad);
+    }
+    dfm_doc d = {.text = text, .text_len = len, .file = c->fi, .offset = c->row0 + row};
+    return c->fn(&d, c->user);
+}
+
+/* The row groups of a Parquet file whose position lies in [a, b) (file offsets): a row group's position
+ * is the start of its text column chunk, raised to the largest position before it, so that the row
+ * groups of a range are consecutive and ranks meet them in file order. */
+static int read_parquet(const dfm_input *f, int fi, uint64_t a, uint64_t b, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
+    dfm_parquet *p;
+    DFM_TRY(dfm_parquet_open(f->path, f->bytes, o->text_field, &p));
+    parquet_ctx c = {.f = f, .fi = fi, .o = o, .fn = fn, .user = user};
+    uint64_t pos = 0;
+    int rc = DFM_OK;
+    for (int rg = 0; rg < dfm_parquet_row_groups(p) && !rc; rg++) {
+        uint64_t at = dfm_parquet_offset(p, rg);
+        if (at > pos) pos = at;
+        if (pos >= b) break;
+        c.rg = rg;
+        if (pos >= a) rc = dfm_parquet_read(p, rg, parquet_value, &c);
+        c.row0 += dfm_parquet_rows(p, rg);
+    }
+    dfm_parquet_close(p);
+    return rc;
+}
+
 int dfm_corpus_read_share(const dfm_input_list *l, int rank, int size, dfm_read_opts *o, dfm_doc_fn fn, void *user) {
     uint64_t lo = (uint64_t)((unsigned __int128)l->total_bytes * (unsigned)rank / (unsigned)size);
     uint64_t hi = (uint64_t)((unsigned __int128)l->total_bytes * (unsigned)(rank + 1) / (unsigned)size);
@@ -427,13 +569,16 @@ int dfm_corpus_read_share(const dfm_input_list *l, int rank, int size, dfm_read_
         const dfm_input *f = &l->files[i];
         uint64_t fs = f->start, fe = f->start + f->bytes;
         int rc = DFM_OK;
-        int whole = f->zst || f->whole || f->kind == DFM_IN_TEXT;
-        if (whole || f->bytes == 0) {
+        int whole = compressed(f) || f->whole || f->kind == DFM_IN_TEXT;
+        if (f->kind == DFM_IN_PARQUET && f->bytes > 0) {
+            if (fe > lo && fs < hi) rc = read_parquet(f, i, lo > fs ? lo - fs : 0, hi - fs, o, fn, user);
+        } else if (whole || f->bytes == 0) {
             /* a whole file (or an empty one) belongs to the rank whose range holds its first byte;
              * the last rank also takes files starting at the very end (empty files) */
             if ((fs >= lo && fs < hi) || (rank == size - 1 && fs == l->total_bytes)) {
                 if (f->kind == DFM_IN_JSONL) rc = read_jsonl(f, i, 0, UINT64_MAX, o, fn, user);
                 else if (f->kind == DFM_IN_TOKENS) rc = read_tokens(f, i, 0, UINT64_MAX, o, fn, user);
+                else if (f->kind == DFM_IN_PARQUET) rc = read_parquet(f, i, 0, UINT64_MAX, o, fn, user);
                 else rc = read_text(f, i, o, fn, user);
             }
         } else if (fe > lo && fs < hi) {

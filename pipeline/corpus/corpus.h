@@ -8,12 +8,21 @@
  *                            tokens; header[2] = token count), then the tokens. Tokens pass into
  *                            the stream verbatim; a document starts at the file start and after
  *                            every EOS token.
+ *   *.parquet                Apache Parquet: the string column named --text-field, one document a row,
+ *                            row group by row group (parquet_text.h: codecs, encodings, refusals); a
+ *                            null counts as an empty document
  *   any of the above + .zst  zstd-compressed, decompressed as a stream (never whole in memory)
+ *   any of the above + .gz   gzip-compressed (one member, or several concatenated as pigz, bgzip or
+ *                            `cat a.gz b.gz` write them), decompressed as a stream with ISA-L's igzip
+ *                            (bench/bench_gunzip.c: 2.7-2.9x zlib's speed; libdeflate cannot stream); every
+ *                            member's CRC-32 and length are checked
  *
  * Splitting: the inputs, in the order given, form one virtual byte space of total size T; rank r
  * takes [r*T/P, (r+1)*T/P). Uncompressed JSONL and .bin files are split inside (a JSONL line belongs
  * to the rank whose range holds its first byte; a token to the rank holding its first byte);
- * other files go whole to the rank holding their first byte. Ranges are contiguous, so rank order
+ * a Parquet row group belongs to the rank whose range holds the first byte of its text column chunk
+ * (made non-decreasing over the file's row groups, so a rank's row groups are consecutive);
+ * other files (compressed ones among them) go whole to the rank holding their first byte. Ranges are contiguous, so rank order
  * is stream order, and the documents seen in order over all ranks do not depend on P.
  */
 #ifndef DFM_CORPUS_H
@@ -22,12 +31,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { DFM_IN_JSONL, DFM_IN_TEXT, DFM_IN_TOKENS } dfm_input_kind;
+typedef enum { DFM_IN_JSONL, DFM_IN_TEXT, DFM_IN_TOKENS, DFM_IN_PARQUET } dfm_input_kind;
 
 typedef struct {
     char *path;
     dfm_input_kind kind;
     int zst;        /* compressed with zstd */
+    int gz;         /* compressed with gzip */
     int whole;      /* never split between ranks (set by the caller) */
     uint64_t bytes; /* size on disk */
     uint64_t start; /* offset in the virtual byte space */
@@ -51,7 +61,7 @@ typedef struct {
     const uint32_t *tokens; /* pretokenized input: a run of tokens (may end in EOS) */
     size_t n_tokens;
     int file;          /* index in the input list */
-    uint64_t offset;   /* byte offset of the document (line) in the uncompressed file */
+    uint64_t offset;   /* byte offset of the document (line) in the uncompressed file; Parquet: row index */
     int new_document;  /* tokens input: 1 if this run starts a document */
 } dfm_doc;
 
@@ -59,7 +69,7 @@ typedef struct {
 typedef int (*dfm_doc_fn)(const dfm_doc *doc, void *user);
 
 typedef struct {
-    const char *text_field; /* JSONL field holding the text */
+    const char *text_field; /* JSONL field or Parquet column holding the text */
     int skip_bad;           /* count and skip malformed lines / documents instead of failing */
     uint32_t vocab_size;    /* for checking pretokenized ids */
     uint32_t eos_id;        /* document separator in pretokenized input */

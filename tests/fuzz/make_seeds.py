@@ -1,9 +1,10 @@
 """make_seeds.py — write the seed corpora of tests/fuzz/ (tests/fuzz/seeds/<harness>/): small, valid
 inputs of each format, so the fuzzers start from files the parsers accept and mutate from there.
-Run with the project's Python (it needs xxhash and zstandard):  python3 tests/fuzz/make_seeds.py
+Run with the project's Python (it needs xxhash, zstandard and pyarrow):  python3 tests/fuzz/make_seeds.py
 The binary layouts are those of schemas/*.md; checksums are written right although the shard harnesses
 reseal them anyway."""
 import base64
+import gzip
 import json
 import os
 import struct
@@ -101,6 +102,30 @@ def token_bin():
         toks = [50256, 15496, 11, 995, 50256, 40, 716, 257, 1332, 13, 50256]
         head = struct.pack("<256i", 20240520, version, len(toks), *([0] * 253))
         put("token_bin", f"v{version}", head + b"".join(struct.pack(fmt, t) for t in toks))
+
+
+def gzip_seeds():
+    # mtime=0: the same bytes on every run; one member, three members, and a stored (level 0) member
+    text = b'{"text": "Hello world."}\n{"id": 2, "text": "caf\\u00e9"}\n{"text": ""}\n'
+    put("gzip", "one_member", gzip.compress(text, mtime=0))
+    put("gzip", "three_members", b"".join(gzip.compress(text[i:i + 20], mtime=0) for i in range(0, len(text), 20)))
+    put("gzip", "stored", gzip.compress(text, compresslevel=0, mtime=0))
+
+
+def parquet_seeds():
+    # small files across the writer options dfm must read (the harness reads column "text")
+    import io
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    texts = ["Hello world.", None, "caf\u00e9 \U0001f600", "", "Hello world.", "a longer line of text " * 3]
+    table = pa.table({"id": pa.array(range(len(texts)), pa.int64()), "text": pa.array(texts, pa.string())})
+    for name, kw in (("snappy_dict_v1", dict(compression="snappy")),
+                     ("zstd_plain_v2", dict(compression="zstd", use_dictionary=False, data_page_version="2.0")),
+                     ("gzip_groups", dict(compression="gzip", row_group_size=2, write_page_checksum=True)),
+                     ("none_pages", dict(compression="none", data_page_size=16, use_dictionary=False))):
+        buf = io.BytesIO()
+        pq.write_table(table, buf, **kw)
+        put("parquet", name, buf.getvalue())
 
 
 def text_seeds():
@@ -307,6 +332,8 @@ if __name__ == "__main__":
     safetensors()
     token_bin()
     text_seeds()
+    gzip_seeds()
+    parquet_seeds()
     tokenizer_seeds()
     regression_seeds()
     gguf()
