@@ -70,7 +70,7 @@ GPUS=$GPT; [ -n "$GPN" ] && GPUS=$GPN
 [ "$GPUS" != 0 ] && [ "$DEVICE" != cuda ] &&
   echo "submit_train.sh: warning: GPUs requested but the dfm-train flags have no --device cuda" >&2
 [ "$MODE" != eval ] && [ "${CKPT:-0}" = 0 ] &&
-  echo "submit_train.sh: warning: no --ckpt-every: a requeued or resubmitted job restarts from step 0" >&2
+  echo "submit_train.sh: warning: no --ckpt-every: a time limit or requeue still checkpoints, but a job resubmitted after a crash restarts from step 0" >&2
 if [ -z "$BIN" ]; then
   BIN=$HERE/../build/dfm-train
   [ "$GPUS" != 0 ] && BIN=$HERE/../build-cuda/dfm-train

@@ -11,6 +11,7 @@
 #include "common/opts.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
+#include "common/stop.h"
 #include "trainer/commands.h"
 
 typedef struct {
@@ -58,15 +59,17 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name)) continue;
+        /* training stops cleanly on SIGTERM / SIGUSR1 at the next step, with a checkpoint (common/stop.h) */
+        if (!strcmp(argv[1], "pretrain") || !strcmp(argv[1], "train")) dfm_stop_install();
         int rc = commands[i].fn(argc - 1, argv + 1);
         /* print before MPI_Finalize, so a failed rank's message is out before the job is torn down */
         if (rc < 0) {
-            fprintf(stderr, "dfm-train %s: error: %s\n", argv[1],
+            fprintf(stderr, "dfm-train %s: %s: %s\n", argv[1], rc == DFM_ESTOPPED ? "stopped" : "error",
                     dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
             fflush(stderr);
         }
         dfm_mpi_finalize();
-        return rc < 0 ? 1 : rc;
+        return rc == DFM_ESTOPPED ? DFM_EXIT_STOPPED : rc < 0 ? 1 : rc;
     }
     fprintf(stderr, "dfm-train: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
