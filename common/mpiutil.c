@@ -46,8 +46,8 @@ int dfm_mpi_agree(const dfm_mpi *m, int rc) {
     if (lowest[0] == m->size) return DFM_OK;
     if (rc) return rc;
     if (lowest[1] < m->size) /* a stop, not a failure: every rank exits as stopped (common/stop.h) */
-        return DFM_FAIL(DFM_ESTOPPED, "rank %d was stopped by a signal; this rank stops too, finished work is kept. "
-                        "HINT: run the same command again to resume", lowest[1]);
+        return DFM_FAIL(DFM_ESTOPPED, "rank %d was stopped by a signal (its message says what is kept); this rank stops "
+                        "too. HINT: run the same command again to resume", lowest[1]);
     return DFM_FAIL(DFM_EMPI, "rank %d failed (its message is above); this rank stops too", lowest[0]);
 }
 

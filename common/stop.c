@@ -35,6 +35,5 @@ int dfm_stop_check(const char *where_fmt, ...) {
     va_start(ap, where_fmt);
     vsnprintf(where, sizeof where, where_fmt, ap);
     va_end(ap);
-    return DFM_FAIL(DFM_ESTOPPED, "stopped by %s %s; finished work is kept. HINT: run the same command again to "
-                    "resume", sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal", where);
+    return DFM_FAIL(DFM_ESTOPPED, "stopped by %s %s. HINT: run the same command again to resume", sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal", where);
 }

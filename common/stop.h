@@ -24,8 +24,9 @@ void dfm_stop_install(void);
  * to read from any thread. */
 int dfm_stop_signal(void);
 
-/* DFM_OK when no stop was asked for; else DFM_ESTOPPED with the message "stopped by SIGNAME <where>
- * ...". where is a printf format naming the point, e.g. "before block %llu". */
+/* DFM_OK when no stop was asked for; else DFM_ESTOPPED with the message "stopped by SIGNAME <where>.
+ * HINT: run the same command again to resume". where is a printf format naming the point and what is
+ * kept, e.g. "before block %llu (the finished blocks are kept)". */
 int dfm_stop_check(const char *where_fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* For tests: forget a received signal. */
