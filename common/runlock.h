@@ -1,6 +1,6 @@
 /* runlock.h — one writer per run directory.
  *
- * A writing stage (every stage's begin, and `dfm build` before its first stage) takes an exclusive
+ * A writing stage (every stage's begin, `dfm build` before its first stage, and `dfm audit`) takes an exclusive
  * flock(2) on RUN/.lock on rank 0 and holds it for the rest of the process: the lock goes when the
  * process exits or dies, so a killed writer never leaves a lock that blocks the next one. The file
  * also names its holder ("host H pid P command C since T", then "(Slurm job J, node N)" in a Slurm
