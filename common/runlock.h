@@ -18,11 +18,18 @@
 #ifndef DFM_RUNLOCK_H
 #define DFM_RUNLOCK_H
 
+#include <stddef.h>
+
 /* Take the run lock of run_dir (created if missing) for the rest of the process. Taking it again
  * in the same process (e.g. `dfm build` then each stage) is a no-op. Returns DFM_OK; DFM_ESTATE when
  * another process holds it, naming the holder; DFM_EIO when the file cannot be made or the file
  * system refuses flock, with the hint. Call on the writing rank (rank 0) only. */
 int dfm_runlock_take(const char *run_dir);
+
+/* For readers, which never take the lock: 1 and the holder line ("host H pid P command C since T ...",
+ * without its newline) in buf when RUN/.lock names a writer, else 0. The line of a writer that died
+ * stays until the next writer: a hint for messages, not a proof that a writer runs. */
+int dfm_runlock_holder(const char *run_dir, char *buf, size_t n);
 
 /* 1 if this process holds the lock of run_dir, else 0. */
 int dfm_runlock_held(const char *run_dir);
