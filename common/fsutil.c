@@ -7,7 +7,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -125,6 +127,29 @@ int dfm_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     if (len) *len = n;
     return DFM_OK;
+}
+
+int dfm_fd_reserve(size_t n, const char *what, const char *hint) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return DFM_OK;
+    size_t open_now = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return DFM_OK; /* no /proc: let open(2) say it */
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') open_now++;
+    closedir(d);
+    rlim_t need = (rlim_t)(open_now + n + 16);
+    if (need <= rl.rlim_cur) return DFM_OK;
+    if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
+        rlim_t want = need * 2; /* room for the next readers too */
+        if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
+        struct rlimit nr = {want, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &nr) == 0) return DFM_OK;
+    }
+    return DFM_FAIL(DFM_ERANGE, "%s needs %zu more open files; this process has %zu open and may have %llu (hard limit "
+                    "%llu). HINT: raise the limit (ulimit -n %llu, or LimitNOFILE= / the cluster's setting), or %s",
+                    what, n, open_now, (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                    (unsigned long long)(need * 2), hint);
 }
 
 int dfm_mkdir_p(const char *path) {

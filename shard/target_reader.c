@@ -207,6 +207,12 @@ static int open_once(const char *run_dir, const dfm_target_open_opts *opts, dfm_
         r->params = (dfm_trec_params){.k = f.k, .d = f.d, .dtype = f.dtype, .ids_only = f.ids_only, .shuffle = f.shuffle, .level = f.level};
         r->shards = calloc(f.n_shards, sizeof *r->shards);
         rc = r->shards ? dfm_trec_codec_create(&r->params, &r->codec) : DFM_FAIL(DFM_ENOMEM, "no memory");
+        /* a reader holds one open file per shard (its data.mdb; tables are mapped and closed): many readers
+         * of many shards meet the open-files limit before anything else (no LMDB reader table: MDB_NOLOCK) */
+        char what[4200];
+        snprintf(what, sizeof what, "a reader of the %u target shards of %s", f.n_shards, run_dir);
+        if (!rc) rc = dfm_fd_reserve(f.n_shards, what, "open fewer readers: each of dfm-train's --loader-threads, each "
+                                     "dfm.Batches thread and each DataLoader worker opens one");
         for (uint32_t i = 0; !rc && i < f.n_shards; i++) {
             rc = open_shard(r, i, &f);
             r->info.raw_bytes += r->shards[i].meta.raw_bytes;

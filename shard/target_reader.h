@@ -15,6 +15,14 @@
  * looked up in the shard tables, so both store options read the same. Errors name the shard folder
  * and the key. Thread safety: one reader per thread, or serialise calls; the iterator's prefetch
  * thread is internal.
+ *
+ * Many readers: shards are opened MDB_RDONLY | MDB_NOLOCK (they never change once renamed in), so readers
+ * take no slot in an LMDB reader table: any number of reader processes and threads, and a reader that
+ * dies leaves nothing to reclaim (no lock.mdb, no slot for mdb_reader_check). What a reader holds is one
+ * open file per shard; R readers of S shards in one process (dfm-train's --loader-threads up to 64,
+ * dfm.Batches threads, each DataLoader worker its own process) need R x S. Open raises the soft
+ * RLIMIT_NOFILE up to the hard one as needed and, beyond the hard one, is refused (DFM_ERANGE) saying
+ * which limit to set (common/fsutil.h, dfm_fd_reserve). tests/py/test_many_readers.py.
  */
 #ifndef DFM_TARGET_READER_H
 #define DFM_TARGET_READER_H
