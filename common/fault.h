@@ -6,6 +6,9 @@
  * that a re-run resumes without duplicating or dropping records. With DFM_FAULT_SIGNAL=TERM (or USR1)
  * the process sends itself that signal there instead and goes on, so tests can place a clean stop
  * (common/stop.h) at a known point. Costs one getenv when unset.
+ *
+ * DFM_FAULT_ENOSPC=TEXT makes every atomic write (common/fsutil.h) to a path containing TEXT fail as on
+ * a full disk (ENOSPC), for tests where a real small file system cannot be mounted.
  */
 #ifndef DFM_FAULT_H
 #define DFM_FAULT_H

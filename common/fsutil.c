@@ -36,6 +36,8 @@ int dfm_atomic_open(dfm_atomic_file *f, const char *path) {
         dfm_atomic_abort(f);
         return DFM_FAIL(DFM_ENOMEM, "no memory for path %s", path);
     }
+    const char *full = getenv("DFM_FAULT_ENOSPC"); /* tests: a disk that is full for this file (common/fault.h) */
+    f->enospc = full && *full && strstr(path, full);
     f->fp = fopen(f->tmp_path, "wb");
     if (!f->fp) {
         int e = errno;
@@ -48,7 +50,8 @@ int dfm_atomic_open(dfm_atomic_file *f, const char *path) {
 }
 
 int dfm_atomic_write(dfm_atomic_file *f, const void *buf, size_t n) {
-    if (n && fwrite(buf, 1, n, f->fp) != n) {
+    if (f->enospc) errno = ENOSPC;
+    if (n && (f->enospc || fwrite(buf, 1, n, f->fp) != n)) {
         int e = errno ? errno : EIO;
         return DFM_FAIL(dfm_errno_code(e), "writing %s (at byte %llu): %s%s", f->tmp_path,
                         (unsigned long long)f->bytes, strerror(e),

@@ -16,6 +16,7 @@ typedef struct {
     char *path;     /* final name */
     char *tmp_path; /* name while writing */
     uint64_t bytes; /* written so far */
+    int enospc;     /* fault injection: DFM_FAULT_ENOSPC names part of this path (common/fault.h) */
 } dfm_atomic_file;
 
 /* Open TMP for writing. Returns DFM_EIO naming the path when the folder is missing or read-only. */

@@ -448,6 +448,22 @@ static int save_checkpoint(Trainer *t, long step, int last) {
     int rc = ckpt_save(cp, &ci, cfg, hp, h1, h2);
     json_decref(cfg);
     if (!rc) DFM_LOG_I("checkpoint %s", cp);
+    if (rc) { /* (a full disk): say what a resume still has; the temporary was removed, nothing else touched */
+        char cause[1536];
+        snprintf(cause, sizeof cause, "%s", dfm_last_error());
+        char *prev = NULL;
+        CkptInfo pi;
+        ckpt_newest(t->o->out, ci.step, &prev, &pi);
+        if (prev)
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s); the previous one, %s of step %llu, is "
+                          "intact (checksum checked). HINT: free space, then run the same command with --resume %s",
+                          cp, (unsigned long long)ci.step, cause, prev, (unsigned long long)pi.step, prev);
+        else
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s), and %s holds no earlier one: a re-run "
+                          "starts from step 0. HINT: free space, or --out on a larger disk", cp,
+                          (unsigned long long)ci.step, cause, t->o->out);
+        free(prev);
+    }
     free(cp);
     return dfm_mpi_agree(&t->mp, rc);
 }

@@ -1,6 +1,7 @@
 /* dfm-train — the DFM trainer (CPU fp32 reference; CUDA engine with --device cuda): pretrain a small
  * backbone, train the DFM memory modules on top of a frozen one, evaluate, generate. 'dfm-train COMMAND
  * --help' for each. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,8 @@ int main(int argc, char **argv) {
     }
     if (reexec) execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
     dfm_log_init(-1);
+    /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
+    signal(SIGXFSZ, SIG_IGN);
     dfm_opts_set_program("dfm-train");
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
