@@ -14,7 +14,7 @@
 #   --cpus-per-task C   CPUs per rank = OMP/BLAS threads (default 1)
 #   --partition P       partition (default: the cluster's default)
 #   --time T            time limit (default 24:00:00)
-#   --signal-before S   requeue S seconds before the time limit (default 120; 0 = off)
+#   --signal-before S   checkpoint, stop and requeue S seconds before the time limit (default 120; 0 = off)
 #   --no-requeue        neither requeue on USR1 nor after a node failure
 #   --after JOBID       start after JOBID completed successfully (e.g. the pretrain job)
 #   --dfm-train PATH    the binary (default build/dfm-train, or build-cuda/dfm-train with GPUs)

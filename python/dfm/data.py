@@ -26,6 +26,13 @@ worker w of n yields batches w, w+n, ... (the DataLoader interleaves them back i
 its own reader. threads=N reads batches in N threads of this process instead: libdfm decodes without
 the GIL, and no batch crosses a process boundary, which DataLoader workers pay for with a shared-memory
 hand-off per batch (bench/results/python_loader.md).
+
+While the run is rebuilt (`dfm write-targets --force`, `dfm build --force`): the tokens are read from one
+generation of the chunk stage, and every reader this object opens (per thread, per DataLoader worker)
+must find the targets generation its first reader opened; an open reader keeps reading its generation
+even as the files are replaced. A reader that would find a newer one raises TargetRebuiltError instead of
+mixing it into the epoch: make a new Batches to train on the new targets (schemas/manifest.md, "Readers
+during a rebuild"). Each reader holds one open file per target shard (see dfm.targets).
 """
 from __future__ import annotations
 
