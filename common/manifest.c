@@ -70,17 +70,6 @@ static void new_generation(const char *stage, char out[17]) {
 }
 
 int dfm_manifest_save(const char *run_dir, json_t *m) {
-    /* a stage saved complete for the first time gets its generation (schemas/manifest.md) */
-    const char *name;
-    json_t *st;
-    json_object_foreach(json_object_get(m, "stages"), name, st) {
-        const char *state = json_string_value(json_object_get(st, "state"));
-        if (json_is_object(st) && state && !strcmp(state, "complete") && !json_object_get(st, "generation")) {
-            char g[17];
-            new_generation(name, g);
-            json_object_set_new(st, "generation", json_string(g));
-        }
-    }
     char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     char *path = dfm_path_join(run_dir, "manifest.json");
     int rc;
@@ -100,6 +89,9 @@ json_t *dfm_manifest_stage(json_t *m, const char *stage) {
 }
 
 int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj) {
+    /* the stage's generation (given by dfm_stage_begin) stays when its object is replaced at completion */
+    json_t *gen = json_object_get(dfm_manifest_stage(m, stage), "generation");
+    if (obj && gen && !json_object_get(obj, "generation")) json_object_set(obj, "generation", gen);
     if (json_object_set_new(json_object_get(m, "stages"), stage, obj) != 0)
         return DFM_FAIL(DFM_ENOMEM, "cannot set stage %s in manifest", stage);
     return DFM_OK;
@@ -296,7 +288,9 @@ int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *s, dfm
      * never a stage whose files are gone, and a reader opening now is told of the rebuild rather than
      * finding a "complete" stage with files missing */
     dfm_manifest_drop_later(m, s->stage);
-    json_t *st = json_pack("{s:s, s:i, s:O}", "state", "running", "ranks", s->ranks, "config", s->config);
+    char gen[17];
+    new_generation(s->stage, gen);
+    json_t *st = json_pack("{s:s, s:s, s:i, s:O}", "state", "running", "generation", gen, "ranks", s->ranks, "config", s->config);
     if (!st) return DFM_FAIL(DFM_ENOMEM, "no memory");
     if (s->inputs) json_object_set(st, "inputs", s->inputs);
     DFM_TRY(dfm_manifest_set_stage(m, s->stage, st));

@@ -38,8 +38,8 @@ int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj);
 void dfm_manifest_drop_later(json_t *m, const char *stage);
 /* DFM_OK if stage exists with state "complete", else DFM_ESTATE saying which command to run. */
 int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_dir);
-/* The generation of a complete stage: 16 hex digits, new each time the stage completes (given by
- * dfm_manifest_save), "" when none is recorded (a run of an older dfm). Readers compare it before and
+/* The generation of a complete stage: 16 hex digits, new each time the stage runs (given by
+ * dfm_stage_begin, kept by dfm_manifest_set_stage), "" when none is recorded (a run of an older dfm). Readers compare it before and
  * after opening a stage's files, and between readers of one job (schemas/manifest.md, "Readers"). */
 const char *dfm_manifest_generation(json_t *m, const char *stage);
 /* For readers: DFM_OK if stage is complete; else DFM_ESTATE, naming the writer from RUN/.lock when one is
