@@ -148,42 +148,43 @@ grep -q "is complete" "cancelled/jobs/train-$c3.out" && ! grep -q "resumed from"
 [ "$(wc -l <cancelled/jobs/submitted.txt)" = 3 ] || fail "submitted.txt should list 3 jobs"
 ok "resubmitting a complete run exits 0 without training"
 
-# ---- 3. USR1 before the time limit -> requeue -> resume
+# restart_requeued JOB OUT SECS WHAT: wait until Slurm holds JOB requeued (PENDING, Restarts=1) and start
+# it: Slurm holds a requeued job ~2 min before it may start again; start it now, but not within the
+# second of the kill (a credential issued then counts as revoked: "Job credential revoked")
+restart_requeued() {
+  wait_until "$3" "scontrol -o show job $1 | grep -q 'JobState=PENDING.*Restarts=1'" ||
+    { scontrol show job "$1"; grep -v 'INFO\] step' "$2"/jobs/*.out; fail "$4 did not requeue the job"; }
+  [ -e "$2/ckpt_final.bin" ] && fail "the job ended before $4 stopped it: make the run longer"
+  sleep 2
+  scontrol update JobId="$1" StartTime=now
+}
+# stopped_resumed JOB OUT SIG WHAT: the requeued job completed, stopped by SIG with a checkpoint on the way,
+# every one of its 120 steps logged once, and its result equals the direct run's
+stopped_resumed() {
+  "$WAIT" "$1" || { cat "$2/jobs/train-$1.out"; fail "$4: the requeued job did not complete"; }
+  grep -q "restart 1" "$2/jobs/train-$1.out" && grep -q "stopped by $3 after step" "$2/jobs/train-$1.out" &&
+    grep -q "resumed from $WORK/$2/ckpt_" "$2/jobs/train-$1.out" ||
+    { grep -v 'INFO\] step' "$2/jobs/train-$1.out"; fail "$4: dfm-train did not stop with a checkpoint and resume"; }
+  steps_once "$2" 120 || fail "$4: a step was lost or redone"
+  same "$2/ckpt_final.bin" direct/ckpt_final.bin "$4"
+  same "$2/dfm_modules.safetensors" direct/dfm_modules.safetensors "$4"
+}
+
+# ---- 3. USR1 before the time limit -> checkpoint -> requeue -> resume
 r=$("${S[@]}" train --ntasks 2 -- --out requeued "${DFMF[@]}" --backbone direct_pre/model)
 wait_until 120 '[ -e requeued/ckpt_000020.bin ]' || { cat requeued/jobs/*.out; fail "no first checkpoint"; }
 scancel --batch --signal=USR1 "$r"
-wait_until 60 'scontrol -o show job "$r" | grep -q "JobState=PENDING.*Restarts=1"' ||
-  { scontrol show job "$r"; cat "requeued/jobs/train-$r.out"; fail "USR1 did not requeue the job"; }
-[ -e requeued/ckpt_final.bin ] && fail "the job ended before the requeue stopped it: make the run longer"
-# Slurm holds a requeued job ~2 min before it may start again; start it now, but not within the
-# second of the kill (a credential issued then counts as revoked: "Job credential revoked")
-sleep 2
-scontrol update JobId="$r" StartTime=now
-"$WAIT" "$r" || { cat "requeued/jobs/train-$r.out"; fail "requeued job did not complete"; }
-grep -q "restart 1" "requeued/jobs/train-$r.out" && grep -q "resumed from $WORK/requeued/ckpt_" "requeued/jobs/train-$r.out" ||
-  { grep -v 'INFO\] step' "requeued/jobs/train-$r.out"; fail "the requeued job did not resume"; }
-same requeued/ckpt_final.bin direct/ckpt_final.bin "requeued"
-same requeued/dfm_modules.safetensors direct/dfm_modules.safetensors "requeued"
-grep -q "stopped by SIGUSR1 after step" "requeued/jobs/train-$r.out" && grep -q "stopped with a checkpoint" "requeued/jobs/train-$r.out" ||
-  { grep -v 'INFO\] step' "requeued/jobs/train-$r.out"; fail "USR1 did not stop dfm-train with a checkpoint"; }
-steps_once requeued 120 || fail "USR1 -> requeue: a step was lost or redone"
+restart_requeued "$r" requeued 60 USR1
+stopped_resumed "$r" requeued SIGUSR1 USR1
+grep -q "stopped with a checkpoint" "requeued/jobs/train-$r.out" || fail "USR1: the job script did not requeue on status 75"
 ok "USR1 -> checkpoint of the current step -> requeue -> $(grep -o 'resumed from [^ ]*' "requeued/jobs/train-$r.out" | head -n 1 | sed "s|$WORK/||"), every step once, identical result"
 
 # ---- 3b. scontrol requeue of a running job: Slurm's SIGTERM stops dfm-train with a checkpoint
 q=$("${S[@]}" train --ntasks 2 -- --out adminq "${DFMF[@]}" --backbone direct_pre/model)
 wait_until 120 '[ -e adminq/ckpt_000020.bin ]' || { cat adminq/jobs/*.out; fail "no first checkpoint"; }
 scontrol requeue "$q"
-wait_until 60 'scontrol -o show job "$q" | grep -q "JobState=PENDING.*Restarts=1"' ||
-  { scontrol show job "$q"; cat "adminq/jobs/train-$q.out"; fail "scontrol requeue did not requeue the job"; }
-[ -e adminq/ckpt_final.bin ] && fail "the job ended before the requeue stopped it: make the run longer"
-sleep 2
-scontrol update JobId="$q" StartTime=now
-"$WAIT" "$q" || { cat "adminq/jobs/train-$q.out"; fail "the requeued job did not complete"; }
-grep -q "stopped by SIGTERM after step" "adminq/jobs/train-$q.out" ||
-  { grep -v 'INFO\] step' "adminq/jobs/train-$q.out"; fail "scontrol requeue: dfm-train did not stop with a checkpoint"; }
-steps_once adminq 120 || fail "scontrol requeue: a step was lost or redone"
-same adminq/ckpt_final.bin direct/ckpt_final.bin "scontrol requeue"
-same adminq/dfm_modules.safetensors direct/dfm_modules.safetensors "scontrol requeue"
+restart_requeued "$q" adminq 60 "scontrol requeue"
+stopped_resumed "$q" adminq SIGTERM "scontrol requeue"
 ok "scontrol requeue -> SIGTERM -> checkpoint of the current step -> restart, every step once, identical result"
 
 # ---- 3c. a real time limit: --time 1 with USR1 50 s before it (Slurm checks time limits every ~30 s: the
@@ -191,13 +192,10 @@ ok "scontrol requeue -> SIGTERM -> checkpoint of the current step -> restart, ev
 # it is cancelled (scancel: SIGTERM, a checkpoint again)
 LONG=(--data data/tokens.bin --layers 2 --hidden 32 --heads 4 --kv-heads 2 --steps 1000000 "${COMMON[@]}")
 tl=$("$SUB" --overcommit --time 1 --signal-before 50 --dfm-train "$TRAIN" pretrain -- --out timed "${LONG[@]}")
-wait_until 90 'scontrol -o show job "$tl" | grep -q "JobState=PENDING.*Restarts=1"' ||
-  { scontrol show job "$tl"; grep -v 'INFO\] step' timed/jobs/*.out; fail "the time limit's USR1 did not requeue the job"; }
+restart_requeued "$tl" timed 90 "the time limit's USR1"
 stop=$(grep -o 'stopped by SIGUSR1 after step [0-9]*' "timed/jobs/train-$tl.out" | grep -o '[0-9]*$') ||
   { grep -v 'INFO\] step' "timed/jobs/train-$tl.out"; fail "the time limit's USR1 did not stop dfm-train"; }
 [ -e "timed/ckpt_$(printf %06d "$stop").bin" ] || fail "no checkpoint of step $stop"
-sleep 2
-scontrol update JobId="$tl" StartTime=now
 wait_until 60 'grep -q "resumed from $WORK/timed/ckpt_$(printf %06d "$stop").bin at step $stop" "timed/jobs/train-$tl.out"' ||
   { grep -v 'INFO\] step' "timed/jobs/train-$tl.out"; fail "the restart did not resume from step $stop"; }
 wait_until 30 '[ "$(grep -c "\"loss\"" timed/log.jsonl)" -gt $((stop + 5)) ]' || fail "the restart does not train"

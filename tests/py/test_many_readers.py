@@ -17,11 +17,13 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_cli import check, finish  # noqa: E402  (the tests' shared check and verdict)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 TOOL = os.path.join(os.path.dirname(DFM), "tools", "targets_read")
 PY = sys.executable
-FAILS = []
 
 # the pure-Python reader process: the same barrier and digest as targets_read (XXH3-64 over each record's
 # chunk id, mask bits, ids, float32 embeddings)
@@ -44,11 +46,6 @@ for c in range(r.n_chunks):
 print("digest %016x" % h.intdigest())
 '''
 
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILS.append(what)
 
 
 def main():
@@ -104,12 +101,8 @@ def main():
                               capture_output=True, text=True)
         check(soft.returncode == 0 and soft.stdout.strip() == want,
               "under a low soft limit (40) the readers raise it themselves: %s" % (soft.stdout + soft.stderr).strip()[-300:])
-    if FAILS:
-        print("FAILED: " + "; ".join(FAILS))
-        return 1
-    print("PASS")
-    return 0
+    finish("many readers at once")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
