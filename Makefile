@@ -201,7 +201,7 @@ $(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 #                              `make SAN=1 emu-checks`: under ASan+UBSan, in build-san/emu/ (what the tests run)
 #   make CUDA=1 cuda-checks    the same checkers for a GPU, with nvcc -> $(BUILD)/checks/<checker>; they
 #                              need only cuBLAS, OpenBLAS and OpenMP (not MPI, FAISS or the other libraries)
-#   make tools                 $(BUILD)/tools/retrieve_mkrun (a synthetic run for the retrieval tests)
+#   make tools                 $(BUILD)/tools/retrieve_mkrun (a synthetic run for the retrieval tests), targets_read (a reader process)
 #   make bench-programs        $(BUILD)/bench/<program> for every bench/*.c
 #   make checks                all of these that this configuration can build (what `make test` builds)
 #   make faiss-c-api FAISS_SRC=DIR FAISS_C_OUT=FILE   the FAISS C API from a FAISS source tree (scripts/deps.sh)
@@ -292,7 +292,7 @@ $(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libdfm.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libdfm.a $(LDLIBS)
 
-tools: $(BUILD)/tools/retrieve_mkrun
+tools: $(BUILD)/tools/retrieve_mkrun $(BUILD)/tools/targets_read
 
 $(BUILD)/bench/%: bench/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
 	@mkdir -p $(dir $@)

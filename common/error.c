@@ -31,6 +31,7 @@ const char *dfm_strerror(int code) {
     case DFM_ETRUNCATED: return "truncated file";
     case DFM_ERANGE: return "value out of range";
     case DFM_EINTERNAL: return "internal error";
+    case DFM_ESTOPPED: return "stopped on request";
     default: return "unknown error code";
     }
 }

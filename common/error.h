@@ -36,6 +36,7 @@ enum {
     DFM_ETRUNCATED = -16,  /* a file ends before its header says it should */
     DFM_ERANGE = -17,      /* a value outside its allowed range (ids, sizes, counts) */
     DFM_EINTERNAL = -18,   /* a broken invariant: a bug in dfm; please report it */
+    DFM_ESTOPPED = -19,    /* stopped on request (SIGTERM, SIGUSR1) after keeping finished work (common/stop.h) */
 };
 
 /* Short fixed description of a code ("I/O error", ...). Never NULL; unknown codes say so. */

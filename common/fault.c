@@ -20,6 +20,13 @@ void dfm_fault_point(const char *name, int rank) {
     }
     const char *r = getenv("DFM_FAULT_RANK");
     if (r && atoi(r) != rank) return;
+    const char *sig = getenv("DFM_FAULT_SIGNAL");
+    if (sig && *sig) { /* a stop request, not a death: the stage goes on to its next stop check */
+        int s = !strcmp(sig, "USR1") || !strcmp(sig, "SIGUSR1") ? SIGUSR1 : SIGTERM;
+        DFM_LOG_W("fault injection: %s to rank %d at '%s' (DFM_FAULT_SIGNAL)", s == SIGUSR1 ? "SIGUSR1" : "SIGTERM", rank, name);
+        raise(s);
+        return;
+    }
     DFM_LOG_W("fault injection: killing rank %d at '%s' (DFM_FAULT)", rank, name);
     kill(getpid(), SIGKILL);
 }

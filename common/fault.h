@@ -3,7 +3,12 @@
  * A stage calls dfm_fault_point("encode:block-written") at places where a crash must be survivable.
  * When the environment has DFM_FAULT=<that name> (and DFM_FAULT_RANK unset or equal to this rank),
  * the process kills itself with SIGKILL right there — the same as a node dying — so tests can check
- * that a re-run resumes without duplicating or dropping records. Costs one getenv when unset.
+ * that a re-run resumes without duplicating or dropping records. With DFM_FAULT_SIGNAL=TERM (or USR1)
+ * the process sends itself that signal there instead and goes on, so tests can place a clean stop
+ * (common/stop.h) at a known point. Costs one getenv when unset.
+ *
+ * DFM_FAULT_ENOSPC=TEXT makes every atomic write (common/fsutil.h) to a path containing TEXT fail as on
+ * a full disk (ENOSPC), for tests where a real small file system cannot be mounted.
  */
 #ifndef DFM_FAULT_H
 #define DFM_FAULT_H

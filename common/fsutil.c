@@ -7,7 +7,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -34,6 +36,8 @@ int dfm_atomic_open(dfm_atomic_file *f, const char *path) {
         dfm_atomic_abort(f);
         return DFM_FAIL(DFM_ENOMEM, "no memory for path %s", path);
     }
+    const char *full = getenv("DFM_FAULT_ENOSPC"); /* tests: a disk that is full for this file (common/fault.h) */
+    f->enospc = full && *full && strstr(path, full);
     f->fp = fopen(f->tmp_path, "wb");
     if (!f->fp) {
         int e = errno;
@@ -46,7 +50,8 @@ int dfm_atomic_open(dfm_atomic_file *f, const char *path) {
 }
 
 int dfm_atomic_write(dfm_atomic_file *f, const void *buf, size_t n) {
-    if (n && fwrite(buf, 1, n, f->fp) != n) {
+    if (f->enospc) errno = ENOSPC;
+    if (n && (f->enospc || fwrite(buf, 1, n, f->fp) != n)) {
         int e = errno ? errno : EIO;
         return DFM_FAIL(dfm_errno_code(e), "writing %s (at byte %llu): %s%s", f->tmp_path,
                         (unsigned long long)f->bytes, strerror(e),
@@ -125,6 +130,29 @@ int dfm_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     if (len) *len = n;
     return DFM_OK;
+}
+
+int dfm_fd_reserve(size_t n, const char *what, const char *hint) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return DFM_OK;
+    size_t open_now = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return DFM_OK; /* no /proc: let open(2) say it */
+    for (struct dirent *e; (e = readdir(d));)
+        if (e->d_name[0] != '.') open_now++;
+    closedir(d);
+    rlim_t need = (rlim_t)(open_now + n + 16);
+    if (need <= rl.rlim_cur) return DFM_OK;
+    if (rl.rlim_max == RLIM_INFINITY || need <= rl.rlim_max) {
+        rlim_t want = need * 2; /* room for the next readers too */
+        if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
+        struct rlimit nr = {want, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &nr) == 0) return DFM_OK;
+    }
+    return DFM_FAIL(DFM_ERANGE, "%s needs %zu more open files; this process has %zu open and may have %llu (hard limit "
+                    "%llu). HINT: raise the limit (ulimit -n %llu, or LimitNOFILE= / the cluster's setting), or %s",
+                    what, n, open_now, (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                    (unsigned long long)(need * 2), hint);
 }
 
 int dfm_mkdir_p(const char *path) {

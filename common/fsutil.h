@@ -16,6 +16,7 @@ typedef struct {
     char *path;     /* final name */
     char *tmp_path; /* name while writing */
     uint64_t bytes; /* written so far */
+    int enospc;     /* fault injection: DFM_FAULT_ENOSPC names part of this path (common/fault.h) */
 } dfm_atomic_file;
 
 /* Open TMP for writing. Returns DFM_EIO naming the path when the folder is missing or read-only. */
@@ -39,6 +40,12 @@ int dfm_read_file(const char *path, char **out, size_t *len);
 int dfm_map_file(const char *path, const char *hint, const uint8_t **map, size_t *bytes);
 /* Unmap what dfm_map_file returned; NULL is a no-op. */
 void dfm_unmap_file(const void *map, size_t bytes);
+
+/* Make room for n more open files in this process: when the files open now plus n (and a margin of 16)
+ * exceed the soft RLIMIT_NOFILE, raise it (up to the hard limit). DFM_ERANGE when even the hard limit is
+ * too low, saying how many files what (e.g. "a reader of the 64 target shards of RUN") needs, how many
+ * are open, the limits, and hint (the ways to need fewer) with "ulimit -n N" as the fix. */
+int dfm_fd_reserve(size_t n, const char *what, const char *hint);
 
 /* mkdir -p. */
 int dfm_mkdir_p(const char *path);

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* the pipeline's stages in order; each writes only under RUN/<stage> */
 static const char *const stage_order[] = {"chunk", "encode", "index", "retrieve", "targets", "audit", NULL};
@@ -52,6 +54,21 @@ int dfm_manifest_load(const char *run_dir, int create, json_t **out) {
     return rc;
 }
 
+/* A new generation id: 16 hex digits from the time in ns, the host, the process and a counter: unique per
+ * completion of a stage, so readers tell a rebuilt stage from the one they opened even when its bytes
+ * are the same. */
+static void new_generation(const char *stage, char out[17]) {
+    static unsigned counter;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char host[256] = "";
+    gethostname(host, sizeof host - 1);
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "%lld.%09ld %s %ld %u %s", (long long)ts.tv_sec, ts.tv_nsec, host, (long)getpid(),
+                     counter++, stage);
+    snprintf(out, 17, "%016llx", (unsigned long long)dfm_checksum64(buf, n > 0 ? (size_t)n : 0));
+}
+
 int dfm_manifest_save(const char *run_dir, json_t *m) {
     char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     char *path = dfm_path_join(run_dir, "manifest.json");
@@ -72,6 +89,9 @@ json_t *dfm_manifest_stage(json_t *m, const char *stage) {
 }
 
 int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj) {
+    /* the stage's generation (given by dfm_stage_begin) stays when its object is replaced at completion */
+    json_t *gen = json_object_get(dfm_manifest_stage(m, stage), "generation");
+    if (obj && gen && !json_object_get(obj, "generation")) json_object_set(obj, "generation", gen);
     if (json_object_set_new(json_object_get(m, "stages"), stage, obj) != 0)
         return DFM_FAIL(DFM_ENOMEM, "cannot set stage %s in manifest", stage);
     return DFM_OK;
@@ -98,6 +118,33 @@ int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_
         return DFM_FAIL(DFM_ESTATE, "stage '%s' of run %s is '%s', not complete. HINT: re-run 'dfm %s' to finish it",
                         stage, run_dir, state ? state : "?", dfm_stage_command(stage));
     return DFM_OK;
+}
+
+const char *dfm_manifest_generation(json_t *m, const char *stage) {
+    const char *g = json_string_value(json_object_get(dfm_manifest_stage(m, stage), "generation"));
+    return g ? g : "";
+}
+
+int dfm_manifest_require_readable(json_t *m, const char *stage, const char *run_dir) {
+    json_t *s = dfm_manifest_stage(m, stage);
+    const char *state = json_string_value(json_object_get(s, "state"));
+    if (s && state && !strcmp(state, "complete")) return DFM_OK;
+    char holder[1024];
+    if (dfm_runlock_holder(run_dir, holder, sizeof holder))
+        return DFM_FAIL(DFM_ESTATE, "the '%s' stage of run %s is being rebuilt by %s. HINT: open it again when that "
+                        "finishes (a reader keeps the generation it opened; it never reads one being written)",
+                        stage, run_dir, holder);
+    return dfm_manifest_require_complete(m, stage, run_dir);
+}
+
+int dfm_manifest_read_generation(const char *run_dir, const char *stage, char gen[17]) {
+    json_t *m = NULL;
+    gen[0] = 0;
+    int rc = dfm_manifest_load(run_dir, 0, &m);
+    if (!rc) snprintf(gen, 17, "%s", dfm_manifest_generation(m, stage));
+    if (!rc) rc = dfm_manifest_require_readable(m, stage, run_dir);
+    json_decref(m);
+    return rc;
 }
 
 long long dfm_manifest_count(json_t *m, const char *stage, const char *count) {
@@ -237,8 +284,16 @@ int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *s, dfm
             DFM_LOG_I("%s stage of %s was interrupted (state '%s'): resuming", s->stage, run_dir, state ? state : "?");
     }
     DFM_TRY(dfm_runlock_take(run_dir));
-    /* manifest first: a crash after it leaves files no stage claims, never a stage whose files are gone */
+    /* manifest first, with this stage already "running": a crash after it leaves files no stage claims,
+     * never a stage whose files are gone, and a reader opening now is told of the rebuild rather than
+     * finding a "complete" stage with files missing */
     dfm_manifest_drop_later(m, s->stage);
+    char gen[17];
+    new_generation(s->stage, gen);
+    json_t *st = json_pack("{s:s, s:s, s:i, s:O}", "state", "running", "generation", gen, "ranks", s->ranks, "config", s->config);
+    if (!st) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (s->inputs) json_object_set(st, "inputs", s->inputs);
+    DFM_TRY(dfm_manifest_set_stage(m, s->stage, st));
     DFM_TRY(dfm_manifest_save(run_dir, m));
     int after = 0;
     for (int i = 0; stage_order[i]; i++) {
@@ -250,9 +305,5 @@ int dfm_stage_begin(json_t *m, const char *run_dir, const dfm_stage_spec *s, dfm
     int rc = own ? dfm_mkdir_p(own) : DFM_FAIL(DFM_ENOMEM, "no memory");
     free(own);
     if (!rc) rc = remove_temporaries(run_dir, s->stage);
-    json_t *st = rc ? NULL : json_pack("{s:s, s:i, s:O}", "state", "running", "ranks", s->ranks, "config", s->config);
-    if (!rc && !st) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc && s->inputs) json_object_set(st, "inputs", s->inputs);
-    if (!rc) rc = dfm_manifest_set_stage(m, s->stage, st);
-    return rc ? rc : dfm_manifest_save(run_dir, m);
+    return rc;
 }

@@ -38,6 +38,17 @@ int dfm_manifest_set_stage(json_t *m, const char *stage, json_t *obj);
 void dfm_manifest_drop_later(json_t *m, const char *stage);
 /* DFM_OK if stage exists with state "complete", else DFM_ESTATE saying which command to run. */
 int dfm_manifest_require_complete(json_t *m, const char *stage, const char *run_dir);
+/* The generation of a complete stage: 16 hex digits, new each time the stage runs (given by
+ * dfm_stage_begin, kept by dfm_manifest_set_stage), "" when none is recorded (a run of an older dfm). Readers compare it before and
+ * after opening a stage's files, and between readers of one job (schemas/manifest.md, "Readers"). */
+const char *dfm_manifest_generation(json_t *m, const char *stage);
+/* For readers: DFM_OK if stage is complete; else DFM_ESTATE, naming the writer from RUN/.lock when one is
+ * rebuilding the run ("being rebuilt by host H pid P command C since T"), else as
+ * dfm_manifest_require_complete. */
+int dfm_manifest_require_readable(json_t *m, const char *stage, const char *run_dir);
+/* For readers: load run_dir's manifest, copy stage's generation into gen ("" when none) and check the
+ * stage as dfm_manifest_require_readable does. */
+int dfm_manifest_read_generation(const char *run_dir, const char *stage, char gen[17]);
 /* Integer count of a stage ("chunk", "chunks") or -1 if absent. */
 long long dfm_manifest_count(json_t *m, const char *stage, const char *count);
 

@@ -39,13 +39,16 @@ void dfm_mpi_finalize(void) {
 }
 
 int dfm_mpi_agree(const dfm_mpi *m, int rc) {
-    /* lowest failing rank, or size if none */
-    int mine = rc ? m->rank : m->size, lowest = m->size;
-    int mrc = MPI_Allreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, m->comm);
+    /* lowest failing rank, or size if none; and the lowest rank that stopped on a signal */
+    int mine[2] = {rc ? m->rank : m->size, rc == DFM_ESTOPPED ? m->rank : m->size}, lowest[2] = {m->size, m->size};
+    int mrc = MPI_Allreduce(mine, lowest, 2, MPI_INT, MPI_MIN, m->comm);
     if (mrc != MPI_SUCCESS) return rc ? rc : DFM_MPI_CHECK(mrc);
-    if (lowest == m->size) return DFM_OK;
+    if (lowest[0] == m->size) return DFM_OK;
     if (rc) return rc;
-    return DFM_FAIL(DFM_EMPI, "rank %d failed (its message is above); this rank stops too", lowest);
+    if (lowest[1] < m->size) /* a stop, not a failure: every rank exits as stopped (common/stop.h) */
+        return DFM_FAIL(DFM_ESTOPPED, "rank %d was stopped by a signal (its message says what is kept); this rank stops "
+                        "too. HINT: run the same command again to resume", lowest[1]);
+    return DFM_FAIL(DFM_EMPI, "rank %d failed (its message is above); this rank stops too", lowest[0]);
 }
 
 int dfm_mpi_exscan_u64(const dfm_mpi *m, uint64_t mine, uint64_t *before, uint64_t *total) {

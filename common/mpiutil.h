@@ -4,7 +4,7 @@
  * The rule that keeps ranks from hanging when one fails: after each phase that can fail locally,
  * all ranks call dfm_mpi_agree(rc); it returns DFM_OK only if every rank succeeded, otherwise
  * the failing rank keeps its own code and message and the others get DFM_EMPI naming the lowest
- * failing rank.
+ * failing rank, or DFM_ESTOPPED when a rank stopped on a signal (common/stop.h).
  */
 #ifndef DFM_MPIUTIL_H
 #define DFM_MPIUTIL_H

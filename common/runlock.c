@@ -31,6 +31,22 @@ static int find_held(const char *run_dir) {
 
 int dfm_runlock_held(const char *run_dir) { return find_held(run_dir) >= 0; }
 
+int dfm_runlock_holder(const char *run_dir, char *buf, size_t n) {
+    if (n) buf[0] = 0;
+    char *path = dfm_path_join(run_dir, ".lock");
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+    free(path);
+    if (fd < 0 || n < 2) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
+    ssize_t got = pread(fd, buf, n - 1, 0);
+    close(fd);
+    buf[got > 0 ? got : 0] = 0;
+    buf[strcspn(buf, "\n")] = 0;
+    return buf[0] != 0;
+}
+
 /* a clean exit leaves an empty lock file: a holder line found later was left by a writer that died */
 static void clear_holders(void) {
     for (int i = 0; i < n_held; i++)

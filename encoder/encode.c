@@ -2,6 +2,7 @@
 #include "encoder/encode.h"
 
 #include "common/error.h"
+#include "common/stop.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
@@ -171,6 +172,8 @@ static int encode_block(const dfm_encode_config *o, dfm_encoder *enc, const dfm_
     int rc = texts && lens && emb ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory for a window of %d chunks", W);
     if (!rc) rc = dfm_emb_writer_open(path, hdr, &w);
     for (uint64_t s = 0; s < n_rows && !rc; s += (uint64_t)W) {
+        /* a stop abandons this block: its temporary file is removed, the finished blocks are kept */
+        if ((rc = dfm_stop_check("inside %s (abandoned; the finished blocks are kept)", path))) break;
         int nw = (int)(n_rows - s < (uint64_t)W ? n_rows - s : (uint64_t)W);
         double t0 = dfm_now();
         int drc = DFM_OK;
@@ -279,6 +282,7 @@ static int encode_blocks(encode_run *r, dfm_emb_header *hdr) {
         uint64_t first = b * B, n_rows = N - first < B ? N - first : B;
         char *name = dfm_emb_block_name(b), *path = name ? dfm_path_join(r->run, name) : NULL;
         if (!path) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        if (!rc) rc = dfm_stop_check("before block %llu (the finished blocks are kept)", (unsigned long long)b);
         hdr->first_chunk = first;
         if (!rc && block_is_done(path, first, n_rows, hdr)) { /* only after a resume: FRESH emptied the folder */
             r->cnt.blocks_kept++;

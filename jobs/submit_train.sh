@@ -14,7 +14,7 @@
 #   --cpus-per-task C   CPUs per rank = OMP/BLAS threads (default 1)
 #   --partition P       partition (default: the cluster's default)
 #   --time T            time limit (default 24:00:00)
-#   --signal-before S   requeue S seconds before the time limit (default 120; 0 = off)
+#   --signal-before S   checkpoint, stop and requeue S seconds before the time limit (default 120; 0 = off)
 #   --no-requeue        neither requeue on USR1 nor after a node failure
 #   --after JOBID       start after JOBID completed successfully (e.g. the pretrain job)
 #   --dfm-train PATH    the binary (default build/dfm-train, or build-cuda/dfm-train with GPUs)
@@ -70,7 +70,7 @@ GPUS=$GPT; [ -n "$GPN" ] && GPUS=$GPN
 [ "$GPUS" != 0 ] && [ "$DEVICE" != cuda ] &&
   echo "submit_train.sh: warning: GPUs requested but the dfm-train flags have no --device cuda" >&2
 [ "$MODE" != eval ] && [ "${CKPT:-0}" = 0 ] &&
-  echo "submit_train.sh: warning: no --ckpt-every: a requeued or resubmitted job restarts from step 0" >&2
+  echo "submit_train.sh: warning: no --ckpt-every: a time limit or requeue still checkpoints, but a job resubmitted after a crash restarts from step 0" >&2
 if [ -z "$BIN" ]; then
   BIN=$HERE/../build/dfm-train
   [ "$GPUS" != 0 ] && BIN=$HERE/../build-cuda/dfm-train

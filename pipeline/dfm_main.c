@@ -3,6 +3,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
+#include "common/stop.h"
 #include "common/version.h"
 
 #include <signal.h>
@@ -51,15 +52,20 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name)) continue;
+        /* the writing stages stop cleanly on SIGTERM / SIGUSR1 at their next block (common/stop.h); other
+         * commands write nothing that a kill could leave half-done, and die as usual */
+        static const char *const stoppable[] = {"chunk", "encode", "index", "retrieve", "write-targets", "build"};
+        for (size_t j = 0; j < sizeof stoppable / sizeof stoppable[0]; j++)
+            if (!strcmp(argv[1], stoppable[j])) dfm_stop_install();
         int rc = commands[i].fn(argc - 1, argv + 1);
         /* Print before MPI_Finalize: a rank that failed must have its message out before the others,
          * which only say "rank N failed", leave the finalize fence and let mpirun abort the job. */
         if (rc < 0) {
-            fprintf(stderr, "dfm %s: error: %s\n", argv[1], dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
+            fprintf(stderr, "dfm %s: %s: %s\n", argv[1], rc == DFM_ESTOPPED ? "stopped" : "error", dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
             fflush(stderr);
         }
         dfm_mpi_finalize();
-        return rc < 0 ? 1 : rc;
+        return rc == DFM_ESTOPPED ? DFM_EXIT_STOPPED : rc < 0 ? 1 : rc;
     }
     fprintf(stderr, "dfm: unknown command '%s'\n\n", argv[1]);
     usage(stderr);

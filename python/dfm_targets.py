@@ -24,6 +24,7 @@ A torch Dataset is a few lines: `__getitem__ = lambda i: torch.from_numpy(run.ge
 import contextlib
 import json
 import os
+import time
 import struct
 
 import lmdb
@@ -249,11 +250,48 @@ class _Shard:
         self.env.close()
 
 
+def _generations(run_dir, tokens_run):
+    """(targets stage generation, tokens run's chunk stage generation, targets complete) from the manifests."""
+    def load(run):
+        try:
+            with open(os.path.join(run, "manifest.json")) as f:
+                return json.load(f).get("stages", {})
+        except (OSError, ValueError):
+            return {}
+    st = load(run_dir)
+    tst = load(tokens_run) if tokens_run else st
+    t = st.get("targets") or {}
+    return t.get("generation", ""), (tst.get("chunk") or {}).get("generation", ""), t.get("state") == "complete"
+
+
 class TargetRun:
-    """A run's target shards. See the module docstring."""
+    """A run's target shards. See the module docstring. Like the C reader, it opens one generation whole
+    (the manifests read again after every shard is open; a rebuild meanwhile opens again, 5 attempts, then
+    TargetError) and reads it until closed: generation and tokens_generation say which."""
 
     def __init__(self, run_dir, tokens_run=None, k=None, d=None, n_chunks=None):
+        for attempt in range(5):
+            before = _generations(run_dir, tokens_run)
+            try:
+                self._open(run_dir, tokens_run, k, d, n_chunks)
+            except TargetError:
+                if _generations(run_dir, tokens_run) == before:
+                    raise  # its own error, not a rebuild's
+                self.shards = self.shards if hasattr(self, "shards") else []
+                self.close()
+            else:
+                now = _generations(run_dir, tokens_run)
+                if now == before and now[2]:
+                    self.generation, self.tokens_generation = now[0], now[1]
+                    return
+                self.close()
+            time.sleep(0.05 * 2 ** attempt)
+        raise TargetError(f"the targets of {run_dir} were rebuilt while they were opened, 5 times. HINT: open them again "
+                          "when the rebuild ('dfm write-targets --force', 'dfm build --force') is over")
+
+    def _open(self, run_dir, tokens_run, k, d, n_chunks):
         self.run_dir = run_dir
+        self.shards = []
         man_path = os.path.join(run_dir, "manifest.json")
         if not os.path.exists(man_path):
             raise TargetError(f"{man_path} does not exist")
@@ -261,6 +299,15 @@ class TargetRun:
             man = json.load(f)
         st = man.get("stages", {}).get("targets")
         if not st or st.get("state") != "complete":
+            holder = ""
+            try:
+                with open(os.path.join(run_dir, ".lock")) as f:
+                    holder = f.readline().strip()
+            except OSError:
+                pass
+            if holder:
+                raise TargetError(f"the 'targets' stage of run {run_dir} is being rebuilt by {holder}. HINT: open it "
+                                  "again when that finishes")
             raise TargetError(f"targets of {run_dir} are not complete. HINT: run 'dfm write-targets {run_dir}'")
         fmt = st.get("format")
         if not fmt or fmt.get("record_version") != REC_VERSION:

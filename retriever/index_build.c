@@ -3,6 +3,7 @@
 #include "retriever/retrieve.h"
 
 #include "common/error.h"
+#include "common/stop.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "retriever/index_train.h"
@@ -388,6 +389,7 @@ int dfm_index_build(const dfm_mpi *m, const dfm_index_opts *o, const dfm_vec_sou
     size_t tlen = 0;
     json_t *training = NULL;
     rc = dfm_index_train(m, &plan, vs, o->seed, &tbuf, &tlen, &training, &w);
+    if (!rc) rc = dfm_work_agree(&w, m, dfm_stop_check("after training the quantisers (the index stage starts over)"));
     dfm_work_phase(&w, 0);
     if (rc) {
         free(tbuf);

@@ -1,6 +1,7 @@
 #include "retriever/retrieve.h"
 
 #include "common/error.h"
+#include "common/stop.h"
 #include "common/fault.h"
 #include "common/progress.h"
 #include "common/fsutil.h"
@@ -822,6 +823,9 @@ static int search_rounds(retrieve_ctx *r, round_state *rs, uint64_t rounds, uint
                          rs->nh, &r->cnt, &r->w);
         if (rc) break;
         rc = round_rows(r, rs, lo, hi, bend);
+        /* every rank sees a stop at the same round; a block left open is abandoned below */
+        if (!rc) rc = dfm_stop_check("after query round %llu of %llu (the finished blocks are kept)",
+                                     (unsigned long long)round + 1, (unsigned long long)rounds);
         rc = dfm_work_agree(&r->w, m, rc);
         if (hi > lo) done_chunks += hi - lo;
         dfm_progress_update(prog, done_chunks);

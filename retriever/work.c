@@ -38,7 +38,7 @@ int dfm_work_agree(dfm_work *w, const dfm_mpi *m, int rc) {
     dfm_work_mpi_begin(w);
     rc = dfm_mpi_agree(m, rc);
     dfm_work_mpi_end(w);
-    if (w && m->size > 1) w->bytes_sent += 2 * sizeof(int);
+    dfm_work_ring(w, 2 * sizeof(int), m->size); /* dfm_mpi_agree: an allreduce of 2 ints */
     return rc;
 }
 

@@ -2,6 +2,7 @@
 #include "shard/target_build.h"
 
 #include "common/error.h"
+#include "common/stop.h"
 #include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
@@ -470,6 +471,9 @@ int dfm_target_build(const dfm_mpi *m, const char *run_dir, const dfm_target_sou
         lrc = round_write(&x, bk);
         st->write_s += dfm_now() - t1;
         rc = lrc; /* a local failure here is agreed at the start of the next round's check below */
+        /* a stop abandons a shard in progress (its writer is aborted below); finished shards are kept */
+        if (!rc) rc = dfm_stop_check("after round %llu of %llu (the finished target shards are kept)",
+                                     (unsigned long long)t + 1, (unsigned long long)max_rounds);
         rc = dfm_mpi_agree(m, rc);
     }
     build_ctx_free(&x);

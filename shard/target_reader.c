@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -152,7 +153,10 @@ static int open_shard(dfm_target_reader *r, uint32_t i, const dfm_target_shard_m
     return DFM_OK;
 }
 
-int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts, dfm_target_reader **out) {
+/* One attempt at opening; before[] and tbefore[] get the generations of the targets stage and of the
+ * tokens run's chunk stage as the manifests said when it began (also when it fails). */
+static int open_once(const char *run_dir, const dfm_target_open_opts *opts, dfm_target_reader **out, char before[17],
+                     char tbefore[17]) {
     *out = NULL;
     dfm_target_open_opts o = {0};
     if (opts) o = *opts;
@@ -164,7 +168,8 @@ int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts
     r->prefetch = o.prefetch == 0 ? 64 : o.prefetch;
     r->run_dir = strdup(run_dir);
     int rc = r->run_dir ? dfm_manifest_load(run_dir, 0, &m) : DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc) rc = dfm_manifest_require_complete(m, "targets", run_dir);
+    if (!rc) snprintf(before, 17, "%s", dfm_manifest_generation(m, "targets"));
+    if (!rc) rc = dfm_manifest_require_readable(m, "targets", run_dir);
     if (rc == DFM_ESTATE) dfm_error_prefix("targets of %s are not complete", run_dir);
     dfm_target_shard_meta f;
     json_t *upstream = NULL;
@@ -172,6 +177,7 @@ int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts
     if (!rc) {
         const char *where = o.tokens_run ? o.tokens_run : run_dir;
         if (o.tokens_run) rc = dfm_manifest_load(o.tokens_run, 0, &mt);
+        if (!rc) snprintf(tbefore, 17, "%s", dfm_manifest_generation(mt ? mt : m, "chunk"));
         if (!rc) {
             cur = dfm_target_upstream(mt ? mt : m);
             rc = cur ? dfm_target_upstream_check(upstream, cur, run_dir, where) : DFM_FAIL(DFM_ENOMEM, "no memory");
@@ -197,9 +203,17 @@ int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts
         r->info.n_shards = f.n_shards;
         r->info.span = dfm_target_span(f.n_chunks_total, f.n_shards);
         memcpy(r->info.fingerprint, f.fingerprint, 17);
+        memcpy(r->info.generation, before, 17);
+        memcpy(r->info.tokens_generation, tbefore, 17);
         r->params = (dfm_trec_params){.k = f.k, .d = f.d, .dtype = f.dtype, .ids_only = f.ids_only, .shuffle = f.shuffle, .level = f.level};
         r->shards = calloc(f.n_shards, sizeof *r->shards);
         rc = r->shards ? dfm_trec_codec_create(&r->params, &r->codec) : DFM_FAIL(DFM_ENOMEM, "no memory");
+        /* a reader holds one open file per shard (its data.mdb; tables are mapped and closed): many readers
+         * of many shards meet the open-files limit before anything else (no LMDB reader table: MDB_NOLOCK) */
+        char what[4200];
+        snprintf(what, sizeof what, "a reader of the %u target shards of %s", f.n_shards, run_dir);
+        if (!rc) rc = dfm_fd_reserve(f.n_shards, what, "open fewer readers: each of dfm-train's --loader-threads, each "
+                                     "dfm.Batches thread and each DataLoader worker opens one");
         for (uint32_t i = 0; !rc && i < f.n_shards; i++) {
             rc = open_shard(r, i, &f);
             r->info.raw_bytes += r->shards[i].meta.raw_bytes;
@@ -215,6 +229,48 @@ int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts
     }
     *out = r;
     return DFM_OK;
+}
+
+/* The generations the manifests say now (targets of run_dir, chunk of the tokens run); 0 when they load and
+ * the targets are complete, else the error of dfm_manifest_require_readable (or of the load). */
+static int generations_now(const char *run_dir, const char *tokens_run, char now[17], char tnow[17]) {
+    json_t *m = NULL, *mt = NULL;
+    now[0] = tnow[0] = 0;
+    int rc = dfm_manifest_load(run_dir, 0, &m);
+    if (!rc && tokens_run) rc = dfm_manifest_load(tokens_run, 0, &mt);
+    if (!rc) {
+        snprintf(now, 17, "%s", dfm_manifest_generation(m, "targets"));
+        snprintf(tnow, 17, "%s", dfm_manifest_generation(mt ? mt : m, "chunk"));
+        rc = dfm_manifest_require_readable(m, "targets", run_dir);
+    }
+    json_decref(m);
+    json_decref(mt);
+    return rc;
+}
+
+int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts, dfm_target_reader **out) {
+    const char *tokens_run = opts ? opts->tokens_run : NULL;
+    char first[17] = "";
+    for (int attempt = 0;; attempt++) {
+        char before[17] = "", tbefore[17] = "", now[17], tnow[17];
+        int rc = open_once(run_dir, opts, out, before, tbefore);
+        if (!attempt) memcpy(first, before, 17);
+        /* a rebuild that ran while the files were opened shows as another generation, or a stage not complete
+         * (a check that passes sets no error: the open's own stays the message) */
+        int nrc = generations_now(run_dir, tokens_run, now, tnow);
+        if (!strcmp(before, now) && !strcmp(tbefore, tnow) && (!nrc || rc)) return rc; /* (not complete all along) */
+        dfm_target_reader_close(*out);
+        *out = NULL;
+        if (attempt < 4) { /* the rebuild may be over in a moment: open the new generation whole */
+            struct timespec ts = {0, 50000000L << attempt};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (nrc) return dfm_error_prefix("while opening the targets");
+        return DFM_FAIL(DFM_ESTATE, "the targets of %s were rebuilt while this reader opened them, %d times (generation %s, "
+                        "now %s). HINT: open them again when the rebuild ('dfm write-targets --force', 'dfm build --force') "
+                        "is over", run_dir, attempt + 1, first[0] ? first : "none", now[0] ? now : "none");
+    }
 }
 
 const dfm_target_info *dfm_target_reader_info(const dfm_target_reader *r) { return &r->info; }

@@ -15,6 +15,14 @@
  * looked up in the shard tables, so both store options read the same. Errors name the shard folder
  * and the key. Thread safety: one reader per thread, or serialise calls; the iterator's prefetch
  * thread is internal.
+ *
+ * Many readers: shards are opened MDB_RDONLY | MDB_NOLOCK (they never change once renamed in), so readers
+ * take no slot in an LMDB reader table: any number of reader processes and threads, and a reader that
+ * dies leaves nothing to reclaim (no lock.mdb, no slot for mdb_reader_check). What a reader holds is one
+ * open file per shard; R readers of S shards in one process (dfm-train's --loader-threads up to 64,
+ * dfm.Batches threads, each DataLoader worker its own process) need R x S. Open raises the soft
+ * RLIMIT_NOFILE up to the hard one as needed and, beyond the hard one, is refused (DFM_ERANGE) saying
+ * which limit to set (common/fsutil.h, dfm_fd_reserve). tests/py/test_many_readers.py.
  */
 #ifndef DFM_TARGET_READER_H
 #define DFM_TARGET_READER_H
@@ -47,14 +55,23 @@ typedef struct {
     uint64_t span;      /* chunk ids per shard (shard s holds [s*span, (s+1)*span)) */
     uint64_t raw_bytes, stored_bytes; /* totals over all records */
     char fingerprint[17];
+    char generation[17];        /* the targets stage's generation (schemas/manifest.md): new per rebuild */
+    char tokens_generation[17]; /* the chunk stage's of the tokens run (opts->tokens_run, else this run) */
     uint64_t n_ids;     /* neighbour ids are < n_ids: a datastore run's chunks (a query-only run); 0: ids < n_chunks */
 } dfm_target_info;
 
 /* Open RUN's target shards and check them: the manifest's "targets" stage must be complete
- * (DFM_ESTATE), upstream fingerprints must match (DFM_EMISMATCH), every shard folder must be complete
+ * (DFM_ESTATE; while a writer rebuilds it the message names that writer), upstream fingerprints must match (DFM_EMISMATCH), every shard folder must be complete
  * (DFM_ENOTFOUND: no shard.json) and belong to this run and configuration (DFM_EMISMATCH), data.mdb
  * must have the size recorded when it was written (DFM_ETRUNCATED), the record count must match,
  * and with store = ids each table.bin is checked (header, size, checksum). opts may be NULL. */
+/*
+ * Readers during rebuilds (schemas/manifest.md, "Readers"): the reader opens one generation whole. It
+ * reads the manifests, opens and maps every shard, then reads them again; if the targets (or the tokens
+ * run's chunks) changed generation meanwhile, it closes and opens again (5 attempts within ~1.5 s), then
+ * fails with DFM_ESTATE naming the rebuild. Once open it reads that generation until it is closed,
+ * whatever a rebuild does to the run: no dfm writer changes a file in place (new files are renamed in,
+ * old ones unlinked), and the reader's mappings keep unlinked files alive. */
 int dfm_target_reader_open(const char *run_dir, const dfm_target_open_opts *opts, dfm_target_reader **out);
 
 /* Stop the prefetch thread, close everything. NULL is a no-op. */

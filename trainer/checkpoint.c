@@ -1,6 +1,8 @@
 /* checkpoint.c — see checkpoint.h. */
 #include "trainer/checkpoint.h"
 
+#include <dirent.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,4 +106,28 @@ int ckpt_load(const char *path, CkptInfo *info, json_t **config, float *params, 
 
 int ckpt_peek(const char *path, CkptInfo *info, json_t **config) {
     return load_common(path, info, config, NULL, NULL, NULL, 0, 0);
+}
+
+int ckpt_newest(const char *dir, uint64_t below_step, char **path, CkptInfo *info) {
+    *path = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return DFM_OK;
+    uint64_t best = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        unsigned long long step = 0;
+        int n = 0;
+        int named = !strcmp(e->d_name, "ckpt_final.bin") ||
+                    (sscanf(e->d_name, "ckpt_%llu.bin%n", &step, &n) == 1 && e->d_name[n] == 0);
+        char *p = named ? dfm_path_join(dir, e->d_name) : NULL;
+        CkptInfo ci;
+        if (p && ckpt_peek(p, &ci, NULL) == DFM_OK && (!below_step || ci.step < below_step) && (!*path || ci.step > best)) {
+            free(*path);
+            *path = p, best = ci.step, *info = ci;
+        } else {
+            free(p);
+        }
+    }
+    closedir(d);
+    dfm_error_clear(); /* a damaged or foreign file is simply not a candidate */
+    return DFM_OK;
 }

@@ -24,7 +24,13 @@ int ckpt_save(const char *path, const CkptInfo *info, json_t *config, const floa
  * (DFM_EMISMATCH otherwise). *config (may be NULL) receives the JSON (json_decref it). */
 int ckpt_load(const char *path, CkptInfo *info, json_t **config, float *params, float *m, float *v,
               size_t n_params);
-/* Only the header and config (to build the model before loading). */
+/* Only the header and config (to build the model before loading); the whole file is checked (size,
+ * checksum) as by ckpt_load. */
 int ckpt_peek(const char *path, CkptInfo *info, json_t **config);
+
+/* The newest checkpoint in dir that opens whole (ckpt_peek) among ckpt_final.bin and ckpt_NNNNNN.bin of a step
+ * below below_step (0: any): *path (malloc'd) and its *info; *path is NULL when there is none. For the
+ * message of a failed save, which says what a resume still has. */
+int ckpt_newest(const char *dir, uint64_t below_step, char **path, CkptInfo *info);
 
 #endif

@@ -5,10 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/manifest.h"
 #include "schemas/chunk_shard.h"
 #include "shard/target_reader.h"
 #include "trainer/rng.h"
@@ -90,7 +92,7 @@ out:
     return rc;
 }
 
-static int load_run(const char *dir, DataSet *ds) {
+static int load_run_once(const char *dir, DataSet *ds) {
     dfm_chunk_set *set;
     DFM_TRY(dfm_chunk_set_open(dir, &set));
     size_t L = set->chunk_len, n = (size_t)set->n_chunks * L;
@@ -124,6 +126,27 @@ static int load_run(const char *dir, DataSet *ds) {
     ds->tokenizer_hash = set->n_shards ? set->shards[0]->hdr.tokenizer_hash : 0;
     dfm_chunk_set_close(set);
     return DFM_OK;
+}
+
+/* The tokens of one generation of the chunk stage (schemas/manifest.md, "Readers"): its generation before
+ * and after copying them must agree, else a rebuild ran meanwhile and they are read again. */
+static int load_run(const char *dir, DataSet *ds) {
+    for (int attempt = 0;; attempt++) {
+        char before[17], now[17];
+        int rc = dfm_manifest_read_generation(dir, "chunk", before);
+        if (!rc) rc = load_run_once(dir, ds);
+        int nrc = dfm_manifest_read_generation(dir, "chunk", now);
+        if (!nrc && !strcmp(before, now)) {
+            memcpy(ds->tokens_generation, now, 17);
+            return rc;
+        }
+        free(ds->tokens), ds->tokens = NULL;
+        free(ds->pad), ds->pad = NULL;
+        if (attempt == 4) return nrc ? nrc : DFM_FAIL(DFM_ESTATE, "the chunks of %s were rebuilt while dfm-train read them, "
+                                                      "5 times. HINT: start it again when the rebuild is over", dir);
+        struct timespec ts = {0, 50000000L << attempt};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int data_open(const char *path, int T, DataSet *ds) {
@@ -215,8 +238,13 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
         dfm_target_open_opts o = {.tokens_run = tokens_run, .k = (uint32_t)(want_k > 0 ? want_k : 0),
                                   .d = (uint32_t)(want_d > 0 ? want_d : 0), .prefetch = -1};
         rc = dfm_target_reader_open(path, &o, &ts->reader);
+        const dfm_target_info *inf = rc ? NULL : dfm_target_reader_info(ts->reader);
+        /* tokens and targets of one generation: the chunks the targets were checked against are those loaded */
+        if (inf && ds->tokens_generation[0] && tokens_run && strcmp(inf->tokens_generation, ds->tokens_generation))
+            rc = DFM_FAIL(DFM_ESTATE, "the chunks of %s were rebuilt after dfm-train loaded its tokens (generation %s, now "
+                          "%s). HINT: start it again (with --resume from the newest checkpoint)", tokens_run,
+                          ds->tokens_generation, inf->tokens_generation);
         if (!rc) {
-            const dfm_target_info *inf = dfm_target_reader_info(ts->reader);
             ds->K = (int)inf->k;
             ds->d = (int)inf->d;
             ts->n_chunks = inf->n_chunks;
@@ -258,6 +286,12 @@ int data_targets_clone(const DataSet *ds, TargetReader **out) {
     dfm_target_open_opts o = {.tokens_run = src->tokens_run, .k = (uint32_t)src->want_k, .d = (uint32_t)src->want_d,
                               .prefetch = -1};
     int rc = dfm_target_reader_open(src->path, &o, &ts->reader);
+    /* every loader thread reads the generation the first reader opened: never a mix within an epoch */
+    const char *g0 = dfm_target_reader_info(src->reader)->generation, *g = rc ? g0 : dfm_target_reader_info(ts->reader)->generation;
+    if (!rc && strcmp(g0, g))
+        rc = DFM_FAIL(DFM_ESTATE, "the targets of %s were rebuilt since dfm-train opened them (generation %s, now %s); its "
+                      "loader threads would mix the two. HINT: start it again (with --resume from the newest checkpoint)",
+                      src->path, g0, g);
     if (!rc) {
         ts->n_chunks = src->n_chunks;
         ts->ids = calloc((size_t)ds->K, sizeof(int64_t));

@@ -33,6 +33,7 @@ typedef struct {
     uint32_t max_token;   /* largest id seen */
     int chunk_len;        /* from a chunk run (0 for a .bin shard) */
     uint64_t tokenizer_hash;
+    char tokens_generation[17]; /* the chunk stage's generation the tokens were read from ("" for a .bin) */
     TargetReader *tgt;    /* NULL without targets */
     int K, d;             /* of the targets */
 } DataSet;

@@ -1,5 +1,6 @@
 /* train_loop.c — the training loop and held-out evaluation (see train_loop.h). */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
+#include "common/stop.h"
 #include "trainer/adamw.h"
 #include "trainer/checkpoint.h"
 #include "trainer/flops.h"
@@ -276,6 +278,7 @@ typedef struct {
 /* One optimizer step's figures. */
 typedef struct {
     double loss, ce, mse, grad_norm, stall;
+    int stop; /* a rank received SIGTERM or SIGUSR1 before this step's gradient exchange: every rank stops after it */
 } StepStats;
 
 static json_t *run_config(const DfmModel *m, const TrainOpts *o) {
@@ -373,13 +376,15 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
     }
     DFM_TRY(dfm_mpi_agree(&t->mp, rc));
     int W = t->mp.size;
-    if (W > 1) {
-        double parts[3] = {s->loss, s->ce, s->mse};
+    s->stop = dfm_stop_signal() != 0;
+    if (W > 1) { /* the stop flag rides on the losses' sum: every rank sees the same decision, at no extra cost */
+        double parts[4] = {s->loss, s->ce, s->mse, (double)s->stop};
         DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
-        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 3, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 4, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
         s->loss = parts[0] / W;
         s->ce = parts[1] / W;
         s->mse = parts[2] / W;
+        s->stop = parts[3] > 0;
     }
     return DFM_OK;
 }
@@ -429,11 +434,11 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
 }
 
 /* Parameters back to the host (every rank: the final export reads them) and, on rank 0 unless
- * --no-ckpt, OUT/ckpt_STEP.bin or OUT/ckpt_final.bin. */
+ * --no-ckpt, OUT/ckpt_STEP.bin or OUT/ckpt_final.bin. The outcome is agreed over the ranks. */
 static int save_checkpoint(Trainer *t, long step, int last) {
     float *hp, *h1, *h2;
     DFM_TRY(engine_sync_host(t->en, &hp, &h1, &h2));
-    if (t->mp.rank != 0 || t->o->no_ckpt) return DFM_OK;
+    if (t->mp.rank != 0 || t->o->no_ckpt) return dfm_mpi_agree(&t->mp, DFM_OK);
     CkptInfo ci = {.mode = (uint32_t)t->m->dc.enabled, .step = (uint64_t)step + 1, .epoch = t->done_epoch,
                    .pos = t->done_pos, .n_params = t->np};
     char name[64];
@@ -443,6 +448,42 @@ static int save_checkpoint(Trainer *t, long step, int last) {
     int rc = ckpt_save(cp, &ci, cfg, hp, h1, h2);
     json_decref(cfg);
     if (!rc) DFM_LOG_I("checkpoint %s", cp);
+    if (rc) { /* (a full disk): say what a resume still has; the temporary was removed, nothing else touched */
+        char cause[1536];
+        snprintf(cause, sizeof cause, "%s", dfm_last_error());
+        char *prev = NULL;
+        CkptInfo pi;
+        ckpt_newest(t->o->out, ci.step, &prev, &pi);
+        if (prev)
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s); the previous one, %s of step %llu, is "
+                          "intact (checksum checked). HINT: free space, then run the same command with --resume %s",
+                          cp, (unsigned long long)ci.step, cause, prev, (unsigned long long)pi.step, prev);
+        else
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s), and %s holds no earlier one: a re-run "
+                          "starts from step 0. HINT: free space, or --out on a larger disk", cp,
+                          (unsigned long long)ci.step, cause, t->o->out);
+        free(prev);
+    }
+    free(cp);
+    return dfm_mpi_agree(&t->mp, rc);
+}
+
+/* SIGTERM or SIGUSR1 reached a rank (common/stop.h): after step `step` every rank stops here, with a
+ * checkpoint a resume continues from bit-identically; DFM_ESTOPPED, which main turns into
+ * DFM_EXIT_STOPPED (jobs/dfm-train.sbatch requeues on it). */
+static int stop_after(Trainer *t, long step) {
+    int sig = dfm_stop_signal();
+    const char *why = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "another rank's signal";
+    if (t->o->no_ckpt)
+        return DFM_FAIL(DFM_ESTOPPED, "stopped by %s after step %ld of %lld; --no-ckpt: no checkpoint written, the "
+                        "steps are lost", why, step + 1, (long long)t->o->steps);
+    DFM_TRY(save_checkpoint(t, step, 0));
+    char name[64];
+    snprintf(name, sizeof name, "ckpt_%06ld.bin", step + 1);
+    char *cp = dfm_path_join(t->o->out, name);
+    int rc = DFM_FAIL(DFM_ESTOPPED, "stopped by %s after step %ld of %lld, checkpoint %s written. HINT: run the same "
+                      "command with --resume %s to go on (jobs/dfm-train.sbatch requeues and does)", why, step + 1,
+                      (long long)t->o->steps, cp ? cp : name, cp ? cp : name);
     free(cp);
     return rc;
 }
@@ -458,6 +499,10 @@ static int run_steps(Trainer *t) {
         StepStats s;
         if ((rc = train_step(t, step, !last && !eval_now, &s))) break;
         log_step(t, step, &s, dfm_now() - t0);
+        if (s.stop && !last) { /* (an evaluation due at this step is not made: a stop must be quick) */
+            rc = stop_after(t, step);
+            break;
+        }
         if (eval_now) {
             EvalResult e;
             rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, train_eval_modes(o), &e);

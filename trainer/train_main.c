@@ -1,6 +1,7 @@
 /* dfm-train — the DFM trainer (CPU fp32 reference; CUDA engine with --device cuda): pretrain a small
  * backbone, train the DFM memory modules on top of a frozen one, evaluate, generate. 'dfm-train COMMAND
  * --help' for each. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "common/opts.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
+#include "common/stop.h"
 #include "trainer/commands.h"
 
 typedef struct {
@@ -51,6 +53,8 @@ int main(int argc, char **argv) {
     }
     if (reexec) execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
     dfm_log_init(-1);
+    /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
+    signal(SIGXFSZ, SIG_IGN);
     dfm_opts_set_program("dfm-train");
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(stdout);
@@ -58,15 +62,17 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
         if (strcmp(argv[1], commands[i].name)) continue;
+        /* training stops cleanly on SIGTERM / SIGUSR1 at the next step, with a checkpoint (common/stop.h) */
+        if (!strcmp(argv[1], "pretrain") || !strcmp(argv[1], "train")) dfm_stop_install();
         int rc = commands[i].fn(argc - 1, argv + 1);
         /* print before MPI_Finalize, so a failed rank's message is out before the job is torn down */
         if (rc < 0) {
-            fprintf(stderr, "dfm-train %s: error: %s\n", argv[1],
+            fprintf(stderr, "dfm-train %s: %s: %s\n", argv[1], rc == DFM_ESTOPPED ? "stopped" : "error",
                     dfm_last_error()[0] ? dfm_last_error() : dfm_strerror(rc));
             fflush(stderr);
         }
         dfm_mpi_finalize();
-        return rc < 0 ? 1 : rc;
+        return rc == DFM_ESTOPPED ? DFM_EXIT_STOPPED : rc < 0 ? 1 : rc;
     }
     fprintf(stderr, "dfm-train: unknown command '%s'\n\n", argv[1]);
     usage(stderr);

@@ -172,8 +172,10 @@ typedef struct {
 
 /* The report of cfg->run: count (the run's manifest, dfm_audit_count), measure (cfg->sample sequences,
  * dfm_audit_measure_side for both sides), extrapolate (to the corpus and to cfg->large tokens), render
- * (audit.json, audit.md, audit.svg written atomically; a summary on stdout). DFM_ESTATE when a needed
- * stage is not complete; the errors of the parts. */
+ * (audit.json, audit.md, audit.svg written atomically; a summary on stdout). It holds the run lock of
+ * cfg->run like a writing stage (common/runlock.h): DFM_ESTATE naming the holder while a stage writes the
+ * run, and stages are refused while it runs. DFM_ESTATE when a needed stage is not complete; the errors
+ * of the parts. */
 int dfm_audit_run(const dfm_audit_config *cfg);
 
 /* Reproducibility: the rank-independent counts of two runs' manifests are equal and, when both have

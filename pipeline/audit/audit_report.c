@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/runlock.h"
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/version.h"
@@ -763,7 +764,10 @@ int dfm_audit_run(const dfm_audit_config *cfg) {
     audit_ctx x;
     memset(&x, 0, sizeof x);
     x.a = cfg;
-    int rc = audit_count(&x);
+    /* one writer per run: a stage rebuilding the run would change what is counted and measured under us,
+     * and the report goes into it (common/runlock.h); a missing run is left to audit_count's message */
+    int rc = dfm_path_exists(cfg->run) ? dfm_runlock_take(cfg->run) : DFM_OK;
+    if (!rc) rc = audit_count(&x);
     if (!rc) rc = audit_measure(&x);
     if (!rc) {
         audit_extrapolate(&x);

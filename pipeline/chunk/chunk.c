@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/manifest.h"
 #include "common/progress.h"
+#include "common/stop.h"
 #include "common/version.h"
 #include "pipeline/chunk/pack.h"
 #include "pipeline/corpus/corpus.h"
@@ -142,6 +143,7 @@ static int end_token_file(chunk_ctx *c) {
 
 static int on_doc(const dfm_doc *d, void *user) {
     chunk_ctx *c = user;
+    DFM_TRY(dfm_stop_check("while tokenizing (the chunk stage writes its shards only at the end: it starts over)"));
     if (d->file != c->last_file) {
         DFM_TRY(flush_text(c));
         DFM_TRY(end_token_file(c));
@@ -530,6 +532,7 @@ static int run_phases(chunk_run *r) {
     double t1 = dfm_now();
     if (!rc) rc = exchange(r);
     r->t_xchg = dfm_now() - t1;
+    if (!rc) rc = dfm_stop_check("after tokenizing, before writing the chunk shards (the chunk stage starts over)");
     rc = dfm_mpi_agree(m, rc);
     double t2 = dfm_now();
     if (!rc) rc = write_own_shard(r);

@@ -40,6 +40,7 @@ class TargetInfo(ctypes.Structure):
     _fields_ = [("n_chunks", ctypes.c_uint64), ("k", ctypes.c_uint32), ("d", ctypes.c_uint32), ("dtype", ctypes.c_int),
                 ("ids_only", ctypes.c_int), ("n_shards", ctypes.c_uint32), ("span", ctypes.c_uint64),
                 ("raw_bytes", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64), ("fingerprint", ctypes.c_char * 17),
+                ("generation", ctypes.c_char * 17), ("tokens_generation", ctypes.c_char * 17),
                 ("n_ids", ctypes.c_uint64)]
 
 
@@ -111,6 +112,7 @@ def lib() -> ctypes.CDLL:
         "dfm_chunk_set_get": (c_int, [ctypes.POINTER(ChunkSet), u64, ctypes.POINTER(ctypes.POINTER(ChunkMeta)),
                                       ctypes.POINTER(ctypes.POINTER(ctypes.c_uint32))]),
         "dfm_checksum64": (u64, [vp, ctypes.c_size_t]),
+        "dfm_manifest_read_generation": (c_int, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p]),
         "dfm_dtype_name": (ctypes.c_char_p, [c_int]),
         "dfm_tokenizer_load": (c_int, [ctypes.c_char_p, ctypes.POINTER(vp)]),
         "dfm_tokenizer_free": (None, [vp]),

@@ -26,6 +26,13 @@ worker w of n yields batches w, w+n, ... (the DataLoader interleaves them back i
 its own reader. threads=N reads batches in N threads of this process instead: libdfm decodes without
 the GIL, and no batch crosses a process boundary, which DataLoader workers pay for with a shared-memory
 hand-off per batch (bench/results/python_loader.md).
+
+While the run is rebuilt (`dfm write-targets --force`, `dfm build --force`): the tokens are read from one
+generation of the chunk stage, and every reader this object opens (per thread, per DataLoader worker)
+must find the targets generation its first reader opened; an open reader keeps reading its generation
+even as the files are replaced. A reader that would find a newer one raises TargetRebuiltError instead of
+mixing it into the epoch: make a new Batches to train on the new targets (schemas/manifest.md, "Readers
+during a rebuild"). Each reader holds one open file per target shard (see dfm.targets).
 """
 from __future__ import annotations
 
@@ -33,13 +40,15 @@ import collections
 import ctypes
 import os
 import queue
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from dfm import _lib
-from dfm.errors import TargetError, TargetFormatError, TargetMismatchError, TargetTruncatedError, TargetChecksumError
+from dfm.errors import (TargetError, TargetFormatError, TargetMismatchError, TargetRebuiltError, TargetTruncatedError,
+                        TargetChecksumError)
 
 try:  # a torch IterableDataset when torch is present
     from torch.utils.data import IterableDataset as _Base, get_worker_info as _worker_info
@@ -81,40 +90,81 @@ def _is_run(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "manifest.json"))
 
 
+def generation(run: str, stage: str) -> str:
+    """The generation of a run's complete stage (schemas/manifest.md, "Readers"); raises TargetStateError
+    when it is not complete, naming the writer when one is rebuilding it."""
+    buf = ctypes.create_string_buffer(17)
+    _lib.check(_lib.lib().dfm_manifest_read_generation(os.fsencode(run), stage.encode(), buf), f"{run}")
+    return buf.value.decode()
+
+
+def _generation_is(run: str, stage: str, gen: str) -> bool:
+    try:
+        return generation(run, stage) == gen
+    except TargetError:  # being rebuilt
+        return False
+
+
 def load_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
     """Tokens of a chunk run (its shards in chunk-id order, via libdfm) or an llm.c token shard.
     Returns (tokens [N] int32, pad [N] uint8 or None (1 = filler after a document's end), chunk_len L or
-    0 for a token shard)."""
-    if _is_run(path):
-        L = _lib.lib()
-        cs = ctypes.POINTER(_lib.ChunkSet)()
-        _lib.check(L.dfm_chunk_set_open(os.fsencode(path), ctypes.byref(cs)), f"tokens of {path}")
-        try:  # every shard was checked whole by dfm_chunk_set_open; its records are read from its mapping
-            n, cl = int(cs.contents.n_chunks), int(cs.contents.chunk_len)
-            tok = np.empty((n, cl), np.int32)
-            pad = None
-            for i in range(cs.contents.n_shards):
-                sh = cs.contents.shards[i].contents
-                hdr = bytes(sh.hdr)
-                first, count = int.from_bytes(hdr[32:40], "little"), int.from_bytes(hdr[40:48], "little")
-                rb = int(sh.record_bytes)
-                if rb != 24 + 4 * cl or first + count > n or 128 + count * rb > sh.map_bytes:
-                    raise TargetFormatError(f"{path}: chunk shard {sh.path.decode()} does not fit the run")
-                if not count:
-                    continue
-                rec = np.ctypeslib.as_array((ctypes.c_uint8 * (count * rb)).from_address(sh.map + 128)).reshape(count, rb)
-                tok[first:first + count] = rec[:, 24:].view("<u4")
-                nv = rec[:, 16:18].view("<u2")[:, 0]
-                short = np.nonzero(nv < cl)[0]
-                if short.size:  # filler after a document's end (doc-aligned runs)
-                    if pad is None:
-                        pad = np.zeros((n, cl), np.uint8)
-                    pad[first + short] = (np.arange(cl)[None, :] >= nv[short, None]).astype(np.uint8)
-        finally:
-            L.dfm_chunk_set_close(cs)
-        if (tok < 0).any():
-            raise TargetFormatError(f"{path}: a token id above 2^31")
-        return tok.reshape(-1), None if pad is None else pad.reshape(-1), cl
+    0 for a token shard). A run's tokens are of one generation of its chunk stage: read again when it was
+    rebuilt meanwhile (5 attempts), then TargetRebuiltError."""
+    return _load_tokens(path)[:3]
+
+
+def _load_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int, str]:
+    """load_tokens and the chunk stage's generation they were read from ("" for a token shard)."""
+    if not _is_run(path):
+        return (*_load_shard_tokens(path), "")
+    for attempt in range(5):
+        before = generation(path, "chunk")
+        try:
+            out = _load_run_tokens(path)
+        except TargetError:
+            if _generation_is(path, "chunk", before):
+                raise  # its own error, not a rebuild's
+            out = None
+        if out is not None and _generation_is(path, "chunk", before):
+            return (*out, before)
+        time.sleep(0.05 * 2 ** attempt)
+    raise TargetRebuiltError(f"the chunks of {path} were rebuilt while they were read, 5 times. HINT: read them "
+                             "again when the rebuild is over")
+
+
+def _load_run_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
+    L = _lib.lib()
+    cs = ctypes.POINTER(_lib.ChunkSet)()
+    _lib.check(L.dfm_chunk_set_open(os.fsencode(path), ctypes.byref(cs)), f"tokens of {path}")
+    try:  # every shard was checked whole by dfm_chunk_set_open; its records are read from its mapping
+        n, cl = int(cs.contents.n_chunks), int(cs.contents.chunk_len)
+        tok = np.empty((n, cl), np.int32)
+        pad = None
+        for i in range(cs.contents.n_shards):
+            sh = cs.contents.shards[i].contents
+            hdr = bytes(sh.hdr)
+            first, count = int.from_bytes(hdr[32:40], "little"), int.from_bytes(hdr[40:48], "little")
+            rb = int(sh.record_bytes)
+            if rb != 24 + 4 * cl or first + count > n or 128 + count * rb > sh.map_bytes:
+                raise TargetFormatError(f"{path}: chunk shard {sh.path.decode()} does not fit the run")
+            if not count:
+                continue
+            rec = np.ctypeslib.as_array((ctypes.c_uint8 * (count * rb)).from_address(sh.map + 128)).reshape(count, rb)
+            tok[first:first + count] = rec[:, 24:].view("<u4")
+            nv = rec[:, 16:18].view("<u2")[:, 0]
+            short = np.nonzero(nv < cl)[0]
+            if short.size:  # filler after a document's end (doc-aligned runs)
+                if pad is None:
+                    pad = np.zeros((n, cl), np.uint8)
+                pad[first + short] = (np.arange(cl)[None, :] >= nv[short, None]).astype(np.uint8)
+    finally:
+        L.dfm_chunk_set_close(cs)
+    if (tok < 0).any():
+        raise TargetFormatError(f"{path}: a token id above 2^31")
+    return tok.reshape(-1), None if pad is None else pad.reshape(-1), cl
+
+
+def _load_shard_tokens(path: str) -> Tuple[np.ndarray, Optional[np.ndarray], int]:
     buf = np.fromfile(path, np.uint8)
     if buf.size < 1024:
         raise TargetTruncatedError(f"{path}: {buf.size} bytes, shorter than the 1024-byte token-shard header")
@@ -235,7 +285,7 @@ class Batches(_Base):
                 self.backend = "python"
         if self.backend == "python" and self.threads > 1:
             raise ValueError("threads > 1 needs the C backend (the pure reader's LMDB opens a shard once per process)")
-        self.tokens, self.pad, cl = load_tokens(self.data)
+        self.tokens, self.pad, cl, tgen = _load_tokens(self.data)
         self.tokens_run = tokens_run or (self.data if _is_run(self.data) else None)
         n = self.tokens.size
         self.n_seq = (n - 1) // seq_len if n > 1 else 0
@@ -252,6 +302,7 @@ class Batches(_Base):
         if self.targets and seq_len % chunk_len:
             raise ValueError(f"sequence length {seq_len} is not a multiple of the chunk length {chunk_len}")
         self.L, self.NC = chunk_len, seq_len // chunk_len
+        self._gen: Optional[str] = None  # the targets generation every reader of this object reads (none mixes two)
         if self._tfile is not None:
             if self._tfile.chunk_len != chunk_len:
                 raise TargetMismatchError(f"{self.targets}: targets were built for chunks of {self._tfile.chunk_len} "
@@ -260,6 +311,9 @@ class Batches(_Base):
         elif self.targets:
             with self._open_reader() as r:  # checks the run in this process; workers reopen
                 self.K, self.d, n_t = r.k, r.d, r.n_chunks
+                if tgen and self.tokens_run == self.data and r.tokens_generation != tgen:
+                    raise TargetRebuiltError(f"the chunks of {self.data} were rebuilt after their tokens were read "
+                                             f"(generation {tgen}, now {r.tokens_generation}). HINT: make the Batches again")
         if self.targets and n_t * chunk_len < self.n_seq * seq_len:
             raise TargetMismatchError(f"{self.targets} has targets for {n_t} chunks, the tokens need "
                                       f"{self.n_seq * seq_len // chunk_len}")
@@ -320,8 +374,19 @@ class Batches(_Base):
 
     # -- reading ------------------------------------------------------------------------------------
     def _open_reader(self):
+        """A reader of the targets generation this object first opened (each thread and DataLoader worker
+        opens its own): a rebuild since is TargetRebuiltError, never batches of two generations."""
         from dfm.targets import open_run
-        return open_run(self.targets, tokens_run=self.tokens_run, backend=self.backend, prefetch=-1)
+        r = open_run(self.targets, tokens_run=self.tokens_run, backend=self.backend, prefetch=-1)
+        g = getattr(r, "generation", "")
+        if self._gen is None:
+            self._gen = g
+        elif g != self._gen:
+            r.close()
+            raise TargetRebuiltError(f"the targets of {self.targets} were rebuilt since this Batches opened them "
+                                     f"(generation {self._gen}, now {g}); reading on would mix the two. HINT: make "
+                                     "the Batches again (a new epoch) to read the new targets")
+        return r
 
     def _acquire(self):
         """A reader of this process no other thread is using (LMDB handles do not survive fork; the C

@@ -36,6 +36,16 @@ class TargetNotFoundError(TargetError):
     """A file, shard or record that must exist does not."""
 
 
+class TargetStateError(TargetError):
+    """A stage the reader needs is not complete: never run, interrupted, or being rebuilt right now (the
+    message names the writer from RUN/.lock)."""
+
+
+class TargetRebuiltError(TargetStateError):
+    """The run was rebuilt (`dfm write-targets --force`, `dfm build --force`) after this reader's first
+    generation was opened: reading on would mix two generations. Open the run again for the new one."""
+
+
 class TargetRangeError(TargetError, IndexError):
     """A chunk id, sequence or value outside its range (also an IndexError)."""
 
@@ -46,7 +56,7 @@ class LibraryNotFound(ImportError):
 
 # common/error.h codes
 _BY_CODE = {-3: TargetFormatError, -4: TargetVersionError, -5: TargetChecksumError, -7: TargetMismatchError,
-            -15: TargetNotFoundError, -16: TargetTruncatedError, -11: TargetFormatError}
+            -15: TargetNotFoundError, -16: TargetTruncatedError, -11: TargetFormatError, -14: TargetStateError}
 
 
 def error_for_code(rc: int) -> type:

@@ -35,7 +35,9 @@ class TargetRun:
 
     Attributes: run_dir, n_chunks (records, ids 0..n_chunks-1), k (slots K), d (embedding width),
     dtype ("fp32" | "fp16" | "bf16": stored; arrays handed out are float32), store ("embeddings" | "ids"),
-    n_shards, span (chunk ids per shard), fingerprint, raw_bytes, stored_bytes.
+    n_shards, span (chunk ids per shard), fingerprint, raw_bytes, stored_bytes, generation (of the targets
+    opened: this handle reads them, whole, until closed, even while the run is rebuilt), tokens_generation
+    (of the tokens run's chunk stage its upstream was checked against).
     """
 
     def __init__(self, run_dir: str, tokens_run: Optional[str] = None, k: Optional[int] = None,
@@ -56,6 +58,8 @@ class TargetRun:
         self.n_shards, self.span = int(inf.n_shards), int(inf.span)
         self.raw_bytes, self.stored_bytes = int(inf.raw_bytes), int(inf.stored_bytes)
         self.fingerprint = inf.fingerprint.decode()
+        # the generations opened (schemas/manifest.md, "Readers"): the reader reads these until it is closed
+        self.generation, self.tokens_generation = inf.generation.decode(), inf.tokens_generation.decode()
         # one reusable descriptor for the fast path (get_into): ids and scores land in these scratch arrays
         self._ids = np.empty(self.k, np.int64)
         self._scores = np.empty(self.k, np.float32)
@@ -193,6 +197,7 @@ class PyTargetRun:
         r = self._r
         self.run_dir, self.n_chunks, self.k, self.d, self.dtype = run_dir, r.n_chunks, r.k, r.d, r.dtype
         self.store, self.n_shards, self.span, self.fingerprint = r.store, r.n_shards, r.span, r.fingerprint
+        self.generation, self.tokens_generation = r.generation, r.tokens_generation
 
     def _wrap(self, it: Iterator[Record]) -> Iterator[Record]:
         try:

@@ -15,6 +15,14 @@ JSON
 mpirun -np 2 "$DFM" build "$WORK/a.json" > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "dfm build"; }
 ok "tiny run built"
 
+# the audit takes the run lock like a writing stage: while another process holds it, the audit is refused
+# naming the holder (this shell holds it on fd 9, as a stage would), and it runs once the lock is free
+exec 9>"$WORK/a/.lock"
+flock -n 9 || fail "cannot take the run lock for the test"
+echo "host test pid $$ command rebuilding-in-test since now" >&9
+expect_fail "rebuilding-in-test" "$DFM" audit "$WORK/a" --token-level-sample 0
+exec 9>&-
+
 # ---- the report ----
 "$DFM" audit "$WORK/a" --token-level-sample 1 --token-key-dim 512 > "$WORK/audit.log" 2>&1 || { cat "$WORK/audit.log"; fail "dfm audit"; }
 for f in audit.json audit.md audit.svg; do [ -s "$WORK/a/audit/$f" ] || fail "RUN/audit/$f missing"; done

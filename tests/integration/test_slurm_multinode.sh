@@ -105,7 +105,7 @@ same_run() {
 import json, sys
 def strip(x):
     if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in ("timings", "time_s", "started", "finished")}
+        return {k: strip(v) for k, v in x.items() if k not in ("timings", "time_s", "started", "finished", "generation")}
     return [strip(v) for v in x] if isinstance(x, list) else x
 a, b = (strip(json.load(open(p))) for p in sys.argv[1:])
 if a != b:

@@ -8,8 +8,11 @@
 #  2. a train job cancelled after its first checkpoint and resubmitted resumes from the newest
 #     checkpoint and ends byte-identical (a submission while it runs is refused); resubmitting a
 #     complete run does nothing;
-#  3. USR1 (what --signal=B:USR1@S sends before the time limit) requeues the job; the restart resumes
-#     and ends byte-identical;
+#  3. USR1 (what --signal=B:USR1@S sends before the time limit): the job script passes it to the ranks,
+#     dfm-train checkpoints the step it is at and exits 75, the script requeues the job; the restart
+#     resumes from that checkpoint (every step logged exactly once: none lost, none redone) and ends
+#     byte-identical. The same through `scontrol requeue` (SIGTERM from Slurm), and through a real short
+#     --time with --signal (a 1-minute limit, USR1 50 s before it);
 #  4. a bad flag: the job FAILS (non-zero exit code) and its log names the flag;
 #  5. GPU requests on 2 fake GPUs (part of the set-up: tests/slurm/slurm_up.sh with SLURM_CI_GPUS=2; the
 #     test fails without them): --device cuda gets one GPU per rank, each rank sees its own;
@@ -34,6 +37,16 @@ trap cleanup EXIT
 # until COND is true (polling every 0.05 s, at most SECS seconds)
 wait_until() { local secs=$1; shift; for _ in $(seq $((secs * 20))); do eval "$1" && return 0; sleep 0.05; done; return 1; }
 same() { cmp -s "$1" "$2" || fail "$3: $1 differs from $2"; }
+# the run OUT's log holds steps 1..N, each exactly once (through every stop and restart)
+steps_once() {
+  "$DFM_PYTHON" - "$1/log.jsonl" "$2" <<'PY'
+import json, sys
+s = [json.loads(l)["step"] for l in open(sys.argv[1]) if '"loss"' in l]
+n = int(sys.argv[2])
+if s != list(range(1, n + 1)):
+    sys.exit("steps logged: %d lines, %d distinct, want 1..%d once each" % (len(s), len(set(s)), n))
+PY
+}
 cd "$WORK" || exit 1
 
 # ---- tiny data, model and run: 120 steps of ~12 ms (time to cancel between checkpoints); 121 training
@@ -135,23 +148,62 @@ grep -q "is complete" "cancelled/jobs/train-$c3.out" && ! grep -q "resumed from"
 [ "$(wc -l <cancelled/jobs/submitted.txt)" = 3 ] || fail "submitted.txt should list 3 jobs"
 ok "resubmitting a complete run exits 0 without training"
 
-# ---- 3. USR1 before the time limit -> requeue -> resume
+# restart_requeued JOB OUT SECS WHAT: wait until Slurm holds JOB requeued (PENDING, Restarts=1) and start
+# it: Slurm holds a requeued job ~2 min before it may start again; start it now, but not within the
+# second of the kill (a credential issued then counts as revoked: "Job credential revoked")
+restart_requeued() {
+  wait_until "$3" "scontrol -o show job $1 | grep -q 'JobState=PENDING.*Restarts=1'" ||
+    { scontrol show job "$1"; grep -v 'INFO\] step' "$2"/jobs/*.out; fail "$4 did not requeue the job"; }
+  [ -e "$2/ckpt_final.bin" ] && fail "the job ended before $4 stopped it: make the run longer"
+  sleep 2
+  scontrol update JobId="$1" StartTime=now
+}
+# stopped_resumed JOB OUT SIG WHAT: the requeued job completed, stopped by SIG with a checkpoint on the way,
+# every one of its 120 steps logged once, and its result equals the direct run's
+stopped_resumed() {
+  "$WAIT" "$1" || { cat "$2/jobs/train-$1.out"; fail "$4: the requeued job did not complete"; }
+  grep -q "restart 1" "$2/jobs/train-$1.out" && grep -q "stopped by $3 after step" "$2/jobs/train-$1.out" &&
+    grep -q "resumed from $WORK/$2/ckpt_" "$2/jobs/train-$1.out" ||
+    { grep -v 'INFO\] step' "$2/jobs/train-$1.out"; fail "$4: dfm-train did not stop with a checkpoint and resume"; }
+  steps_once "$2" 120 || fail "$4: a step was lost or redone"
+  same "$2/ckpt_final.bin" direct/ckpt_final.bin "$4"
+  same "$2/dfm_modules.safetensors" direct/dfm_modules.safetensors "$4"
+}
+
+# ---- 3. USR1 before the time limit -> checkpoint -> requeue -> resume
 r=$("${S[@]}" train --ntasks 2 -- --out requeued "${DFMF[@]}" --backbone direct_pre/model)
 wait_until 120 '[ -e requeued/ckpt_000020.bin ]' || { cat requeued/jobs/*.out; fail "no first checkpoint"; }
 scancel --batch --signal=USR1 "$r"
-wait_until 60 'scontrol -o show job "$r" | grep -q "JobState=PENDING.*Restarts=1"' ||
-  { scontrol show job "$r"; cat "requeued/jobs/train-$r.out"; fail "USR1 did not requeue the job"; }
-[ -e requeued/ckpt_final.bin ] && fail "the job ended before the requeue stopped it: make the run longer"
-# Slurm holds a requeued job ~2 min before it may start again; start it now, but not within the
-# second of the kill (a credential issued then counts as revoked: "Job credential revoked")
-sleep 2
-scontrol update JobId="$r" StartTime=now
-"$WAIT" "$r" || { cat "requeued/jobs/train-$r.out"; fail "requeued job did not complete"; }
-grep -q "restart 1" "requeued/jobs/train-$r.out" && grep -q "resumed from $WORK/requeued/ckpt_" "requeued/jobs/train-$r.out" ||
-  { grep -v 'INFO\] step' "requeued/jobs/train-$r.out"; fail "the requeued job did not resume"; }
-same requeued/ckpt_final.bin direct/ckpt_final.bin "requeued"
-same requeued/dfm_modules.safetensors direct/dfm_modules.safetensors "requeued"
-ok "USR1 -> requeue -> $(grep -o 'resumed from [^ ]*' "requeued/jobs/train-$r.out" | head -n 1 | sed "s|$WORK/||"), identical result"
+restart_requeued "$r" requeued 60 USR1
+stopped_resumed "$r" requeued SIGUSR1 USR1
+grep -q "stopped with a checkpoint" "requeued/jobs/train-$r.out" || fail "USR1: the job script did not requeue on status 75"
+ok "USR1 -> checkpoint of the current step -> requeue -> $(grep -o 'resumed from [^ ]*' "requeued/jobs/train-$r.out" | head -n 1 | sed "s|$WORK/||"), every step once, identical result"
+
+# ---- 3b. scontrol requeue of a running job: Slurm's SIGTERM stops dfm-train with a checkpoint
+q=$("${S[@]}" train --ntasks 2 -- --out adminq "${DFMF[@]}" --backbone direct_pre/model)
+wait_until 120 '[ -e adminq/ckpt_000020.bin ]' || { cat adminq/jobs/*.out; fail "no first checkpoint"; }
+scontrol requeue "$q"
+restart_requeued "$q" adminq 60 "scontrol requeue"
+stopped_resumed "$q" adminq SIGTERM "scontrol requeue"
+ok "scontrol requeue -> SIGTERM -> checkpoint of the current step -> restart, every step once, identical result"
+
+# ---- 3c. a real time limit: --time 1 with USR1 50 s before it (Slurm checks time limits every ~30 s: the
+# signal lands 10-40 s in). The run would need minutes: after the stop, the requeue and the resumed start,
+# it is cancelled (scancel: SIGTERM, a checkpoint again)
+LONG=(--data data/tokens.bin --layers 2 --hidden 32 --heads 4 --kv-heads 2 --steps 1000000 "${COMMON[@]}")
+tl=$("$SUB" --overcommit --time 1 --signal-before 50 --dfm-train "$TRAIN" pretrain -- --out timed "${LONG[@]}")
+restart_requeued "$tl" timed 90 "the time limit's USR1"
+stop=$(grep -o 'stopped by SIGUSR1 after step [0-9]*' "timed/jobs/train-$tl.out" | grep -o '[0-9]*$') ||
+  { grep -v 'INFO\] step' "timed/jobs/train-$tl.out"; fail "the time limit's USR1 did not stop dfm-train"; }
+[ -e "timed/ckpt_$(printf %06d "$stop").bin" ] || fail "no checkpoint of step $stop"
+wait_until 60 'grep -q "resumed from $WORK/timed/ckpt_$(printf %06d "$stop").bin at step $stop" "timed/jobs/train-$tl.out"' ||
+  { grep -v 'INFO\] step' "timed/jobs/train-$tl.out"; fail "the restart did not resume from step $stop"; }
+wait_until 30 '[ "$(grep -c "\"loss\"" timed/log.jsonl)" -gt $((stop + 5)) ]' || fail "the restart does not train"
+scancel "$tl"
+"$WAIT" "$tl" >/dev/null 2>&1 || true
+last=$(tail -n 1 timed/log.jsonl | grep -o '"step": [0-9]*' | grep -o '[0-9]*$')
+steps_once timed "$last" || fail "time limit: a step was lost or redone"
+ok "--time 1 --signal B:USR1@50: stopped after step $stop with its checkpoint, requeued, resumed at $stop; steps 1..$last once each"
 
 # ---- 4. a bad flag
 b=$("${S[@]}" train --ntasks 2 -- --out bad "${DFMF[@]}" --backbone direct_pre/model --no-such-flag 3)

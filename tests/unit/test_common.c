@@ -9,12 +9,14 @@
 #include "common/fsutil.h"
 #include "common/mpiutil.h"
 #include "common/opts.h"
+#include "common/stop.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -254,6 +256,49 @@ static void test_file_size_limit_is_nospace(void **state) {
     free(p);
 }
 
+/* SIGTERM / SIGUSR1 become a request (common/stop.h): the process lives on, the check says which signal,
+ * (that dfm_mpi_agree passes a stop on to the other ranks: test_stage_signals, test_train_signals) */
+static void test_stop_on_signal(void **state) {
+    dfm_stop_install();
+    dfm_stop_reset();
+    assert_int_equal(dfm_stop_check("before block %d", 3), DFM_OK);
+    raise(SIGTERM);
+    raise(SIGUSR1); /* a second signal changes nothing: the first is reported */
+    assert_int_equal(dfm_stop_signal(), SIGTERM);
+    assert_int_equal(dfm_stop_check("before block %d", 3), DFM_ESTOPPED);
+    assert_non_null(strstr(dfm_last_error(), "stopped by SIGTERM before block 3"));
+    assert_non_null(strstr(dfm_last_error(), "HINT: run the same command again"));
+    dfm_stop_reset();
+    assert_int_equal(dfm_stop_check("x"), DFM_OK);
+    raise(SIGUSR1);
+    assert_int_equal(dfm_stop_check("after round %d", 2), DFM_ESTOPPED);
+    assert_non_null(strstr(dfm_last_error(), "stopped by SIGUSR1 after round 2"));
+    dfm_stop_reset();
+}
+
+/* room for n open files: the soft limit is raised up to the hard one; beyond it a refusal saying what to set */
+static void test_fd_reserve(void **state) {
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_NOFILE, &old);
+    lim.rlim_cur = 64, lim.rlim_max = old.rlim_max;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &lim), 0);
+    assert_int_equal(dfm_fd_reserve(200, "a test", "need less"), DFM_OK);
+    struct rlimit now;
+    getrlimit(RLIMIT_NOFILE, &now);
+    assert_true(now.rlim_cur >= 200);
+    lim.rlim_cur = 64, lim.rlim_max = 64; /* (lowering the hard limit cannot be undone without privileges) */
+    pid_t child = fork();
+    if (child == 0) {
+        setrlimit(RLIMIT_NOFILE, &lim);
+        int rc = dfm_fd_reserve(200, "a test", "need less");
+        _exit(rc == DFM_ERANGE && strstr(dfm_last_error(), "ulimit -n") && strstr(dfm_last_error(), "need less") ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(child, &st, 0), child);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    setrlimit(RLIMIT_NOFILE, &old);
+}
+
 static void test_hashes(void **state) {
     char *p = dfm_path_join(tmpdir, "h.txt");
     assert_int_equal(dfm_write_file_atomic(p, "abc", 3), 0);
@@ -277,6 +322,8 @@ int main(void) {
         cmocka_unit_test(test_atomic_file_commit_and_abort),
         cmocka_unit_test(test_file_size_limit_is_nospace),
         cmocka_unit_test(test_hashes),
+        cmocka_unit_test(test_stop_on_signal),
+        cmocka_unit_test(test_fd_reserve),
         cmocka_unit_test(test_gpu_for_rank),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -167,10 +167,52 @@ static void test_run_lock(void **state) {
     free(lock);
 }
 
+/* generations: a stage gets a new one each time it runs, kept when it completes; readers see "being
+ * rebuilt by" the writer while it runs */
+static void test_generations(void **state) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/gen", run);
+    char *saved = strdup(run);
+    snprintf(run, sizeof run, "%s", dir); /* complete() works on `run` */
+    assert_int_equal(dfm_mkdir_p(run), DFM_OK);
+    json_t *m = NULL;
+    assert_int_equal(dfm_manifest_load(run, 1, &m), DFM_OK);
+    complete(m, "chunk", 1, "chunk/a.bin");
+    char g1[17], g2[17];
+    snprintf(g1, sizeof g1, "%s", dfm_manifest_generation(m, "chunk"));
+    assert_int_equal(strlen(g1), 16);
+    char g[17];
+    assert_int_equal(dfm_manifest_read_generation(run, "chunk", g), DFM_OK);
+    assert_string_equal(g, g1);
+    /* the same stage again (--force): another generation, also when the stage object is replaced */
+    dfm_stage_spec s = {"chunk", json_pack("{s:i}", "k", 1), NULL, 1, 1};
+    dfm_stage_action a;
+    assert_int_equal(dfm_stage_begin(m, run, &s, &a), DFM_OK);
+    assert_int_equal(dfm_manifest_read_generation(run, "chunk", g), DFM_ESTATE); /* running: a reader is refused */
+    assert_non_null(strstr(dfm_last_error(), "is being rebuilt by host "));
+    assert_int_equal(dfm_manifest_set_stage(m, "chunk", json_pack("{s:s}", "state", "complete")), DFM_OK);
+    assert_int_equal(dfm_manifest_save(run, m), DFM_OK);
+    snprintf(g2, sizeof g2, "%s", dfm_manifest_generation(m, "chunk"));
+    assert_int_equal(strlen(g2), 16);
+    assert_string_not_equal(g1, g2);
+    assert_int_equal(dfm_manifest_read_generation(run, "chunk", g), DFM_OK);
+    assert_string_equal(g, g2);
+    /* a stage of an older dfm has none, and saving does not invent one */
+    json_object_del(dfm_manifest_stage(m, "chunk"), "generation");
+    assert_int_equal(dfm_manifest_save(run, m), DFM_OK);
+    assert_int_equal(dfm_manifest_read_generation(run, "chunk", g), DFM_OK);
+    assert_string_equal(g, "");
+    json_decref(s.config);
+    json_decref(m);
+    snprintf(run, sizeof run, "%s", saved);
+    free(saved);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_contract_table),
         cmocka_unit_test(test_run_lock),
+        cmocka_unit_test(test_generations),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
