@@ -224,7 +224,7 @@ encoder_cuda_check_DEF := DFM_ENCODER_CUDA_CHECK_MAIN
 encoder_cuda_check_CU := encoder/bert_cuda.cu
 encoder_cuda_check_C :=
 encoder_cuda_check_A := $(BUILD)/libdfm.a
-encoder_cuda_check_LIBS := $(PKG_LIBS)
+encoder_cuda_check_LIBS := $(PKG_LIBS) $(ARROW_LIBS) -Wl,-rpath,$(DFM_ARROW) # libdfm.a: the corpus readers reach Parquet
 
 PYTHON ?= python3
 BLAS_LIBS := $(or $(shell pkg-config --libs openblas 2>/dev/null),-lopenblas)
