@@ -16,7 +16,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!path || dfm_nbr_block_open(path, &blk)) return 0;
     for (uint64_t i = 0; i < blk->hdr.n_rows; i++) {
         dfm_nbr_row r = dfm_nbr_block_row(blk, i);
-        if (dfm_nbr_row_check(&r, blk->hdr.metric, blk->hdr.n_chunks_total)) abort();
+        if (dfm_nbr_row_check(&r, blk->hdr.metric, dfm_nbr_id_bound(&blk->hdr))) abort();
     }
     dfm_nbr_block_close(blk);
     return 0;
