@@ -64,18 +64,26 @@ EOF
 
 echo "== 2. retrieval finds the facts"
 "$PY" - "$T" "$TOK" "$ROOT" <<'EOF' || fail "retrieval recall"
-import json, random, sys
+import json, sys
 t, tok_path, root = sys.argv[1:]
-sys.path.insert(0, root + "/bench/knowledge")
-from score import chunk_texts, neighbours  # the benchmark's own readers
+sys.path.insert(0, root + "/python")
+import dfm  # the package's readers: the corpus run's tokens, the probe run's target records
 from tokenizers import Tokenizer
 tok = Tokenizer.from_file(tok_path)
-text = chunk_texts(t + "/corpus", tok)
-nb = neighbours(t + "/probes")
+toks, pad, L = dfm.load_tokens(t + "/corpus")
+def text(c):
+    ids = toks[c * L:(c + 1) * L]
+    if pad is not None:
+        ids = ids[pad[c * L:(c + 1) * L] == 0]
+    return tok.decode(ids.tolist())
+run = dfm.open_run(t + "/probes")  # a query-only run: its neighbour ids are the corpus run's chunks
 spans = [json.loads(l) for l in open(t + "/pt/spans.jsonl")]
-def recall(rows):
-    return sum(any(s["answer"] in text.get(c, "") for c in rows[i]) for i, s in enumerate(spans)) / len(spans)
-rows = [nb.get(3 * s["seq"] + 2, []) for s in spans]
+rows = []
+for s in spans:
+    r = run.get(3 * s["seq"] + 2)
+    rows.append([int(i) for i, m in zip(r["ids"], r["mask"]) if m])
+def recall(rs):
+    return sum(any(s["answer"] in text(c) for c in rs[i]) for i, s in enumerate(spans)) / len(spans)
 real = recall(rows)
 # the control: every probe gets the rows of the probe half the list away (another entity)
 shuf = recall([rows[(i + len(rows) // 2) % len(rows)] for i in range(len(rows))])
