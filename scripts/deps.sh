@@ -50,9 +50,10 @@ if [ $HAVE_APT = 1 ]; then
     else
       echo "[deps] missing Debian packages; as root run:" >&2
       echo "  apt-get install -y$missing" >&2
-      echo "[deps] on a cluster with modules, load: an MPI (OpenMPI 4+), zstd, lmdb, jansson, utf8proc," >&2
+      echo "[deps] on a cluster with modules, load: an MPI (OpenMPI 4+), zstd, isa-l, lmdb, jansson, utf8proc," >&2
       echo "       pcre2, xxhash, cmocka, OpenBLAS, and a FAISS with its C API (libfaiss_c), then set" >&2
-      echo "       FAISS_C_LIB, FAISS_C_INCLUDE and FAISS_LIB (see README, 'Installing elsewhere')." >&2
+      echo "       FAISS_C_LIB, FAISS_C_INCLUDE and FAISS_LIB; pip install pyarrow==26.0.1 and set DFM_ARROW" >&2
+      echo "       to its folder (see README, 'Dependencies')." >&2
       exit 1
     fi
   fi

@@ -221,9 +221,11 @@ static int gz_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
         }
         z->next_out = buf + pos;
         z->avail_out = (uint32_t)(cap - pos > UINT32_MAX ? UINT32_MAX : cap - pos);
-        uint32_t before = z->avail_out;
+        uint32_t before = z->avail_out, in_before = z->avail_in;
         int e = isal_inflate(z);
         pos += before - z->avail_out;
+        if (e == ISAL_DECOMP_OK && z->avail_out == before && z->avail_in == in_before && z->avail_in && z->block_state != ISAL_BLOCK_FINISH)
+            e = ISAL_INVALID_BLOCK; /* no progress with input and room left: never loop on it */
         if (e < 0 || e == ISAL_NEED_DICT)
             return DFM_FAIL(DFM_EFORMAT, "%s: gzip error in member %llu (from compressed byte %llu) near compressed byte %llu: %s. HINT: check the file with `gzip -t`; re-create or re-download it",
                             s->path, (unsigned long long)s->members, (unsigned long long)s->member_at,
