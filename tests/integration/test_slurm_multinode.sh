@@ -92,7 +92,8 @@ salloc -N 2 -n 4 --overcommit -t 5 srun --mpi=pmix ./nodelocal 2>salloc.err | so
 ok "2 nodes: ranks 0,1 on dfm-n1 and 2,3 on dfm-n2; MPI_COMM_TYPE_SHARED gives node-local ranks 0,1 on each"
 
 SUB=("$DFM_ROOT/jobs/submit.sh" --nodes 2 --ntasks 4 --encode-gpus 0 --overcommit --time 5:00 --dfm "$DFM")
-# same(A, B): every stage file of run A equals run B's, byte for byte; the manifests agree but for timings
+# same(A, B): every stage file of run A equals run B's, byte for byte; the manifests agree but for timings,
+# seconds and generations
 same_run() {
   local a=$1 b=$2 f n=0
   for f in $(cd "$b" && find chunk encode index retrieve targets -type f | sort); do
@@ -105,7 +106,8 @@ same_run() {
 import json, sys
 def strip(x):
     if isinstance(x, dict):
-        return {k: strip(v) for k, v in x.items() if k not in ("timings", "time_s", "started", "finished", "generation")}
+        return {k: strip(v) for k, v in x.items()  # (seconds: keys ending in _s, as in the work records)
+                if k not in ("timings", "started", "finished", "generation") and not k.endswith("_s")}
     return [strip(v) for v in x] if isinstance(x, list) else x
 a, b = (strip(json.load(open(p))) for p in sys.argv[1:])
 if a != b:
