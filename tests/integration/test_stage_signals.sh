@@ -9,11 +9,11 @@ source "$(dirname "$0")/lib.sh"
 SEED=${DFM_TEST_SEED:-$(( $(date +%s) % 100000 ))}
 echo "DFM_TEST_SEED=$SEED"
 RANDOM=$SEED
-head -n 4 "$DFM_CORPUS" > "$WORK/corpus.jsonl"
+head -n 3 "$DFM_CORPUS" > "$WORK/corpus.jsonl"
 mkcfg() {  # name -> $WORK/name.json for run $WORK/name (several blocks, rounds and shards in each stage)
   cat > "$WORK/$1.json" <<JSON
 {"run": "$WORK/$1", "inputs": ["$WORK/corpus.jsonl"], "tokenizer": "$DFM_TOKENIZER",
- "chunk": {"seq-len": 256}, "encode": {"device": "cpu", "model": "$DFM_MODEL", "block-chunks": 16},
+ "chunk": {"seq-len": 256}, "encode": {"device": "cpu", "model": "$DFM_MODEL", "block-chunks": 12},
  "retrieve": {"query-block": 20}, "write-targets": {"target-shards": 4, "block-queries": 16}}
 JSON
 }
