@@ -49,8 +49,7 @@ static int read_texts(const char *path, std::vector<std::string> *out) {
     if (!f) return -1;
     char *line = NULL;
     size_t cap = 0;
-    ssize_t n;
-    while ((n = getline(&line, &cap, f)) > 0) {
+    while (getline(&line, &cap, f) > 0) {
         // {"text": "..."} lines with plain ASCII texts (no escapes): enough for the checker's own inputs
         const char *p = strstr(line, "\"text\"");
         const char *q = p ? strchr(p + 6, '"') : NULL;
