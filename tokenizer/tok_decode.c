@@ -25,11 +25,6 @@
 
 /* ================================================================ parsing */
 
-static char *dupn(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (p) memcpy(p, s, n), p[n] = 0;
-    return p;
-}
 
 static void stage_free(dfm_dec_stage *st) {
     free(st->a), free(st->b);
@@ -60,7 +55,7 @@ static int str_or(const dfm_load_ctx *lc, json_t *p, const char *key, const char
     if (v && !json_is_null(v) && !json_is_string(v)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.%s: not a string", where, key);
     const char *s = json_is_string(v) ? json_string_value(v) : def;
     *len = json_is_string(v) ? json_string_length(v) : strlen(def);
-    if (!(*out = dupn(s, *len))) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!(*out = dfm_tok_dupn(s, *len))) return DFM_FAIL(DFM_ENOMEM, "no memory");
     return DFM_OK;
 }
 
@@ -110,24 +105,8 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
         DFM_TRY(size_member(lc, p, "start", where, &st.start));
         DFM_TRY(size_member(lc, p, "stop", where, &st.stop));
     } else if (!strcmp(type, "Replace")) {
-        json_t *pat = json_object_get(p, "pattern");
-        size_t sl = 0, rl = 0, cl = 0;
-        const char *s = dfm_jstr(pat, "String", &sl), *re = dfm_jstr(pat, "Regex", &rl), *to = dfm_jstr(p, "content", &cl);
-        if ((!s && !re) || !to)
-            return DFM_LFAIL(lc, DFM_EFORMAT, "%s: Replace needs a pattern {\"String\": ...} or {\"Regex\": ...} and a "
-                             "string \"content\"", where);
         st.kind = DFM_DEC_REPLACE;
-        if (!(st.b = dupn(to, cl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
-        st.blen = cl;
-        if (s && sl) {
-            if (!(st.a = dupn(s, sl))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-            st.alen = sl;
-        } else {
-            char w[300];
-            snprintf(w, sizeof w, "%s.pattern", where);
-            rc = dfm_regex_compile(s ? s : re, s ? sl : rl, s != NULL, w, &st.re);
-            if (rc) dfm_error_prefix("%s", lc->file);
-        }
+        rc = dfm_jreplace(lc, p, where, &st.a, &st.alen, &st.b, &st.blen, &st.re);
     } else {
         return DFM_LFAIL(lc, DFM_EUNSUPPORTED, "%s: decoder type \"%s\" is not supported (supported: ByteLevel, "
                          "Metaspace, WordPiece, BPEDecoder, Replace, ByteFallback, Fuse, Strip, CTC, Sequence)", where, type);

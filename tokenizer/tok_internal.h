@@ -282,6 +282,13 @@ int dfm_tok_fail_in(const dfm_load_ctx *lc, const char *src, int line, int code,
 const char *dfm_jstr(const void *obj, const char *key, size_t *len);
 /* A boolean member, def when absent or null; DFM_EFORMAT naming where when it is another type. */
 int dfm_jbool(const dfm_load_ctx *lc, const void *obj, const char *key, int def, const char *where, int *out);
+/* A malloc'd NUL-terminated copy of n bytes (NULL: no memory). */
+char *dfm_tok_dupn(const char *s, size_t n);
+/* A Replace component's pattern and content (normalizer or decoder): content into *b / *blen; a non-empty
+ * String pattern into *a / *alen (matched literally), else the Regex (or empty String) compiled into *re.
+ * DFM_EFORMAT naming where when a part is missing; what was set before a failure is the caller's to free. */
+int dfm_jreplace(const dfm_load_ctx *lc, const void *obj, const char *where, char **a, size_t *alen, char **b, size_t *blen,
+                 dfm_regex **re);
 /* A component's parser: one JSON object at where (the JSON path) into tok. */
 typedef int (*dfm_component_parser)(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *obj, const char *where);
 /* A "Sequence" component: each object of its array member key, in order, through parse (where.key[i] as

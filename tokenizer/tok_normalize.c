@@ -54,11 +54,6 @@ void dfm_norm_free(dfm_tokenizer *tok) {
     tok->norm = NULL, tok->n_norm = 0;
 }
 
-static char *dupn(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (p) memcpy(p, s, n), p[n] = 0;
-    return p;
-}
 
 static int need_bool(const dfm_load_ctx *lc, json_t *p, const char *key, const char *where, int *out) {
     if (!json_is_boolean(json_object_get(p, key)))
@@ -121,31 +116,15 @@ static int parse_stage(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *p, co
         const char *s = dfm_jstr(p, "prepend", &n);
         if (!s) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.prepend: missing or not a string", where);
         st.kind = DFM_NORM_PREPEND;
-        if (!(st.a = dupn(s, n))) return DFM_FAIL(DFM_ENOMEM, "no memory");
+        if (!(st.a = dfm_tok_dupn(s, n))) return DFM_FAIL(DFM_ENOMEM, "no memory");
         st.alen = n;
     } else if (!strcmp(type, "Replace")) {
-        json_t *pat = json_object_get(p, "pattern");
-        size_t sl = 0, rl = 0, cl = 0;
-        const char *s = dfm_jstr(pat, "String", &sl), *re = dfm_jstr(pat, "Regex", &rl), *to = dfm_jstr(p, "content", &cl);
-        if ((!s && !re) || !to)
-            return DFM_LFAIL(lc, DFM_EFORMAT, "%s: Replace needs a pattern {\"String\": ...} or {\"Regex\": ...} and a "
-                             "string \"content\"", where);
         st.kind = DFM_NORM_REPLACE;
-        if (!(st.b = dupn(to, cl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
-        st.blen = cl;
-        if (s && sl) { /* a literal: matched with memmem (what the escaped regex would match) */
-            if (!(st.a = dupn(s, sl))) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-            st.alen = sl;
-        } else {
-            char w[300];
-            snprintf(w, sizeof w, "%s.pattern", where);
-            rc = dfm_regex_compile(s ? s : re, s ? sl : rl, s != NULL, w, &st.re);
-            if (rc) dfm_error_prefix("%s", lc->file);
-            if (!rc && !dfm_regex_minlength(st.re))
-                rc = DFM_LFAIL(lc, DFM_EUNSUPPORTED, "%s: a Replace pattern that can match the empty string is not "
-                               "supported (`tokenizers` fails on the text it makes: an index out of bounds when it "
-                               "pre-tokenizes)", w);
-        }
+        rc = dfm_jreplace(lc, p, where, &st.a, &st.alen, &st.b, &st.blen, &st.re);
+        if (!rc && st.re && !dfm_regex_minlength(st.re))
+            rc = DFM_LFAIL(lc, DFM_EUNSUPPORTED, "%s.pattern: a Replace pattern that can match the empty string is not "
+                           "supported (`tokenizers` fails on the text it makes: an index out of bounds when it "
+                           "pre-tokenizes)", where);
     } else if (!strcmp(type, "BertNormalizer")) {
         st.kind = DFM_NORM_BERT;
         DFM_TRY(need_bool(lc, p, "clean_text", where, &st.clean_text));

@@ -169,10 +169,32 @@ static int grow_ids(dfm_tokenizer *tok, uint32_t need) {
     return DFM_OK;
 }
 
-static char *dupn(const char *s, size_t n) {
+char *dfm_tok_dupn(const char *s, size_t n) {
     char *p = malloc(n + 1);
     if (p) memcpy(p, s, n), p[n] = 0;
     return p;
+}
+
+int dfm_jreplace(const dfm_load_ctx *lc, const void *obj, const char *where, char **a, size_t *alen, char **b, size_t *blen,
+                 dfm_regex **re) {
+    json_t *pat = json_object_get((const json_t *)obj, "pattern");
+    size_t sl = 0, rl = 0, cl = 0;
+    const char *s = dfm_jstr(pat, "String", &sl), *rx = dfm_jstr(pat, "Regex", &rl), *to = dfm_jstr(obj, "content", &cl);
+    if ((!s && !rx) || !to)
+        return DFM_LFAIL(lc, DFM_EFORMAT, "%s: Replace needs a pattern {\"String\": ...} or {\"Regex\": ...} and a "
+                         "string \"content\"", where);
+    if (!(*b = dfm_tok_dupn(to, cl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
+    *blen = cl;
+    if (s && sl) { /* a literal: matched with memmem (what the escaped regex would match) */
+        if (!(*a = dfm_tok_dupn(s, sl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
+        *alen = sl;
+        return DFM_OK;
+    }
+    char w[300];
+    snprintf(w, sizeof w, "%s.pattern", where);
+    int rc = dfm_regex_compile(s ? s : rx, s ? sl : rl, s != NULL, w, re);
+    if (rc) dfm_error_prefix("%s", lc->file);
+    return rc;
 }
 
 /* The raw key of id (only ever set once: callers check). */
@@ -192,7 +214,7 @@ static int set_str(dfm_tokenizer *tok, uint32_t id, const char *s, size_t n) {
     tok->str[id] = NULL;
     if (tok->key[id] && tok->key_len[id] == n && !memcmp(tok->key[id], s, n)) {
         tok->str[id] = tok->key[id];
-    } else if (!(tok->str[id] = dupn(s, n))) {
+    } else if (!(tok->str[id] = dfm_tok_dupn(s, n))) {
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
     tok->str_len[id] = (uint32_t)n;
@@ -254,7 +276,7 @@ static int load_model_head(dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
             tok->max_word_chars = (size_t)json_integer_value(m);
         }
     }
-    if ((pre && !(tok->prefix = dupn(pre, pre_len))) || (suf && !(tok->suffix = dupn(suf, suf_len))))
+    if ((pre && !(tok->prefix = dfm_tok_dupn(pre, pre_len))) || (suf && !(tok->suffix = dfm_tok_dupn(suf, suf_len))))
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     tok->prefix_len = pre ? pre_len : 0;
     tok->suffix_len = suf ? suf_len : 0;
@@ -270,7 +292,7 @@ static int load_model_head(dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *root) {
     size_t l1 = 0, l2 = 0;
     int rc = dfm_token_raw(tok, tok->prefix ? tok->prefix : "", tok->prefix_len, &b, &l1);
     if (!rc) rc = dfm_token_raw(tok, tok->suffix ? tok->suffix : "", tok->suffix_len, &b, &l2);
-    if (!rc && (!(tok->prefix_raw = dupn(b.p, l1)) || !(tok->suffix_raw = dupn(b.p + l1, l2))))
+    if (!rc && (!(tok->prefix_raw = dfm_tok_dupn(b.p, l1)) || !(tok->suffix_raw = dfm_tok_dupn(b.p + l1, l2))))
         rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     tok->prefix_raw_len = l1, tok->suffix_raw_len = l2;
     free(b.p);
@@ -511,10 +533,10 @@ static int load_added(dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *added, int i
         t->normalized = (uint8_t)(flags[4] < 0 ? !t->special : flags[4]);
         if (t->normalized && tok->n_norm) { /* matched against normalized text: normalize the content the same way */
             if ((rc = dfm_normalize_string(tok, content, clen, &nb))) break;
-            t->content = dupn(nb.p ? nb.p : "", nb.n);
+            t->content = dfm_tok_dupn(nb.p ? nb.p : "", nb.n);
             t->len = (uint32_t)nb.n;
         } else {
-            t->content = dupn(content, clen);
+            t->content = dfm_tok_dupn(content, clen);
             t->len = (uint32_t)clen;
         }
         if (!t->content) { rc = DFM_FAIL(DFM_ENOMEM, "no memory"); break; }
