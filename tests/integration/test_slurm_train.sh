@@ -61,15 +61,28 @@ EVALF=(--data data/tokens.bin --targets data/targets.bin --seq-len 128 --batch 4
 
 # ---- 0. without Slurm
 mkdir -p fakebin fake/out
-printf '#!/bin/sh\necho "$@" > %s/fake/srun.args\n' "$WORK" > fakebin/srun && chmod +x fakebin/srun
-fake_job() {  # GPU_BIND MODE FLAGS... -> the job script's stdout; srun's arguments in fake/srun.args
+# the stand-in srun: records its arguments (one line a launch); with FAKE_NOLAUNCH=N it "fails to launch"
+# its first N times (exit 0, nothing run, as Slurm 22.05's srun when a step aborts before it launched); then,
+# with FAKE_FINISH=1, it finishes the run (ckpt_final.bin and the export)
+cat > fakebin/srun <<EOF
+#!/bin/sh
+echo "\$@" >> $WORK/fake/srun.args
+n=\$(cat $WORK/fake/nolaunch 2>/dev/null || echo 0)
+[ "\$n" -gt 0 ] && { echo \$((n - 1)) > $WORK/fake/nolaunch; echo "srun: error: task 0 launch failed: Unspecified error" >&2; exit 0; }
+[ "\${FAKE_FINISH:-0}" = 1 ] && echo x > $WORK/fake/out/ckpt_final.bin && echo x > $WORK/fake/out/dfm_modules.safetensors
+exit 0
+EOF
+chmod +x fakebin/srun
+fake_job() {  # GPU_BIND MODE FLAGS... -> the job script's stdout (its status is not checked); srun's arguments in fake/srun.args
   local g=$1; shift; rm -f fake/srun.args
   env PATH="$WORK/fakebin:$PATH" DFM_TRAIN_BIN=/bin/true DFM_OUT="$WORK/fake/out" DFM_GPU_BIND="$g" SLURM_JOB_ID=0 \
-    SLURM_JOB_NODELIST=localhost SLURM_NTASKS=2 bash "$DFM_ROOT/jobs/dfm-train.sbatch" "$@" 2>&1
+    SLURM_JOB_NODELIST=localhost SLURM_NTASKS=2 DFM_LAUNCH_TRIES=${TRIES:-1} bash "$DFM_ROOT/jobs/dfm-train.sbatch" "$@" 2>&1 || true
 }
-fake_job "" train --out fake/out >/dev/null || fail "job script with a stand-in srun"
+out=$(fake_job "" train --out fake/out)
 grep -q -- '--mpi=pmix --kill-on-bad-exit=1 /bin/true train --out fake/out$' fake/srun.args ||
   fail "srun line without GPUs: $(cat fake/srun.args)"
+grep -q "FAILED: dfm-train train did not run to the end" <<<"$out" ||
+  fail "srun exited 0 with the run incomplete, and the job script did not fail: $out"
 touch fake/out/ckpt_000090.bin fake/out/ckpt_000120.bin fake/out/ckpt_000150.bin.tmp.77 fake/out/ckpt_1000000.bin.x
 fake_job closest train --out fake/out >/dev/null
 grep -q -- "--gpu-bind=closest /bin/true train --out fake/out --resume $WORK/fake/out/ckpt_000120.bin$" fake/srun.args ||
@@ -84,7 +97,23 @@ grep -q -- "--resume $WORK/fake/out/ckpt_final.bin$" fake/srun.args || fail "ckp
 echo x > fake/out/dfm_modules.safetensors
 out=$(fake_job "" train --out fake/out)
 [ ! -e fake/srun.args ] && grep -q "is complete" <<<"$out" || fail "a complete run started srun: $out"
-ok "job script: newest checkpoint by step number, ckpt_final.bin, complete run, --gpu-bind passed on"
+ok "job script: newest checkpoint by step number, ckpt_final.bin, complete run, --gpu-bind passed on, srun's 0 with the run incomplete fails"
+# a step that does not launch, twice, then runs: the script launches again (from the newest checkpoint) and ends done
+rm -f fake/out/ckpt_final.bin fake/out/dfm_modules.safetensors && echo 2 > fake/nolaunch
+out=$(TRIES=3 FAKE_FINISH=1 fake_job "" train --out fake/out)
+[ "$(grep -c -- "--resume $WORK/fake/out/ckpt_000120.bin$" fake/srun.args)" = 3 ] && grep -q "launch 2 of 3" <<<"$out" &&
+  grep -q "train done" <<<"$out" || fail "a step that did not launch was not launched again: $out"
+ok "job script: a step that fails to launch (srun exits 0, nothing ran) is launched again, then done"
+# a restart while the previous run's step 0.0 is still listed (a stand-in squeue lists it 3 more times): the
+# job script waits for it to go before it launches
+rm -f fake/out/ckpt_final.bin fake/out/dfm_modules.safetensors && echo 3 > fake/steps_left
+printf '#!/bin/sh\nn=$(cat %s/fake/steps_left)\n[ "$n" -gt 0 ] && { echo $((n - 1)) > %s/fake/steps_left; printf "0.batch\\n0.0\\n"; exit 0; }\necho 0.batch\n' \
+  "$WORK" "$WORK" > fakebin/squeue && chmod +x fakebin/squeue
+out=$(SLURM_RESTART_COUNT=1 FAKE_FINISH=1 fake_job "" train --out fake/out)
+[ "$(cat fake/steps_left)" = 0 ] && grep -q "previous run is still ending: waiting" <<<"$out" && grep -q "train done" <<<"$out" ||
+  fail "a restart did not wait for the previous run's step: $out"
+rm fakebin/squeue
+ok "job script: a restart waits until the previous run's step is gone, then launches"
 dry=$("$SUB" train --ntasks 2 --dry-run -- --out o --device cuda --ckpt-every 5 2>&1)
 grep -q -- '--gpus-per-task 1 ' <<<"$dry" && grep -q 'build-cuda/dfm-train' <<<"$dry" ||
   fail "--device cuda does not request one GPU per task from build-cuda: $dry"
@@ -214,7 +243,8 @@ grep -q "unknown option or missing value: '--no-such-flag'" "bad/jobs/train-$b.o
 ok "bad flag: $st, the log names --no-such-flag"
 
 # ---- 5. GPU requests on the fake GPUs
-printf '#!/bin/sh\necho "RANK $SLURM_PROCID sees ${CUDA_VISIBLE_DEVICES-all} args: $*"\n' > stub.sh && chmod +x stub.sh
+# the stand-in dfm-train says what its rank sees and finishes the run (else the job script fails the job)
+printf '#!/bin/sh\necho "RANK $SLURM_PROCID sees ${CUDA_VISIBLE_DEVICES-all} args: $*"\necho x > "$DFM_OUT/ckpt_final.bin" && echo x > "$DFM_OUT/dfm_modules.safetensors"\n' > stub.sh && chmod +x stub.sh
 g1=$("${S[@]}" --ntasks 2 --dfm-train "$WORK/stub.sh" train -- --out gpu1 --device cuda --ckpt-every 5)
 g2=$("${S[@]}" --ntasks 2 --gpus-per-node 2 --dfm-train "$WORK/stub.sh" train -- --out gpu2 --device cuda --ckpt-every 5)
 "$WAIT" "$g1" "$g2" || { cat gpu1/jobs/*.out gpu2/jobs/*.out; fail "GPU jobs"; }
