@@ -45,7 +45,7 @@ prev=$AFTER
 : > "$RUN/jobs/submitted.txt.tmp"
 IFS=, read -ra LIST <<<"$STAGES"
 for stage in "${LIST[@]}"; do
-  export_vars="ALL,DFM_BIN=$DFM,DFM_CONFIG=$CONFIG,DFM_STAGE=$stage"
+  export_vars="ALL,DFM_BIN=$DFM,DFM_CONFIG=$CONFIG,DFM_STAGE=$stage,DFM_JOBS_DIR=$HERE"
   [ "$OVER" = 1 ] && export_vars="$export_vars,DFM_SRUN_FLAGS=--overcommit"
   args=(--parsable --job-name "dfm-$stage" --ntasks "$NTASKS" --time "$TIME" --kill-on-invalid-dep=yes
         --output "$RUN/jobs/$stage-%j.out" --export "$export_vars" --chdir "$PWD")

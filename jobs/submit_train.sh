@@ -80,7 +80,7 @@ BIN=$(realpath -m "$BIN")
 command -v sbatch >/dev/null || [ "$DRY" = 1 ] || die "sbatch not found: is this a Slurm login node?"
 
 # the environment the job script reads; --export=ALL keeps it (and it survives a requeue)
-export DFM_TRAIN_BIN=$BIN DFM_OUT=$OUT DFM_GPU_BIND=$BIND DFM_SRUN_FLAGS=""
+export DFM_TRAIN_BIN=$BIN DFM_OUT=$OUT DFM_GPU_BIND=$BIND DFM_SRUN_FLAGS="" DFM_JOBS_DIR=$HERE
 [ "$OVER" = 1 ] && DFM_SRUN_FLAGS=--overcommit
 args=(--parsable --job-name "dfm-$MODE" --ntasks "$NTASKS" --cpus-per-task "$CPT" --time "$TIME"
       --chdir "$PWD" --output "$OUT/jobs/train-%j.out" --export ALL --kill-on-invalid-dep=yes)
@@ -100,7 +100,7 @@ else
 fi
 args+=(${EXTRA[@]+"${EXTRA[@]}"})
 if [ "$DRY" = 1 ]; then
-  printf '%q ' env DFM_TRAIN_BIN="$BIN" DFM_OUT="$OUT" DFM_GPU_BIND="$BIND" DFM_SRUN_FLAGS="$DFM_SRUN_FLAGS" \
+  printf '%q ' env DFM_TRAIN_BIN="$BIN" DFM_OUT="$OUT" DFM_GPU_BIND="$BIND" DFM_SRUN_FLAGS="$DFM_SRUN_FLAGS" DFM_JOBS_DIR="$HERE" \
     sbatch "${args[@]}" "$HERE/dfm-train.sbatch" "$MODE" ${FLAGS[@]+"${FLAGS[@]}"}
   echo
   exit 0

@@ -145,25 +145,65 @@ static int run_stages(const dfm_mpi *m, const dfm_build_config *o, const char *r
     return rc;
 }
 
-int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
+/* The config as JSON, the run directory (--run or its "run") and the --stages names checked; on failure
+ * everything is freed and an error set. */
+static int load_config(const dfm_build_config *o, json_t **cfg_out, char **run_out) {
+    const char *config = o->config;
     char *run = o->run ? strdup(o->run) : NULL;
-    const char *stages = o->stages;
     int rc = DFM_OK;
-    json_t *cfg = NULL, *man = NULL;
-    char *config = NULL, **inputs = NULL;
-    int n_inputs = 0;
-    {
-        config = strdup(o->config);
-        json_error_t e;
-        cfg = json_load_file(config, JSON_REJECT_DUPLICATES, &e);
-        if (!cfg) rc = DFM_FAIL(DFM_EARG, "config %s, line %d: %s", config, e.line, e.text);
-        else if (!json_is_object(cfg)) rc = DFM_FAIL(DFM_EARG, "config %s must hold a JSON object", config);
-    }
+    json_error_t e;
+    json_t *cfg = json_load_file(config, JSON_REJECT_DUPLICATES, &e);
+    if (!cfg) rc = DFM_FAIL(DFM_EARG, "config %s, line %d: %s", config, e.line, e.text);
+    else if (!json_is_object(cfg)) rc = DFM_FAIL(DFM_EARG, "config %s must hold a JSON object", config);
     if (!rc && !run) {
         const char *r = json_string_value(json_object_get(cfg, "run"));
         if (r) run = strdup(r);
         else rc = DFM_FAIL(DFM_EARG, "no run directory: put \"run\" in %s or pass --run DIR", config);
     }
+    if (!rc && o->stages) { /* unknown stage names are typos */
+        char *copy = strdup(o->stages), *save = NULL;
+        for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
+            int known = 0;
+            for (int k = 0; k < N_STAGES; k++) known |= !strcmp(t, all_stages[k].name);
+            if (!known) rc = DFM_FAIL(DFM_EARG, "--stages: unknown stage '%s' (stages: chunk,encode,index,retrieve,write-targets)", t);
+        }
+        free(copy);
+    }
+    if (rc) {
+        json_decref(cfg);
+        free(run);
+        cfg = NULL, run = NULL;
+    }
+    *cfg_out = cfg;
+    *run_out = run;
+    return rc;
+}
+
+static int is_query_only(json_t *cfg) { return json_object_get(json_object_get(cfg, "retrieve"), "datastore") != NULL; }
+
+int dfm_build_check(const dfm_build_config *o) {
+    json_t *cfg = NULL, *man = NULL;
+    char *run = NULL;
+    int rc = load_config(o, &cfg, &run);
+    if (!rc) rc = dfm_manifest_load(run, 0, &man);
+    for (int s = 0; !rc && s < N_STAGES; s++) {
+        const char *name = all_stages[s].name;
+        if (!wanted(o->stages, name) || (is_query_only(cfg) && !strcmp(name, "index"))) continue;
+        rc = dfm_manifest_require_complete(man, !strcmp(name, "write-targets") ? "targets" : name, run);
+        if (!rc) printf("build --check: stage %s complete in %s\n", name, run);
+    }
+    json_decref(man);
+    json_decref(cfg);
+    free(run);
+    return rc;
+}
+
+int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
+    char *run = NULL;
+    json_t *cfg = NULL, *man = NULL;
+    char **inputs = NULL;
+    int n_inputs = 0;
+    int rc = load_config(o, &cfg, &run);
     if (!rc) {
         json_t *in = json_object_get(cfg, "inputs");
         if (json_is_string(in)) in = json_pack("[O]", in);
@@ -174,21 +214,11 @@ int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
         json_decref(in);
         if (!inputs) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
     }
-    if (!rc && stages) { /* unknown stage names are typos */
-        char *copy = strdup(stages), *save = NULL;
-        for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save)) {
-            int known = 0;
-            for (int k = 0; k < N_STAGES; k++) known |= !strcmp(t, all_stages[k].name);
-            if (!known) rc = DFM_FAIL(DFM_EARG, "--stages: unknown stage '%s' (stages: chunk,encode,index,retrieve,write-targets)", t);
-        }
-        free(copy);
-    }
     /* one writer per run: the lock before the first stage, held until this process ends */
     if (!rc && m->rank == 0) rc = dfm_runlock_take(run);
     rc = dfm_mpi_agree(m, rc);
     double t0 = dfm_now();
-    int query_only = json_object_get(json_object_get(cfg, "retrieve"), "datastore") != NULL;
-    if (!rc) rc = run_stages(m, o, run, inputs, n_inputs, query_only);
+    if (!rc) rc = run_stages(m, o, run, inputs, n_inputs, is_query_only(cfg));
     if (!rc && m->rank == 0) {
         rc = dfm_manifest_load(run, 0, &man);
         if (!rc) {
@@ -200,7 +230,6 @@ int dfm_build_run(const dfm_mpi *m, const dfm_build_config *o) {
     json_decref(cfg);
     for (int i = 0; inputs && i < n_inputs; i++) free(inputs[i]);
     free(inputs);
-    free(config);
     free(run);
     return rc;
 }

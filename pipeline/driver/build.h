@@ -24,10 +24,17 @@ typedef struct {
     const char *run;    /* the run directory (NULL: "run" in the config) */
     const char *stages; /* comma-separated stages to run (NULL: all) */
     int force;          /* pass --force to every stage */
+    int check;          /* dfm_build_check instead of dfm_build_run */
 } dfm_build_config;
 
 /* Collective over m: the stages of cfg in pipeline order, each agreed by all ranks, then rank 0's
  * summary. DFM_EARG for an unreadable config, no run directory, no inputs or an unknown stage name. */
 int dfm_build_run(const dfm_mpi *m, const dfm_build_config *cfg);
+/* `dfm build CONFIG --check`: no MPI, no lock, nothing run. DFM_OK (printing one line per stage) if every
+ * stage of cfg->stages (all: the whole pipeline) is "complete" in the run's manifest, else the DFM_ESTATE of
+ * the first that is not, naming the command that completes it. It reads the manifest only (the files'
+ * checksums are checked when a stage or reader opens them): what a job script asks after its step, since a
+ * step that fails to launch can leave srun with status 0 (jobs/dfm-stage.sbatch). */
+int dfm_build_check(const dfm_build_config *cfg);
 
 #endif

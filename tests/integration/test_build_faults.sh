@@ -37,7 +37,12 @@ for point in $POINTS; do
   fi
   grep -q "fault injection: killing rank 1 at '$point'" "$WORK/kill$i.log" || { cat "$WORK/kill$i.log"; fail "$point: failed without the injected kill"; }
   "$DFM" verify "$WORK/kill$i" >/dev/null 2>&1 && fail "$point: the killed run verifies as complete"
+  # build --check (what jobs/dfm-stage.sbatch asks after its step): the killed stage is not complete
+  st=${point%%:*} && chk=$("$DFM" build "$WORK/kill$i.json" --check --stages "$st" 2>&1) && fail "$point: build --check says complete: $chk"
+  grep -qE "not complete|has no '|does not exist" <<<"$chk" || fail "$point: build --check does not say what is incomplete: $chk"
   build 2 kill$i || { cat "$WORK/kill$i.log"; fail "$point: re-run after the kill failed"; }
+  chk=$("$DFM" build "$WORK/kill$i.json" --check 2>&1) && [ "$(grep -c 'complete in' <<<"$chk")" = 5 ] ||
+    fail "$point: build --check after the re-run: $chk"
   same_as_ref kill$i "$point: resumed run differs"; ok "killed at $point, re-run identical"
 done
 
