@@ -13,7 +13,7 @@
 #   forward  the decoder's forward pass alone (`dfm-train hidden`: final-normed hidden states, no LM head)
 #            against transformers' AutoModel (LlamaModel, SDPA) under torch.inference_mode
 #            (bench/lm_forward_peer.py), eager and compiled, fp32 and bf16 autocast, on the same tokens (the
-#            first FWD_SEQS sequences the step replayed); the hidden states compared token by token
+#            first FWD_BATCH + FWD_SEQS sequences the step replayed); the hidden states compared token by token
 #   gemm     why there is no bf16 path: the issue rate of vfmadd231ps / vdpbf16ps (build/bench/dot_peak) and
 #            PyTorch's fp32 and bf16 matmul at the step's GEMM shapes (B*T rows x 576 x 1536, 1536 x 576,
 #            576 x 49152), 1 thread
@@ -26,11 +26,13 @@
 # writes the batches the peers replay), later rounds STEPS, in a rotating order; a run's figure is its
 # median step after the first SKIP (warm-up, compilation). Every peer run's losses are checked step by step
 # against dfm's round 1: relative difference of loss and CE within LOSS_TOL (fp32) or BF16_TOL (bf16
-# autocast); dfm's later rounds must repeat round 1's losses exactly. Forward: dfm-train hidden's loop
-# (its printed wall and CPU-seconds, file writing included) against the peer's timed batches after one
-# warm-up batch; hidden states agree when the min cosine per token is >= FWD_COS (fp32) or FWD_BF16_COS.
+# autocast); dfm's later rounds must repeat round 1's losses exactly. Forward: both sides' cost of the
+# FWD_SEQS sequences after a first batch of FWD_BATCH (the first pays for first-touch page faults on dfm's
+# side, compilation on the peer's): the peer times them after its warm-up batch; dfm-train hidden is run over
+# FWD_BATCH and over FWD_BATCH + FWD_SEQS sequences and the difference of its printed loop times (wall and
+# CPU-seconds) taken. Hidden states agree when the min cosine per token is >= FWD_COS (fp32) or FWD_BF16_COS.
 #
-# Knobs: RUN, ROUNDS (3), ROUNDS_PAPER (ROUNDS), STEPS (6), LOSS_STEPS (8), SKIP (2), THREADS (1, the step),
+# Knobs: RUN, ROUNDS (3), ROUNDS_PAPER (ROUNDS), STEPS (6), LOSS_STEPS (12), SKIP (2), THREADS (1, the step),
 # DEPTHS ("top paper"), FWD_THREADS ("1"), FWD_SEQS (16), FWD_BATCH (8), LOSS_TOL (1e-4), BF16_TOL (2e-2),
 # FWD_COS (0.9999), FWD_BF16_COS (0.99), PEERS_PYTHON, BENCH, DFM_TRAIN, DOT_PEAK.
 # Writes bench/results/lm.json (bench/README.md) and bench/results/lm_train.md; exits non-zero when a peer
@@ -40,7 +42,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\(DFM_LM\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
-RUN=${RUN:-$ROOT/runs/demo} ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-6} LOSS_STEPS=${LOSS_STEPS:-8} SKIP=${SKIP:-2}
+RUN=${RUN:-$ROOT/runs/demo} ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-6} LOSS_STEPS=${LOSS_STEPS:-12} SKIP=${SKIP:-2}
 ROUNDS_PAPER=${ROUNDS_PAPER:-$ROUNDS} THREADS=${THREADS:-1} DEPTHS=${DEPTHS:-"top paper"} FWD_THREADS=${FWD_THREADS:-1}
 FWD_SEQS=${FWD_SEQS:-16} FWD_BATCH=${FWD_BATCH:-8} LOSS_TOL=${LOSS_TOL:-1e-4} BF16_TOL=${BF16_TOL:-2e-2}
 FWD_COS=${FWD_COS:-0.9999} FWD_BF16_COS=${FWD_BF16_COS:-0.99}
@@ -60,8 +62,8 @@ TV=$("$PY" -c 'import torch, transformers; print(torch.__version__)' 2>/dev/null
   { echo "bench_lm_train: torch or transformers is missing from $PY" >&2; exit 1; }
 case "$TV" in 2.*) ;; *) echo "bench_lm_train: the peer is PyTorch 2.x; $PY has torch $TV" >&2; exit 1 ;; esac
 [ "$LOSS_STEPS" -ge "$STEPS" ] && [ "$STEPS" -gt "$SKIP" ] || { echo "bench_lm_train: need LOSS_STEPS >= STEPS > SKIP" >&2; exit 2; }
-[ $((LOSS_STEPS * B)) -ge "$FWD_SEQS" ] && [ $((FWD_SEQS % FWD_BATCH)) = 0 ] ||
-  { echo "bench_lm_train: FWD_SEQS must be a multiple of FWD_BATCH and <= LOSS_STEPS * $B" >&2; exit 2; }
+[ $((LOSS_STEPS * B)) -ge $((FWD_SEQS + FWD_BATCH)) ] && [ $((FWD_SEQS % FWD_BATCH)) = 0 ] ||
+  { echo "bench_lm_train: FWD_SEQS must be a multiple of FWD_BATCH, FWD_SEQS + FWD_BATCH <= LOSS_STEPS * $B" >&2; exit 2; }
 for d in $DEPTHS; do case $d in top|paper) ;; *) echo "bench_lm_train: unknown depth '$d' (top paper)" >&2; exit 2 ;; esac; done
 
 W=$(mktemp -d /tmp/dfm-bench-lm-train-XXXXXX)
@@ -131,9 +133,9 @@ for depth in $DEPTHS; do
   done
 done
 
-# --- forward: the first FWD_SEQS sequences the step replayed, as an llm.c u32 shard (+1 token: the last target)
+# --- forward: the first FWD_BATCH + FWD_SEQS sequences the step replayed, as an llm.c u32 shard (+1 token: the last target)
 first=${DEPTHS%% *}
-python3 - "$W/$first/r1/batches.bin" "$W/$first/r1/bench.json" "$FWD_SEQS" "$W/tokens.bin" <<'PY'
+python3 - "$W/$first/r1/batches.bin" "$W/$first/r1/bench.json" "$((FWD_SEQS + FWD_BATCH))" "$W/tokens.bin" <<'PY'
 import json, struct, sys
 src, cfg, nseq, out = sys.argv[1], json.load(open(sys.argv[2])), int(sys.argv[3]), sys.argv[4]
 B, T = cfg["B"], cfg["T"]
@@ -158,15 +160,21 @@ for th in $FWD_THREADS; do
       [ "$r" = 1 ] && side=${FSIDES[$i]} # round 1: dfm first (its hidden states are the reference)
       note "forward, $th thread(s), round $r/$ROUNDS, $side"
       if [ "$side" = dfm ]; then
-        "$DFM_TRAIN" hidden --backbone "$DFM_LM" --data "$W/tokens.bin" --seq-len "$T" --batch "$FWD_BATCH" \
-          --max-tokens $((FWD_SEQS * T)) --threads "$th" --out "$W/keys.$th.r$r.bin" >"$W/hidden.out" 2>"$W/hidden.err" ||
-          { cat "$W/hidden.err" >&2; echo "bench_lm_train: dfm-train hidden failed" >&2; exit 1; }
-        python3 - "$W/hidden.out" "$((FWD_SEQS * T))" "$th" > "$W/fwd.$th.dfm.r$r.json" <<'PY'
+        for n in $FWD_BATCH $((FWD_BATCH + FWD_SEQS)); do
+          "$DFM_TRAIN" hidden --backbone "$DFM_LM" --data "$W/tokens.bin" --seq-len "$T" --batch "$FWD_BATCH" \
+            --max-tokens $((n * T)) --threads "$th" --out "$W/keys.$th.r$r.bin" >"$W/hidden.$n.out" 2>"$W/hidden.err" ||
+            { cat "$W/hidden.err" >&2; echo "bench_lm_train: dfm-train hidden failed" >&2; exit 1; }
+        done
+        python3 - "$W/hidden.$FWD_BATCH.out" "$W/hidden.$((FWD_BATCH + FWD_SEQS)).out" "$((FWD_SEQS * T))" "$th" \
+          > "$W/fwd.$th.dfm.r$r.json" <<'PY'
 import json, re, sys
-m = re.search(r"in ([0-9.]+) s \(([0-9.]+) CPU-s\)", open(sys.argv[1]).read())
-if not m:
-    sys.exit("bench_lm_train: no timing in dfm-train hidden's output")
-print(json.dumps({"tokens": int(sys.argv[2]), "wall_s": float(m.group(1)), "cpu_s": float(m.group(2)), "threads": int(sys.argv[3])}))
+def t(path):
+    m = re.search(r"in ([0-9.]+) s \(([0-9.]+) CPU-s\)", open(path).read())
+    if not m:
+        sys.exit("bench_lm_train: no timing in dfm-train hidden's output %s" % path)
+    return float(m.group(1)), float(m.group(2))
+(w1, c1), (w2, c2) = t(sys.argv[1]), t(sys.argv[2])
+print(json.dumps({"tokens": int(sys.argv[3]), "wall_s": w2 - w1, "cpu_s": c2 - c1, "threads": int(sys.argv[4])}))
 PY
         [ "$r" = 1 ] || cmp -s "$W/keys.$th.r1.bin" "$W/keys.$th.r$r.bin" ||
           { echo "bench_lm_train: dfm-train hidden wrote other bytes in round $r than in round 1" >&2; exit 1; }

@@ -3,9 +3,9 @@
 Written as a PyTorch user runs a Hugging Face decoder for its hidden states: transformers' AutoModel (LlamaModel
 for SmolLM2; SDPA attention) from the same folder, under torch.inference_mode, optionally torch.compile'd and/or
 under torch.autocast("cpu", dtype=torch.bfloat16). It reads the same llm.c token shard `dfm-train hidden` read
-(sequence i = tokens [i*T, i*T+T)), runs one untimed warm-up batch (compilation), then times every batch in
-CPU-seconds (time.process_time) and wall seconds, and checks its hidden states against dfm's file
-(schemas/hidden_states.md): max abs difference, min and mean cosine per token.
+(sequence i = tokens [i*T, i*T+T)), runs the first batch untimed (warm-up: compilation, allocator), then
+times the --seqs sequences after it in CPU-seconds (time.process_time) and wall seconds, and checks all its
+hidden states against dfm's file (schemas/hidden_states.md): max abs difference, min and mean cosine per token.
 
   python bench/lm_forward_peer.py --backbone DIR --tokens tokens.bin --keys hidden_states.bin --seqs 16 \\
       [--seq-len 256] [--batch 8] [--compile] [--autocast bf16] [--threads 1]
@@ -50,7 +50,7 @@ def main():
     ap.add_argument("--backbone", required=True, help="the Hugging Face folder dfm-train hidden read")
     ap.add_argument("--tokens", required=True, help="the llm.c token shard dfm-train hidden read")
     ap.add_argument("--keys", required=True, help="dfm-train hidden's output, to compare against")
-    ap.add_argument("--seqs", type=int, required=True, help="sequences to run (a multiple of --batch)")
+    ap.add_argument("--seqs", type=int, required=True, help="sequences to time after the warm-up batch (a multiple of --batch)")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
@@ -63,17 +63,17 @@ def main():
     import transformers
     model = transformers.AutoModel.from_pretrained(a.backbone, dtype=torch.float32, attn_implementation="sdpa").eval()
     T, B = a.seq_len, a.batch
-    tok = read_tokens(a.tokens, a.seqs * T).view(a.seqs, T)
+    n = a.seqs + B
+    tok = read_tokens(a.tokens, n * T).view(n, T)
     fwd = torch.compile(model, dynamic=False) if a.compile else model
 
     def run(x):
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
             return fwd(input_ids=x, use_cache=False).last_hidden_state.float()
 
-    run(tok[:B])  # warm-up: compilation, allocator
-    outs = []
+    outs = [run(tok[:B])]  # warm-up: compilation, allocator
     c0, w0 = time.process_time(), time.perf_counter()
-    for i in range(0, a.seqs, B):
+    for i in range(B, n, B):
         outs.append(run(tok[i:i + B]))
     c1, w1 = time.process_time(), time.perf_counter()
     h = torch.cat(outs).view(-1, outs[0].shape[-1])

@@ -134,7 +134,7 @@ static int run_hidden(const HiddenOpts *o) {
     w = NULL;
     if (!rc) {
         printf("hidden: %llu keys of width %d from %llu token positions (%llu tokens outside the backbone's vocabulary, run as id 0) "
-               "in %.2f s (%.2f CPU-s) -> %s\n",
+               "in %.3f s (%.3f CPU-s) -> %s\n",
                (unsigned long long)keys, C, (unsigned long long)meta.tokens_read, (unsigned long long)meta.unseen, dfm_now() - t0,
                cpu_now() - c0, o->out);
         if (keys < want && o->max_tokens > 0)
