@@ -3,12 +3,13 @@
  * the batches and the optimiser settings. Run by bench/bench_train.sh.
  *
  *   bench_train_step pretrain DATA OUT STEPS B T LAYERS HIDDEN HEADS KV VOCAB THREADS
- *   bench_train_step dfm DATA OUT STEPS B T BACKBONE TARGETS L FUSION PRED_HIDDEN THREADS
+ *   bench_train_step dfm DATA OUT STEPS B T BACKBONE TARGETS L FUSION PRED_HIDDEN THREADS [PRED_INPUT_LAYER]
  *
  * pretrain: a Qwen3 decoder (QK-norm, tied head, FFN 3C, RoPE theta 1e4, as `dfm-train pretrain`) from
  * seed 1, every weight trainable. dfm: the DFM modules (defaults of `dfm-train train`, predictor of width
- * PRED_HIDDEN, fusion after the layers in FUSION, e.g. "1,3") on the frozen backbone folder BACKBONE with the
- * targets file TARGETS; teacher forcing mixed:0.5 as `dfm-train train` (chunk sources drawn per step and
+ * PRED_HIDDEN, fusion after the layers in FUSION, e.g. "1,3", the predictor reading the input embeddings or, with
+ * PRED_INPUT_LAYER k > 0, the hidden states after layer k-1, as --pred-input-layer) on the frozen backbone
+ * folder BACKBONE with the targets (a file or a run folder, as --targets) TARGETS; teacher forcing mixed:0.5 as `dfm-train train` (chunk sources drawn per step and
  * recorded for the peer). Batch s is sequences s*B .. s*B+B-1 (mod the count), in order.
  * A step is the engine's zero_grad, forward, backward, gradient norm, clipping to 1 and AdamW (lr 1e-3,
  * betas 0.9/0.95, eps 1e-8, weight decay 0.1 on matrices), as train_loop.c's, at a constant lr.
@@ -50,10 +51,11 @@ static int fail(int rc) {
 }
 
 int main(int argc, char **argv) {
-    int dfm = argc == 13 && !strcmp(argv[1], "dfm");
-    if (!(argc == 13 && (dfm || !strcmp(argv[1], "pretrain")))) {
+    int dfm = (argc == 13 || argc == 14) && !strcmp(argv[1], "dfm");
+    if (!(dfm || (argc == 13 && !strcmp(argv[1], "pretrain")))) {
         fprintf(stderr, "usage: bench_train_step pretrain DATA OUT STEPS B T LAYERS HIDDEN HEADS KV VOCAB THREADS\n"
-                        "       bench_train_step dfm DATA OUT STEPS B T BACKBONE TARGETS L FUSION PRED_HIDDEN THREADS\n");
+                        "       bench_train_step dfm DATA OUT STEPS B T BACKBONE TARGETS L FUSION PRED_HIDDEN THREADS "
+                        "[PRED_INPUT_LAYER]\n");
         return 2;
     }
     /* as dfm-train's main: OpenBLAS's kernels for this CPU, passive OpenMP waiting (common/blas_core.h) */
@@ -95,6 +97,7 @@ int main(int argc, char **argv) {
         dc.pred.head_dim = P / dc.pred.n_heads;
         dc.pred.ffn = 4 * P;
         if ((rc = dfm_parse_fusion_layers(argv[10], &dc))) return fail(rc);
+        dc.pred_input_layer = argc == 14 ? atoi(argv[13]) : 0; /* checked by model_config_check */
     }
     if ((rc = model_config_check(&bc, &dc))) return fail(rc);
     DfmModel *m;

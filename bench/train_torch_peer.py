@@ -7,11 +7,12 @@ its output folder: the same initial weights (OUT/init or the frozen backbone + O
 the same batches (OUT/batches.bin, with the teacher-forcing draws) and optimiser settings (OUT/bench.json),
 and writes one JSON line a step (loss, ce, mse, grad_norm, cpu_s, wall_s) like the C program.
 
-  python bench/train_torch_peer.py --run OUT --log peer.jsonl [--compile] [--threads 1]
+  python bench/train_torch_peer.py --run OUT --log peer.jsonl [--compile] [--autocast bf16] [--threads 1]
 
-The model is trainer/model.h's: a Qwen3/Llama decoder (RMSNorm, RoPE rotate_half, optional per-head QK-norm,
-SwiGLU, tied or untied head); in DFM mode the frozen decoder plus the memory predictor (a small causal
-Transformer over chunk means), the projector (LayerNorm, Linear, GELU, Linear) and the fusion blocks
+The model is trainer/model.h's: a Qwen3/Llama decoder (RMSNorm, RoPE rotate_half, per-head QK-norm for Qwen3
+only, SwiGLU, tied or untied head; RoPE theta and RMS eps from config.json); in DFM mode the frozen decoder plus
+the memory predictor (a small causal Transformer over chunk means of the input embeddings or, with the modules'
+pred_input_layer k > 0, of the hidden states after layer k-1), the projector (LayerNorm, Linear, GELU, Linear) and the fusion blocks
 (cross-attention of each token to its chunk's K memory slots, a sigmoid gate per head), loss = CE +
 mse_weight * predictor loss.
 """
@@ -233,9 +234,12 @@ class Model(nn.Module):
         bb = self.model
         x = bb.embed_tokens(tokens)
         src = x
+        pil = self.dc.get("pred_input_layer", 0) if self.dc else 0
         mse = ploss = torch.zeros(())
         M = mask = None
         for l, layer in enumerate(bb.layers):
+            if l == pil:  # the predictor reads the input embeddings (0) or the hidden states after layer pil-1
+                src = x
             x = layer(x, bb.cos, bb.sin)
             if self.dc and l in self.fuse_after:
                 if M is None:
@@ -253,6 +257,9 @@ def main():
     ap.add_argument("--run", required=True, help="bench_train_step's output folder")
     ap.add_argument("--log", required=True, help="JSONL, one line a step")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
+    ap.add_argument("--autocast", choices=("none", "bf16"), default="none",
+                    help="bf16: the forward under torch.autocast(\"cpu\", dtype=torch.bfloat16); weights, gradients and "
+                         "AdamW stay fp32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=0, help="0: all the run's steps")
     a = ap.parse_args()
@@ -309,7 +316,8 @@ def main():
             extra = (tmem, tmask, msrc)
         c0, w0 = time.process_time(), time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss, ce, mse = step_fn(tok, tgt, *extra)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            loss, ce, mse = step_fn(tok, tgt, *extra)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, cfg["clip"], foreach=True)
         opt.step()
@@ -317,7 +325,8 @@ def main():
         out.write(json.dumps({"step": s + 1, "loss": loss.item(), "ce": ce.item(), "mse": float(mse.detach()),
                               "grad_norm": gn.item(), "cpu_s": c1 - c0, "wall_s": w1 - w0}) + "\n")
         out.flush()
-    print(json.dumps({"torch": torch.__version__, "adamw": kind, "compile": a.compile, "threads": a.threads}))
+    print(json.dumps({"torch": torch.__version__, "adamw": kind, "compile": a.compile, "autocast": a.autocast,
+                      "threads": a.threads}))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -40,6 +41,12 @@ static int map_tokens(const VocabMap *vm, const char *backbone, int vocab, int r
         ids[i] = id;
     }
     return DFM_OK;
+}
+
+static double cpu_now(void) { /* this process's CPU-seconds, all threads */
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 /* The decoder over B sequences of T tokens: m->lnf_out [B*T, C] holds the final-normed hidden states. */
@@ -96,7 +103,7 @@ static int run_hidden(const HiddenOpts *o) {
         goto done;
     }
     XXH3_64bits_reset(th);
-    double t0 = dfm_now();
+    double t0 = dfm_now(), c0 = cpu_now();
     DFM_LOG_I("hidden: backbone %s (%s, %d layers, hidden %d), %zu tokens in %zu sequences of %d%s", o->backbone, bc.arch, bc.dec.n_layers, C,
               ds.n_tokens, ds.n_seq, T, o->max_tokens > 0 ? " (stopping at --max-tokens keys)" : "");
     /* the stream covers n_seq * T positions; the token after the last one is the value of the last key */
@@ -127,8 +134,9 @@ static int run_hidden(const HiddenOpts *o) {
     w = NULL;
     if (!rc) {
         printf("hidden: %llu keys of width %d from %llu token positions (%llu tokens outside the backbone's vocabulary, run as id 0) "
-               "in %.1f s -> %s\n",
-               (unsigned long long)keys, C, (unsigned long long)meta.tokens_read, (unsigned long long)meta.unseen, dfm_now() - t0, o->out);
+               "in %.3f s (%.3f CPU-s) -> %s\n",
+               (unsigned long long)keys, C, (unsigned long long)meta.tokens_read, (unsigned long long)meta.unseen, dfm_now() - t0,
+               cpu_now() - c0, o->out);
         if (keys < want && o->max_tokens > 0)
             printf("hidden: the data holds %llu keys, fewer than --max-tokens %lld\n", (unsigned long long)keys, (long long)o->max_tokens);
     }
