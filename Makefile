@@ -131,6 +131,9 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# vecmath.c: AdamW's sqrt as one vector instruction (GCC keeps it scalar while sqrtf may set errno)
+$(BUILD)/obj/trainer/vecmath.o: CFLAGS += -fno-math-errno
+
 $(BUILD)/obj/%.cc.o: %.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@

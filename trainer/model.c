@@ -437,7 +437,7 @@ static void predictor_forward(DfmModel *m, int B, int T) {
     for (int b = 0; b < B; b++) memcpy(m->pred_x + (size_t)b * NCc * P, p->pred_placeholder, P * sizeof(float));
     for (int l = 0; l < NLp; l++)
         stack_layer_forward(&dc->pred, &p->pred, &m->pred_acts, l, m->pred_x + (size_t)(l + 1) * Np * P,
-                            m->pred_x + (size_t)l * Np * P, m->pred_tmp, B, NCc, m->prope_cos, m->prope_sin);
+                            m->pred_x + (size_t)l * Np * P, B, NCc, m->prope_cos, m->prope_sin);
     rmsnorm_forward(m->pred_ln, m->pred_rstd, m->pred_x + (size_t)NLp * Np * P, p->pred_lnf, Np, P, dc->pred.eps);
     matmul_forward(m->slots, m->pred_ln, p->pred_wout, p->pred_bout, Np, P, dc->n_slots * dc->d_mem);
 }
@@ -709,7 +709,7 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
         float *in = m->x_layer_in + (size_t)l * NCs, *next = m->x_layer_in + (size_t)(l + 1) * NCs;
         float *dst = f >= 0 ? m->x_fuse_in + (size_t)f * m->maxB * m->maxT * C : next;
         if (!(l0 && l == l0))
-            stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, m->tmp, B, T, m->rope_cos,
+            stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, B, T, m->rope_cos,
                                 m->rope_sin);
         if (f >= 0) {
             if (f == 0) prepare_memory(m, B, T, mem_mode); /* its input lies below: ready now */

@@ -140,7 +140,7 @@ struct DfmModel {
     float *x_final;                         /* [N, C] input of the final norm */
     float *lnf_out, *lnf_rstd;              /* [N, C], [N] */
     float *row_losses;                      /* [N] */
-    float *tmp;                             /* [N, C] */
+    float *tmp;                             /* [N, C] scratch of the CUDA stack (stack_cuda.cu) */
     float *ce_scratch;                      /* [CE_ROWS_BLOCK, V] */
     StackActs dec_acts;
     StackScratch dec_scr;
@@ -150,7 +150,7 @@ struct DfmModel {
     float *pred_x;                          /* [NLp, B*NC, P] input of predictor layer l (l>0) / buffer */
     float *pred_out;                        /* [B*NC, P] output of last predictor layer */
     float *pred_ln, *pred_rstd;             /* [B*NC, P], [B*NC] */
-    float *pred_tmp;                        /* [B*NC, P] */
+    float *pred_tmp;                        /* [B*NC, P] scratch of the CUDA stack */
     float *slots;                           /* [B*NC*K, d] predicted memory */
     StackActs pred_acts;
     StackScratch pred_scr;

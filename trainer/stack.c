@@ -1,9 +1,18 @@
 /* stack.c — Llama/Qwen3 decoder layers: forward and hand-written backward (see stack.h). */
 #include "trainer/stack.h"
 
+#include <cblas.h>
 #include <string.h>
 
 #include "trainer/ops.h"
+
+/* out[N,OC] = res[N,OC] + inp[N,C] @ weight[OC,C]^T: the residual is the product's starting value (beta 1),
+ * so the branch needs no buffer of its own and no separate pass to add it. */
+static void matmul_residual(float *out, const float *res, const float *inp, const float *weight, int N, int C,
+                            int OC) {
+    if (out != res) memcpy(out, res, (size_t)N * OC * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+}
 
 const char *const stack_tensor_names[STACK_NUM_TENSORS] = {
     "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -139,7 +148,7 @@ static LayerA layer_a(const StackConfig *c, const StackActs *a, int l, int B, in
 }
 
 void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *acts, int l, float *out,
-                         const float *inp, float *tmp, int B, int T, const float *cos_t, const float *sin_t) {
+                         const float *inp, int B, int T, const float *cos_t, const float *sin_t) {
     int N = B * T, C = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, F = c->ffn;
     int nq = nh * hd, nk = nkv * hd;
     LayerW w = layer_w(c, p, l);
@@ -159,15 +168,13 @@ void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *
         rope_forward(a.kr, a.k, cos_t, sin_t, B, T, nkv, hd);
     }
     attention_forward(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd);
-    matmul_forward(tmp, a.atty, w.wo, NULL, N, nq, C);
-    vec_add(a.res_mid, inp, tmp, (size_t)N * C);
+    matmul_residual(a.res_mid, inp, a.atty, w.wo, N, nq, C);
 
     rmsnorm_forward(a.ln2, a.ln2_rstd, a.res_mid, w.ln2w, N, C, c->eps);
     matmul_forward(a.hg, a.ln2, w.wgate, NULL, N, C, F);
     matmul_forward(a.hu, a.ln2, w.wup, NULL, N, C, F);
     swiglu_forward(a.hact, a.hg, a.hu, (size_t)N * F);
-    matmul_forward(tmp, a.hact, w.wdown, NULL, N, F, C);
-    vec_add(out, a.res_mid, tmp, (size_t)N * C);
+    matmul_residual(out, a.res_mid, a.hact, w.wdown, N, F, C);
 }
 
 void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParams *gp, const StackActs *acts,

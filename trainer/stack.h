@@ -75,10 +75,9 @@ void stack_act_ptrs(StackActs *a, float **ptrs[STACK_NUM_ACTS]);
 void stack_scratch_sizes(const StackConfig *c, int B, int T, size_t sizes[STACK_NUM_SCRATCH]);
 void stack_scratch_ptrs(StackScratch *s, float **ptrs[STACK_NUM_SCRATCH]);
 
-/* Layer l forward: out[N,C] from inp[N,C] (out may not alias inp). tmp is [N,C] scratch.
- * cos_t/sin_t from rope_tables(T, head_dim). */
+/* Layer l forward: out[N,C] from inp[N,C] (out may not alias inp). cos_t/sin_t from rope_tables(T, head_dim). */
 void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *a, int l, float *out,
-                         const float *inp, float *tmp, int B, int T, const float *cos_t, const float *sin_t);
+                         const float *inp, int B, int T, const float *cos_t, const float *sin_t);
 /* Layer l backward: din += d(loss)/d(inp) given dout. g may be NULL (frozen: no weight gradients). */
 void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParams *g, const StackActs *a,
                           StackScratch *s, int l, float *din, const float *dout, const float *inp, int B, int T,
