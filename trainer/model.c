@@ -11,6 +11,7 @@
 #endif
 
 #include "common/error.h"
+#include "trainer/attention_cpu.h"
 #include "trainer/ops.h"
 #include "trainer/rng.h"
 

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#include "trainer/ops.h" /* AttnFlashScratch */
+#include "trainer/attention_cpu.h" /* AttnFlashScratch */
 
 typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn;

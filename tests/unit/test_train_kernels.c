@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include "trainer/adamw.h"
+#include "trainer/attention_cpu.h"
 #include "trainer/ops.h"
 #include "trainer/rng.h"
 #include "trainer/vecmath.h"
