@@ -6,15 +6,13 @@
 #include <math.h>
 #include <string.h>
 
-/* Attention with AVX-512 FMA kernels for head sizes that are a multiple of 16, per (sequence, KV head)
- * and its query heads in order (dK and dV of a KV head sum its query heads in a fixed order; threads take
- * whole (sequence, KV head) items). Blocks of ATT_RB = 8 query rows: the scores of a block go up to its
- * last row's diagonal (rounded up to 16 columns, masked stores), so the causal square is computed to within
- * an 8-row staircase instead of whole 64-row blocks, without the per-call packing of small sgemm calls. A
- * block's score rows are K^T's columns (K packed transposed once per item, [hd][T16]); products with P,
- * dS and their transposes stream V, K, Q and dO rows in place. Any other CPU or head size: the sgemm path
- * of ops.c. Each output element sums in one fixed order, so results are reproducible on a machine for any
- * thread count (as with OpenBLAS, not bit-identical to the sgemm path). */
+/* Per (sequence, KV head) and its query heads in order (dK and dV of a KV head sum its query heads in a fixed
+ * order; threads take whole (sequence, KV head) items), in blocks of ATT_RB = 8 query rows: a block's scores
+ * go up to its last row's diagonal (rounded up to 16 columns, masked stores), so the causal square is
+ * computed to within an 8-row staircase. Scores are rows of K^T (K packed transposed once per item,
+ * [hd][T16]), dP likewise with V^T; the products with P and dS stream V, K, Q and dO rows in place, and dK,
+ * dV take each block's rank-8 update in row order. No [T, T] matrix: the forward keeps each row's
+ * log-sum-exp and the backward recomputes the block's probabilities from it. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #include <immintrin.h>
 #include <stdlib.h>
@@ -24,10 +22,11 @@
 #define ATT_RB 8
 #define AVX512 __attribute__((target("avx512f")))
 
-/* out[r][j] = alpha * sum_d a[r][d] * bt[d][j] for r < R (<= ATT_RB) and j < ncol; bt rows of ldb >= ncol
- * rounded up to 16 (readable, padded). */
-AVX512 static void att_abt(float *out, size_t ldo, const float *a, size_t lda, const float *bt, size_t ldb, int R,
-                           int ncol, int hd, float alpha) {
+/* out[r][j] (+)= alpha * sum_{d < n} a[r][d] * b[d][j] for r < R (<= ATT_RB) and j < ncol (accumulate: add
+ * to out, else overwrite); rows of a every lda, of b every ldb, of out every ldo. Scores: a = Q rows, b = K^T;
+ * products: a = P or dS rows, b = V or K rows. */
+AVX512 static void att_gemm(float *out, size_t ldo, const float *a, size_t lda, const float *b, size_t ldb, int R,
+                            int ncol, int n, float alpha, int accumulate) {
     const float *ar[ATT_RB];
 #pragma GCC unroll 8
     for (int r = 0; r < ATT_RB; r++) ar[r] = a + (size_t)(r < R ? r : 0) * lda;
@@ -38,9 +37,9 @@ AVX512 static void att_abt(float *out, size_t ldo, const float *a, size_t lda, c
         __m512 acc[ATT_RB][2];
 #pragma GCC unroll 8
         for (int r = 0; r < ATT_RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int d = 0; d < hd; d++) {
-            const float *b = bt + (size_t)d * ldb + j;
-            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
+        for (int d = 0; d < n; d++) {
+            const float *bd = b + (size_t)d * ldb + j;
+            __m512 b0 = _mm512_maskz_loadu_ps(m0, bd), b1 = _mm512_maskz_loadu_ps(m1, bd + 16);
 #pragma GCC unroll 8
             for (int r = 0; r < ATT_RB; r++) {
                 __m512 x = _mm512_set1_ps(ar[r][d]);
@@ -51,73 +50,15 @@ AVX512 static void att_abt(float *out, size_t ldo, const float *a, size_t lda, c
 #pragma GCC unroll 8
         for (int r = 0; r < ATT_RB; r++)
             if (r < R) {
-                _mm512_mask_storeu_ps(out + r * ldo + j, m0, _mm512_mul_ps(acc[r][0], al));
-                _mm512_mask_storeu_ps(out + r * ldo + j + 16, m1, _mm512_mul_ps(acc[r][1], al));
+                float *o = out + r * ldo + j;
+                __m512 y0 = _mm512_mul_ps(acc[r][0], al), y1 = _mm512_mul_ps(acc[r][1], al);
+                if (accumulate) {
+                    y0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, o), y0);
+                    y1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), y1);
+                }
+                _mm512_mask_storeu_ps(o, m0, y0);
+                _mm512_mask_storeu_ps(o + 16, m1, y1);
             }
-    }
-}
-
-/* out[r][:hd] (+)= sum_{j < n} p[r][j] * x[j][:hd] for r < R (accumulate: add to out, else overwrite). */
-AVX512 static void att_px(float *out, size_t ldo, const float *p, size_t ldp, const float *x, size_t ldx, int R,
-                          int n, int hd, int accumulate) {
-    const float *pr[ATT_RB];
-    #pragma GCC unroll 8
-    for (int r = 0; r < ATT_RB; r++) pr[r] = p + (size_t)(r < R ? r : 0) * ldp;
-    for (int c0 = 0; c0 < hd; c0 += 32) {
-        __mmask16 m1 = hd - c0 >= 32 ? (__mmask16)0xFFFF : 0;
-        __m512 acc[ATT_RB][2];
-        #pragma GCC unroll 8
-        for (int r = 0; r < ATT_RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int j = 0; j < n; j++) {
-            const float *xr = x + (size_t)j * ldx + c0;
-            __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_maskz_loadu_ps(m1, xr + 16);
-            #pragma GCC unroll 8
-            for (int r = 0; r < ATT_RB; r++) {
-                __m512 w = _mm512_set1_ps(pr[r][j]);
-                acc[r][0] = _mm512_fmadd_ps(w, x0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(w, x1, acc[r][1]);
-            }
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            float *o = out + r * ldo + c0;
-            if (accumulate) {
-                acc[r][0] = _mm512_add_ps(_mm512_loadu_ps(o), acc[r][0]);
-                acc[r][1] = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]);
-            }
-            _mm512_storeu_ps(o, acc[r][0]);
-            _mm512_mask_storeu_ps(o + 16, m1, acc[r][1]);
-        }
-    }
-}
-
-/* out[r][:hd] += sum_{i0 <= i < n} p[i][j0 + r] * x[i][:hd] for r < R: rows j0.. of P^T times X. */
-AVX512 static void att_ptx(float *out, size_t ldo, const float *p, size_t ldp, const float *x, size_t ldx, int j0,
-                           int R, int i0, int n, int hd) {
-    int col[ATT_RB];
-    #pragma GCC unroll 8
-    for (int r = 0; r < ATT_RB; r++) col[r] = j0 + (r < R ? r : 0);
-    for (int c0 = 0; c0 < hd; c0 += 32) {
-        __mmask16 m1 = hd - c0 >= 32 ? (__mmask16)0xFFFF : 0;
-        __m512 acc[ATT_RB][2];
-        #pragma GCC unroll 8
-        for (int r = 0; r < ATT_RB; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int i = i0; i < n; i++) {
-            const float *xr = x + (size_t)i * ldx + c0, *pi = p + (size_t)i * ldp;
-            __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_maskz_loadu_ps(m1, xr + 16);
-            #pragma GCC unroll 8
-            for (int r = 0; r < ATT_RB; r++) {
-                __m512 w = _mm512_set1_ps(pi[col[r]]);
-                acc[r][0] = _mm512_fmadd_ps(w, x0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(w, x1, acc[r][1]);
-            }
-        }
-        #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            float *o = out + r * ldo + c0;
-            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[r][0]));
-            _mm512_mask_storeu_ps(o + 16, m1, _mm512_add_ps(_mm512_maskz_loadu_ps(m1, o + 16), acc[r][1]));
-        }
     }
 }
 
@@ -149,88 +90,6 @@ static int att_thread(void) {
 #endif
 }
 
-/* one (sequence, query head): scores, softmax and output rows in blocks of ATT_RB */
-static void att_fwd_head(float *oh, float *p, const float *qh, const float *kt, const float *vh, size_t qs, size_t ks,
-                         int T, int T16, int hd, float scale) {
-    for (int i0 = 0; i0 < T; i0 += ATT_RB) {
-        int R = T - i0 < ATT_RB ? T - i0 : ATT_RB, ncol = i0 + R;
-        att_abt(p + (size_t)i0 * T, T, qh + i0 * qs, qs, kt, T16, R, ncol, hd, scale);
-        for (int t = i0; t < i0 + R; t++) {
-            float *pr = p + (size_t)t * T;
-            float sum = vm_exp_sum(pr, (size_t)t + 1, vm_max(pr, (size_t)t + 1));
-            vm_scale(pr, (size_t)t + 1, 1.0f / sum);
-            memset(pr + t + 1, 0, (size_t)(T - t - 1) * sizeof(float));
-        }
-        att_px(oh + i0 * qs, qs, p + (size_t)i0 * T, T, vh, ks, R, ncol, hd, 0);
-    }
-}
-
-int attention_forward_avx512(float *out, float *att, const float *q, const float *k, const float *v, int B,
-                                    int T, int nh, int nkv, int hd) {
-    if (!att_fast(hd)) return 0;
-    int grp = nh / nkv, T16 = (T + 15) / 16 * 16;
-    size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd, per = (size_t)hd * T16;
-    float scale = 1.0f / sqrtf((float)hd);
-    int nthr = att_threads((size_t)B * nh * T * T);
-    float *buf = malloc((size_t)nthr * per * sizeof(float));
-    if (!buf) return 0;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthr) if (nthr > 1)
-    for (int b = 0; b < B; b++)
-        for (int kh = 0; kh < nkv; kh++) {
-            float *kt = buf + (size_t)att_thread() * per;
-            att_pack_t(kt, k + (size_t)b * T * ks + (size_t)kh * hd, ks, T, T16, hd);
-            const float *vh = v + (size_t)b * T * ks + (size_t)kh * hd;
-            for (int h = kh * grp; h < (kh + 1) * grp; h++)
-                att_fwd_head(out + (size_t)b * T * qs + (size_t)h * hd, att + ((size_t)b * nh + h) * T * T,
-                             q + (size_t)b * T * qs + (size_t)h * hd, kt, vh, qs, ks, T, T16, hd, scale);
-        }
-    free(buf);
-    return 1;
-}
-
-int attention_backward_avx512(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                                     const float *att, const float *q, const float *k, const float *v, int B, int T,
-                                     int nh, int nkv, int hd) {
-    if (!att_fast(hd)) return 0;
-    int grp = nh / nkv, T16 = (T + 15) / 16 * 16;
-    size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd, per = (size_t)hd * T16;
-    float scale = 1.0f / sqrtf((float)hd);
-    int nthr = att_threads((size_t)B * nh * T * T);
-    float *buf = malloc((size_t)nthr * per * sizeof(float));
-    if (!buf) return 0;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthr) if (nthr > 1)
-    for (int b = 0; b < B; b++)
-        for (int kh = 0; kh < nkv; kh++) {
-            float *vt = buf + (size_t)att_thread() * per;
-            size_t kvo = (size_t)b * T * ks + (size_t)kh * hd;
-            att_pack_t(vt, v + kvo, ks, T, T16, hd);
-            for (int h = kh * grp; h < (kh + 1) * grp; h++) {
-                size_t qo = (size_t)b * T * qs + (size_t)h * hd;
-                const float *p = att + ((size_t)b * nh + h) * T * T;
-                float *ds = datt + ((size_t)b * nh + h) * T * T;
-                for (int i0 = 0; i0 < T; i0 += ATT_RB) {
-                    int R = T - i0 < ATT_RB ? T - i0 : ATT_RB, ncol = i0 + R;
-                    /* dP = dO V^T, then dS = P * (dP - sum(P * dP)) * scale in place, zero above the diagonal */
-                    att_abt(ds + (size_t)i0 * T, T, dout + qo + i0 * qs, qs, vt, T16, R, ncol, hd, 1.0f);
-                    for (int t = i0; t < i0 + R; t++) {
-                        float *dr = ds + (size_t)t * T;
-                        vm_softmax_backward(dr, p + (size_t)t * T, (size_t)t + 1, scale);
-                        memset(dr + t + 1, 0, (size_t)(ncol - t - 1) * sizeof(float));
-                    }
-                    /* dQ += dS K */
-                    att_px(dq + qo + i0 * qs, qs, ds + (size_t)i0 * T, T, k + kvo, ks, R, ncol, hd, 1);
-                }
-                /* dV += P^T dO, dK += dS^T Q, over the rows at or below each column block's diagonal */
-                for (int j0 = 0; j0 < T; j0 += ATT_RB) {
-                    int R = T - j0 < ATT_RB ? T - j0 : ATT_RB;
-                    att_ptx(dv + kvo + j0 * ks, ks, p, T, dout + qo, qs, j0, R, j0, T, hd);
-                    att_ptx(dk + kvo + j0 * ks, ks, ds, T, q + qo, qs, j0, R, j0, T, hd);
-                }
-            }
-        }
-    free(buf);
-    return 1;
-}
 /* out[j][:hd] += sum_{r < R} p[r][j] * x[r][:hd] for j < n (rows of P every ldp, of X every ldx): a block's
  * rank-R update of dK or dV, each out row summing the block's rows in order. */
 AVX512 static void att_outer(float *out, size_t ldo, const float *p, size_t ldp, const float *x, size_t ldx, int R,
@@ -266,7 +125,7 @@ AVX512 static void att_outer(float *out, size_t ldo, const float *p, size_t ldp,
  * of each row t (columns <= t; zero up to ncol): exp(score - max) / sum, or with lse_in exp(score - lse) */
 static void att_probs(float *s, const float *qb, size_t qs, const float *kt, int T16, int i0, int R, int ncol, int hd,
                       float scale, float *lse_out, const float *lse_in) {
-    att_abt(s, T16, qb, qs, kt, T16, R, ncol, hd, scale);
+    att_gemm(s, T16, qb, qs, kt, T16, R, ncol, hd, scale, 0);
     for (int r = 0; r < R; r++) {
         int t = i0 + r;
         float *pr = s + (size_t)r * T16;
@@ -311,7 +170,7 @@ void attention_flash_forward(float *out, float *lse, const float *q, const float
                 for (int i0 = 0; i0 < T; i0 += ATT_RB) {
                     int R = T - i0 < ATT_RB ? T - i0 : ATT_RB, ncol = i0 + R;
                     att_probs(sb, q + qo + i0 * qs, qs, kt, T16, i0, R, ncol, hd, scale, lh, NULL);
-                    att_px(out + qo + i0 * qs, qs, sb, T16, v + kvo, ks, R, ncol, hd, 0);
+                    att_gemm(out + qo + i0 * qs, qs, sb, T16, v + kvo, ks, R, hd, ncol, 1.0f, 0);
                 }
             }
         }
@@ -339,7 +198,7 @@ void attention_flash_backward(float *dq, float *dk, float *dv, const float *dout
                     int R = T - i0 < ATT_RB ? T - i0 : ATT_RB, ncol = i0 + R;
                     /* P recomputed from the saved log-sum-exp; dP = dO V^T; dS = P * (dP - sum(P * dP)) * scale */
                     att_probs(pb, q + qo + i0 * qs, qs, kt, T16, i0, R, ncol, hd, scale, NULL, lh);
-                    att_abt(db, T16, dout + qo + i0 * qs, qs, vt, T16, R, ncol, hd, 1.0f);
+                    att_gemm(db, T16, dout + qo + i0 * qs, qs, vt, T16, R, ncol, hd, 1.0f, 0);
                     for (int r = 0; r < R; r++) {
                         int t = i0 + r;
                         float *dr = db + (size_t)r * T16;
@@ -347,7 +206,7 @@ void attention_flash_backward(float *dq, float *dk, float *dv, const float *dout
                         memset(dr + t + 1, 0, (size_t)(ncol - t - 1) * sizeof(float));
                     }
                     /* dQ += dS K;  dV[:ncol] += P^T dO;  dK[:ncol] += dS^T Q */
-                    att_px(dq + qo + i0 * qs, qs, db, T16, k + kvo, ks, R, ncol, hd, 1);
+                    att_gemm(dq + qo + i0 * qs, qs, db, T16, k + kvo, ks, R, hd, ncol, 1.0f, 1);
                     att_outer(dv + kvo, ks, pb, T16, dout + qo + i0 * qs, qs, R, ncol, hd);
                     att_outer(dk + kvo, ks, db, T16, q + qo + i0 * qs, qs, R, ncol, hd);
                 }
@@ -355,11 +214,6 @@ void attention_flash_backward(float *dq, float *dk, float *dv, const float *dout
         }
 }
 #else
-int attention_forward_avx512(float *out, float *att, const float *q, const float *k, const float *v, int B,
-                                    int T, int nh, int nkv, int hd) { return 0; }
-int attention_backward_avx512(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                                     const float *att, const float *q, const float *k, const float *v, int B, int T,
-                                     int nh, int nkv, int hd) { return 0; }
 int attention_flash_cpu_supported(int hd) { return 0; }
 size_t attention_flash_scratch_floats(int T, int hd) { return 0; }
 void attention_flash_forward(float *out, float *lse, const float *q, const float *k, const float *v, int B, int T,

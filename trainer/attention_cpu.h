@@ -1,6 +1,5 @@
-/* attention_cpu.h — causal grouped-query self-attention on the CPU with AVX-512 FMA kernels: the engine of
- * attention_forward / attention_backward (trainer/ops.h) where the CPU and head size allow, and a flash-style
- * variant that keeps no [B, nh, T, T] matrix. Layouts and the score are ops.h's: q[B*T, nh*hd], k, v[B*T,
+/* attention_cpu.h — causal grouped-query self-attention on the CPU with AVX-512 FMA kernels, flash-style: it
+ * keeps no [B, nh, T, T] matrix. Layouts and the score are ops.h's: q[B*T, nh*hd], k, v[B*T,
  * nkv*hd] (RoPE applied), query head h reads kv head h / (nh / nkv), causal, scaled by 1/sqrt(hd).
  * Results differ from the sgemm path in rounding only; each output element sums in one fixed order, so they
  * are reproducible on a machine whatever the thread count.
@@ -9,13 +8,6 @@
 #define DFM_TRAINER_ATTENTION_CPU_H
 
 #include <stddef.h>
-
-/* attention_forward / attention_backward of ops.h with these kernels; return 0 (nothing done) where they do
- * not apply (no AVX-512F, hd not a multiple of 16, no memory for the packed K^T / V^T), 1 when done. */
-int attention_forward_avx512(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
-                             int nh, int nkv, int hd);
-int attention_backward_avx512(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
-                              const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd);
 
 /* Flash-style: the math of attention_forward / attention_backward (trainer/ops.h) without the [B, nh, T, T]
  * matrices (as attention_flash_*_cuda, trainer/attention_cuda.h). AVX-512 FMA kernels over

@@ -1,7 +1,6 @@
 /* ops.c — CPU fp32 kernels of the trainer (see ops.h for the conventions). */
 #include "trainer/ops.h"
 
-#include "trainer/attention_cpu.h"
 #include "trainer/vecmath.h"
 
 #include <cblas.h>
@@ -189,8 +188,8 @@ void rope_backward(float *dinp, const float *dout, const float *cos_t, const flo
  * square is computed); inside the diagonal block the upper triangle is computed and then zeroed. The
  * softmax rows are SIMD (vecmath.h). */
 #define ATT_ROWS 64
-static void attention_forward_blas(float *out, float *att, const float *q, const float *k, const float *v, int B,
-                                   int T, int nh, int nkv, int hd) {
+void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T,
+                       int nh, int nkv, int hd) {
     int grp = nh / nkv;
     size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -220,9 +219,8 @@ static void attention_forward_blas(float *out, float *att, const float *q, const
         }
 }
 
-static void attention_backward_blas(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                                    const float *att, const float *q, const float *k, const float *v, int B, int T,
-                                    int nh, int nkv, int hd) {
+void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
+                        const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd) {
     int grp = nh / nkv;
     size_t qs = (size_t)nh * hd, ks = (size_t)nkv * hd;
     float scale = 1.0f / sqrtf((float)hd);
@@ -261,18 +259,6 @@ static void attention_backward_blas(float *dq, float *dk, float *dv, float *datt
                             1.0f, dkh, (int)ks);
             }
         }
-}
-
-void attention_forward(float *out, float *att, const float *q, const float *k, const float *v, int B, int T, int nh,
-                       int nkv, int hd) {
-    if (!attention_forward_avx512(out, att, q, k, v, B, T, nh, nkv, hd))
-        attention_forward_blas(out, att, q, k, v, B, T, nh, nkv, hd);
-}
-
-void attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout, const float *att,
-                        const float *q, const float *k, const float *v, int B, int T, int nh, int nkv, int hd) {
-    if (!attention_backward_avx512(dq, dk, dv, datt, dout, att, q, k, v, B, T, nh, nkv, hd))
-        attention_backward_blas(dq, dk, dv, datt, dout, att, q, k, v, B, T, nh, nkv, hd);
 }
 
 /* ---- SwiGLU / GELU ------------------------------------------------------------------------------ */

@@ -1,8 +1,8 @@
 /* The trainer's fast CPU kernels against plain double-precision references, on shapes that reach the
  * paths the small gradient-check shapes do not: the SIMD primitives of trainer/vecmath.h (every tail
  * length, exp over its whole range), causal attention over several query-row blocks (T = 150: blocks of
- * 64, 64 and a partial 22, grouped-query heads; the AVX-512 kernels and the sgemm path; the flash variant
- * without T x T matrices, also across thread counts), the LM head + CE over several row blocks with ignored
+ * 64, 64 and a partial 22, grouped-query heads; and the AVX-512 flash variant without T x T matrices, also
+ * across thread counts), the LM head + CE over several row blocks with ignored
  * rows, and AdamW against the scalar PyTorch formula. Each check prints its worst error. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,7 +186,7 @@ static void attention_blocks_case(int hd) {
  * GQA, for hd 16 and 32; dq, dk, dv accumulate onto what they held; 1 and 2 threads give the same bits. */
 static void test_attention_blocks(void **state) {
     (void)state;
-    for (int hd = 16; hd <= 24; hd += 8) /* 16: the AVX-512 kernels where the CPU has them; 24: the sgemm path */
+    for (int hd = 16; hd <= 24; hd += 8) /* a head size the flash kernels take, and one they do not */
         attention_blocks_case(hd);
 }
 
