@@ -131,6 +131,9 @@ $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# vecmath.c: AdamW's sqrt as one vector instruction (GCC keeps it scalar while sqrtf may set errno)
+$(BUILD)/obj/trainer/vecmath.o: CFLAGS += -fno-math-errno
+
 $(BUILD)/obj/%.cc.o: %.cc
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
@@ -211,13 +214,13 @@ $(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check encoder_cuda_check
 ops_cuda_check_DEF := DFM_OPS_CUDA_CHECK_MAIN
 ops_cuda_check_CU := trainer/ops_cuda.cu
-ops_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
+ops_cuda_check_C := trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
 attention_cuda_check_DEF := DFM_ATTN_CUDA_CHECK_MAIN
 attention_cuda_check_CU := trainer/attention_cuda.cu
-attention_cuda_check_C := trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
+attention_cuda_check_C := trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
 model_cuda_check_DEF := DFM_MODEL_CUDA_CHECK_MAIN
 model_cuda_check_CU := trainer/ops_cuda.cu trainer/attention_cuda.cu trainer/stack_cuda.cu trainer/model_cuda.cu
-model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/vecmath.c trainer/adamw.c common/error.c
+model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
 # the encoder's checker links the whole library (loading, tokenising, the CPU forward; bert_model.c's CUDA stubs
 # are weak, so the emulated bert_cuda.cu's entry points win) and the libraries it needs
 encoder_cuda_check_DEF := DFM_ENCODER_CUDA_CHECK_MAIN

@@ -57,7 +57,8 @@ static void decoder_forward(DfmModel *m, const int *inputs, int B, int T) {
     embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
     for (int l = 0; l < NL; l++)
         stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, m->x_layer_in + (size_t)(l + 1) * NCs,
-                            m->x_layer_in + (size_t)l * NCs, m->tmp, B, T, m->rope_cos, m->rope_sin);
+                            m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin,
+                            model_flash(m));
     rmsnorm_forward(m->lnf_out, m->lnf_rstd, m->x_layer_in + (size_t)NL * NCs, m->bb.lnf, N, C, bc->dec.eps);
 }
 

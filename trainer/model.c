@@ -6,8 +6,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common/error.h"
+#include "trainer/attention_cpu.h"
 #include "trainer/ops.h"
 #include "trainer/rng.h"
 
@@ -323,13 +327,30 @@ int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int
     /* without host activations (the model computes on a GPU): only the RoPE tables, which it uploads */
     size_t rope = (size_t)maxT * bc->dec.head_dim / 2,
            prope = dc->enabled ? (size_t)(maxT / dc->chunk_len) * dc->pred.head_dim / 2 : 0;
-    m->act_num = host_acts ? model_carve_acts(m, NULL, CE_ROWS_BLOCK, 0) : 2 * (rope + prope);
+    /* CPU flash attention where the kernels take both stacks' head sizes: no [B, nh, T, T] matrices */
+    int flash = host_acts && attention_flash_cpu_supported(bc->dec.head_dim) &&
+                (!dc->enabled || attention_flash_cpu_supported(dc->pred.head_dim));
+    if (flash) {
+        size_t per = attention_flash_scratch_floats(maxT, bc->dec.head_dim);
+        if (dc->enabled) {
+            size_t pp = attention_flash_scratch_floats(maxT / dc->chunk_len, dc->pred.head_dim);
+            per = pp > per ? pp : per;
+        }
+#ifdef _OPENMP
+        m->flash.threads = omp_get_max_threads();
+#else
+        m->flash.threads = 1;
+#endif
+        m->flash.per_thread = per;
+        m->flash.buf = malloc(per * m->flash.threads * sizeof(float));
+    }
+    m->act_num = host_acts ? model_carve_acts(m, NULL, CE_ROWS_BLOCK, flash) : 2 * (rope + prope);
     m->act_memory = calloc(m->act_num ? m->act_num : 1, sizeof(float));
     size_t nchunks = dc->enabled ? (size_t)maxB * (maxT / dc->chunk_len) : 1;
     m->mem_src = calloc(nchunks, 1);
     m->mix_src = calloc(nchunks, 1);
     if (!m->bb_memory || (dc->enabled && !m->dfm_memory) || !m->grad_memory || !m->act_memory || !m->mem_src ||
-        !m->mix_src) {
+        !m->mix_src || (flash && !m->flash.buf)) {
         size_t total = (m->bb_num + m->dfm_num + m->grad_num + m->act_num) * 4;
         model_free(m);
         return DFM_FAIL(DFM_ENOMEM, "model needs %.1f MiB (params, grads, activations for %d x %d). "
@@ -343,7 +364,7 @@ int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int
         model_carve_backbone(bc, &m->bb_grad, m->grad_memory);
     }
     if (host_acts) {
-        model_carve_acts(m, m->act_memory, CE_ROWS_BLOCK, 0);
+        model_carve_acts(m, m->act_memory, CE_ROWS_BLOCK, flash);
     } else {
         m->rope_cos = m->act_memory;
         m->rope_sin = m->rope_cos + rope;
@@ -363,6 +384,7 @@ void model_free(DfmModel *m) {
     free(m->dfm_memory);
     free(m->grad_memory);
     free(m->act_memory);
+    free(m->flash.buf);
     free(m->mem_src);
     free(m->mix_src);
     free(m);
@@ -437,7 +459,8 @@ static void predictor_forward(DfmModel *m, int B, int T) {
     for (int b = 0; b < B; b++) memcpy(m->pred_x + (size_t)b * NCc * P, p->pred_placeholder, P * sizeof(float));
     for (int l = 0; l < NLp; l++)
         stack_layer_forward(&dc->pred, &p->pred, &m->pred_acts, l, m->pred_x + (size_t)(l + 1) * Np * P,
-                            m->pred_x + (size_t)l * Np * P, m->pred_tmp, B, NCc, m->prope_cos, m->prope_sin);
+                            m->pred_x + (size_t)l * Np * P, B, NCc, m->prope_cos, m->prope_sin,
+                            model_flash(m));
     rmsnorm_forward(m->pred_ln, m->pred_rstd, m->pred_x + (size_t)NLp * Np * P, p->pred_lnf, Np, P, dc->pred.eps);
     matmul_forward(m->slots, m->pred_ln, p->pred_wout, p->pred_bout, Np, P, dc->n_slots * dc->d_mem);
 }
@@ -457,7 +480,7 @@ static void predictor_backward(DfmModel *m, int B, int T) {
     for (int l = NLp - 1; l >= 0; l--) {
         vec_zero(dc_, NP);
         stack_layer_backward(&dc->pred, &p->pred, &g->pred, &m->pred_acts, &m->pred_scr, l, dc_, db,
-                             m->pred_x + (size_t)l * NP, B, NCc, m->prope_cos, m->prope_sin);
+                             m->pred_x + (size_t)l * NP, B, NCc, m->prope_cos, m->prope_sin, model_flash(m));
         float *t = db;
         db = dc_;
         dc_ = t;
@@ -709,8 +732,8 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
         float *in = m->x_layer_in + (size_t)l * NCs, *next = m->x_layer_in + (size_t)(l + 1) * NCs;
         float *dst = f >= 0 ? m->x_fuse_in + (size_t)f * m->maxB * m->maxT * C : next;
         if (!(l0 && l == l0))
-            stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, m->tmp, B, T, m->rope_cos,
-                                m->rope_sin);
+            stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, dst, in, B, T, m->rope_cos,
+                                m->rope_sin, model_flash(m));
         if (f >= 0) {
             if (f == 0) prepare_memory(m, B, T, mem_mode); /* its input lies below: ready now */
             if (mem_mode == MEM_NONE) memcpy(next, dst, NCs * sizeof(float));
@@ -785,7 +808,8 @@ int model_backward(DfmModel *m) {
         }
         vec_zero(other, NCs);
         stack_layer_backward(&bc->dec, &m->bb.dec, bg ? &bg->dec : NULL, &m->dec_acts, &m->dec_scr, l, other, d,
-                             m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin);
+                             m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin,
+                             model_flash(m));
         float *t = d;
         d = other;
         other = t;

@@ -131,6 +131,9 @@ struct DfmModel {
     /* activations, sized for (maxB, maxT) */
     int maxB, maxT, B, T;
     float *act_memory; size_t act_num;
+    /* CPU flash attention (attention_flash_cpu_supported for the decoder's and the predictor's head size):
+     * its per-thread scratch, or flash.buf NULL (the [B, nh, T, T] probabilities are kept) */
+    AttnFlashScratch flash;
     float *rope_cos, *rope_sin;             /* [maxT, hd/2] decoder */
     float *prope_cos, *prope_sin;           /* [NC, hdp/2] predictor */
     int *inputs, *targets;                  /* [B*T] */
@@ -140,7 +143,7 @@ struct DfmModel {
     float *x_final;                         /* [N, C] input of the final norm */
     float *lnf_out, *lnf_rstd;              /* [N, C], [N] */
     float *row_losses;                      /* [N] */
-    float *tmp;                             /* [N, C] */
+    float *tmp;                             /* [N, C] scratch of the CUDA stack (stack_cuda.cu) */
     float *ce_scratch;                      /* [CE_ROWS_BLOCK, V] */
     StackActs dec_acts;
     StackScratch dec_scr;
@@ -150,7 +153,7 @@ struct DfmModel {
     float *pred_x;                          /* [NLp, B*NC, P] input of predictor layer l (l>0) / buffer */
     float *pred_out;                        /* [B*NC, P] output of last predictor layer */
     float *pred_ln, *pred_rstd;             /* [B*NC, P], [B*NC] */
-    float *pred_tmp;                        /* [B*NC, P] */
+    float *pred_tmp;                        /* [B*NC, P] scratch of the CUDA stack */
     float *slots;                           /* [B*NC*K, d] predicted memory */
     StackActs pred_acts;
     StackScratch pred_scr;
@@ -192,6 +195,8 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc);
 /* Allocate parameters, gradients (for the trainable block) and activations for batches up to
  * maxB x maxT. Parameters are zero; call model_init_random or load weights. */
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out);
+/* the CPU flash attention's scratch for stack_layer_forward / _backward, or NULL (probabilities kept) */
+static inline const AttnFlashScratch *model_flash(const DfmModel *m) { return m->flash.buf ? &m->flash : NULL; }
 /* As model_create; host_acts = 0 allocates no host activations (only the RoPE tables): for a model that
  * computes on a GPU (model_cuda.h), whose host side only holds parameters. model_forward is then invalid. */
 int model_create_ex(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, int host_acts,

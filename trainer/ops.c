@@ -46,11 +46,15 @@ void embedding_forward(float *out, const int *tokens, const float *wte, int N, i
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * C, wte + (size_t)tokens[n] * C, C * sizeof(float));
 }
 
+/* Rows in order (repeated tokens would race), SIMD over a block of EMB_COLS channels, threads over the
+ * blocks: every element sums its rows in the same order whatever the thread count. */
+#define EMB_COLS 64
 void embedding_backward(float *dwte, const float *dout, const int *tokens, int N, int C) {
-    /* serial over rows (repeated tokens would race), parallel over channels */
 #pragma omp parallel for if ((size_t)N * C > 65536)
-    for (int c = 0; c < C; c++)
-        for (int n = 0; n < N; n++) dwte[(size_t)tokens[n] * C + c] += dout[(size_t)n * C + c];
+    for (int c0 = 0; c0 < C; c0 += EMB_COLS) {
+        size_t w = C - c0 < EMB_COLS ? (size_t)(C - c0) : EMB_COLS;
+        for (int n = 0; n < N; n++) vm_axpy(dwte + (size_t)tokens[n] * C + c0, 1.0f, dout + (size_t)n * C + c0, w);
+    }
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------------ */

@@ -1,9 +1,18 @@
 /* stack.c — Llama/Qwen3 decoder layers: forward and hand-written backward (see stack.h). */
 #include "trainer/stack.h"
 
+#include <cblas.h>
 #include <string.h>
 
 #include "trainer/ops.h"
+
+/* out[N,OC] = res[N,OC] + inp[N,C] @ weight[OC,C]^T: the residual is the product's starting value (beta 1),
+ * so the branch needs no buffer of its own and no separate pass to add it. */
+static void matmul_residual(float *out, const float *res, const float *inp, const float *weight, int N, int C,
+                            int OC) {
+    if (out != res) memcpy(out, res, (size_t)N * OC * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+}
 
 const char *const stack_tensor_names[STACK_NUM_TENSORS] = {
     "input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -114,7 +123,7 @@ typedef struct {
         *hu, *hact;
 } LayerA;
 
-static LayerA layer_a(const StackConfig *c, const StackActs *a, int l, int B, int T) {
+static LayerA layer_a(const StackConfig *c, const StackActs *a, int l, int B, int T, int flash) {
     size_t N = (size_t)B * T, C = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, nq = nh * c->head_dim,
            nk = nkv * c->head_dim, F = c->ffn;
     LayerA x;
@@ -127,7 +136,7 @@ static LayerA layer_a(const StackConfig *c, const StackActs *a, int l, int B, in
     x.k_rstd = c->qk_norm ? a->k_rstd + l * N * nkv : NULL;
     x.qr = a->qr + l * N * nq;
     x.kr = a->kr + l * N * nk;
-    x.att = a->att + l * (size_t)B * nh * T * T;
+    x.att = a->att + l * (size_t)B * nh * T * (flash ? 1 : T); /* flash: log-sum-exp [B, nh, T] */
     x.atty = a->atty + l * N * nq;
     x.res_mid = a->res_mid + l * N * C;
     x.ln2 = a->ln2 + l * N * C;
@@ -139,11 +148,12 @@ static LayerA layer_a(const StackConfig *c, const StackActs *a, int l, int B, in
 }
 
 void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *acts, int l, float *out,
-                         const float *inp, float *tmp, int B, int T, const float *cos_t, const float *sin_t) {
+                         const float *inp, int B, int T, const float *cos_t, const float *sin_t,
+                         const AttnFlashScratch *fs) {
     int N = B * T, C = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, F = c->ffn;
     int nq = nh * hd, nk = nkv * hd;
     LayerW w = layer_w(c, p, l);
-    LayerA a = layer_a(c, acts, l, B, T);
+    LayerA a = layer_a(c, acts, l, B, T, fs != NULL);
 
     rmsnorm_forward(a.ln1, a.ln1_rstd, inp, w.ln1w, N, C, c->eps);
     matmul_forward(a.q, a.ln1, w.wq, NULL, N, C, nq);
@@ -158,21 +168,20 @@ void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *
         rope_forward(a.qr, a.q, cos_t, sin_t, B, T, nh, hd);
         rope_forward(a.kr, a.k, cos_t, sin_t, B, T, nkv, hd);
     }
-    attention_forward(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd);
-    matmul_forward(tmp, a.atty, w.wo, NULL, N, nq, C);
-    vec_add(a.res_mid, inp, tmp, (size_t)N * C);
+    if (fs) attention_flash_forward(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd, fs);
+    else attention_forward(a.atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd);
+    matmul_residual(a.res_mid, inp, a.atty, w.wo, N, nq, C);
 
     rmsnorm_forward(a.ln2, a.ln2_rstd, a.res_mid, w.ln2w, N, C, c->eps);
     matmul_forward(a.hg, a.ln2, w.wgate, NULL, N, C, F);
     matmul_forward(a.hu, a.ln2, w.wup, NULL, N, C, F);
     swiglu_forward(a.hact, a.hg, a.hu, (size_t)N * F);
-    matmul_forward(tmp, a.hact, w.wdown, NULL, N, F, C);
-    vec_add(out, a.res_mid, tmp, (size_t)N * C);
+    matmul_residual(out, a.res_mid, a.hact, w.wdown, N, F, C);
 }
 
 void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParams *gp, const StackActs *acts,
                           StackScratch *s, int l, float *din, const float *dout, const float *inp, int B, int T,
-                          const float *cos_t, const float *sin_t) {
+                          const float *cos_t, const float *sin_t, const AttnFlashScratch *fs) {
     int N = B * T, C = c->hidden, nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, F = c->ffn;
     int nq = nh * hd, nk = nkv * hd;
     size_t NC_ = (size_t)N * C;
@@ -180,7 +189,7 @@ void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParam
     LayerW g;
     if (gp) g = layer_w(c, gp, l);
     else memset(&g, 0, sizeof g);
-    LayerA a = layer_a(c, acts, l, B, T);
+    LayerA a = layer_a(c, acts, l, B, T, fs != NULL);
 
     /* MLP branch */
     memcpy(s->d_res_mid, dout, NC_ * sizeof(float));
@@ -201,7 +210,8 @@ void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParam
     vec_zero(s->d_qr, (size_t)N * nq);
     vec_zero(s->d_kr, (size_t)N * nk);
     vec_zero(s->d_v, (size_t)N * nk);
-    attention_backward(s->d_qr, s->d_kr, s->d_v, s->datt, s->d_atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd);
+    if (fs) attention_flash_backward(s->d_qr, s->d_kr, s->d_v, s->d_atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd, fs);
+    else attention_backward(s->d_qr, s->d_kr, s->d_v, s->datt, s->d_atty, a.att, a.qr, a.kr, a.v, B, T, nh, nkv, hd);
     vec_zero(s->d_qn, (size_t)N * nq);
     vec_zero(s->d_kn, (size_t)N * nk);
     rope_backward(s->d_qn, s->d_qr, cos_t, sin_t, B, T, nh, hd);

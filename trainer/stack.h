@@ -18,6 +18,8 @@
 extern "C" {
 #endif
 
+#include "trainer/attention_cpu.h" /* AttnFlashScratch */
+
 typedef struct {
     int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn;
     int qk_norm;       /* 1: Qwen3 per-head q_norm / k_norm */
@@ -75,14 +77,16 @@ void stack_act_ptrs(StackActs *a, float **ptrs[STACK_NUM_ACTS]);
 void stack_scratch_sizes(const StackConfig *c, int B, int T, size_t sizes[STACK_NUM_SCRATCH]);
 void stack_scratch_ptrs(StackScratch *s, float **ptrs[STACK_NUM_SCRATCH]);
 
-/* Layer l forward: out[N,C] from inp[N,C] (out may not alias inp). tmp is [N,C] scratch.
- * cos_t/sin_t from rope_tables(T, head_dim). */
+/* Layer l forward: out[N,C] from inp[N,C] (out may not alias inp). cos_t/sin_t from rope_tables(T, head_dim).
+ * fs non-NULL: flash attention (attention_flash_forward, trainer/ops.h) with that scratch, and StackActs.att
+ * is the log-sum-exp [NL, B, nh, T] (model_carve_acts(..., flash = 1)); NULL: att keeps the probabilities. */
 void stack_layer_forward(const StackConfig *c, const StackParams *p, StackActs *a, int l, float *out,
-                         const float *inp, float *tmp, int B, int T, const float *cos_t, const float *sin_t);
+                         const float *inp, int B, int T, const float *cos_t, const float *sin_t,
+                         const AttnFlashScratch *fs);
 /* Layer l backward: din += d(loss)/d(inp) given dout. g may be NULL (frozen: no weight gradients). */
 void stack_layer_backward(const StackConfig *c, const StackParams *p, StackParams *g, const StackActs *a,
                           StackScratch *s, int l, float *din, const float *dout, const float *inp, int B, int T,
-                          const float *cos_t, const float *sin_t);
+                          const float *cos_t, const float *sin_t, const AttnFlashScratch *fs);
 
 /* Carve n tensors of sizes[] out of base (consecutive); returns the total count. base may be NULL
  * (only counts). */

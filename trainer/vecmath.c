@@ -18,10 +18,8 @@ typedef unsigned char vb __attribute__((vector_size(16)));
 
 #if defined(__GNUC__) && !defined(__clang__) && (defined(__x86_64__) || defined(__i386__))
 #define VM_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#define VM_NO_ERRNO __attribute__((optimize("no-math-errno"))) /* sqrt as one instruction per vector */
 #else
 #define VM_CLONES
-#define VM_NO_ERRNO
 #endif
 #define VM_INLINE static inline __attribute__((always_inline))
 
@@ -213,7 +211,8 @@ VM_CLONES void vm_rmsnorm_backward_row(float *dx, float *dw, const float *dy, co
     }
 }
 
-/* one lane block of AdamW; sqrt per lane (the compiler turns the loop into the vector instruction) */
+/* one lane block of AdamW; sqrt per lane, which GCC turns into the vector instruction only without errno
+ * (the Makefile builds this file with -fno-math-errno; the optimize attribute does not get it there) */
 VM_INLINE void adamw_block(float *p, const float *g, float *m, float *v, const vf *wdp, float lr, float beta1, float beta2,
                            float eps, float b1c, float b2c) {
     vf wdv = *wdp, gi = vload(g), mi = vload(m) * beta1 + gi * (1.0f - beta1);
@@ -226,7 +225,7 @@ VM_INLINE void adamw_block(float *p, const float *g, float *m, float *v, const v
     vstore(p, pi - lr * ((mi / b1c) / (den + eps) + wdv * pi));
 }
 
-VM_CLONES VM_NO_ERRNO void vm_adamw(float *params, const float *grads, float *m, float *v, const unsigned char *decay,
+VM_CLONES void vm_adamw(float *params, const float *grads, float *m, float *v, const unsigned char *decay,
                                     size_t n, float lr, float beta1, float beta2, float eps, float wd, float b1c,
                                     float b2c) {
     size_t i = 0;
@@ -235,7 +234,7 @@ VM_CLONES VM_NO_ERRNO void vm_adamw(float *params, const float *grads, float *m,
         if (decay) {
             vb d;
             memcpy(&d, decay + i, sizeof d);
-            wdv = __builtin_convertvector(d, vf) * wd;
+            wdv = __builtin_convertvector(__builtin_convertvector(d, vi), vf) * wd; /* via int32: one vector conversion */
         }
         adamw_block(params + i, grads + i, m + i, v + i, &wdv, lr, beta1, beta2, eps, b1c, b2c);
     }

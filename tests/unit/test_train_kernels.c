@@ -1,7 +1,8 @@
 /* The trainer's fast CPU kernels against plain double-precision references, on shapes that reach the
  * paths the small gradient-check shapes do not: the SIMD primitives of trainer/vecmath.h (every tail
  * length, exp over its whole range), causal attention over several query-row blocks (T = 150: blocks of
- * 64, 64 and a partial 22, grouped-query heads), the LM head + CE over several row blocks with ignored
+ * 64, 64 and a partial 22, grouped-query heads; and the AVX-512 flash variant without T x T matrices, also
+ * across thread counts), the LM head + CE over several row blocks with ignored
  * rows, and AdamW against the scalar PyTorch formula. Each check prints its worst error. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <omp.h>
+
 #include "trainer/adamw.h"
+#include "trainer/attention_cpu.h"
 #include "trainer/ops.h"
 #include "trainer/rng.h"
 #include "trainer/vecmath.h"
@@ -148,9 +152,8 @@ static void attention_ref(double *out, double *dq, double *dk, double *dv, const
     free(p), free(dp);
 }
 
-static void test_attention_blocks(void **state) {
-    (void)state;
-    int B = 2, T = 150, nh = 4, nkv = 2, hd = 16;
+static void attention_blocks_case(int hd) {
+    int B = 2, T = 150, nh = 4, nkv = 2;
     size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd, na = (size_t)B * nh * T * T;
     dfm_rng r;
     rng_seed(&r, 9);
@@ -173,10 +176,60 @@ static void test_attention_blocks(void **state) {
             assert_true(fabs(s - 1.0) < 1e-5);
         }
     double e1 = rel_err(out, ro, nq), e2 = rel_err(dq, rq, nq), e3 = rel_err(dk, rk, nk), e4 = rel_err(dv, rv, nk);
-    printf("  attention T=%d (blocks of 64): out %.2e dq %.2e dk %.2e dv %.2e\n", T, e1, e2, e3, e4);
+    printf("  attention T=%d hd=%d: out %.2e dq %.2e dk %.2e dv %.2e\n", T, hd, e1, e2, e3, e4);
     assert_true(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5);
     free(q), free(k), free(v), free(dout), free(out), free(att), free(datt), free(dq), free(dk), free(dv);
     free(ro), free(rq), free(rk), free(rv);
+}
+
+/* The flash CPU attention (no T x T matrices) against the double reference, with a tail block (T = 150) and
+ * GQA, for hd 16 and 32; dq, dk, dv accumulate onto what they held; 1 and 2 threads give the same bits. */
+static void test_attention_blocks(void **state) {
+    (void)state;
+    for (int hd = 16; hd <= 24; hd += 8) /* a head size the flash kernels take, and one they do not */
+        attention_blocks_case(hd);
+}
+
+static void test_attention_flash(void **state) {
+    (void)state;
+    if (!attention_flash_cpu_supported(16)) { /* no AVX-512F: only the refusal can be checked here */
+        printf("  attention flash: this CPU has no AVX-512F; checked that it is refused\n");
+        assert_false(__builtin_cpu_supports("avx512f"));
+        return;
+    }
+    assert_false(attention_flash_cpu_supported(24)); /* head sizes not a multiple of 16 take the other path */
+    for (int hd = 16; hd <= 32; hd += 16) {
+        int B = 2, T = 150, nh = 4, nkv = 2;
+        size_t nq = (size_t)B * T * nh * hd, nk = (size_t)B * T * nkv * hd;
+        dfm_rng r;
+        rng_seed(&r, 11);
+        float *q = randv(&r, nq, 1.0f), *k = randv(&r, nk, 1.0f), *v = randv(&r, nk, 1.0f), *dout = randv(&r, nq, 1.0f);
+        float *lse = malloc((size_t)B * nh * T * 4), *out[2], *dq[2], *dk[2], *dv[2];
+        AttnFlashScratch fs = {NULL, attention_flash_scratch_floats(T, hd), 2};
+        fs.buf = malloc(fs.per_thread * fs.threads * sizeof(float));
+        for (int th = 0; th < 2; th++) {
+            omp_set_num_threads(th + 1);
+            out[th] = malloc(nq * 4), dq[th] = calloc(nq, 4), dk[th] = calloc(nk, 4), dv[th] = calloc(nk, 4);
+            for (size_t i = 0; i < nq; i++) out[th][i] = NAN; /* every output entry must be written */
+            dk[th][0] = 1.0f; /* accumulates: the reference adds the same 1 */
+            attention_flash_forward(out[th], lse, q, k, v, B, T, nh, nkv, hd, &fs);
+            attention_flash_backward(dq[th], dk[th], dv[th], dout, lse, q, k, v, B, T, nh, nkv, hd, &fs);
+        }
+        omp_set_num_threads(1);
+        double *ro = calloc(nq, 8), *rq = calloc(nq, 8), *rk = calloc(nk, 8), *rv = calloc(nk, 8);
+        attention_ref(ro, rq, rk, rv, q, k, v, dout, B, T, nh, nkv, hd);
+        rk[0] += 1.0;
+        double e1 = rel_err(out[0], ro, nq), e2 = rel_err(dq[0], rq, nq), e3 = rel_err(dk[0], rk, nk),
+               e4 = rel_err(dv[0], rv, nk);
+        printf("  attention flash T=%d hd=%d: out %.2e dq %.2e dk %.2e dv %.2e\n", T, hd, e1, e2, e3, e4);
+        assert_true(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5);
+        assert_memory_equal(out[0], out[1], nq * 4);
+        assert_memory_equal(dq[0], dq[1], nq * 4);
+        assert_memory_equal(dk[0], dk[1], nk * 4);
+        assert_memory_equal(dv[0], dv[1], nk * 4);
+        for (int th = 0; th < 2; th++) free(out[th]), free(dq[th]), free(dk[th]), free(dv[th]);
+        free(q), free(k), free(v), free(dout), free(lse), free(fs.buf), free(ro), free(rq), free(rk), free(rv);
+    }
 }
 
 static void test_lmhead_ce(void **state) {
@@ -256,6 +309,7 @@ static void test_adamw(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exp),      cmocka_unit_test(test_swiglu), cmocka_unit_test(test_attention_blocks),
+        cmocka_unit_test(test_attention_flash),
         cmocka_unit_test(test_lmhead_ce), cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
