@@ -161,7 +161,8 @@ static int tl_add(toklist *t, const void *s, size_t n) {
     return DFM_OK;
 }
 
-static const char *tl_at(const toklist *t, size_t i) { return t->buf.p + t->off[i]; }
+/* "" while no byte was added (buf.p is still NULL: NULL + 0 is undefined in C) */
+static const char *tl_at(const toklist *t, size_t i) { return t->buf.p ? t->buf.p + t->off[i] : ""; }
 
 /* Rust's str::replace: every non-overlapping occurrence of pat, left to right (an empty pat matches at
  * every character boundary, the ends included). */
