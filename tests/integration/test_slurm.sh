@@ -11,6 +11,13 @@ flock -w 600 9 || fail "another Slurm test held /tmp/dfm-slurm-tests.lock for 10
 cleanup() { "$DFM_ROOT/tests/slurm/slurm_down.sh" >/dev/null 2>&1; [ "${KEEP:-0}" = 1 ] || rm -rf "$WORK"; }
 trap cleanup EXIT
 "$DFM_ROOT/tests/slurm/slurm_up.sh"
+# no daemon holds this test's lock: one that outlived a killed test would block every later Slurm test
+for p in $(pgrep -x munged) $(pgrep -x slurmctld) $(pgrep -x slurmd); do
+  for f in /proc/"$p"/fd/*; do
+    [ "$(readlink "$f" 2>/dev/null)" = /tmp/dfm-slurm-tests.lock ] && fail "daemon $p ($(cat /proc/"$p"/comm)) holds the test lock"
+  done
+done
+ok "the Slurm daemons hold no caller's descriptor (the test lock)"
 
 head -n 12 "$DFM_CORPUS" > "$WORK/corpus.jsonl"
 mkcfg() {  # name -> config file for run directory $WORK/name

@@ -15,6 +15,14 @@
 #                 lacks them, so --gpus-per-task, --gres=gpu:N and the CUDA_VISIBLE_DEVICES that srun
 #                 gives each task can be tested without GPUs; fails if it can make neither
 set -euo pipefail
+# The daemons started here must not inherit the callers' descriptors: a test's lock (`exec 9>LOCK`) or
+# flock(1)'s would be held by munged or slurmctld for as long as they run, and a test killed before its
+# cleanup left every later Slurm test waiting for that lock. So this shell closes every descriptor but
+# 0-2 (and 255, bash's own) before it starts anything.
+for fd in /proc/$$/fd/*; do
+  fd=${fd##*/}
+  case $fd in 0 | 1 | 2 | 255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+done
 DIR=${SLURM_CI_DIR:-/tmp/dfm-slurm}
 HERE=$(cd "$(dirname "$0")" && pwd)
 die() { echo "[slurm_up] ERROR: $*" >&2; exit 1; }
