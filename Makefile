@@ -10,7 +10,8 @@
 #   make fuzz        the libFuzzer harnesses of tests/fuzz/, FUZZ_SECONDS each (see the end of this file)
 #   make checks      the checker, tool and benchmark programs (see the end of this file)
 #
-# Every source folder is globbed: a new .c file in a part's folder is built without editing this file.
+# Every source folder is globbed: a new .c file in a part's folder is built without editing this file
+# (trainer/: every room, trainer/*/*.c).
 # Files named *_main.c are programs, not library members. Unit tests are tests/unit/test_*.c.
 
 SHELL := /bin/bash
@@ -29,7 +30,7 @@ CUDA ?= 0
 ifeq ($(SAN),1)
 BUILD ?= build-san
 SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-# -O2: at -O1 the vector-extension code of trainer/vecmath.c (64-byte memcpy loads) runs ~20x slower under
+# -O2: at -O1 the vector-extension code of trainer/kernels/vecmath.c (64-byte memcpy loads) runs ~20x slower under
 # ASan, which made the emulated CUDA checkers (they link the CPU twins) take minutes
 OPT := -O2
 else
@@ -89,10 +90,10 @@ LIB_DIRS := common schemas tokenizer pipeline/corpus pipeline/chunk pipeline/dri
             encoder retriever shard
 LIB_SRC := $(filter-out %_main.c,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 LIB_CC := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cc))
-TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*.c))
+TRAIN_SRC := $(filter-out %_main.c,$(wildcard trainer/*/*.c))
 ifeq ($(CUDA),1)
 LIB_CU := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.cu))
-TRAIN_CU := $(wildcard trainer/*.cu)
+TRAIN_CU := $(wildcard trainer/*/*.cu)
 endif
 LIB_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC)) $(patsubst %.cc,$(BUILD)/obj/%.cc.o,$(LIB_CC)) \
            $(patsubst %.cu,$(BUILD)/obj/%.cu.o,$(LIB_CU))
@@ -101,7 +102,7 @@ UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNIT_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(UNIT_SRC))
 
 PROGRAMS := $(BUILD)/dfm
-ifneq ($(wildcard trainer/train_main.c),)
+ifneq ($(wildcard trainer/cmd/train_main.c),)
 PROGRAMS += $(BUILD)/dfm-train
 endif
 
@@ -132,7 +133,7 @@ $(BUILD)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -c $< -o $@
 
 # vecmath.c: AdamW's sqrt as one vector instruction (GCC keeps it scalar while sqrtf may set errno)
-$(BUILD)/obj/trainer/vecmath.o: CFLAGS += -fno-math-errno
+$(BUILD)/obj/trainer/kernels/vecmath.o: CFLAGS += -fno-math-errno
 
 $(BUILD)/obj/%.cc.o: %.cc
 	@mkdir -p $(dir $@)
@@ -154,7 +155,7 @@ $(BUILD)/libdfm.so: $(LIB_OBJ)
 $(BUILD)/dfm: $(BUILD)/obj/pipeline/dfm_main.o $(BUILD)/libdfm.a
 	$(CC) $(LDFLAGS) -o $@ $< $(BUILD)/libdfm.a $(LDLIBS)
 
-$(BUILD)/dfm-train: $(BUILD)/obj/trainer/train_main.o $(TRAIN_OBJ) $(BUILD)/libdfm.a
+$(BUILD)/dfm-train: $(BUILD)/obj/trainer/cmd/train_main.o $(TRAIN_OBJ) $(BUILD)/libdfm.a
 	$(CC) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
@@ -186,7 +187,7 @@ clean:
 # converts it into a Hugging Face folder (config.json, F32 model.safetensors, tokenizer.json) once, and again
 # whenever the converter's own code changes (2 s), so a converter fix reaches the cached folder (and a rebuild
 # of the rest of dfm-train does not rewrite a folder that running jobs read).
-LM_CONVERTER := $(BUILD)/obj/trainer/gguf_import.o $(BUILD)/obj/schemas/gguf.o $(BUILD)/obj/schemas/gguf_dequant.o \
+LM_CONVERTER := $(BUILD)/obj/trainer/lm/gguf_import.o $(BUILD)/obj/schemas/gguf.o $(BUILD)/obj/schemas/gguf_dequant.o \
                 $(BUILD)/obj/tokenizer/tok_gguf.o
 .PHONY: lm
 lm: $(DFM_LM)/config.json
@@ -213,14 +214,14 @@ $(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 # CPU twins it compares with
 CHECKERS := ops_cuda_check attention_cuda_check model_cuda_check encoder_cuda_check
 ops_cuda_check_DEF := DFM_OPS_CUDA_CHECK_MAIN
-ops_cuda_check_CU := trainer/ops_cuda.cu
-ops_cuda_check_C := trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
+ops_cuda_check_CU := trainer/kernels/ops_cuda.cu
+ops_cuda_check_C := trainer/kernels/ops.c trainer/kernels/attention_cpu.c trainer/kernels/vecmath.c trainer/kernels/adamw.c common/error.c
 attention_cuda_check_DEF := DFM_ATTN_CUDA_CHECK_MAIN
-attention_cuda_check_CU := trainer/attention_cuda.cu
-attention_cuda_check_C := trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
+attention_cuda_check_CU := trainer/kernels/attention_cuda.cu
+attention_cuda_check_C := trainer/kernels/ops.c trainer/kernels/attention_cpu.c trainer/kernels/vecmath.c trainer/kernels/adamw.c common/error.c
 model_cuda_check_DEF := DFM_MODEL_CUDA_CHECK_MAIN
-model_cuda_check_CU := trainer/ops_cuda.cu trainer/attention_cuda.cu trainer/stack_cuda.cu trainer/model_cuda.cu
-model_cuda_check_C := trainer/model.c trainer/stack.c trainer/ops.c trainer/attention_cpu.c trainer/vecmath.c trainer/adamw.c common/error.c
+model_cuda_check_CU := trainer/kernels/ops_cuda.cu trainer/kernels/attention_cuda.cu trainer/kernels/stack_cuda.cu trainer/model/model_cuda.cu
+model_cuda_check_C := trainer/model/model.c trainer/kernels/stack.c trainer/kernels/ops.c trainer/kernels/attention_cpu.c trainer/kernels/vecmath.c trainer/kernels/adamw.c common/error.c
 # the encoder's checker links the whole library (loading, tokenising, the CPU forward; bert_model.c's CUDA stubs
 # are weak, so the emulated bert_cuda.cu's entry points win) and the libraries it needs
 encoder_cuda_check_DEF := DFM_ENCODER_CUDA_CHECK_MAIN

@@ -5,7 +5,7 @@
 #   bash bench/ablations.sh [WORK_DIR]     # writes bench/results/ablations.md and ablations.svg
 #
 #   chunk length   16 (default) / 32 / 64: a corpus and a backbone per length (the keys change per chunk)
-#   slots K        4 (default) / 8 / 16: same tokens, targets with K slots (trainer/synth.h), one backbone
+#   slots K        4 (default) / 8 / 16: same tokens, targets with K slots (trainer/data/synth.h), one backbone
 #   fusion layers  after layer 0 (early) / 1 (late) / both (default) of the 2-layer backbone
 #   gate bias      0 (default, the paper's best) / -2
 #   alignment      --memory-align next (default) / same (the old one), when the trainer has the flag

@@ -1,4 +1,4 @@
-/* bench_loader.c — how fast dfm-train's loader threads (trainer/prefetch.h) deliver micro-batches with
+/* bench_loader.c — how fast dfm-train's loader threads (trainer/data/prefetch.h) deliver micro-batches with
  * target memory read from a run's LMDB shards: batches/s and target records/s for 1, 2, 4 threads.
  * Built by `make bench-programs`, run by bench/bench_loader.sh:
  *   bench_loader RUN SEQ_LEN BATCH N_BATCHES [CHUNK_LEN] */
@@ -7,8 +7,8 @@
 #include <time.h>
 
 #include "common/error.h"
-#include "trainer/data.h"
-#include "trainer/prefetch.h"
+#include "trainer/data/data.h"
+#include "trainer/data/prefetch.h"
 
 static double now(void) {
     struct timespec t;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bench_memory.sh — the benchmark where memory must matter (trainer/synth.h): does the memory DFM
+# bench/bench_memory.sh — the benchmark where memory must matter (trainer/data/synth.h): does the memory DFM
 # trains make the language model better, and by how much of what is possible?
 #
 #   bash bench/bench_memory.sh [WORK_DIR]     # writes bench/results/memory.md and memory.json

@@ -1,5 +1,5 @@
 """bench_python_loader.py — the Python package's batches (dfm.Batches) beside dfm-train's C loader
-(build/bench/bench_loader, trainer/prefetch.h) on the same run: batches/s and target records/s for the
+(build/bench/bench_loader, trainer/data/prefetch.h) on the same run: batches/s and target records/s for the
 pure-Python reader (python/dfm_targets.py), the libdfm binding in one process (one thread, and two
 reading threads), and the binding under a torch DataLoader with 2 worker processes. Each mode runs REPS times, interleaved with the others (the machine is
 shared: A/B pairs see the same load); the table gives the median wall-clock rate and CPU-seconds per 1000

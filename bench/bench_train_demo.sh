@@ -6,7 +6,7 @@
 #   bash bench/bench_train_demo.sh [OUT_DIR]      # default: a temporary folder, removed at the end
 #   DATA=RUN TARGETS=RUN bash bench/bench_train_demo.sh   # a `dfm chunk` run and its targets instead
 #
-# Synthetic data (dfm-train synth --mode keyed, trainer/synth.h): each 16-token chunk has a hidden key that
+# Synthetic data (dfm-train synth --mode keyed, trainer/data/synth.h): each 16-token chunk has a hidden key that
 # decides its tokens and usually follows a chain; a chunk's target memory encodes its key, so a predictor
 # can learn it from the previous chunk. The full measurement, with ideals and a random-key control, is
 # bench/bench_memory.sh. Knobs: PRE_STEPS, DFM_STEPS, THREADS.

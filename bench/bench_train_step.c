@@ -32,12 +32,12 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
-#include "trainer/data.h"
-#include "trainer/engine.h"
-#include "trainer/hf_model.h"
-#include "trainer/model.h"
-#include "trainer/model_config.h"
-#include "trainer/train_opts.h"
+#include "trainer/data/data.h"
+#include "trainer/run/engine.h"
+#include "trainer/lm/hf_model.h"
+#include "trainer/model/model.h"
+#include "trainer/model/model_config.h"
+#include "trainer/run/train_opts.h"
 
 static double clk(clockid_t id) {
     struct timespec t;

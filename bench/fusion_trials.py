@@ -2,13 +2,13 @@
 can a different fusion block let predicted memory recover what it loses on chunks whose key left the chain?
 (trainer/README.md, "What memory can add"; bench/fusion_trials.sh runs the set and writes the table.)
 
-The DFM modules are those of trainer/model.h (tests/ref/dfm_torch.py, initialised as dfm-train does) and are
+The DFM modules are those of trainer/model/model.h (tests/ref/dfm_torch.py, initialised as dfm-train does) and are
 trained here with dfm-train's recipe (AdamW, betas 0.9/0.95, weight decay 0.1 on every tensor, clip 1,
 linear warm-up 20 steps, cosine to 10 %, batch 8, mse weight 1, teacher forcing --fusion-memory), so the
 "base" variant is the control for the others, not a copy of dfm-train's run (its numbers differ from the
 benchmark's by the random streams). Variants, combined with "+":
 
-  base         the fusion block of trainer/model.h
+  base         the fusion block of trainer/model/model.h
   null         each cross-attention also sees a learned key with a zero value per fusion block: a token can
                attend "nothing" where the memory disagrees with what it has read
   corruptN     teacher forcing with wrong memory: each chunk fuses a random other chunk's target with
@@ -91,7 +91,7 @@ def main():
             Q["ffn.%d.scale" % f] = torch.zeros(1, requires_grad=True)
 
     def fusion(h, M, fmask, f, W):
-        """trainer/model.h's block, with a null key/value ("null") and a gated feed-forward ("ffn")."""
+        """trainer/model/model.h's block, with a null key/value ("null") and a gated feed-forward ("ffn")."""
         if "null" not in parts:
             out = D.fusion_block(h, M, fmask, W, f, dc, dec["eps"], "manual")
         else:

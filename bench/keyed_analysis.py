@@ -1,6 +1,6 @@
 """Where the memory gain on a keyed corpus goes (bench/bench_memory.sh, trainer/README.md "What memory can
 add"): two measurements of a DFM model that dfm-train trained, made in PyTorch through tests/ref/dfm_torch.py
-(the model of trainer/model.h, held to dfm-train by the fp64 parity test).
+(the model of trainer/model/model.h, held to dfm-train by the fp64 parity test).
 
   head ceiling  the best cross-entropy the frozen final RMSNorm + LM head can give for each key's token
                 distribution, over every possible final hidden state: what no memory fused into the residual

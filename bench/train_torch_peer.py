@@ -9,7 +9,7 @@ and writes one JSON line a step (loss, ce, mse, grad_norm, cpu_s, wall_s) like t
 
   python bench/train_torch_peer.py --run OUT --log peer.jsonl [--compile] [--autocast bf16] [--threads 1]
 
-The model is trainer/model.h's: a Qwen3/Llama decoder (RMSNorm, RoPE rotate_half, per-head QK-norm for Qwen3
+The model is trainer/model/model.h's: a Qwen3/Llama decoder (RMSNorm, RoPE rotate_half, per-head QK-norm for Qwen3
 only, SwiGLU, tied or untied head; RoPE theta and RMS eps from config.json); in DFM mode the frozen decoder plus
 the memory predictor (a small causal Transformer over chunk means of the input embeddings or, with the modules'
 pred_input_layer k > 0, of the hidden states after layer k-1), the projector (LayerNorm, Linear, GELU, Linear) and the fusion blocks

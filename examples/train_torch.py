@@ -24,7 +24,7 @@ import dfm  # noqa: E402
 import dfm.torch as dt  # noqa: E402
 
 
-def mix64(x):  # splitmix64's finaliser, as trainer/model.c
+def mix64(x):  # splitmix64's finaliser, as trainer/model/model.c
     M = (1 << 64) - 1
     x = (x + 0x9E3779B97F4A7C15) & M
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
@@ -38,7 +38,7 @@ def teacher_forcing(idx, NC, p, seed):
                           for c in range(NC)] for s in idx])
 
 
-def lr_at(step, a):  # linear warm-up, cosine to min_lr_frac (trainer/adamw.c lr_schedule)
+def lr_at(step, a):  # linear warm-up, cosine to min_lr_frac (trainer/kernels/adamw.c lr_schedule)
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
     p = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))

@@ -1,5 +1,5 @@
 """data — dfm-train's batches from Python: tokens, next-token labels and target memory, in the order and
-with the bytes of dfm-train's loader (trainer/data.c, trainer/prefetch.c).
+with the bytes of dfm-train's loader (trainer/data/data.c, trainer/data/prefetch.c).
 
     import dfm
     for b in dfm.Batches("RUN", seq_len=128, batch=8, rank=0, world=1, seed=1, epoch=0):
@@ -13,7 +13,7 @@ The data (dfm-train's --data and --targets): RUN is a run folder whose chunk sta
 whose targets stage gives the memory; `data=` (an llm.c token shard or a chunk run) and `targets=` (a
 run folder with targets, or a simple targets file of `dfm-train synth`) override either.
 
-The order (dfm-train train, trainer/train_loop.c): the last val_seqs sequences (0 = 5 %, at least one
+The order (dfm-train train, trainer/run/train_loop.c): the last val_seqs sequences (0 = 5 %, at least one
 batch) are held out; the training sequences are shuffled per epoch from (seed, epoch); every step
 draws world*B sequences of that order and rank r keeps the r-th B. One epoch of full steps is
 yielded (ntrain // (world*B) batches), or `steps` batches continuing into the next epochs exactly as
@@ -194,7 +194,7 @@ def _checksum64(buf: np.ndarray) -> int:
 # ---- a simple targets file (schemas/targets_file.md) ---------------------------------------------------
 class TargetsFile:
     """`dfm-train synth`'s targets file: mask [n_chunks, K] uint8 and emb [n_chunks, K, d] float32, checked
-    as trainer/data.c checks it (magic, version, sizes, checksum, finite values)."""
+    as trainer/data/data.c checks it (magic, version, sizes, checksum, finite values)."""
 
     def __init__(self, path: str) -> None:
         buf = np.fromfile(path, np.uint8)
@@ -219,7 +219,7 @@ class TargetsFile:
         self.path, self.k, self.d, self.chunk_len, self.n_chunks = path, k, d, cl, n
 
 
-# ---- the loader's order (trainer/data.c make_order, trainer/rng.h) -------------------------------------
+# ---- the loader's order (trainer/data/data.c make_order, trainer/kernels/rng.h) -------------------------------------
 _M64 = (1 << 64) - 1
 
 
@@ -401,7 +401,7 @@ class Batches(_Base):
             return r
 
     def read(self, idx: np.ndarray, epoch: int = 0, pos: int = 0) -> Batch:
-        """The batch of sequences idx ([B] int64), NumPy arrays (as data_batch in trainer/data.c)."""
+        """The batch of sequences idx ([B] int64), NumPy arrays (as data_batch in trainer/data/data.c)."""
         T, B, NC, K, d = self.T, len(idx), self.NC, self.K, self.d
         rows = (idx[:, None] * T + np.arange(T + 1)[None, :])
         win = self.tokens[rows]
@@ -518,7 +518,7 @@ def to_torch(b: Batch) -> Batch:
 
 
 def read_dump(path: str) -> List[Batch]:
-    """The batches of a `dfm-train dump-batches` file (layout: trainer/dump_batches_cmd.c), checked
+    """The batches of a `dfm-train dump-batches` file (layout: trainer/cmd/dump_batches_cmd.c), checked
     (magic, version, sizes, payload checksum): NumPy arrays as Batches yields them (idx int64, tokens and
     labels int32, mask uint8, memory float32)."""
     b = np.fromfile(path, np.uint8)

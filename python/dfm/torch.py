@@ -8,7 +8,7 @@ on a frozen Llama/Qwen3 backbone for evaluation, generation and training.
     out = model(tokens, labels, memory, mask, mode="predicted")  # dict: logits, ce, mse, cos, slots
     print(dt.evaluate(model, dfm.Batches(..., split="heldout", format="torch")))  # = dfm-train eval
 
-The model is trainer/model.h's: fusion blocks hook the outputs of the configured decoder layers; the
+The model is trainer/model/model.h's: fusion blocks hook the outputs of the configured decoder layers; the
 predictor reads the chunk means of the frozen input embeddings (or of layer pred_input_layer-1's output),
 chunk i from chunk i-1 (chunk 0 a learned placeholder); the projector maps its K slots of width d to the
 backbone width; token s attends the slots of chunk (s + 1) // L (memory_align "next"; the sequence's
@@ -18,7 +18,7 @@ Backbones: load_backbone() uses `transformers` (AutoModelForCausalLM, eager atte
 installed (an ImportError is the only reason to fall back; any other failure of transformers is raised),
 else the plain PyTorch decoder here (Backbone: the same Hugging Face tensor names and math, read from the
 same safetensors files). Backbone refuses exactly the config.json that dfm-train refuses
-(check_hf_config: trainer/model_config.c's rules, among them rope_scaling, attention_bias and a sliding
+(check_hf_config: trainer/model/model_config.c's rules, among them rope_scaling, attention_bias and a sliding
 window shorter than the sequence), so that it never runs a model with other positions or attention than
 its config asks for. The hooks need only `backbone.model.embed_tokens`, `backbone.model.layers[i]` and
 logits from `backbone(input_ids)`.
@@ -77,7 +77,7 @@ def load_safetensors(path: str) -> Tuple[Dict[str, Tensor], Dict[str, str]]:
     return out, meta
 
 
-# ---- config.json: what dfm-train accepts (trainer/model_config.c, backbone_config_from_hf) ----------------
+# ---- config.json: what dfm-train accepts (trainer/model/model_config.c, backbone_config_from_hf) ----------------
 ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 
 
@@ -108,7 +108,7 @@ def _cfg_num(cfg: dict, key: str, default: float, lo: float, hi: float) -> float
 
 
 def check_hf_config(cfg: dict, max_seq: Optional[int] = None) -> int:
-    """Refuse a Hugging Face config.json exactly where dfm-train refuses it (trainer/model_config.c): an
+    """Refuse a Hugging Face config.json exactly where dfm-train refuses it (trainer/model/model_config.c): an
     architecture other than Qwen3, Llama and Mistral, integers outside dfm-train's bounds, heads that do
     not group, an odd head_dim, rms_norm_eps or rope_theta out of range, attention_bias, rope_scaling, a
     hidden_act other than silu, and a sliding_window shorter than the sequence (max_seq: the sequence
@@ -155,7 +155,7 @@ def check_hf_config(cfg: dict, max_seq: Optional[int] = None) -> int:
 
 
 def stack_config(bc: dict) -> dict:
-    """A decoder stack's shape from a Hugging Face config.json (as trainer/model_config.c reads it)."""
+    """A decoder stack's shape from a Hugging Face config.json (as trainer/model/model_config.c reads it)."""
     nh = bc["num_attention_heads"]
     return {"n_layers": bc["num_hidden_layers"], "hidden": bc["hidden_size"], "n_heads": nh,
             "n_kv_heads": bc.get("num_key_value_heads") or nh, "head_dim": bc.get("head_dim") or bc["hidden_size"] // nh,
@@ -395,7 +395,7 @@ class FusionBlock(nn.Module):
 
 class DFMModules(nn.Module):
     """Predictor, projector and fusion blocks of one dfm_modules.safetensors (state-dict names are
-    dfm-train's without the "dfm." prefix). config: the DFM config (trainer/model_config.c JSON);
+    dfm-train's without the "dfm." prefix). config: the DFM config (trainer/model/model_config.c JSON);
     backbone_config: the Hugging Face config they were trained on."""
 
     def __init__(self, config: dict, backbone_config: dict) -> None:
@@ -567,7 +567,7 @@ class DFMModel(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompt: Tensor, new_tokens: int, T: Optional[int] = None, no_memory: bool = False) -> Tensor:
-        """Greedy decoding as `dfm-train generate` (trainer/generate.h): the memory is predicted once from
+        """Greedy decoding as `dfm-train generate` (trainer/run/generate.h): the memory is predicted once from
         the prompt [n] and held fixed; chunk c <= n // L fuses the prompt's prediction for chunk c, later
         chunks that of chunk n // L. Returns the n + new_tokens ids."""
         n, total = prompt.shape[0], prompt.shape[0] + new_tokens

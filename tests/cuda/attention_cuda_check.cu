@@ -1,8 +1,8 @@
-// attention_cuda_check.cu — the flash attention kernels (trainer/attention_cuda.h) against the CPU reference
-// attention_forward / attention_backward of trainer/ops.c.
+// attention_cuda_check.cu — the flash attention kernels (trainer/kernels/attention_cuda.h) against the CPU reference
+// attention_forward / attention_backward of trainer/kernels/ops.c.
 //
 // A separate program, built with -DDFM_ATTN_CUDA_CHECK_MAIN (without it this file compiles to nothing, so
-// the Makefile's trainer/*.cu glob can include it in dfm-train). Also run on the CPU through the host
+// the Makefile's trainer/*/*.cu glob can include it in dfm-train). Also run on the CPU through the host
 // emulation of CUDA (tests/py/test_train_attention_emu.py), hence the small sizes.
 // For several shapes (partial tiles, T crossing tile boundaries, nkv = nh, nh/2, nh/4, head sizes 16..128
 // including ones the kernels pad): random q, k, v, dout (fixed seed); the CPU forward and backward (from
@@ -26,9 +26,9 @@
 
 extern "C" {
 #include "common/error.h"
-#include "trainer/ops.h"
+#include "trainer/kernels/ops.h"
 }
-#include "trainer/attention_cuda.h"
+#include "trainer/kernels/attention_cuda.h"
 #define CHECK_SEED 0x2545F4914F6CDD1Dull
 #include "tests/cuda/check_common.h"
 
@@ -212,7 +212,7 @@ int main(void) {
     }
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    printf("attention_cuda_check: %s (sm_%d%d); flash attention vs trainer/ops.c, tolerance %.0e "
+    printf("attention_cuda_check: %s (sm_%d%d); flash attention vs trainer/kernels/ops.c, tolerance %.0e "
            "(rel = max|gpu-cpu| / max|cpu|)\n",
            prop.name, prop.major, prop.minor, TOL_FP32);
     cudaStream_t st;

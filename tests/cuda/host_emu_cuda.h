@@ -1,11 +1,11 @@
-/* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/*.cu use, so the kernels'
+/* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/ rooms' .cu files use, so the kernels'
  * indexing, reductions and synchronisation can be checked where there is no GPU (tests/py/test_train_*_emu.py;
  * tests/cuda/README.md says what it sees and what it cannot).
  *
  * Not a CUDA implementation: kernels run on one OS thread, block after block; each GPU thread is a
  * cooperative fiber (its own stack; host_emu_launch.h) that switches only at __syncthreads / __syncwarp / __shfl_xor_sync.
  * cublasGemmEx is a naive column-major loop (double accumulation; bf16 and fp16 operands rounded to nearest even).
- * Passing here says the arithmetic, indexing and ordering match trainer/ops.c under every schedule tried;
+ * Passing here says the arithmetic, indexing and ordering match trainer/kernels/ops.c under every schedule tried;
  * only a GPU run (tests/gpu/gpu_check_trainer.sh) says the kernels are right on hardware.
  *
  * Strict where the GPU is loose, so that bugs the GPU may hide give wrong results or a report here:
@@ -40,7 +40,7 @@
  *                             cudaEventSynchronize, cudaDeviceSynchronize, cudaStreamWaitEvent,
  *                             __syncthreads) and memsets (cudaMemset, cudaMemsetAsync) called on those
  *                             source lines no-ops: the source with that call deleted (a mutant), without
- *                             editing it. FILE as the compiler names it (trainer/ops_cuda.cu).
+ *                             editing it. FILE as the compiler names it (trainer/kernels/ops_cuda.cu).
  *
  * Use: force-include this file (-include tests/cuda/host_emu_cuda.h), give the compiler empty cublas_v2.h,
  * cuda_runtime.h, cuda_runtime_api.h and cuda_bf16.h, and compile each .cu as host_emu_rewrite.py rewrites
@@ -431,7 +431,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {  // an H200
     p->multiProcessorCount = 132;
     return 0;
 }
-// ---- for trainer/attention_cuda.cu: float4 (__launch_bounds__ is turned into emu_kernel_entry by
+// ---- for trainer/kernels/attention_cuda.cu: float4 (__launch_bounds__ is turned into emu_kernel_entry by
 // host_emu_rewrite.py) -------------------------------------------------------------------------------------
 struct float4 { float x, y, z, w; };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }

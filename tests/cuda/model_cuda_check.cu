@@ -2,7 +2,7 @@
 // (model.h): loss terms, every trainable gradient tensor, evaluation modes, AdamW steps, determinism.
 //
 // A separate program (its body exists only with -DDFM_MODEL_CUDA_CHECK_MAIN, so the Makefile's
-// trainer/*.cu glob compiles it to nothing), built by tests/gpu/gpu_check_trainer.sh for a GPU and by
+// trainer/*/*.cu glob compiles it to nothing), built by tests/gpu/gpu_check_trainer.sh for a GPU and by
 // tests/py/test_train_cuda_model_emu.py against the host emulation of CUDA (no GPU: CI).
 // Variants: DFM with per-head and per-channel gates (Qwen3 and Llama backbones, predictor fed from a
 // hidden layer, first chunk fused), pretraining with tied and untied heads; each with the reference
@@ -26,12 +26,12 @@
 
 extern "C" {
 #include "common/error.h"
-#include "trainer/adamw.h"
-#include "trainer/model.h"
-#include "trainer/rng.h"
+#include "trainer/kernels/adamw.h"
+#include "trainer/model/model.h"
+#include "trainer/kernels/rng.h"
 }
-#include "trainer/model_cuda.h"
-#include "trainer/ops_cuda.h"
+#include "trainer/model/model_cuda.h"
+#include "trainer/kernels/ops_cuda.h"
 #include "tests/cuda/check_common.h"
 
 static int g_fail = 0, g_checks = 0;

@@ -1,7 +1,7 @@
-// ops_cuda_check.cu — every CUDA kernel of trainer/ops_cuda.h against its CPU twin in trainer/ops.c.
+// ops_cuda_check.cu — every CUDA kernel of trainer/kernels/ops_cuda.h against its CPU twin in trainer/kernels/ops.c.
 //
 // A separate program, built by tests/gpu/gpu_check_trainer.sh with -DDFM_OPS_CUDA_CHECK_MAIN (without
-// it this file compiles to nothing, so the Makefile's trainer/*.cu glob can include it in dfm-train).
+// it this file compiles to nothing, so the Makefile's trainer/*/*.cu glob can include it in dfm-train).
 // Random inputs (fixed seed), the same inputs to both sides; a backward starts from the CPU forward's
 // saved tensors and from random gradient buffers (checking the += convention). For each output:
 //   max_abs = max |gpu - cpu|,  rel = max_abs / max |cpu|   (a norm-wise relative error)
@@ -21,10 +21,10 @@
 
 extern "C" {
 #include "common/error.h"
-#include "trainer/adamw.h"
-#include "trainer/ops.h"
+#include "trainer/kernels/adamw.h"
+#include "trainer/kernels/ops.h"
 }
-#include "trainer/ops_cuda.h"
+#include "trainer/kernels/ops_cuda.h"
 #include "tests/cuda/check_common.h"
 
 #define TOL_FP32 1e-5

@@ -4,7 +4,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#include "trainer/model_config.h"
+#include "trainer/model/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_error_t e;

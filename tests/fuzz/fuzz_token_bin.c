@@ -6,7 +6,7 @@
 
 #include "pipeline/corpus/corpus.h"
 #include "tests/fuzz/fuzz_file.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 enum { VOCAB = 50257, EOS = 50256 };
 

@@ -24,7 +24,7 @@ fi
 expect_fail "built without CUDA" "$DFM_TRAIN" pretrain --data "$WORK/s/tokens.bin" --out "$WORK/p" --seq-len 32 \
   --steps 1 --layers 1 --hidden 16 --heads 2 --kv-heads 1 --device cuda
 make -C "$DFM_ROOT" --no-print-directory CUDA=1 NCCL=0 BUILD="$WORK/build-cuda-nonccl" \
-  "$WORK/build-cuda-nonccl/obj/trainer/engine.o" > "$WORK/make-nonccl.log" 2>&1 ||
+  "$WORK/build-cuda-nonccl/obj/trainer/run/engine.o" > "$WORK/make-nonccl.log" 2>&1 ||
   { tail -n 20 "$WORK/make-nonccl.log"; fail "engine.c without NCCL does not compile"; }
 ok "dfm-train --device cuda refused clearly without a GPU; engine.c builds with and without NCCL"
 echo "CUDA build checks passed"

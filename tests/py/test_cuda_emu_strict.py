@@ -11,9 +11,9 @@ the copies under build/emu/mut/NAME/).
                run on a cudaStreamNonBlocking stream, which the synchronous cudaMemcpy does not wait for.
   uninit:      the cudaMemsetAsync that zeroes the AdamW first moment in the model checker: the moment is
                read fresh from cudaMalloc (NaN here, whatever the allocator left on a GPU).
-  event:       the cudaStreamWaitEvent in trainer/model_cuda.cu that orders the compute stream after the
+  event:       the cudaStreamWaitEvent in trainer/model/model_cuda.cu that orders the compute stream after the
                copy stream's upload of a staged batch.
-  syncthreads: the __syncthreads at the start of block_reduce (trainer/ops_cuda.cu) that keeps a warp from
+  syncthreads: the __syncthreads at the start of block_reduce (trainer/kernels/ops_cuda.cu) that keeps a warp from
                writing the shared partials while another warp still reads the previous call's: a
                write-after-read hazard. The lockstep orders (index, reverse, random) never let one warp run
                that far ahead; EMU_CUDA_SCHED=warps does.
@@ -64,14 +64,14 @@ def mutants():
     if "cudaDeviceSynchronize" not in sync_src:
         sys.exit(f"FAIL: {sync} is {sync_src!r}, not the synchronisation before the read: update this test")
     uninit, _ = line_of("tests/cuda/model_cuda_check.cu", "cudaMemsetAsync(dm, 0")
-    event, _ = line_of("trainer/model_cuda.cu", "cudaStreamWaitEvent(st, s->copied")
-    war, war_src = line_of("trainer/ops_cuda.cu", "// sh may still be read by a previous call")
+    event, _ = line_of("trainer/model/model_cuda.cu", "cudaStreamWaitEvent(st, s->copied")
+    war, war_src = line_of("trainer/kernels/ops_cuda.cu", "// sh may still be read by a previous call")
     if "__syncthreads()" not in war_src:
         sys.exit(f"FAIL: {war} is {war_src!r}, not block_reduce's first __syncthreads: update this test")
     model = {"MODEL_CHECK_ONLY": MODEL_VARIANT}
     strict = ("strict", {}, False, "", False)
     eager = ("eager", EAGER, True, "", False)
-    ops = "trainer/ops_cuda.cu"
+    ops = "trainer/kernels/ops_cuda.cu"
     return [
         ("sync", "attention_cuda_check", {}, sync, [], [strict, eager]),
         ("uninit", "model_cuda_check", model, uninit, [], [strict, eager]),
@@ -97,7 +97,7 @@ def mutants():
              "add_kernel<<<ew_blocks(n) / 8 + 1, 2048, 0, stream>>>(out, a, b, n);"),
         ], [("strict", {}, False, "refused (invalid configuration argument)", False), eager]),
         ("bounds", "attention_cuda_check", {}, None, [
-            ("trainer/attention_cuda.cu", "__launch_bounds__(FaShape<HDM>::NT, FaShape<HDM>::MINB)\n    flash_fwd_kernel(",
+            ("trainer/kernels/attention_cuda.cu", "__launch_bounds__(FaShape<HDM>::NT, FaShape<HDM>::MINB)\n    flash_fwd_kernel(",
              "__launch_bounds__(FaShape<HDM>::NT / 2, FaShape<HDM>::MINB)\n    flash_fwd_kernel("),
         ], [("strict", {}, False, "above the kernel's __launch_bounds__", False), eager]),
         ("oob", "ops_cuda_check", {"OPS_CHECK_ONLY": "optimizer"}, None, [

@@ -4,7 +4,7 @@ to it only when transformers is not installed.
 A tiny backbone from `dfm-train pretrain` (seconds); then for each change of its config.json (a Llama-3
 rope_scaling, attention_bias, a sliding window shorter or longer than the sequence, another activation
 or architecture, heads that do not group, values out of range or of the wrong type, ...) both loaders
-give the same verdict, the one in the table: `dfm-train hidden --seq-len T` (trainer/model_config.c) and
+give the same verdict, the one in the table: `dfm-train hidden --seq-len T` (trainer/model/model_config.c) and
 Backbone.from_pretrained(max_seq=T) (check_hf_config). A refusal names the same field in both messages.
 An accepted config also runs a forward of T tokens in PyTorch; a longer one than its sliding window is
 refused there. Then load_backbone: with a stand-in `transformers` whose loader raises, the error comes

@@ -1,4 +1,4 @@
-"""Compact vocabularies (trainer/vocab_map.h, schemas/vocab_map.md): `dfm-train pretrain --compact-vocab`
+"""Compact vocabularies (trainer/data/vocab_map.h, schemas/vocab_map.md): `dfm-train pretrain --compact-vocab`
 on tokens with sparse ids must train exactly the model that plain pretraining trains on the same tokens
 renumbered densely by hand (byte-identical weights), store the map beside it and say so in config.json;
 train / eval on the sparse ids must equal train / eval of the dense twin; generate must map the prompt in

@@ -1,8 +1,8 @@
 """The trainer's CUDA kernels keep the CPU names, and their GPU checkers build.
 
 Runs without a GPU:
-1. every function declared in trainer/ops_cuda.h is `<cpu name>_cuda` of a function declared in
-   trainer/ops.h or trainer/adamw.h (or `<cpu name>_w16_cuda`, the same product with a frozen bf16
+1. every function declared in trainer/kernels/ops_cuda.h is `<cpu name>_cuda` of a function declared in
+   trainer/kernels/ops.h or trainer/kernels/adamw.h (or `<cpu name>_w16_cuda`, the same product with a frozen bf16
    weight, or the bf16 conversion to_bf16_cuda) and every CPU kernel has such a twin (llm.c style: one
    name, two backends), and tests/cuda/ops_cuda_check.cu calls each of them (so no kernel goes unchecked);
 2. tests/gpu/gpu_check_trainer.sh (SKIP_MAKE=1: only `make CUDA=1 cuda-checks`, into a scratch build folder)
@@ -31,12 +31,12 @@ def declared(path):
     return set(re.findall(r"^\s*(?:int|void|double|float)\s+\*?(\w+)\s*\(", text, flags=re.M))
 
 
-cuda = declared("trainer/ops_cuda.h")
-cpu = declared("trainer/ops.h") | declared("trainer/adamw.h")
+cuda = declared("trainer/kernels/ops_cuda.h")
+cpu = declared("trainer/kernels/ops.h") | declared("trainer/kernels/adamw.h")
 kernels = sorted(n for n in cuda if n.endswith("_cuda"))
 check(len(kernels) >= 29, f"ops_cuda.h declares {len(kernels)} *_cuda kernels")
 # every CPU kernel has a GPU twin (lr_schedule is a host-side scalar: none needed)
-for name in sorted(declared("trainer/ops.h") | (declared("trainer/adamw.h") - {"lr_schedule"})):
+for name in sorted(declared("trainer/kernels/ops.h") | (declared("trainer/kernels/adamw.h") - {"lr_schedule"})):
     check(name + "_cuda" in cuda, f"{name} has a CUDA twin {name}_cuda")
 for name in kernels:
     base = name[: -len("_w16_cuda")] if name.endswith("_w16_cuda") else name[: -len("_cuda")]

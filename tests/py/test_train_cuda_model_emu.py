@@ -1,4 +1,4 @@
-"""Whole training steps of the CUDA model (trainer/model_cuda.cu) equal the CPU model's, on the host.
+"""Whole training steps of the CUDA model (trainer/model/model_cuda.cu) equal the CPU model's, on the host.
 
 tests/cuda/model_cuda_check.cu (DFM and pretraining variants, reference and flash attention, fp32 and the
 bf16 frozen backbone) is built by `make SAN=1 emu-checks` with the CUDA model, stack, kernels and flash

@@ -1,4 +1,4 @@
-"""dfm-train's FLOP count (trainer/flops.c, behind its MFU) equals the benchmark's (tests/ref/train_flops.py).
+"""dfm-train's FLOP count (trainer/model/flops.c, behind its MFU) equals the benchmark's (tests/ref/train_flops.py).
 
 Both sides of bench/bench_train_gpu.sh must divide by the same model FLOPs: dfm-train prints its count
 per token when training starts; tests/ref/train_flops.py computes it independently from the same flags.

@@ -1,6 +1,6 @@
 """Memory that helps: the short version of bench/bench_memory.sh.
 
-On a keyed synthetic corpus (`dfm-train synth --mode keyed`, trainer/synth.h: every chunk's key decides
+On a keyed synthetic corpus (`dfm-train synth --mode keyed`, trainer/data/synth.h: every chunk's key decides
 its tokens, the target memory encodes the key, keys follow a chain) a small backbone is pretrained, then
 DFM modules are trained on it with the trainer's default memory flags (alignment, fusion memory,
 predictor loss). The held-out CE with predicted memory must beat fusion off, the predicted slots must

@@ -1,17 +1,17 @@
-"""dfm_torch.py — the DFM model of trainer/model.h in PyTorch: one implementation for the fp64 parity test
+"""dfm_torch.py — the DFM model of trainer/model/model.h in PyTorch: one implementation for the fp64 parity test
 (tests/py/test_train_torch_parity.py) and for the CPU and GPU speed benchmarks (bench/bench_train.sh,
 bench/train_gpu_torch.py), which only time it.
 
 Parameters are a dict of tensors under dfm-train's names (Hugging Face names for the backbone,
-"dfm.*" for the modules: trainer/model.c model_backbone_tensors / model_dfm_tensors); configurations
-are dfm-train's JSON: the backbone's Hugging Face config.json and the DFM config (trainer/model_config.c
+"dfm.*" for the modules: trainer/model/model.c model_backbone_tensors / model_dfm_tensors); configurations
+are dfm-train's JSON: the backbone's Hugging Face config.json and the DFM config (trainer/model/model_config.c
 dfm_config_to_json; {"enabled": False} for pretraining). What varies between the users is a parameter:
   - dtype: whatever the parameters are stored in (float64 for parity; fp32 master weights, a bf16 frozen
     backbone and autocast for the GPU benchmark); norms and softmaxes of bf16/fp16 inputs run in fp32;
   - attn: "manual" (explicit scores and masks) or "sdpa" (F.scaled_dot_product_attention);
   - compile: torch.compile of the decoder layer, fusion block, memory path and LM head + CE.
 
-The model (what trainer/model.h computes):
+The model (what trainer/model/model.h computes):
   backbone: embedding -> N x [RMSNorm -> q,k,v (GQA, no bias) -> per-head q/k RMSNorm (Qwen3) -> RoPE
   (rotate_half) -> causal softmax attention -> o_proj -> residual; RMSNorm -> SwiGLU -> residual] ->
   RMSNorm -> LM head (tied or not) -> next-token CE over positions whose target is >= 0.
@@ -54,7 +54,7 @@ def read_safetensors(path):
 
 
 def decoder_config(bc):
-    """The stack configuration of a Hugging Face config.json (as trainer/model_config.c reads it)."""
+    """The stack configuration of a Hugging Face config.json (as trainer/model/model_config.c reads it)."""
     nh = bc["num_attention_heads"]
     return {"n_layers": bc["num_hidden_layers"], "hidden": bc["hidden_size"], "n_heads": nh,
             "n_kv_heads": bc.get("num_key_value_heads", nh), "head_dim": bc.get("head_dim", bc["hidden_size"] // nh),

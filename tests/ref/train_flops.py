@@ -53,7 +53,7 @@ def peak_tflops_default():
 
 
 def default_fusion_layers(n_layers):
-    """dfm-train's default (trainer/model.c dfm_config_defaults): the paper's 9,16,24,31 of 32 scaled."""
+    """dfm-train's default (trainer/model/model.c dfm_config_defaults): the paper's 9,16,24,31 of 32 scaled."""
     out = []
     for fr in (0.3125, 0.53125, 0.78125, 1.0):
         x = fr * n_layers
@@ -149,7 +149,7 @@ def _stack_params(n_layers, C, nh, nkv, hd, F, qk_norm):
 
 
 def param_counts(c):
-    """Parameters as dfm-train allocates them (every tensor of trainer/model.h)."""
+    """Parameters as dfm-train allocates them (every tensor of trainer/model/model.h)."""
     C, V = c["hidden"], c["vocab"]
     bb = V * C * (1 if c["tied"] else 2) + C + _stack_params(
         c["layers"], C, c["heads"], c["kv_heads"], c["head_dim"], c["ffn"], c["qk_norm"])

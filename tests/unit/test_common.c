@@ -32,7 +32,7 @@ static int teardown(void **state) {
     return system(cmd);
 }
 
-/* the GPU of a rank (encoder/encode.c, trainer/engine.c): node-local rank mod the GPUs it sees */
+/* the GPU of a rank (encoder/encode.c, trainer/run/engine.c): node-local rank mod the GPUs it sees */
 static void test_gpu_for_rank(void **state) {
     /* 2 nodes x 2 ranks, each rank seeing its node's 2 GPUs (mpirun; Slurm --gres=gpu:2): GPUs 0, 1 per node */
     const int local[4] = {0, 1, 0, 1}, want[4] = {0, 1, 0, 1};

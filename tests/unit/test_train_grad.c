@@ -20,9 +20,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/model.h"
-#include "trainer/ops.h"
-#include "trainer/rng.h"
+#include "trainer/model/model.h"
+#include "trainer/kernels/ops.h"
+#include "trainer/kernels/rng.h"
 #include "tests/cuda/check_compare.h"
 
 static double g_worst = 0.0;

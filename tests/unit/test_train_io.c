@@ -15,11 +15,11 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "trainer/checkpoint.h"
-#include "trainer/data.h"
-#include "trainer/hf_model.h"
-#include "trainer/model_config.h"
-#include "trainer/rng.h"
+#include "trainer/model/checkpoint.h"
+#include "trainer/data/data.h"
+#include "trainer/lm/hf_model.h"
+#include "trainer/model/model_config.h"
+#include "trainer/kernels/rng.h"
 
 static char tmpdir[256];
 

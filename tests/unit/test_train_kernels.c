@@ -1,5 +1,5 @@
 /* The trainer's fast CPU kernels against plain double-precision references, on shapes that reach the
- * paths the small gradient-check shapes do not: the SIMD primitives of trainer/vecmath.h (every tail
+ * paths the small gradient-check shapes do not: the SIMD primitives of trainer/kernels/vecmath.h (every tail
  * length, exp over its whole range), causal attention over several query-row blocks (T = 150: blocks of
  * 64, 64 and a partial 22, grouped-query heads; and the AVX-512 flash variant without T x T matrices, also
  * across thread counts), the LM head + CE over several row blocks with ignored
@@ -17,11 +17,11 @@
 
 #include <omp.h>
 
-#include "trainer/adamw.h"
-#include "trainer/attention_cpu.h"
-#include "trainer/ops.h"
-#include "trainer/rng.h"
-#include "trainer/vecmath.h"
+#include "trainer/kernels/adamw.h"
+#include "trainer/kernels/attention_cpu.h"
+#include "trainer/kernels/ops.h"
+#include "trainer/kernels/rng.h"
+#include "trainer/kernels/vecmath.h"
 #include "tests/cuda/check_compare.h"
 
 static float *randv(dfm_rng *r, size_t n, float scale) {

@@ -1,4 +1,4 @@
-/* The trainer's loader thread (trainer/prefetch.h): it yields exactly the batches of the synchronous
+/* The trainer's loader thread (trainer/data/prefetch.h): it yields exactly the batches of the synchronous
  * loop (indices, tokens, targets, target memory, loader positions) for every read-ahead depth, number of
  * loader threads and rank split; evaluation reads through its lock while it runs; it stops cleanly while blocked on a full ring;
  * a custom allocator is used for every buffer and every buffer is given back. Also run under
@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "common/error.h"
-#include "trainer/data.h"
-#include "trainer/prefetch.h"
+#include "trainer/data/data.h"
+#include "trainer/data/prefetch.h"
 
 static char tmpdir[256];
 enum { NTOK = 4001, T = 16, L = 4, K = 3, D = 5 };

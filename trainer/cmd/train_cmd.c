@@ -1,0 +1,134 @@
+/* train_cmd.c — `dfm-train pretrain` (a small decoder from scratch, saved as a Hugging Face folder) and
+ * `dfm-train train` (the DFM modules on a frozen backbone): flags, data and model set-up, then the
+ * training loop of train_loop.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/opts.h"
+#include "trainer/cmd/commands.h"
+#include "trainer/lm/hf_model.h"
+#include "trainer/run/model_setup.h"
+#include "trainer/run/train_loop.h"
+#include "trainer/data/vocab_map.h"
+
+int cmd_pretrain(int argc, char **argv) {
+    TrainOpts o;
+    memset(&o, 0, sizeof o);
+    int compact = 0;
+    dfm_opt opts[] = {
+        TRAIN_OPTS_COMMON(&o),
+        {"compact-vocab", DFM_OPT_FLAG, &compact, NULL, NULL, "train on the ids the data uses, numbered densely; the map is saved as OUT/model/vocab_map.bin (trainer/data/vocab_map.h)", 0},
+        {"arch", DFM_OPT_STR, &o.arch, "qwen3", "NAME", "qwen3 (QK-norm) or llama", 0, .choices = "qwen3|llama"},
+        {"layers", DFM_OPT_INT, &o.layers, "4", "N", "decoder layers", 0},
+        {"hidden", DFM_OPT_INT, &o.hidden, "128", "C", "hidden size", 0},
+        {"heads", DFM_OPT_INT, &o.heads, "4", "N", "attention heads", 0},
+        {"kv-heads", DFM_OPT_INT, &o.kv_heads, "2", "N", "key/value heads (grouped-query)", 0},
+        {"head-dim", DFM_OPT_INT, &o.head_dim, "0", "N", "head size (0 = hidden / heads)", 0},
+        {"ffn", DFM_OPT_INT, &o.ffn, "0", "F", "SwiGLU width (0 = 3 * hidden)", 0},
+        {"vocab", DFM_OPT_INT, &o.vocab, "0", "V", "vocabulary (0 = largest token id + 1, rounded up to 64)", 0},
+        {"untied", DFM_OPT_FLAG, &o.untied, NULL, NULL, "separate LM head (default: tied to the embedding)", 0},
+        {0},
+    };
+    char **pos = NULL;
+    int npos = 0;
+    int rc = dfm_opts_parse("pretrain", "--data TOKENS --out DIR [options]",
+                            "Trains a small Llama/Qwen3-family decoder from scratch and saves it as a Hugging Face "
+                            "folder OUT/model (config.json + model.safetensors) to serve as DFM's frozen backbone.",
+                            opts, argc, argv, &pos, &npos, NULL);
+    free(pos);
+    if (rc == DFM_OPTS_HELP) {
+        dfm_opts_free(opts);
+        return 0;
+    }
+    DataSet ds;
+    memset(&ds, 0, sizeof ds);
+    DfmModel *m = NULL;
+    BackboneConfig bc;
+    VocabMap vm = {0};
+    int rank = 0;
+    if (!rc && !o.data) rc = DFM_FAIL(DFM_EARG, "--data is required");
+    if (!rc) train_set_threads(o.threads);
+    if (!rc) rc = dfm_mkdir_p(o.out);
+    if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc && compact) rc = vocab_map_compact_data(&ds, &vm);
+    if (!rc && compact && !o.vocab) o.vocab = vm.n; /* exactly the ids used: no row that maps back to nothing */
+    if (!rc) rc = setup_pretrain_config(&o, &ds, &bc);
+    if (!rc) {
+        DfmConfig dc;
+        memset(&dc, 0, sizeof dc);
+        rc = model_create_ex(&bc, &dc, (int)o.batch, (int)o.seq_len, strcmp(o.device, "cuda") != 0, &m);
+    }
+    if (!rc) {
+        model_init_backbone_random(m, (uint64_t)o.seed);
+        DFM_LOG_I("backbone %s: %d layers, hidden %d, heads %d/%d, ffn %d, vocab %d, %zu parameters", bc.arch,
+                  bc.dec.n_layers, bc.dec.hidden, bc.dec.n_heads, bc.dec.n_kv_heads, bc.dec.ffn, bc.vocab_size,
+                  m->bb_num);
+        rc = train_loop(m, &ds, &o, &rank);
+    }
+    if (!rc && rank == 0) {
+        char *dir = dfm_path_join(o.out, "model");
+        rc = hf_save_backbone(m, dir);
+        if (!rc && compact) rc = vocab_map_save(&vm, dir);
+        if (!rc) DFM_LOG_I("saved the backbone as a Hugging Face folder: %s", dir);
+        free(dir);
+    }
+    model_free(m);
+    vocab_map_free(&vm);
+    data_close(&ds);
+    dfm_opts_free(opts);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    TrainOpts o;
+    memset(&o, 0, sizeof o);
+    dfm_opt opts[] = {
+        TRAIN_OPTS_COMMON(&o),
+        TRAIN_OPTS_DFM(&o),
+        {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "frozen backbone: Hugging Face folder", 0},
+        {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory: targets file or a run with targets", 0},
+        {"tokens-run", DFM_OPT_STR, &o.tokens_run, NULL, "DIR", "token run the targets must match (default --data when it is a run)", 0},
+        {"cache-frozen", DFM_OPT_FLAG, &o.cache_frozen, NULL, NULL, "keep each training sequence's frozen layers (up to the first fusion layer) and the predictor's input after its first forward: later epochs start at the first fusion layer (same bytes; CPU; (T+T/L) x C floats per sequence)", 1},
+        {0},
+    };
+    char **pos = NULL;
+    int npos = 0;
+    int rc = dfm_opts_parse("train", "--backbone DIR --data TOKENS --targets PATH --out DIR [options]",
+                            "Trains DFM's memory predictor, memory projector and gated cross-attention fusion on top "
+                            "of a frozen decoder with next-token CE + mse-weight * MSE(predicted, target slots). "
+                            "Writes OUT/ckpt_final.bin, OUT/dfm_modules.safetensors and OUT/log.jsonl.",
+                            opts, argc, argv, &pos, &npos, NULL);
+    free(pos);
+    if (rc == DFM_OPTS_HELP) {
+        dfm_opts_free(opts);
+        return 0;
+    }
+    DataSet ds;
+    memset(&ds, 0, sizeof ds);
+    DfmModel *m = NULL;
+    int rank = 0;
+    if (!rc && (!o.data || !o.backbone || !o.targets)) rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --targets are required");
+    if (!rc) train_set_threads(o.threads);
+    if (!rc) rc = dfm_mkdir_p(o.out);
+    if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc) rc = vocab_map_apply_backbone(o.backbone, &ds);
+    if (!rc) rc = train_open_targets(&o, &ds);
+    if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
+    if (!rc && (uint32_t)m->bc.vocab_size <= ds.max_token)
+        rc = DFM_FAIL(DFM_EMISMATCH, "token id %u is outside the backbone's vocabulary of %d", ds.max_token,
+                      m->bc.vocab_size);
+    if (!rc) rc = train_loop(m, &ds, &o, &rank);
+    if (!rc && rank == 0) {
+        char *p = dfm_path_join(o.out, "dfm_modules.safetensors");
+        rc = dfm_modules_save(m, p);
+        if (!rc) DFM_LOG_I("exported the trained modules: %s", p);
+        free(p);
+    }
+    model_free(m);
+    data_close(&ds);
+    dfm_opts_free(opts);
+    return rc;
+}

@@ -1,0 +1,35 @@
+/* model_setup.h — a DfmModel from dfm-train's flags: the pretraining backbone's shape, the DFM modules
+ * on a frozen Hugging Face backbone, and trained modules loaded back (checkpoint or safetensors). */
+#ifndef DFM_TRAINER_MODEL_SETUP_H
+#define DFM_TRAINER_MODEL_SETUP_H
+
+#include <jansson.h>
+
+#include "trainer/data/data.h"
+#include "trainer/model/model.h"
+#include "trainer/run/train_opts.h"
+
+/* The decoder `dfm-train pretrain` trains: --arch, --layers, --hidden, --heads, --kv-heads, --head-dim,
+ * --ffn, --untied, --seq-len; --vocab (default: ds's largest token id + 1, rounded up to 64).
+ * DFM_EARG for an unknown --arch or a vocabulary that does not hold ds's tokens. */
+int setup_pretrain_config(const TrainOpts *o, const DataSet *ds, BackboneConfig *bc);
+
+/* A DFM model on the frozen backbone folder --backbone, for batches of B sequences of T tokens. The
+ * slot shape is --slots / --d-mem, else K / d (the targets'; 0 = the defaults); with --modules, the
+ * modules' stored DFM config wins. The backbone's weights are loaded, the modules initialised from
+ * --seed; the shape is logged. */
+int setup_dfm_model(const TrainOpts *o, int T, int B, int K, int d, DfmModel **out);
+
+/* The DFM config stored with trained modules (a checkpoint's "dfm" or a safetensors export's
+ * "dfm_config"). DFM_EFORMAT without one, DFM_EMISMATCH for a pretraining checkpoint. */
+int setup_modules_config(const char *path, DfmConfig *dc);
+
+/* Trained modules into m from a checkpoint or a safetensors export; DFM_EMISMATCH when they were
+ * trained on another backbone (its weights hash differs) or the checkpoint is a pretraining one. */
+int setup_load_modules(DfmModel *m, const char *path);
+
+/* XXH3-64 of the frozen backbone's weights as 16 hex digits (new reference), so DFM checkpoints refuse
+ * another backbone of the same shape. */
+json_t *setup_backbone_hash(const DfmModel *m);
+
+#endif

@@ -1,0 +1,594 @@
+/* train_loop.c — the training loop and held-out evaluation (see train_loop.h). */
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/mpiutil.h"
+#include "common/stop.h"
+#include "trainer/kernels/adamw.h"
+#include "trainer/model/checkpoint.h"
+#include "trainer/model/flops.h"
+#include "trainer/data/frozen_cache.h"
+#include "trainer/model/model_config.h"
+#include "trainer/run/model_setup.h"
+#include "trainer/run/train_loop.h"
+
+/* ---- evaluation -------------------------------------------------------------------------------------- */
+void eval_result_free(EvalResult *r) {
+    for (int i = 0; i < EVAL_NMODES; i++) free(r->pos[i]), r->pos[i] = NULL;
+}
+
+/* one forward of the held-out batch; its CE into *ce and, per position, into pos[2L] (sums, counts) */
+static int eval_forward(Engine *en, DfmModel *m, const int *inp, const int *tgt, const float *tmem,
+                        const uint8_t *tmask, int B, int T, int mode, float *rows, double *pos, double *ce) {
+    DFM_TRY(engine_forward(en, inp, tgt, tmem, tmask, B, T, mode, 0, 1.0f));
+    *ce += m->ce;
+    if (!m->dc.enabled) return DFM_OK;
+    int L = m->dc.chunk_len;
+    long cnt[L];
+    memset(cnt, 0, sizeof cnt);
+    DFM_TRY(engine_row_losses(en, rows));
+    model_ce_by_position(rows, tgt, B, T, L, pos, cnt);
+    for (int j = 0; j < L; j++) pos[L + j] += (double)cnt[j];
+    return DFM_OK;
+}
+
+int train_eval_modes(const TrainOpts *o) {
+    return o->memory_control && !strcmp(o->memory_control, "none") ? EVAL_MODE_ALL & ~EVAL_MODE_SHUFFLE : EVAL_MODE_ALL;
+}
+
+/* The held-out sequences' own buffers for one batch. */
+typedef struct {
+    int *inp, *tgt;
+    float *tmem, *rows;
+    uint8_t *tmask;
+    size_t *idx;
+} EvalBatch;
+
+static int eval_read(DataSet *ds, Prefetcher *pf, const size_t *idx, int B, int L, EvalBatch *b) {
+    return pf ? prefetch_data_batch(pf, idx, B, L, b->inp, b->tgt, b->tmem, b->tmask)
+              : data_batch(ds, idx, B, L, b->inp, b->tgt, b->tmem, b->tmask);
+}
+
+/* The shuffled controls (see train_loop.h): sequence i fuses the memory of its partner (i + n/2) mod n, the
+ * predicted slots kept from the main pass (pred_store) or the partner's targets, as target-mode forwards. */
+static int eval_controls(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, int B, long nb,
+                         const float *pred_store, int use_t, EvalBatch *b, EvalBatch *p, EvalResult *r) {
+    int T = ds->T, L = m->dc.chunk_len, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
+    size_t n = (size_t)nb * B, per = (size_t)NC * K;
+    int rc = DFM_OK;
+    for (long i = 0; i < nb && !rc; i++) {
+        for (int k = 0; k < B; k++) b->idx[k] = first + (size_t)i * B + k;
+        rc = eval_read(ds, pf, b->idx, B, L, b);
+        if (rc) break;
+        /* another sequence's predicted memory, with the predicted mode's slot mask (chunk 0 only when fused) */
+        for (int k = 0; k < B; k++) {
+            size_t partner = ((size_t)i * B + k + n / 2) % n;
+            memcpy(p->tmem + (size_t)k * per * d, pred_store + partner * per * d, per * d * sizeof(float));
+            for (int c = 0; c < NC; c++)
+                memset(p->tmask + ((size_t)k * NC + c) * K, c > 0 || m->dc.fuse_first_chunk, (size_t)K);
+        }
+        rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows, r->pos[EVAL_PRED_SHUF],
+                          &r->ce_pred_shuf);
+        if (rc || !use_t) continue;
+        /* another sequence's target memory and mask */
+        for (int k = 0; k < B; k++) p->idx[k] = first + ((size_t)i * B + k + n / 2) % n;
+        rc = eval_read(ds, pf, p->idx, B, L, p);
+        if (!rc)
+            rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows,
+                              r->pos[EVAL_TARGET_SHUF], &r->ce_target_shuf);
+    }
+    return rc;
+}
+
+static int batch_alloc(EvalBatch *b, int B, int T, size_t S, int d) {
+    b->inp = malloc((size_t)B * T * sizeof(int));
+    b->tgt = malloc((size_t)B * T * sizeof(int));
+    b->rows = malloc((size_t)B * T * sizeof(float));
+    b->tmem = malloc(S * d * sizeof(float));
+    b->tmask = malloc(S ? S : 1);
+    b->idx = malloc((size_t)B * sizeof(size_t));
+    return b->inp && b->tgt && b->rows && b->tmem && b->tmask && b->idx ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "eval batch");
+}
+
+static void batch_free(EvalBatch *b) { free(b->inp), free(b->tgt), free(b->rows), free(b->tmem), free(b->tmask), free(b->idx); }
+
+/* The predicted slots of every evaluated sequence, kept for the controls: refused beyond this many bytes. */
+#define EVAL_PRED_STORE_MAX ((size_t)4 << 30)
+
+int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
+             long max_batches, int modes, EvalResult *r) {
+    memset(r, 0, sizeof *r);
+    int T = ds->T, L = m->dc.enabled ? m->dc.chunk_len : T, NC = T / L, K = m->dc.n_slots, d = m->dc.d_mem;
+    size_t S = m->dc.enabled ? (size_t)B * NC * K : 0;
+    int use_t = m->dc.enabled && ds->tgt;
+    EvalBatch b = {0}, p = {0};
+    float *pred_store = NULL;
+    int rc = batch_alloc(&b, B, T, S, d);
+    int run[EVAL_NMODES] = {1, (modes & EVAL_MODE_NONE) != 0, (modes & EVAL_MODE_TARGET) && use_t};
+    long nb = (long)(count / B);
+    if (max_batches > 0 && nb > max_batches) nb = max_batches;
+    if (!rc && nb < 1)
+        rc = DFM_FAIL(DFM_EARG, "held-out split of %zu sequences is smaller than one batch of %d. HINT: --val-seqs",
+                      count, B);
+    size_t n = nb > 0 ? (size_t)nb * B : 0;
+    r->shuffled = m->dc.enabled && (modes & EVAL_MODE_SHUFFLE) && n >= 2;
+    if (!rc && r->shuffled) {
+        run[EVAL_PRED_SHUF] = 1;
+        run[EVAL_TARGET_SHUF] = run[EVAL_TARGET];
+        size_t bytes = n * (size_t)NC * K * d * sizeof(float);
+        if (bytes > EVAL_PRED_STORE_MAX)
+            rc = DFM_FAIL(DFM_EARG, "the shuffled memory control keeps the predicted slots of all %zu held-out "
+                          "sequences (%.1f GB). HINT: fewer --eval-batches, or --memory-control none", n, bytes / 1e9);
+        else if (!(pred_store = malloc(bytes)))
+            rc = DFM_FAIL(DFM_ENOMEM, "no memory for the predicted slots of %zu held-out sequences", n);
+        if (!rc) rc = batch_alloc(&p, B, T, S, d);
+    }
+    r->L = L;
+    for (int i = 0; i < EVAL_NMODES && m->dc.enabled && !rc; i++)
+        if (run[i] && !(r->pos[i] = calloc(2 * (size_t)L, sizeof(double)))) rc = DFM_FAIL(DFM_ENOMEM, "eval");
+    for (long i = 0; i < nb && !rc; i++) {
+        for (int k = 0; k < B; k++) b.idx[k] = first + (size_t)i * B + k;
+        rc = eval_read(ds, pf, b.idx, B, L, &b);
+        if (rc) break;
+        if (!m->dc.enabled) {
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, NULL, &r->ce_none);
+            continue;
+        }
+        float *tmem = use_t ? b.tmem : NULL;
+        uint8_t *tmask = use_t ? b.tmask : NULL;
+        rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_PREDICTED, b.rows, r->pos[EVAL_PRED], &r->ce_pred);
+        r->mse += m->mse;
+        r->cos += m->cos;
+        if (!rc && pred_store) rc = engine_pred_slots(en, pred_store + (size_t)i * B * NC * K * d);
+        if (!rc && run[EVAL_NONE])
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, r->pos[EVAL_NONE], &r->ce_none);
+        if (!rc && run[EVAL_TARGET])
+            rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_TARGET, b.rows, r->pos[EVAL_TARGET],
+                              &r->ce_target);
+    }
+    if (!rc && r->shuffled) rc = eval_controls(en, m, ds, pf, first, B, nb, pred_store, run[EVAL_TARGET_SHUF], &b, &p, r);
+    if (nb > 0) {
+        double *sums[] = {&r->ce_pred, &r->ce_none, &r->ce_target, &r->ce_pred_shuf, &r->ce_target_shuf, &r->mse, &r->cos};
+        for (size_t i = 0; i < sizeof sums / sizeof sums[0]; i++) *sums[i] /= nb;
+    }
+    for (int i = 0; i < EVAL_NMODES; i++) /* sums and counts -> means */
+        for (int j = 0; r->pos[i] && j < L; j++)
+            r->pos[i][j] = r->pos[i][L + j] > 0 ? r->pos[i][j] / r->pos[i][L + j] : NAN;
+    r->n_batches = nb;
+    if (!run[EVAL_TARGET_SHUF]) r->ce_target_shuf = NAN;
+    if (!r->shuffled) r->ce_pred_shuf = r->ce_target_shuf = NAN;
+    if (rc) eval_result_free(r);
+    batch_free(&b);
+    batch_free(&p);
+    free(pred_store);
+    return rc;
+}
+
+/* a number rounded to 6 decimals, or null (JSON has no NaN) */
+static json_t *num(double x) { return isfinite(x) ? json_real(round(x * 1e6) / 1e6) : json_null(); }
+
+static json_t *pos_json(const EvalResult *e, int i) {
+    json_t *a = json_array();
+    for (int j = 0; j < e->L; j++) json_array_append_new(a, num(e->pos[i][j]));
+    return a;
+}
+
+json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t) {
+    if (!m->dc.enabled) return json_pack("{s:o, s:I}", "ce", num(e->ce_none), "batches", (json_int_t)e->n_batches);
+    json_t *j = json_pack("{s:o, s:o, s:o, s:o, s:o, s:I, s:b}", "ce_pred", num(e->ce_pred), "ce_none",
+                          num(e->ce_none), "ce_target", has_t ? num(e->ce_target) : json_null(), "mse", num(e->mse),
+                          "cos", num(e->cos), "batches", (json_int_t)e->n_batches, "trained_with_target",
+                          m->dc.fusion_memory != FUSION_MEM_PREDICTED);
+    if (e->shuffled) {
+        json_object_set_new(j, "ce_pred_shuffled", num(e->ce_pred_shuf));
+        json_object_set_new(j, "ce_target_shuffled", num(e->ce_target_shuf));
+        json_object_set_new(j, "memory_effect_pred", num(e->ce_pred_shuf - e->ce_pred));
+        json_object_set_new(j, "memory_effect_target", num(e->ce_target_shuf - e->ce_target));
+    }
+    const char *keys[EVAL_NMODES] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target", "ce_pos_pred_shuffled",
+                                     "ce_pos_target_shuffled"};
+    for (int i = 0; i < EVAL_NMODES; i++)
+        if (e->pos[i]) json_object_set_new(j, keys[i], pos_json(e, i));
+    return j;
+}
+
+void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t) {
+    if (m->dc.enabled) {
+        char tbuf[160] = "n/a (no targets)";
+        if (has_t)
+            snprintf(tbuf, sizeof tbuf, "%.4f (%s)", e->ce_target,
+                     m->dc.fusion_memory != FUSION_MEM_PREDICTED
+                         ? "trained with it: retrieval at inference, a RETRO-like bound"
+                         : "trained on predicted memory only: out of distribution, no bound");
+        DFM_LOG_I("eval step %ld (%ld batches): CE fusion off %.4f | predicted memory (DFM at inference, no "
+                  "retrieval) %.4f | target memory through this model %s | MSE %.4f | cosine %.4f",
+                  step, e->n_batches, e->ce_none, e->ce_pred, tbuf, e->mse, e->cos);
+        if (e->shuffled) {
+            char t2[96] = "";
+            if (has_t)
+                snprintf(t2, sizeof t2, "; target memory %.4f, memory effect %+.4f", e->ce_target_shuf,
+                         e->ce_target_shuf - e->ce_target);
+            DFM_LOG_I("eval step %ld: control, the same modules with another held-out sequence's memory: predicted "
+                      "memory %.4f, memory effect %+.4f nats%s (fusion off minus predicted, %+.4f, also counts "
+                      "the modules' added capacity)", step, e->ce_pred_shuf, e->ce_pred_shuf - e->ce_pred, t2,
+                      e->ce_none - e->ce_pred);
+        }
+        const char *names[EVAL_NMODES] = {"predicted", "fusion off", "target", "predicted, shuffled",
+                                          "target, shuffled"};
+        for (int i = 0; i < EVAL_NMODES; i++) {
+            if (!e->pos[i]) continue;
+            char line[4096];
+            int n = snprintf(line, sizeof line, "eval step %ld: CE by position in the chunk (0 = its first token), "
+                             "%s:", step, names[i]);
+            for (int j = 0; j < e->L && n < (int)sizeof line - 16; j++)
+                n += snprintf(line + n, sizeof line - n, " %.3f", e->pos[i][j]);
+            DFM_LOG_I("%s", line);
+        }
+    } else {
+        DFM_LOG_I("eval step %ld (%ld batches): CE %.4f (ppl %.2f)", step, e->n_batches, e->ce_none, exp(e->ce_none));
+    }
+    if (logf) {
+        json_t *j = json_pack("{s:I, s:o}", "step", (json_int_t)step, "eval", eval_json(m, e, has_t));
+        char *txt = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        if (txt) fprintf(logf, "%s\n", txt);
+        free(txt);
+        json_decref(j);
+        fflush(logf);
+    }
+}
+
+/* ---- the training loop ---------------------------------------------------------------------------------- */
+/* Data parallel over MPI ranks: every rank draws the same global order; micro-batch a of a step takes
+ * sequences [(a*W + r)*B, (a*W + r + 1)*B) of the step's accum*W*B for rank r of W. Gradients are
+ * summed (engine_allreduce_grads: a fixed order for a fixed rank count) and divided by W, so a run on W
+ * ranks with batch B equals a single-rank run with batch W*B up to the summation order.
+ * A loader thread (prefetch.h) reads batches ahead; the next micro-batch's copy to the device is started
+ * before the current one's backward, so it overlaps compute. "stall" in the log is the fraction of the
+ * step spent waiting for data. */
+
+/* One training run's state. */
+typedef struct {
+    DfmModel *m;
+    DataSet *ds;
+    const TrainOpts *o;
+    dfm_mpi mp;
+    EngineOptions eo;
+    Engine *en;
+    Loader ld;
+    Prefetcher *pf;
+    PrefetchBatch *cur; /* staged on the device for the next forward, or NULL */
+    FILE *logf;         /* rank 0's JSONL log, or NULL */
+    AdamWConfig ac;
+    int B, T, L, use_t;
+    size_t ntrain, nval, np;
+    long step0;
+    uint64_t done_epoch, done_pos; /* loader position after the last consumed batch */
+    double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
+    uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
+    FrozenCache fc;                /* --cache-frozen */
+    int use_fc;
+} Trainer;
+
+/* One optimizer step's figures. */
+typedef struct {
+    double loss, ce, mse, grad_norm, stall;
+    int stop; /* a rank received SIGTERM or SIGUSR1 before this step's gradient exchange: every rank stops after it */
+} StepStats;
+
+static json_t *run_config(const DfmModel *m, const TrainOpts *o) {
+    return json_pack("{s:o, s:o, s:o, s:o}", "backbone", backbone_config_to_hf(&m->bc), "dfm",
+                     dfm_config_to_json(&m->dc), "train", train_opts_json(o), "backbone_hash",
+                     m->dc.enabled ? setup_backbone_hash(m) : json_string("trained"));
+}
+
+/* peak FLOP/s for MFU: --peak-tflops, else the H100/H200 SXM dense figures on a GPU; 0 on the CPU */
+static double peak_flops(const TrainOpts *o, const EngineOptions *eo) {
+    if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
+    if (!eo->cuda) return 0.0;
+    return eo->bf16 ? 989.4e12 : 66.9e12;
+}
+
+/* --resume: parameters, AdamW moments and the loader position from the checkpoint, which must have been
+ * written with the same configuration and backbone. */
+static int trainer_resume(Trainer *t) {
+    const TrainOpts *o = t->o;
+    CkptInfo ci;
+    json_t *saved = NULL;
+    float *hp, *h1, *h2;
+    engine_host_state(t->en, &hp, &h1, &h2);
+    DFM_TRY(ckpt_load(o->resume, &ci, &saved, hp, h1, h2, t->np));
+    json_t *now = run_config(t->m, o);
+    const char *parts[4] = {"backbone", "dfm", "train", "backbone_hash"};
+    int rc = DFM_OK;
+    for (int i = 0; i < 4 && !rc; i++)
+        if (!json_equal(json_object_get(saved, parts[i]), json_object_get(now, parts[i])))
+            rc = DFM_FAIL(DFM_EMISMATCH, "%s was written with another %s configuration. HINT: resume with the "
+                          "same flags and backbone as the run that wrote it", o->resume, parts[i]);
+    json_decref(saved);
+    json_decref(now);
+    if (rc) return rc;
+    if ((int)ci.mode != t->m->dc.enabled)
+        return DFM_FAIL(DFM_EMISMATCH, "%s is a %s checkpoint", o->resume, ci.mode ? "DFM" : "pretraining");
+    DFM_TRY(engine_load_state(t->en));
+    t->step0 = (long)ci.step;
+    loader_seek(&t->ld, ci.epoch, ci.pos);
+    t->done_epoch = ci.epoch, t->done_pos = ci.pos;
+    DFM_LOG_I("resumed from %s at step %ld (epoch %llu, position %llu)", o->resume, t->step0,
+              (unsigned long long)ci.epoch, (unsigned long long)ci.pos);
+    return DFM_OK;
+}
+
+/* Stage the next prefetched micro-batch on the device; its wait for data is added to *stall. */
+static int stage_next(Trainer *t, double *stall) {
+    double waited = 0.0;
+    PrefetchBatch *nxt = NULL;
+    int rc = prefetch_next(t->pf, &nxt, &waited);
+    *stall += waited;
+    if (!rc) rc = engine_stage(t->en, nxt->inputs, nxt->targets, nxt->tmem, nxt->tmask, t->B, t->T);
+    t->cur = nxt;
+    return rc;
+}
+
+/* The memory this step's forward of the staged batch t->cur fuses (--fusion-memory). mixed:P: each chunk
+ * its target with probability P (falling linearly to 0 at the last step with :decay), drawn from (--seed,
+ * step, sequence index, chunk) alone: resumed runs and any rank split draw the same. */
+static int train_memory_mode(Trainer *t, long step) {
+    const DfmConfig *dc = &t->m->dc;
+    if (dc->fusion_memory == FUSION_MEM_PREDICTED) return MEM_PREDICTED;
+    if (dc->fusion_memory == FUSION_MEM_TARGET) return MEM_TARGET;
+    double p = dc->tf_prob * (dc->tf_decay ? 1.0 - (double)step / (double)t->o->steps : 1.0);
+    int NC = t->T / t->L;
+    model_memory_mix_draw(t->mix, t->cur->idx, t->B, NC, p, (uint64_t)t->o->seed * 0x9E3779B97F4A7C15ull + (uint64_t)step);
+    model_set_memory_mix(t->m, t->mix, t->B * NC);
+    return MEM_MIXED;
+}
+
+/* Forward and backward of --accum micro-batches, gradients summed over the ranks; the mean losses into s.
+ * more_after: a batch follows this step without an evaluation between (then the last micro-batch's
+ * backward overlaps the next one's copy). */
+static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
+    const TrainOpts *o = t->o;
+    DfmModel *m = t->m;
+    int rc = engine_zero_grad(t->en);
+    for (int a = 0; a < o->accum && !rc; a++) {
+        if (!t->cur) { /* first micro-batch of the run (later ones were staged during the previous backward) */
+            if ((rc = stage_next(t, &s->stall))) break;
+        }
+        int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
+        int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
+        rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
+        if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
+        t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
+        prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
+        t->cur = NULL;
+        /* (not across an evaluation: its forwards would consume the staged batch first) */
+        if (!rc && (a + 1 < o->accum || more_after)) rc = stage_next(t, &s->stall); /* overlaps this backward */
+        if (!rc) rc = engine_backward(t->en);
+        s->loss += m->loss / o->accum;
+        s->ce += m->ce / o->accum;
+        s->mse += m->mse / o->accum;
+    }
+    DFM_TRY(dfm_mpi_agree(&t->mp, rc));
+    int W = t->mp.size;
+    s->stop = dfm_stop_signal() != 0;
+    if (W > 1) { /* the stop flag rides on the losses' sum: every rank sees the same decision, at no extra cost */
+        double parts[4] = {s->loss, s->ce, s->mse, (double)s->stop};
+        DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 4, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        s->loss = parts[0] / W;
+        s->ce = parts[1] / W;
+        s->mse = parts[2] / W;
+        s->stop = parts[3] > 0;
+    }
+    return DFM_OK;
+}
+
+/* One optimizer step: accumulate, clip the gradient norm, AdamW at the scheduled learning rate. */
+static int train_step(Trainer *t, long step, int more_after, StepStats *s) {
+    const TrainOpts *o = t->o;
+    memset(s, 0, sizeof *s);
+    DFM_TRY(accumulate(t, step, more_after, s));
+    DFM_TRY(engine_grad_norm(t->en, &s->grad_norm));
+    double gn = s->grad_norm;
+    if (!isfinite(gn)) return DFM_FAIL(DFM_ERANGE, "gradient norm is %f at step %ld. HINT: lower --lr", gn, step);
+    if (o->clip > 0 && gn > o->clip) DFM_TRY(engine_grad_scale(t->en, (float)(o->clip / gn)));
+    t->ac.lr = lr_schedule(step, o->warmup, o->steps, (float)o->lr, (float)o->min_lr_frac);
+    return engine_adamw(t->en, &t->ac, step + 1);
+}
+
+/* The step's line in the log (rank 0) and in the JSONL log; dt: its seconds. */
+static void log_step(const Trainer *t, long step, const StepStats *s, double dt) {
+    const TrainOpts *o = t->o;
+    int W = t->mp.size;
+    double tps = (double)o->accum * W * t->B * t->T / dt;
+    double mfu = t->peak > 0 ? tps * t->fpt / (W * t->peak) : NAN;
+    char mfus[32] = "";
+    char mfus_json[32] = "null";
+    if (t->peak > 0) {
+        snprintf(mfus, sizeof mfus, " | MFU %.1f%%", 100.0 * mfu);
+        snprintf(mfus_json, sizeof mfus_json, "%.4f", mfu);
+    }
+    float lr = t->ac.lr;
+    if (t->mp.rank) {
+    } else if (t->m->dc.enabled)
+        DFM_LOG_I("step %5ld/%lld | loss %.4f (ce %.4f mse %.4f) | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% "
+                  "| %.0f ms",
+                  step + 1, (long long)o->steps, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, mfus,
+                  100.0 * s->stall / dt, dt * 1e3);
+    else
+        DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% | %.0f ms",
+                  step + 1, (long long)o->steps, s->loss, lr, s->grad_norm, tps, mfus, 100.0 * s->stall / dt, dt * 1e3);
+    if (t->logf) {
+        fprintf(t->logf,
+                "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
+                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s}\n",
+                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json);
+        fflush(t->logf);
+    }
+}
+
+/* Parameters back to the host (every rank: the final export reads them) and, on rank 0 unless
+ * --no-ckpt, OUT/ckpt_STEP.bin or OUT/ckpt_final.bin. The outcome is agreed over the ranks. */
+static int save_checkpoint(Trainer *t, long step, int last) {
+    float *hp, *h1, *h2;
+    DFM_TRY(engine_sync_host(t->en, &hp, &h1, &h2));
+    if (t->mp.rank != 0 || t->o->no_ckpt) return dfm_mpi_agree(&t->mp, DFM_OK);
+    CkptInfo ci = {.mode = (uint32_t)t->m->dc.enabled, .step = (uint64_t)step + 1, .epoch = t->done_epoch,
+                   .pos = t->done_pos, .n_params = t->np};
+    char name[64];
+    snprintf(name, sizeof name, last ? "ckpt_final.bin" : "ckpt_%06ld.bin", step + 1);
+    char *cp = dfm_path_join(t->o->out, name);
+    json_t *cfg = run_config(t->m, t->o);
+    int rc = ckpt_save(cp, &ci, cfg, hp, h1, h2);
+    json_decref(cfg);
+    if (!rc) DFM_LOG_I("checkpoint %s", cp);
+    if (rc) { /* (a full disk): say what a resume still has; the temporary was removed, nothing else touched */
+        char cause[1536];
+        snprintf(cause, sizeof cause, "%s", dfm_last_error());
+        char *prev = NULL;
+        CkptInfo pi;
+        ckpt_newest(t->o->out, ci.step, &prev, &pi);
+        if (prev)
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s); the previous one, %s of step %llu, is "
+                          "intact (checksum checked). HINT: free space, then run the same command with --resume %s",
+                          cp, (unsigned long long)ci.step, cause, prev, (unsigned long long)pi.step, prev);
+        else
+            rc = DFM_FAIL(rc, "checkpoint %s of step %llu was not written (%s), and %s holds no earlier one: a re-run "
+                          "starts from step 0. HINT: free space, or --out on a larger disk", cp,
+                          (unsigned long long)ci.step, cause, t->o->out);
+        free(prev);
+    }
+    free(cp);
+    return dfm_mpi_agree(&t->mp, rc);
+}
+
+/* SIGTERM or SIGUSR1 reached a rank (common/stop.h): after step `step` every rank stops here, with a
+ * checkpoint a resume continues from bit-identically; DFM_ESTOPPED, which main turns into
+ * DFM_EXIT_STOPPED (jobs/dfm-train.sbatch requeues on it). */
+static int stop_after(Trainer *t, long step) {
+    int sig = dfm_stop_signal();
+    const char *why = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "another rank's signal";
+    if (t->o->no_ckpt)
+        return DFM_FAIL(DFM_ESTOPPED, "stopped by %s after step %ld of %lld; --no-ckpt: no checkpoint written, the "
+                        "steps are lost", why, step + 1, (long long)t->o->steps);
+    DFM_TRY(save_checkpoint(t, step, 0));
+    char name[64];
+    snprintf(name, sizeof name, "ckpt_%06ld.bin", step + 1);
+    char *cp = dfm_path_join(t->o->out, name);
+    int rc = DFM_FAIL(DFM_ESTOPPED, "stopped by %s after step %ld of %lld, checkpoint %s written. HINT: run the same "
+                      "command with --resume %s to go on (jobs/dfm-train.sbatch requeues and does)", why, step + 1,
+                      (long long)t->o->steps, cp ? cp : name, cp ? cp : name);
+    free(cp);
+    return rc;
+}
+
+/* The steps from t->step0 to --steps, with evaluations and checkpoints. */
+static int run_steps(Trainer *t) {
+    const TrainOpts *o = t->o;
+    int rc = DFM_OK;
+    for (long step = t->step0; step < o->steps && !rc; step++) {
+        double t0 = dfm_now();
+        int last = step + 1 == o->steps;
+        int eval_now = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;
+        StepStats s;
+        if ((rc = train_step(t, step, !last && !eval_now, &s))) break;
+        log_step(t, step, &s, dfm_now() - t0);
+        if (s.stop && !last) { /* (an evaluation due at this step is not made: a stop must be quick) */
+            rc = stop_after(t, step);
+            break;
+        }
+        if (eval_now) {
+            EvalResult e;
+            rc = evaluate(t->en, t->m, t->ds, t->pf, t->ntrain, t->nval, t->B, o->eval_batches, train_eval_modes(o), &e);
+            if (rc) break;
+            eval_print(t->logf, step + 1, t->m, &e, t->use_t);
+            eval_result_free(&e);
+        }
+        if (last || (!o->no_ckpt && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0))
+            rc = save_checkpoint(t, step, last);
+    }
+    return rc;
+}
+
+/* Loader (and --resume), the prefetching threads, the log file; then the steps. */
+static int trainer_run(Trainer *t) {
+    const TrainOpts *o = t->o;
+    DfmModel *m = t->m;
+    model_trainable_params(m, &t->np);
+    if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
+        return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
+    DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
+    if (o->cache_frozen) {
+        if (t->eo.cuda)
+            return DFM_FAIL(DFM_EARG, "--cache-frozen keeps the frozen layers' outputs in host memory for the CPU "
+                            "engine. HINT: drop it with --device cuda");
+        DFM_TRY(frozen_cache_create(&t->fc, m, t->ntrain, t->B, t->T));
+        t->use_fc = 1;
+        DFM_LOG_I("--cache-frozen: layers 0..%d and the predictor's input kept per training sequence (up to %.2f GB); "
+                  "later epochs start at layer %d", m->dc.fusion_layers[0], t->fc.map_bytes / 1e9,
+                  m->dc.fusion_layers[0]);
+    }
+    if (o->resume) DFM_TRY(trainer_resume(t));
+    PrefetchAllocator pa = engine_host_allocator(t->en);
+    int lt = o->loader_threads > 0 ? (int)o->loader_threads : (t->eo.cuda ? 4 : 1);
+    DFM_TRY(prefetch_start(&t->pf, t->ds, &t->ld, t->B, t->L, t->use_t, t->mp.rank, t->mp.size, (int)o->prefetch, lt,
+                           pa.alloc ? &pa : NULL));
+    char *logpath = o->log ? strdup(o->log) : dfm_path_join(o->out, "log.jsonl");
+    t->logf = t->mp.rank ? NULL : fopen(logpath, o->resume ? "a" : "w");
+    if (!t->logf && !t->mp.rank) DFM_LOG_W("cannot write the log %s; going on without it", logpath);
+    free(logpath);
+    t->ac = (AdamWConfig){.lr = (float)o->lr, .beta1 = 0.9f, .beta2 = (float)o->beta2, .eps = 1e-8f,
+                          .weight_decay = (float)o->wd};
+    t->fpt = model_train_flops_per_token(m, t->T);
+    t->peak = peak_flops(o, &t->eo);
+    DFM_LOG_I("training %zu parameters (%s), %lld steps of %lld x %d x %d tokens on %d rank(s); %.7g GFLOP per token",
+              t->np, m->dc.enabled ? "DFM modules; backbone frozen" : "backbone", (long long)o->steps,
+              (long long)o->accum, t->B, t->T, t->mp.size, t->fpt / 1e9);
+    return run_steps(t);
+}
+
+int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
+    Trainer t;
+    memset(&t, 0, sizeof t);
+    t.m = m, t.ds = ds, t.o = o;
+    DFM_TRY(dfm_mpi_init(NULL, NULL, &t.mp));
+    *rank = t.mp.rank;
+    t.B = (int)o->batch, t.T = (int)o->seq_len, t.L = m->dc.enabled ? m->dc.chunk_len : t.T;
+    t.use_t = m->dc.enabled && ds->tgt;
+    if (m->dc.enabled && m->dc.fusion_memory != FUSION_MEM_PREDICTED && !t.use_t) {
+        if (strcmp(o->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT))
+            return DFM_FAIL(DFM_EARG, "--fusion-memory %s trains on the target memory. HINT: --targets, or "
+                            "--fusion-memory predicted", o->fusion_memory);
+        DFM_LOG_I("no --targets: fusion trains on predicted memory (the default %s needs target memory)",
+                  TRAIN_FUSION_MEMORY_DEFAULT);
+        m->dc.fusion_memory = FUSION_MEM_PREDICTED;
+    }
+
+    t.nval = train_held_out(o, ds);
+    if (t.nval >= ds->n_seq) return DFM_FAIL(DFM_EARG, "%zu sequences leave nothing to train on after %zu held out. "
+                                             "HINT: --val-seqs or more data", ds->n_seq, t.nval);
+    t.ntrain = ds->n_seq - t.nval;
+    DFM_LOG_I("split: %zu training sequences, %zu held out (the last ones)", t.ntrain, t.nval);
+    DFM_TRY(train_engine_options(o, &t.eo));
+    int rc = dfm_mpi_agree(&t.mp, engine_create(m, &t.eo, &t.mp, &t.en));
+    if (!rc) {
+        DFM_LOG_I("engine: %s", engine_describe(t.en));
+        rc = trainer_run(&t);
+    }
+    if (t.logf) fclose(t.logf);
+    engine_free(t.en); /* first: it waits for the device, which may still read a staged pinned buffer */
+    prefetch_stop(t.pf);
+    loader_free(&t.ld);
+    free(t.mix);
+    if (t.use_fc)
+        DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],
+                  t.fc.misses);
+    frozen_cache_free(&t.fc);
+    return rc;
+}

@@ -1,0 +1,63 @@
+/* train_loop.h — dfm-train's training loop and held-out evaluation, written once against engine.h
+ * (CPU or CUDA) and data parallel over MPI ranks. */
+#ifndef DFM_TRAINER_TRAIN_LOOP_H
+#define DFM_TRAINER_TRAIN_LOOP_H
+
+#include <jansson.h>
+#include <stdio.h>
+
+#include "trainer/data/data.h"
+#include "trainer/run/engine.h"
+#include "trainer/model/model.h"
+#include "trainer/data/prefetch.h"
+#include "trainer/run/train_opts.h"
+
+/* Mean held-out losses over n_batches batches, and the CE by position of the predicted token inside its
+ * chunk (model_ce_by_position; j = 0 is a chunk's first token) for each mode: pos[EVAL_PRED / _NONE /
+ * _TARGET / _PRED_SHUF / _TARGET_SHUF][j], j < L (NULL when the mode did not run). eval_result_free
+ * releases them.
+ *
+ * The shuffled controls keep the trained modules and swap the memory: held-out sequence i of the n
+ * evaluated fuses the memory of sequence (i + n/2) mod n (predicted slots, or target slots and mask), chunk
+ * for chunk; everything else is the same forward. The modules add parameters beside the frozen LM, so
+ * "fusion off" removes capacity with the memory; the control removes the memory only. The memory effect
+ * is ce_*_shuf - ce_* (positive: the sequence's own memory helps). */
+enum { EVAL_PRED = 0, EVAL_NONE = 1, EVAL_TARGET = 2, EVAL_PRED_SHUF = 3, EVAL_TARGET_SHUF = 4, EVAL_NMODES = 5 };
+typedef struct {
+    double ce_pred, ce_none, ce_target, ce_pred_shuf, ce_target_shuf, mse, cos;
+    long n_batches;
+    int L, shuffled; /* shuffled: the controls ran */
+    double *pos[EVAL_NMODES];
+} EvalResult;
+void eval_result_free(EvalResult *r);
+
+/* Held-out evaluation of sequences [first, first + count) in batches of B (at most max_batches; <= 0 =
+ * all) on en's device. modes: bit 1 predicted memory, bit 2 fusion off, bit 4 target memory (when ds
+ * has targets), bit 8 the shuffled controls of the memory modes that run (at least 2 sequences); a
+ * pretraining model always gives ce_none. Data is read through pf's lock when loader threads run (pf may
+ * be NULL). DFM_EARG when count is smaller than one batch. */
+enum { EVAL_MODE_PRED = 1, EVAL_MODE_NONE = 2, EVAL_MODE_TARGET = 4, EVAL_MODE_SHUFFLE = 8, EVAL_MODE_ALL = 15 };
+/* The modes of dfm-train's evaluations: every one, the controls unless --memory-control none. */
+int train_eval_modes(const TrainOpts *o);
+int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first, size_t count, int B,
+             long max_batches, int modes, EvalResult *r);
+
+/* Logs e at step, each mode named for what it is (target memory is a retrieval bound only for modules
+ * trained with it), and appends {"step", "eval": eval_json} to logf as one JSON line when logf is not
+ * NULL. has_t: the data has targets (else ce_target is reported as n/a / NaN). */
+void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t);
+/* The evaluation as a JSON object: ce_pred, ce_none, ce_target (NaN without targets), mse, cos, batches,
+ * trained_with_target (the modules saw target memory in training), ce_pos_pred / ce_pos_none /
+ * ce_pos_target (per-position CE lists); with the controls also ce_pred_shuffled, ce_target_shuffled,
+ * memory_effect_pred (ce_pred_shuffled - ce_pred), memory_effect_target and their ce_pos_* lists; a
+ * pretraining model: ce, batches. */
+json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t);
+
+/* Trains m's trainable parameters (the DFM modules, or the whole backbone of a pretraining model) on
+ * ds for --steps optimizer steps, holding out the last train_held_out() sequences, evaluating every
+ * --eval-every steps and at the end, and writing checkpoints to --out (--ckpt-every, and
+ * ckpt_final.bin unless --no-ckpt) and the JSONL log. --resume continues bit-identically. On return
+ * m holds the final parameters on the host; *rank is this process's MPI rank (only rank 0 writes). */
+int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank);
+
+#endif
