@@ -518,7 +518,7 @@ def to_torch(b: Batch) -> Batch:
 
 
 def read_dump(path: str) -> List[Batch]:
-    """The batches of a `dfm-train dump-batches` file (layout: trainer/cmd/dump_batches_cmd.c), checked
+    """The batches of a `dfm-train dump-batches` file (layout: schemas/batch_dump.md), checked
     (magic, version, sizes, payload checksum): NumPy arrays as Batches yields them (idx int64, tokens and
     labels int32, mask uint8, memory float32)."""
     b = np.fromfile(path, np.uint8)

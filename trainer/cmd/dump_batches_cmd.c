@@ -1,15 +1,7 @@
 /* dump_batches_cmd.c — `dfm-train dump-batches`: write the micro-batches dfm-train's loader hands one rank
  * (trainer/data/prefetch.h over trainer/data/data.h, the code `dfm-train train` runs) to a file, so other loaders
  * (the Python package's dfm.Batches) can be checked against them byte for byte.
- *
- * File (little-endian), written atomically:
- *   header, 64 bytes: magic "DFMBTCH1" | u32 version (1) | u32 flags (1 = target memory present) |
- *     u32 B | u32 T | u32 NC | u32 K | u32 d | u32 reserved (0) | u64 n_batches | u64 payload_bytes |
- *     u64 payload_checksum (XXH3-64, common/fsutil.h dfm_checksum64)
- *   payload, per batch: u64 epoch | u64 pos (the loader position after the batch) | u64 idx[B] |
- *     i32 inputs[B*T] | i32 targets[B*T] | and with targets: u8 tmask[B*NC*K] | f32 tmem[B*NC*K*d]
- * --split heldout writes `dfm-train eval`'s batches instead (the held-out sequences in order; epoch and
- * pos 0).
+ * The file's layout: schemas/batch_dump.md.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,7 +149,7 @@ int cmd_dump_batches(int argc, char **argv) {
     int rc = dfm_opts_parse("dump-batches", "--data TOKENS [--targets PATH] --out FILE",
                             "Write the micro-batches dfm-train's loader gives one rank (sequence indices, inputs, "
                             "next-token targets, target memory and masks, the loader position) to FILE, for checking "
-                            "other loaders against it. The layout is in trainer/cmd/dump_batches_cmd.c.",
+                            "other loaders against it. The layout is in schemas/batch_dump.md.",
                             opts, argc, argv, &pos, &npos, NULL);
     free(pos);
     if (rc == DFM_OPTS_HELP) {
