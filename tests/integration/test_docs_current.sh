@@ -187,7 +187,13 @@ floor_rule() {
     schemas) echo '^(common|schemas)/' ;;
     tokenizer) echo '^(common|schemas|tokenizer)/' ;;
     pipeline|encoder|retriever|shard) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard)/' ;;
-    trainer) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
+    trainer|trainer/cmd) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
+    # the trainer's rooms (trainer/README.md): each includes only the rooms below it
+    trainer/kernels) echo '^common/|^trainer/kernels/' ;;
+    trainer/model) echo '^(common|schemas)/|^trainer/(kernels|model)/' ;;
+    trainer/data) echo '^(common|schemas)/|^trainer/(kernels|model|data)/|^shard/target_reader\.h$' ;;
+    trainer/lm) echo '^(common|schemas)/|^trainer/(kernels|model|lm)/|^tokenizer/tokenizer\.h$' ;;
+    trainer/run) echo '^(common|schemas)/|^trainer/(kernels|model|data|lm|run)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
     tests) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
     bench) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard|trainer|bench)/|^tests/ref/' ;;
   esac
@@ -210,17 +216,20 @@ floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, 
   done
   return 0
 }
-breaks=$(floor_breaks common schemas tokenizer pipeline encoder retriever shard trainer tests bench)
+breaks=$(floor_breaks common schemas tokenizer pipeline encoder retriever shard trainer tests bench \
+         trainer/kernels trainer/model trainer/data trainer/lm trainer/run trainer/cmd)
 [ -z "$breaks" ] || fail "includes or imports that break the floor plan of docs/ARCHITECTURE.md:
 $breaks"
-mkdir -p "$WORK/schemas" "$WORK/tokenizer" "$WORK/tests" "$WORK/bench"
+mkdir -p "$WORK/schemas" "$WORK/tokenizer" "$WORK/tests" "$WORK/bench" "$WORK/trainer/kernels"
 printf '#include "common/error.h"\n#include "shard/target_reader.h"\n' > "$WORK/schemas/x.c"
+printf '#include "trainer/kernels/ops.h"\n#include "trainer/model/model.h"\n' > "$WORK/trainer/kernels/x.c"
 printf '#include "schemas/gguf.h"\n#include "pipeline/chunk/chunk.h"\n' > "$WORK/tokenizer/x.c"
 P='sys.path.insert(0, "%s")\n'  # the planted imports, written so that this file does not match them
 printf "import sys\n$P" bench > "$WORK/tests/x.py"
 printf "import sys\n$P$P" tests/ref tests/py > "$WORK/bench/x.py"
-breaks=$(cd "$WORK" && floor_breaks schemas tokenizer tests bench)
-[ "$(grep -c . <<<"$breaks")" = 4 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" &&
+breaks=$(cd "$WORK" && floor_breaks schemas tokenizer tests bench trainer/kernels)
+[ "$(grep -c . <<<"$breaks")" = 5 ] && grep -q 'schemas/x.c:2: #include "shard/target_reader.h"' <<<"$breaks" &&
+  grep -q 'trainer/kernels/x.c:2: #include "trainer/model/model.h"' <<<"$breaks" &&
   grep -q 'tokenizer/x.c:2: #include "pipeline/chunk/chunk.h"' <<<"$breaks" &&
   grep -q 'tests/x.py:2:' <<<"$breaks" && grep -q 'bench/x.py:3:' <<<"$breaks" ||
   fail "the floor check missed a planted break, or reported a good line: $breaks"
