@@ -5,7 +5,10 @@
  * PyPI ships libarrow and libparquet with their headers for every Linux x86-64/aarch64, so `pip install
  * pyarrow` is the whole install on a cluster too. It is the reference implementation (every codec,
  * dictionary and plain encodings, data pages v1 and v2, page CRCs) and is fuzzed upstream in OSS-Fuzz
- * (arrow's parquet-arrow-fuzz target). README "Dependencies" says more.
+ * (arrow's parquet-arrow-fuzz target). The alternatives cost more: Arrow's C GLib must be built from
+ * source (with Arrow C++ under it), and DuckDB's wheel (2.0.1) exports its C API only from its 69 MB
+ * Python extension module, with no duckdb.h and no libduckdb on PyPI or in Debian, and would run a SQL
+ * engine to read one column. Install: `pip install pyarrow==26.0.1` into any Python, `make DFM_ARROW=DIR`.
  *
  * What is read: one top-level column, named like the JSONL --text-field, whose type is a string
  * (BYTE_ARRAY annotated UTF8/String; also large_string). Every row of every row group is handed out in

@@ -166,7 +166,7 @@ PY
 }
 
 cd "$DFM_ROOT"
-DOCS=(README.md BENCHMARKS.md docs/ARCHITECTURE.md */README.md schemas/*.md)
+DOCS=(README.md BENCHMARKS.md docs/ARCHITECTURE.md docs/GUIDE.md docs/GUARANTEES.md */README.md */*/README.md schemas/*.md)
 check_names "${DOCS[@]/#/$DFM_ROOT/}" || fail "the docs above name commands or flags that the programs do not have"
 ok "every command, flag and config key named in ${DOCS[*]} exists"
 
