@@ -22,8 +22,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 cd "$ROOT"
-declare -A SCRIPT=([tokenizer]=bench_tokenizer.sh [encoder]=bench_encoder_cpu.sh [train]=bench_train.sh
-                   [lm]=bench_lm_train.sh [faiss]=bench_faiss_build.sh)
+declare -A SCRIPT=([tokenizer]=tokenizer/bench_tokenizer.sh [encoder]=encoder/bench_encoder_cpu.sh [train]=trainer/bench_train.sh
+                   [lm]=trainer/bench_lm_train.sh [faiss]=retrieval/bench_faiss_build.sh)
 STAGES=(tokenizer encoder train lm faiss)
 [ $# -gt 0 ] && STAGES=("$@")
 for s in "${STAGES[@]}"; do

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Driver of bench/bench_corpus_formats.sh: the same texts as .jsonl, .jsonl.zst, .jsonl.gz and Parquet
+"""Driver of bench/corpus/bench_corpus_formats.sh: the same texts as .jsonl, .jsonl.zst, .jsonl.gz and Parquet
 (snappy, zstd), read by dfm's corpus reader (build/bench/bench_corpus_read) and, for Parquet, by
-pyarrow.parquet (bench/corpus_read_peer.py, both its modes; the better of the two is the peer of a round);
+pyarrow.parquet (bench/corpus/corpus_read_peer.py, both its modes; the better of the two is the peer of a round);
 then the whole chunk stage (`dfm chunk`, one rank) on each form. Rounds interleave every side in a rotating
 order. Throughput is MB of text (the decompressed documents) per CPU-second (process CPU, all threads).
 Checks, in the same run: every reader hands out the same documents (count, bytes, CRC-32 of the texts),
@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def run(cmd, **kw):

@@ -1,5 +1,5 @@
 /* bench_corpus_read.c — dfm's corpus reader alone (pipeline/corpus: JSONL, .zst, .gz, Parquet), for
- * bench/bench_corpus_formats.py: every document of the given inputs (one rank's whole share), and what it
+ * bench/corpus/bench_corpus_formats.py: every document of the given inputs (one rank's whole share), and what it
  * read, so the driver can check it against pyarrow's reading of the same column.
  *
  *   build/bench/bench_corpus_read [--text-field F] INPUT...

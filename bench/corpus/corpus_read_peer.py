@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The peer of bench/bench_corpus_read.c: pyarrow.parquet reading the text column of Parquet files.
+"""The peer of bench/corpus/bench_corpus_read.c: pyarrow.parquet reading the text column of Parquet files.
 
   python corpus_read_peer.py MODE [--text-field F] FILE...
     MODE iter_batches: ParquetFile.iter_batches(columns=[F], use_threads=False), batches of 64 Ki rows

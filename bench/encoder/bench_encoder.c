@@ -1,5 +1,5 @@
 /* bench_encoder.c — dfm's CPU encoder through its C API, timed in-process the way the Python peers time
- * themselves (bench/encoder_peer.py): load the model, one untimed warm-up call on the first 64 texts,
+ * themselves (bench/encoder/encoder_peer.py): load the model, one untimed warm-up call on the first 64 texts,
  * then REPS timed dfm_encoder_encode calls over all texts. Threads: OMP_NUM_THREADS (the encoder sets
  * BLAS to the same count). One line per timed pass:
  *   dfm pass=R threads=T texts=N tokens=K batch=B|default seconds=S cpu_seconds=C gflop=G blas=CORE
@@ -8,7 +8,7 @@
  * With OUT_F32, the last pass's vectors are written there as raw little-endian float32 rows, N x dim,
  * for the agreement check. PRECISION: fp32 (default), bf16 or int8 (dfm encode --precision; encoder.h).
  * usage: bench_encoder MODEL_DIR TEXTS_JSONL [REPS [OUT_F32 [BATCH [PRECISION]]]]
- * Built by `make bench-programs` (build/bench/bench_encoder), run by bench/bench_encoder_cpu.sh. */
+ * Built by `make bench-programs` (build/bench/bench_encoder), run by bench/encoder/bench_encoder_cpu.sh. */
 #include "common/blas_core.h"
 #include "common/error.h"
 #include "encoder/encoder.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bench_encoder_cpu.sh — dfm's CPU encoder (all-MiniLM-L6-v2) in fp32, bf16 and int8 against its strongest
+# bench/encoder/bench_encoder_cpu.sh — dfm's CPU encoder (all-MiniLM-L6-v2) in fp32, bf16 and int8 against its strongest
 # peers on the same real chunk texts, in one run:
 #   st        sentence-transformers on PyTorch 2.x (CPU), fp32
 #   st-bf16   the same under torch.autocast("cpu", dtype=torch.bfloat16)
@@ -12,8 +12,8 @@
 # dfm runs once per precision in PRECISIONS (dfm encode --precision; encoder/bert_gemm.h).
 # Peers come only from the peer venv (bench/peers.sh). A missing peer is an error: nothing is substituted.
 #
-#   bash bench/bench_encoder_cpu.sh                     N=300 texts per corpus, THREADS="1 2", ROUNDS=3
-#   N=100 ROUNDS=2 THREADS=1 PEERS=ort PRECISIONS=fp32 CORPORA=gcide bash bench/bench_encoder_cpu.sh
+#   bash bench/encoder/bench_encoder_cpu.sh                     N=300 texts per corpus, THREADS="1 2", ROUNDS=3
+#   N=100 ROUNDS=2 THREADS=1 PEERS=ort PRECISIONS=fp32 CORPORA=gcide bash bench/encoder/bench_encoder_cpu.sh
 #
 # Method, per corpus C (CORPORA: names of $DFM_CACHE/corpus/C.jsonl; real 32-token chunk texts drawn from it)
 # and thread count T (OMP/OpenBLAS/torch/ORT/Rayon threads all T):
@@ -26,7 +26,7 @@
 #     peer CPU-s / dfm CPU-s of the same round (above 1: dfm faster), min/median/max over rounds;
 #   - the last round's vectors compared with dfm fp32's: max abs error, min and mean cosine, and the recall@16
 #     of each side's nearest neighbours among the N texts against dfm fp32's (what a lower precision must keep).
-# dfm runs through its C API (bench/bench_encoder.c), with OpenBLAS's kernels corrected on CPUs OpenBLAS
+# dfm runs through its C API (bench/encoder/bench_encoder.c), with OpenBLAS's kernels corrected on CPUs OpenBLAS
 # does not know, as dfm-train does (common/blas_core.h); the kernel set is printed in the table.
 # Writes bench/results/encoder.json (the convention in bench/README.md; headline: dfm fp32 against the strongest
 # fp32 peer at the fewest threads on the first corpus; every row's "case" says what the peers are compared on
@@ -39,7 +39,7 @@
 #      the dfm build in the results (default: the git commit, flagged when encoder/ or common/ has uncommitted
 #      edits), DFM_MODEL.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
@@ -80,11 +80,11 @@ fi
 echo "== encoder CPU benchmark: $N real chunk texts per corpus ($CORPORA), precisions $PRECISIONS, peers $PEERS, threads $THREADS, $ROUNDS interleaved rounds, $(date -u '+%F %T') UTC"
 echo "   $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores visible, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 if [[ " $PEERS " == *" ort"* ]]; then
-  "$PY" bench/encoder_peer.py export "$MODEL" "$W/minilm.onnx" 2>"$W/export.err" | tee "$W/export.out" ||
+  "$PY" bench/encoder/encoder_peer.py export "$MODEL" "$W/minilm.onnx" 2>"$W/export.err" | tee "$W/export.out" ||
     { tail -20 "$W/export.err" >&2; die "exporting the fused ONNX graph failed"; }
 fi
 if [[ " $PEERS " == *" ort-int8 "* ]]; then
-  "$PY" bench/encoder_peer.py quantize "$W/minilm.onnx" "$W/minilm-int8.onnx" $([ "${PER_CHANNEL:-0}" = 1 ] && echo --per-channel) \
+  "$PY" bench/encoder/encoder_peer.py quantize "$W/minilm.onnx" "$W/minilm-int8.onnx" $([ "${PER_CHANNEL:-0}" = 1 ] && echo --per-channel) \
     2>"$W/quant.err" | tee -a "$W/export.out" || { tail -20 "$W/quant.err" >&2; die "quantize_dynamic failed"; }
 fi
 EXPORT_OUT=; [ -s "$W/export.out" ] && EXPORT_OUT=$W/export.out
@@ -103,7 +103,7 @@ for C in $CORPORA; do
   echo "-- $C, $T thread(s)"
   declare -A BATCH=()
   for p in $PEERS; do
-    "$PY" bench/encoder_peer.py sweep "$p" "$(peer_model "$p")" "$W/sweep.jsonl" "$T" $BATCHES \
+    "$PY" bench/encoder/encoder_peer.py sweep "$p" "$(peer_model "$p")" "$W/sweep.jsonl" "$T" $BATCHES \
       --tokenizer-dir "$MODEL" > "$W/sweep.$p.$T" 2>"$W/err" || { tail -20 "$W/err" >&2; die "peer $p failed (sweep)"; }
     BATCH[$p]=$(sed -n 's/^best_batch=//p' "$W/sweep.$p.$T")
     echo "   $p batch sweep on $SWEEP_N texts (CPU-s): $(sed -n 's/.* batch=\([0-9]*\) .*cpu_seconds=\([0-9.]*\).*/\1:\2/p' "$W/sweep.$p.$T" | tr '\n' ' ')-> batch ${BATCH[$p]}"
@@ -122,7 +122,7 @@ for C in $CORPORA; do
           { tail -20 "$W/err" >&2; die "dfm's bench_encoder ($prec) failed"; }
         b=${DFM_BATCH:-default}
       else
-        "$PY" bench/encoder_peer.py run "$s" "$(peer_model "$s")" "$W/texts.jsonl" "$T" 1 "${BATCH[$s]}" \
+        "$PY" bench/encoder/encoder_peer.py run "$s" "$(peer_model "$s")" "$W/texts.jsonl" "$T" 1 "${BATCH[$s]}" \
           --out "$W/$s.$T.f32" --tokenizer-dir "$MODEL" > "$W/out" 2>"$W/err" ||
           { tail -20 "$W/err" >&2; die "peer $s failed"; }
         sed -n "s/^version /$s: /p" "$W/out" >> "$W/versions"
@@ -138,17 +138,17 @@ for C in $CORPORA; do
     echo "$line load $(cut -d' ' -f1 /proc/loadavg)"
   done
   for s in "${sides[@]}"; do
-    [ "$s" = dfm ] || echo "$C $T dfm-vs-$s $("$PY" bench/encoder_peer.py compare "$W/dfm.$T.f32" "$W/$s.$T.f32")" >> "$W/agree"
+    [ "$s" = dfm ] || echo "$C $T dfm-vs-$s $("$PY" bench/encoder/encoder_peer.py compare "$W/dfm.$T.f32" "$W/$s.$T.f32")" >> "$W/agree"
   done
   [[ " $PEERS " == *" st "* && " $PEERS " == *" ort "* ]] &&
-    echo "$C $T ort-vs-st $("$PY" bench/encoder_peer.py compare "$W/ort.$T.f32" "$W/st.$T.f32")" >> "$W/agree"
+    echo "$C $T ort-vs-st $("$PY" bench/encoder/encoder_peer.py compare "$W/ort.$T.f32" "$W/st.$T.f32")" >> "$W/agree"
  done
 done
 
 sort -u "$W/versions" > "$W/versions.u"
 MD=$W/encoder_cpu.md
 DFM_REV=${DFM_REV:-"$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- encoder common 2>/dev/null || echo ' + uncommitted encoder/common edits')"}
-"$PY" bench/encoder_summary.py --runs "$W/runs" --agree "$W/agree" --versions "$W/versions.u" --dfm-rev "$DFM_REV" \
+"$PY" bench/encoder/encoder_summary.py --runs "$W/runs" --agree "$W/agree" --versions "$W/versions.u" --dfm-rev "$DFM_REV" \
   ${EXPORT_OUT:+--export "$EXPORT_OUT"} --n "$N" --rounds "$ROUNDS" --cpu "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" \
   --flags "$(grep -o -w 'avx512f\|avx512_bf16\|avx512_vnni\|amx_bf16\|amx_int8' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
   --md "$MD" --json "$W/encoder.json"

@@ -1,4 +1,4 @@
-"""encoder_peer.py — the peers of dfm's CPU encoder, for bench/bench_encoder_cpu.sh. Runs only in the peer
+"""encoder_peer.py — the peers of dfm's CPU encoder, for bench/encoder/bench_encoder_cpu.sh. Runs only in the peer
 venv (bench/peers.sh); a missing peer is an error, never replaced by another.
 
   export MODEL OUT.onnx          MiniLM (local weights) -> ONNX, with mean pooling and L2 normalisation in

@@ -1,4 +1,4 @@
-"""encoder_summary.py — turn bench/bench_encoder_cpu.sh's raw rows into its Markdown tables and its result file
+"""encoder_summary.py — turn bench/encoder/bench_encoder_cpu.sh's raw rows into its Markdown tables and its result file
 bench/results/encoder.json (the convention in bench/README.md). Standard library only.
 
 Input files (whitespace-separated):
@@ -156,7 +156,7 @@ def main():
         md.append(f"- {p}: {versions.get(p, '?')}")
     if export:
         md.append("- ONNX export: " + export.replace("\n", "; "))
-    md.append("- Command: `bash bench/bench_encoder_cpu.sh` (peers from `bash bench/peers.sh`).")
+    md.append("- Command: `bash bench/encoder/bench_encoder_cpu.sh` (peers from `bash bench/peers.sh`).")
     open(a.md, "w").write("\n".join(md) + "\n")
 
     # headline: dfm fp32 against the strongest fp32 peer measured (the lowest dfm/peer) at the fewest threads,

@@ -1,5 +1,5 @@
 /* sgemm_peak.c — OpenBLAS SGEMM GFLOP/s at a thread count: a large square product and the encoder's FFN
- * shape, best of 5, the peak bench/bench_encoder_cpu.sh measures the encoder's achieved GFLOP/s against.
+ * shape, best of 5, the peak bench/encoder/bench_encoder_cpu.sh measures the encoder's achieved GFLOP/s against.
  *
  *   sgemm_peak THREADS        prints "<2048^3 GFLOP/s> <4096x1536x384 GFLOP/s>"
  *

@@ -1,6 +1,6 @@
 /* bench_loader.c — how fast dfm-train's loader threads (trainer/prefetch.h) deliver micro-batches with
  * target memory read from a run's LMDB shards: batches/s and target records/s for 1, 2, 4 threads.
- * Built by `make bench-programs`, run by bench/bench_loader.sh:
+ * Built by `make bench-programs`, run by bench/loader/bench_loader.sh:
  *   bench_loader RUN SEQ_LEN BATCH N_BATCHES [CHUNK_LEN] */
 #include <stdio.h>
 #include <stdlib.h>

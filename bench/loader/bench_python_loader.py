@@ -4,8 +4,8 @@ pure-Python reader (python/dfm_targets.py), the libdfm binding in one process (o
 reading threads), and the binding under a torch DataLoader with 2 worker processes. Each mode runs REPS times, interleaved with the others (the machine is
 shared: A/B pairs see the same load); the table gives the median wall-clock rate and CPU-seconds per 1000
 records (process + children). Prints a Markdown table.
-  python bench/bench_python_loader.py RUN [SEQ_LEN BATCH N_BATCHES REPS CHUNK_LEN]
-(bench/bench_python_loader.sh makes a run of the demo's target shape and calls this.)
+  python bench/loader/bench_python_loader.py RUN [SEQ_LEN BATCH N_BATCHES REPS CHUNK_LEN]
+(bench/loader/bench_python_loader.sh makes a run of the demo's target shape and calls this.)
 """
 import os
 import re
@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import dfm  # noqa: E402
 

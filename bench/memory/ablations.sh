@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# bench/ablations.sh — the paper's ablation directions, small, on the keyed memory benchmark
-# (bench/bench_memory.sh): each row trains DFM modules with the defaults except one setting.
+# bench/memory/ablations.sh — the paper's ablation directions, small, on the keyed memory benchmark
+# (bench/memory/bench_memory.sh): each row trains DFM modules with the defaults except one setting.
 #
-#   bash bench/ablations.sh [WORK_DIR]     # writes bench/results/ablations.md and ablations.svg
+#   bash bench/memory/ablations.sh [WORK_DIR]     # writes bench/results/ablations.md and ablations.svg
 #
 #   chunk length   16 (default) / 32 / 64: a corpus and a backbone per length (the keys change per chunk)
 #   slots K        4 (default) / 8 / 16: same tokens, targets with K slots (trainer/synth.h), one backbone
@@ -13,13 +13,13 @@
 #   init and lr    (not in the paper) --init-std 0.05, and --lr 1e-2
 #   keys           (not in the paper) 64 / 128 (default) / 256 keys in the chain: how much knowledge the
 #                  corpus holds beyond what its own backbone absorbs (a corpus and a backbone per count)
-# The benchmark's sizes (bench/keyed_lib.sh: SEQS=3000 PRE_STEPS=600 DFM_STEPS=1500 unless set); about 10
+# The benchmark's sizes (bench/memory/keyed_lib.sh: SEQS=3000 PRE_STEPS=600 DFM_STEPS=1500 unless set); about 10
 # minutes on 2 idle cores. Δ is against fusion off of the same backbone.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/keyed_lib.sh"
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-ablations-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
-RES=${RESULTS:-$HERE/results}
+RES=${RESULTS:-$HERE/../results}
 mkdir -p "$RES"
 T0=$(date +%s)
 has_flag() { "$DFM_TRAIN" train --help | grep -q -- "--$1 "; }
@@ -74,7 +74,7 @@ for n in 64 256; do
   row "keys" "$n keys" "$W/keys$n" "$W/keys$n-pre/model" "$W/keys$n-dfm"
 done
 python3 "$HERE/keyed_report.py" ablations "$W/runs.jsonl" "$RES/ablations.md" "$RES/ablations.svg" \
-  --command "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/ablations.sh" \
+  --command "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/memory/ablations.sh" \
   --seconds $(( $(date +%s) - T0 ))
 cp "$W/runs.jsonl" "$RES/ablations.jsonl"
 cat "$RES/ablations.md"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# bench/bench_memory.sh — the benchmark where memory must matter (trainer/synth.h): does the memory DFM
+# bench/memory/bench_memory.sh — the benchmark where memory must matter (trainer/synth.h): does the memory DFM
 # trains make the language model better, and by how much of what is possible?
 #
-#   bash bench/bench_memory.sh [WORK_DIR]     # writes bench/results/memory.md and memory.json
+#   bash bench/memory/bench_memory.sh [WORK_DIR]     # writes bench/results/memory.md and memory.json
 #
 # Corpora with the same key sets (seed 1 unless named), a 2-layer x 64 backbone pretrained on each, DFM
 # modules trained with the trainer's default flags:
@@ -22,19 +22,19 @@
 #   5. keyed-random, modules trained on the target memory only (--fusion-memory target): the fusion path
 #      alone.
 # Every evaluation mode the trainer reports is in the table, per-position CE inside a chunk, and the corpus's
-# ideal cross-entropies (bench/keyed_ideal.py: key known, Bayes from context, Bayes from the chunk's own
-# tokens). Sizes: see bench/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 5 minutes on 2
+# ideal cross-entropies (bench/memory/keyed_ideal.py: key known, Bayes from context, Bayes from the chunk's own
+# tokens). Sizes: see bench/memory/keyed_lib.sh (THREADS, SEQS, PRE_STEPS, DFM_STEPS ...). About 5 minutes on 2
 # idle cores.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/keyed_lib.sh"
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-bench-memory-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
-RES=${RESULTS:-$HERE/results}
+RES=${RESULTS:-$HERE/../results}
 mkdir -p "$RES"
 T0=$(date +%s)
 has_flag() { "$DFM_TRAIN" train --help | grep -q -- "--$1 "; }
 
-# the gain's split and the head's ceiling (bench/keyed_analysis.py) need torch >= 2: the peer venv of bench/peers.sh
+# the gain's split and the head's ceiling (bench/memory/keyed_analysis.py) need torch >= 2: the peer venv of bench/peers.sh
 ANALYSIS_PYTHON=${ANALYSIS_PYTHON-/var/cache/dfm/peers-venv/bin/python}
 if [ -n "$ANALYSIS_PYTHON" ] && ! "$ANALYSIS_PYTHON" -c 'import torch, sys; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null; then
   echo "-- no torch >= 2 at $ANALYSIS_PYTHON (bash bench/peers.sh makes it): the gain's split is left out"
@@ -75,7 +75,7 @@ row keyed keyed-random keyed-lm-dfm
 row keyed-random keyed-random random-dfm
 has_flag fusion-memory && row keyed-random keyed-random random-target-dfm --fusion-memory target
 python3 "$HERE/keyed_report.py" memory "$W/runs.jsonl" "$RES/memory.md" \
-  --command "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/bench_memory.sh" \
+  --command "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/memory/bench_memory.sh" \
   --seconds $(( $(date +%s) - T0 ))
 cp "$W/runs.jsonl" "$RES/memory.jsonl"
 cat "$RES/memory.md"

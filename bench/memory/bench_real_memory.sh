@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bench_real_memory.sh — what DFM memory does for a real frozen LM (SmolLM2-135M), measured so that memory
+# bench/memory/bench_real_memory.sh — what DFM memory does for a real frozen LM (SmolLM2-135M), measured so that memory
 # is told apart from the capacity the modules add, and knowledge the LM lacks from language it has.
 #
 #   held-out text  two real corpora from Debian packages (the demo's GCIDE; FOLDOC, the Free On-line Dictionary
@@ -7,22 +7,22 @@
 #                  is the training part; held-out chunks retrieve from it (a query-only run: `dfm retrieve
 #                  --datastore`). DFM modules train on the training part (retrieval there excludes a chunk's own
 #                  document) and are evaluated on the held-out part in every mode and its shuffled control.
-#   probes         facts about invented entities (bench/knowledge/facts.py) as the corpus, the datastore and the
+#   probes         facts about invented entities (bench/memory/knowledge/facts.py) as the corpus, the datastore and the
 #                  training data; probe questions in wordings the corpus never uses, scored by answer log-prob and
 #                  greedy exact match in every mode, the shuffled controls and the in-context reference
-#                  (bench/knowledge/score.py), with the analysis (predictor cosine, retrieval recall, gates,
+#                  (bench/memory/knowledge/score.py), with the analysis (predictor cosine, retrieval recall, gates,
 #                  answer-token CE).
 # Each over SEEDS (corpus split or fact corpus, and initialisation). Results: bench/results/real_memory.jsonl (one
 # line per corpus/seed) and bench/results/real_memory.md (the tables, mean and spread over the seeds).
 #
-#   bash bench/bench_real_memory.sh                       # about 2 hours on 2 cores
-#   SEEDS="1" PARTS="probes" bash bench/bench_real_memory.sh
+#   bash bench/memory/bench_real_memory.sh                       # about 2 hours on 2 cores
+#   SEEDS="1" PARTS="probes" bash bench/memory/bench_real_memory.sh
 # Knobs: SEEDS (1 2 3), PARTS (text probes), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
 # held out, 8), EPOCHS_TEXT (2),
 # ENTITIES (240), PROBES (120 probes, both forms), EPOCHS_FACTS (4), FUSION (26,29), PRED_INPUT (16), THREADS (2),
 # WORK (scratch folder, kept; default /tmp/dfm-real-memory).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
@@ -117,13 +117,13 @@ PY
     d=$W/facts-s$seed
     mkdir -p "$d"
     echo "== probes, seed $seed: $ENTITIES invented entities, $PROBES probes in both forms"
-    "$PY" bench/knowledge/facts.py --out "$d" --entities "$ENTITIES" --seed "$seed" > /dev/null
-    "$PY" bench/knowledge/probe_tokens.py --probes "$d/probes.jsonl" --tokenizer "$TOK" --out "$d/pt" --limit "$PROBES" \
+    "$PY" bench/memory/knowledge/facts.py --out "$d" --entities "$ENTITIES" --seed "$seed" > /dev/null
+    "$PY" bench/memory/knowledge/probe_tokens.py --probes "$d/probes.jsonl" --tokenizer "$TOK" --out "$d/pt" --limit "$PROBES" \
       --seed "$seed" > /dev/null
     build "$d/corpus" "$d/corpus.jsonl" $T "" document
     build "$d/probes" "$d/pt/probes.bin" $(( 3 * L )) "$d/corpus" none
     train "$d/corpus" "$d/dfm" "$EPOCHS_FACTS" "$seed"
-    "$PY" bench/knowledge/score.py --backbone "$DFM_LM" --modules "$d/dfm/dfm_modules.safetensors" --run "$d/probes" \
+    "$PY" bench/memory/knowledge/score.py --backbone "$DFM_LM" --modules "$d/dfm/dfm_modules.safetensors" --run "$d/probes" \
       --spans "$d/pt/spans.jsonl" --probes "$d/probes.jsonl" --corpus-run "$d/corpus" --tokenizer "$TOK" \
       --out "$d/score.json" --threads "$THREADS"
     python3 - "$d" "$seed" >> "$OUT" <<'PY'
@@ -133,6 +133,6 @@ print(json.dumps({"part": "probes", "seed": int(seed), "score": json.load(open(d
 PY
   fi
 done
-"$PY" bench/real_memory_report.py "$OUT" > bench/results/real_memory.md
+"$PY" bench/memory/real_memory_report.py "$OUT" > bench/results/real_memory.md
 cat bench/results/real_memory.md
 echo "bench_real_memory: done in $(( $(date +%s) - T0 ))s"

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# bench/bench_train_demo.sh — a small end-to-end DFM training run on synthetic data (minutes on 2 CPU
+# bench/memory/bench_train_demo.sh — a small end-to-end DFM training run on synthetic data (minutes on 2 CPU
 # cores): pretrain a tiny Qwen3-style backbone, freeze it, train the DFM modules on informative target
 # memory, and print held-out CE with predicted memory, with fusion off and with the target memory.
 #
-#   bash bench/bench_train_demo.sh [OUT_DIR]      # default: a temporary folder, removed at the end
-#   DATA=RUN TARGETS=RUN bash bench/bench_train_demo.sh   # a `dfm chunk` run and its targets instead
+#   bash bench/memory/bench_train_demo.sh [OUT_DIR]      # default: a temporary folder, removed at the end
+#   DATA=RUN TARGETS=RUN bash bench/memory/bench_train_demo.sh   # a `dfm chunk` run and its targets instead
 #
 # Synthetic data (dfm-train synth --mode keyed, trainer/synth.h): each 16-token chunk has a hidden key that
 # decides its tokens and usually follows a chain; a chunk's target memory encodes its key, so a predictor
 # can learn it from the previous chunk. The full measurement, with ideals and a random-key control, is
-# bench/bench_memory.sh. Knobs: PRE_STEPS, DFM_STEPS, THREADS.
+# bench/memory/bench_memory.sh. Knobs: PRE_STEPS, DFM_STEPS, THREADS.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DFM_TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
 THREADS=${THREADS:-2} PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-300}
 T=${T:-128} L=${L:-16}

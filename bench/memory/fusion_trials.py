@@ -1,6 +1,6 @@
 """Fusion variants dfm-train does not implement, tried in PyTorch on a keyed corpus and its frozen backbone:
 can a different fusion block let predicted memory recover what it loses on chunks whose key left the chain?
-(trainer/README.md, "What memory can add"; bench/fusion_trials.sh runs the set and writes the table.)
+(trainer/README.md, "What memory can add"; bench/memory/fusion_trials.sh runs the set and writes the table.)
 
 The DFM modules are those of trainer/model.h (tests/ref/dfm_torch.py, initialised as dfm-train does) and are
 trained here with dfm-train's recipe (AdamW, betas 0.9/0.95, weight decay 0.1 on every tensor, clip 1,
@@ -17,7 +17,7 @@ benchmark's by the random streams). Variants, combined with "+":
                Linear 4C->C, scaled by tanh of a learned scalar that starts at 0 (capacity beside the
                frozen backbone: run it on a keyed-random corpus too, where memory carries nothing)
 
-  python bench/fusion_trials.py --data DIR --backbone MODEL_DIR --variant null+corrupt25 [--layers 0,1]
+  python bench/memory/fusion_trials.py --data DIR --backbone MODEL_DIR --variant null+corrupt25 [--layers 0,1]
       [--steps 1500] [--fusion-memory mixed:0.5]
 
 Prints one JSON object: held-out CE per evaluation mode, and for chunks 1.. split by whether their key
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "ref"))
 sys.path.insert(0, HERE)
 import dfm_torch as D  # noqa: E402
 from keyed_analysis import chain_followed, chain_split, held_out_batch, read_shard, read_targets  # noqa: E402

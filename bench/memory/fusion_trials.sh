@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# bench/fusion_trials.sh — fusion variants dfm-train does not implement, tried in PyTorch on the keyed
-# benchmark's corpus and backbone (bench/fusion_trials.py): can predicted memory stop costing more than
+# bench/memory/fusion_trials.sh — fusion variants dfm-train does not implement, tried in PyTorch on the keyed
+# benchmark's corpus and backbone (bench/memory/fusion_trials.py): can predicted memory stop costing more than
 # fusion off on the chunks whose key left the chain?
 #
-#   bash bench/fusion_trials.sh [WORK_DIR]     # writes bench/results/fusion_trials.md and .jsonl
+#   bash bench/memory/fusion_trials.sh [WORK_DIR]     # writes bench/results/fusion_trials.md and .jsonl
 #
-# Needs torch >= 2 (bench/peers.sh makes the venv; ANALYSIS_PYTHON overrides it). Sizes: bench/keyed_lib.sh
+# Needs torch >= 2 (bench/peers.sh makes the venv; ANALYSIS_PYTHON overrides it). Sizes: bench/memory/keyed_lib.sh
 # (the benchmark's corpus and backbone; DFM_STEPS steps per variant). About 8 minutes on 2 idle cores.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -14,7 +14,7 @@ PY=${ANALYSIS_PYTHON:-/var/cache/dfm/peers-venv/bin/python}
 "$PY" -c 'import torch, sys; sys.exit(int(torch.__version__.split(".")[0]) < 2)' 2>/dev/null ||
   { echo "fusion_trials: no torch >= 2 at $PY: run bash bench/peers.sh first" >&2; exit 2; }
 if [ $# -ge 1 ]; then W=$1; mkdir -p "$W"; else W=$(mktemp -d /tmp/dfm-fusion-trials-XXXXXX); trap 'rm -rf "$W"' EXIT; fi
-RES=${RESULTS:-$HERE/results}
+RES=${RESULTS:-$HERE/../results}
 mkdir -p "$RES"
 T0=$(date +%s)
 for mode in keyed keyed-random; do
@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
   [ -z "$b" ] || cat "$W/b.json" >>"$W/trials.jsonl"
 done
 python3 - "$W/trials.jsonl" "$RES/fusion_trials.md" "$(( $(date +%s) - T0 ))" \
-  "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/fusion_trials.sh" \
+  "THREADS=$THREADS SEQS=$SEQS PRE_STEPS=$PRE_STEPS DFM_STEPS=$DFM_STEPS bash bench/memory/fusion_trials.sh" \
   "$("$PY" -c 'import torch; print(torch.__version__)')" <<'PY'
 import json, os, sys, time
 runs = [json.loads(l) for l in open(sys.argv[1])]

@@ -1,4 +1,4 @@
-"""Where the memory gain on a keyed corpus goes (bench/bench_memory.sh, trainer/README.md "What memory can
+"""Where the memory gain on a keyed corpus goes (bench/memory/bench_memory.sh, trainer/README.md "What memory can
 add"): two measurements of a DFM model that dfm-train trained, made in PyTorch through tests/ref/dfm_torch.py
 (the model of trainer/model.h, held to dfm-train by the fp64 parity test).
 
@@ -10,7 +10,7 @@ add"): two measurements of a DFM model that dfm-train trained, made in PyTorch t
                 chunk's key followed the chain from the previous chunk's (predicted memory can know it) or
                 was drawn fresh (predicted memory is confidently wrong there).
 
-  python bench/keyed_analysis.py --data DIR --backbone MODEL_DIR --modules RUN_DIR --seq-len 128 --val-seqs 64
+  python bench/memory/keyed_analysis.py --data DIR --backbone MODEL_DIR --modules RUN_DIR --seq-len 128 --val-seqs 64
 
 DIR holds tokens.bin, targets.bin and keys.bin (`dfm-train synth --mode keyed`); RUN_DIR holds the
 dfm_modules.safetensors of `dfm-train train`. Needs torch >= 2 and numpy (the peer venv of bench/peers.sh).
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "ref"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "ref"))
 sys.path.insert(0, HERE)
 import dfm_torch as D  # noqa: E402
 from keyed_ideal import chain_successors, read_shard  # noqa: E402,F401  (fusion_trials.py imports read_shard from here)

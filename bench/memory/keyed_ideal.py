@@ -14,7 +14,7 @@ Key sets, chain successor and follow probability are estimated from the corpus (
 the trainer's: sequence i is tokens [i*T, i*T+T), targets shifted by one, the last VAL sequences held out.
 Prints one JSON object. numpy needed.
 
-  python3 bench/keyed_ideal.py DIR --seq-len 128 --chunk-len 16 --val-seqs 48 [--key-tokens 16 --key-share 0.8]
+  python3 bench/memory/keyed_ideal.py DIR --seq-len 128 --chunk-len 16 --val-seqs 48 [--key-tokens 16 --key-share 0.8]
 """
 import argparse
 import json

@@ -3,7 +3,7 @@
 # trained on that frozen backbone; each DFM run's final held-out evaluation is the last "eval" record of
 # its log.jsonl. Sizes come from the environment (defaults: the full benchmark on 2 CPU cores):
 #   THREADS=2 SEQS=3000 T=128 L=16 PRE_STEPS=600 DFM_STEPS=1500 VAL=64
-DFM_TRAIN=${DFM_TRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/build/dfm-train}
+DFM_TRAIN=${DFM_TRAIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/build/dfm-train}
 THREADS=${THREADS:-2} SEQS=${SEQS:-3000} T=${T:-128} L=${L:-16} PRE_STEPS=${PRE_STEPS:-600}
 DFM_STEPS=${DFM_STEPS:-1500} VAL=${VAL:-64}
 
@@ -40,7 +40,7 @@ print(json.dumps(out))
 PY
 }
 
-# keyed_ideal DATA_DIR: the corpus's ideal cross-entropies (bench/keyed_ideal.py) as one JSON object
+# keyed_ideal DATA_DIR: the corpus's ideal cross-entropies (bench/memory/keyed_ideal.py) as one JSON object
 keyed_ideal() {
   "${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}" "$(dirname "${BASH_SOURCE[0]}")/keyed_ideal.py" "$1" \
     --seq-len "$T" --chunk-len "$(python3 -c 'import struct,sys; print(struct.unpack_from("<I", open(sys.argv[1],"rb").read(24), 20)[0])' "$1/targets.bin")" \

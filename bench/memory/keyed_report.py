@@ -1,9 +1,9 @@
 """Tables (and the ablation chart) of the keyed memory benchmark, from the JSON lines that
-bench/bench_memory.sh and bench/ablations.sh collect (one object per DFM run: "eval" = the trainer's
-final held-out evaluation record, "ideal" = bench/keyed_ideal.py's output, plus labels).
+bench/memory/bench_memory.sh and bench/memory/ablations.sh collect (one object per DFM run: "eval" = the trainer's
+final held-out evaluation record, "ideal" = bench/memory/keyed_ideal.py's output, plus labels).
 
-  python3 bench/keyed_report.py memory RUNS.jsonl OUT.md [--command CMD] [--seconds S] [--load X]
-  python3 bench/keyed_report.py ablations RUNS.jsonl OUT.md OUT.svg [--command CMD] [--seconds S] [--load X]
+  python3 bench/memory/keyed_report.py memory RUNS.jsonl OUT.md [--command CMD] [--seconds S] [--load X]
+  python3 bench/memory/keyed_report.py ablations RUNS.jsonl OUT.md OUT.svg [--command CMD] [--seconds S] [--load X]
 
 Evaluation modes are every scalar "ce_*" key of the record, named below when known; list-valued keys are
 per-position CE inside a chunk. Pure Python (the chart is hand-written SVG).
@@ -67,7 +67,7 @@ def memory(runs, out, command, seconds, load):
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
             r["corpus"], r.get("backbone", r["corpus"]), r["flags"], " | ".join(cells), fmt(ev.get("cos")),
             fmt(ev.get("mse")), twt, ev.get("seconds", "")))
-    lines += ["", "Ideal cross-entropies of each corpus on the same held-out tokens (bench/keyed_ideal.py):", "",
+    lines += ["", "Ideal cross-entropies of each corpus on the same held-out tokens (bench/memory/keyed_ideal.py):", "",
               "| corpus | key known (best target memory) | Bayes from context (best predicted memory, best backbone) "
               "| Bayes from the chunk's own tokens | key worth (in-chunk − key known) |", "|---|---:|---:|---:|---:|"]
     for r in {r["corpus"]: r for r in runs}.values():
@@ -76,7 +76,7 @@ def memory(runs, out, command, seconds, load):
                                                            i["in_chunk"], i["in_chunk"] - i["key_known"]))
     an = [r for r in runs if r.get("analysis")]
     if an:
-        lines += ["", "Where the gain goes (bench/keyed_analysis.py, the same trained modules in PyTorch): held-out CE of "
+        lines += ["", "Where the gain goes (bench/memory/keyed_analysis.py, the same trained modules in PyTorch): held-out CE of "
                   "chunks 1.. of each sequence, split by whether the chunk's key followed the chain (predicted memory "
                   "can know it) or was drawn fresh (predicted memory is confidently wrong); and the frozen head's "
                   "ceiling, the best CE any final hidden state gives each key's token distribution, against that "

@@ -4,7 +4,7 @@ held-out CE in every mode with the memory effect (shuffled control minus real me
 probe form, answer log-prob and exact match in every mode, the in-context reference and the share of its gain
 that memory recovers; the analysis; and the goals of the benchmark, met or not on every seed.
 
-    python3 bench/real_memory_report.py bench/results/real_memory.jsonl > bench/results/real_memory.md
+    python3 bench/memory/real_memory_report.py bench/results/real_memory.jsonl > bench/results/real_memory.md
 """
 import json
 import statistics
@@ -26,7 +26,7 @@ def main():
     probes = [r for r in rows if r["part"] == "probes"]
     goals = []
     print("# What memory does for a real frozen LM (SmolLM2-135M)\n")
-    print("`bash bench/bench_real_memory.sh`. Values are the mean over the seeds, then (min .. max). Δ is a mode's "
+    print("`bash bench/memory/bench_real_memory.sh`. Values are the mean over the seeds, then (min .. max). Δ is a mode's "
           "CE minus fusion off (negative helps); the **memory effect** is the shuffled control's CE minus the real "
           "memory's: the same trained modules fusing another sequence's memory, so capacity cancels (positive: "
           "the sequence's own memory helps).\n")

@@ -19,7 +19,7 @@ Jaccard of the query chunk with c itself, and with a chunk drawn at random.
 Reads RUN/chunk (chunk shards) and RUN/retrieve (neighbour blocks) as documented in schemas/.
 Pure Python. Prints a small table (and --json for one JSON object).
 
-  python3 bench/target_composition.py RUN [--json]
+  python3 bench/memory/target_composition.py RUN [--json]
 """
 import glob
 import json

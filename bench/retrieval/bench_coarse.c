@@ -1,6 +1,6 @@
 /* bench_coarse — the rate of an IVF index's coarse assignment (FAISS's flat quantiser search, the
  * step dfm_ivf_assign takes once per query and FAISS's add takes once per vector) at the sizes of a big
- * job, which bench/scaling.sh's small points cannot reach: CPU seconds per query x centroid x dimension.
+ * job, which bench/retrieval/scaling.sh's small points cannot reach: CPU seconds per query x centroid x dimension.
  *
  *   bench_coarse NLIST DIM NQ NPROBE [REPS]
  *

@@ -1,6 +1,6 @@
 /* bench_faiss_build.c — IVF-PQ training, adding and search through the FAISS C API that dfm links (the
- * Debian libfaiss 1.7.3 build), on vectors bench/bench_faiss_build.sh wrote; the same steps as
- * bench/bench_faiss_build.py, which runs them with the faiss-cpu wheel.
+ * Debian libfaiss 1.7.3 build), on vectors bench/retrieval/bench_faiss_build.sh wrote; the same steps as
+ * bench/retrieval/bench_faiss_build.py, which runs them with the faiss-cpu wheel.
  *
  *   bench_faiss_build BASE.f32 QUERIES.f32 DIM FACTORY TRAIN_N NPROBE K LABELS_OUT
  *

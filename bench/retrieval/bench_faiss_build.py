@@ -1,5 +1,5 @@
-"""bench_faiss_build.py — the faiss-cpu wheel's side of bench/bench_faiss_build.sh: the same IVF-PQ
-training, adding and search as bench/bench_faiss_build.c (Debian FAISS through its C API).
+"""bench_faiss_build.py — the faiss-cpu wheel's side of bench/retrieval/bench_faiss_build.sh: the same IVF-PQ
+training, adding and search as bench/retrieval/bench_faiss_build.c (Debian FAISS through its C API).
 
     python bench_faiss_build.py BASE.f32 QUERIES.f32 DIM FACTORY TRAIN_N NPROBE K LABELS_OUT
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # bench_faiss_build.sh — IVF-PQ training, adding and search: the Debian FAISS 1.7.3 that dfm links (through
-# its C API, bench/bench_faiss_build.c) against the faiss-cpu wheel (a SIMD build: its run-time best
+# its C API, bench/retrieval/bench_faiss_build.c) against the faiss-cpu wheel (a SIMD build: its run-time best
 # level, and pinned to AVX2), on the same synthetic vectors, single thread, interleaved A/B runs.
 #
-#   bash bench/bench_faiss_build.sh           N=200000 DIM=384 NLIST=1024 PQ=32 NPROBE=16 NQ=10000 REPS=3
-#   N=50000 NLIST=256 TRAIN=20000 REPS=2 bash bench/bench_faiss_build.sh     a quick look
+#   bash bench/retrieval/bench_faiss_build.sh           N=200000 DIM=384 NLIST=1024 PQ=32 NPROBE=16 NQ=10000 REPS=3
+#   N=50000 NLIST=256 TRAIN=20000 REPS=2 bash bench/retrieval/bench_faiss_build.sh     a quick look
 #
 # Env: N base vectors, DIM, NLIST, PQ (sub-quantizers, 8 bits each), NPROBE, K (16), NQ queries, TRAIN
 #      (training rows, default 50000), REPS (interleaved rounds; each round runs every side once, in a
@@ -19,7 +19,7 @@
 # queries, and the overlap@K of the labels of the sides. Writes bench/results/faiss_build.md and
 # bench/results/faiss.json (bench/README.md; "dfm" there is the Debian build).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${PEERS_PYTHON:-/var/cache/dfm/peers-venv/bin/python}
 N=${N:-200000} DIM=${DIM:-384} NLIST=${NLIST:-1024} PQ=${PQ:-32} NPROBE=${NPROBE:-16} K=${K:-16}
 NQ=${NQ:-10000} TRAIN=${TRAIN:-50000} REPS=${REPS:-3} SIDES=${SIDES:-"debian wheel wheel-avx2"}
@@ -51,9 +51,9 @@ run_side() {  # side, round -> appends one line to $B/times
   local side=$1 r=$2 line
   case $side in
     debian) line=$("$ROOT/build/bench/bench_faiss_build" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
-    wheel) line=$("$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
-    wheel-avx2) line=$(FAISS_SIMD=AVX2 "$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
-    wheel-generic) line=$(FAISS_SIMD=NONE "$PY" "$ROOT/bench/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
+    wheel) line=$("$PY" "$ROOT/bench/retrieval/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
+    wheel-avx2) line=$(FAISS_SIMD=AVX2 "$PY" "$ROOT/bench/retrieval/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
+    wheel-generic) line=$(FAISS_SIMD=NONE "$PY" "$ROOT/bench/retrieval/bench_faiss_build.py" "$B/base.f32" "$B/queries.f32" "$DIM" "$FAC" "$TRAIN" "$NPROBE" "$K" "$B/lab-$side.i64") ;;
     *) echo "unknown side $side (debian, wheel, wheel-avx2, wheel-generic)" >&2; exit 2 ;;
   esac
   echo "side=$side round=$r $line" | tee -a "$B/times" >&2
@@ -128,6 +128,6 @@ if base in sides:
     json.dump(doc, open(os.path.join(res, "faiss.json"), "w"), indent=1)
     with open(os.path.join(res, "faiss_build.md"), "w") as f:
         f.write("# FAISS IVF-PQ: Debian 1.7.3 (what dfm links) vs the faiss-cpu wheel\n\n")
-        f.write(f"`bash bench/bench_faiss_build.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC): {setting}, "
+        f.write(f"`bash bench/retrieval/bench_faiss_build.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC): {setting}, "
                 "1 thread, interleaved rounds.\n\n" + "\n".join(out) + "\n")
 PYEOF

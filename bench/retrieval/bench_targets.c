@@ -1,5 +1,5 @@
 /* bench_targets.c — target shards: encode throughput, the shard writer against a plain sequential write
- * of the same bytes, and the C reader's stream throughput. Run by bench/bench_targets.sh.
+ * of the same bytes, and the C reader's stream throughput. Run by bench/retrieval/bench_targets.sh.
  *
  *   bench_targets write DIR N K D        encode N synthetic records (fp16, zstd 3), then time both writes
  *   bench_targets read RUN [prefetch]    stream a run's target shards with the C reader

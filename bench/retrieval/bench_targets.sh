@@ -2,11 +2,11 @@
 # bench_targets.sh — target shards: write throughput vs a plain sequential write of the same bytes,
 # C and Python reader stream throughput, compression ratio and bytes per chunk per dtype / shuffle /
 # store option. Prints a Markdown table block for BENCHMARKS.md.
-#   bash bench/bench_targets.sh                  synthetic data (N=8000, K=16, d=384)
-#   REAL_RUN=runs/demo bash bench/bench_targets.sh   also ratios on a real run's neighbours/embeddings
+#   bash bench/retrieval/bench_targets.sh                  synthetic data (N=8000, K=16, d=384)
+#   REAL_RUN=runs/demo bash bench/retrieval/bench_targets.sh   also ratios on a real run's neighbours/embeddings
 #   N=.. K=.. D=.. DIR=/path/on/the/disk/to/measure
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 DFM=${DFM:-$ROOT/build/dfm}
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 N=${N:-8000}; K=${K:-16}; D=${D:-384}
@@ -14,7 +14,7 @@ DIR=${DIR:-$(mktemp -d /tmp/dfm-bench-targets-XXXXXX)}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DFM_LOG_LEVEL=warn
 trap 'rm -rf "$DIR"' EXIT
 mkdir -p "$DIR"
-# bench/bench_targets.c: pre-encode records, then time the shard writer against write()+fsync, and stream
+# bench/retrieval/bench_targets.c: pre-encode records, then time the shard writer against write()+fsync, and stream
 # a run with the C reader
 make -s --no-print-directory -C "$ROOT" build/dfm build/bench/bench_targets
 BENCH=$ROOT/build/bench/bench_targets

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # growth.sh — how each stage's cost grows with the corpus: wall time, CPU time, peak RSS per rank and disk
 # at np = 1 and 2, for synthetic runs of growing size in the real formats (no encoder), and for the
-# chunk stage on the real corpus concatenated to growing sizes. bench/growth_report.py then fits each
+# chunk stage on the real corpus concatenated to growing sizes. bench/retrieval/growth_report.py then fits each
 # stage's growth, predicts a large job and draws the chart.
 #
-#   bash bench/growth.sh                       sizes 1e5 3e5 1e6 chunks, d = 64 (about 15 CPU-minutes; an hour of
+#   bash bench/retrieval/growth.sh                       sizes 1e5 3e5 1e6 chunks, d = 64 (about 15 CPU-minutes; an hour of
 #                                              wall time on the shared 2-core VM at load 15-20)
-#   SIZES="100000 300000" PARTS=synth bash bench/growth.sh
+#   SIZES="100000 300000" PARTS=synth bash bench/retrieval/growth.sh
 #
 # Env: SIZES (chunks), DIM (64: d = 384 costs 6x the time and disk on a shared 2-core machine), NPS ("1 2"),
 #      K (16), NPROBE (8), MULTS (corpus copies for the chunk stage: "1 4 16" = 4, 16, 64 MB of GCIDE),
@@ -20,7 +20,7 @@
 # Writes JSONL (one line per stage, size and rank count) and calls growth_report.py on OUT/growth-*.jsonl, which writes
 # OUT/growth.md and OUT/growth.svg.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 SIZES=${SIZES:-100000 300000 1000000} DIM=${DIM:-64} NPS=${NPS:-1 2} K=${K:-16} NPROBE=${NPROBE:-8}
 MULTS=${MULTS:-1 4 16} PARTS=${PARTS:-chunk synth} DCHECK=${DCHECK:-1}
@@ -45,7 +45,7 @@ for _ in 1 2 3 4 5; do
 done
 DFM=$B/bin/dfm
 "$DFM" --version >/dev/null
-source "$ROOT/bench/mpitime.sh"
+source "$ROOT/bench/retrieval/mpitime.sh"
 disk() { du -sb "$@" 2>/dev/null | awk '{s += $1} END {printf "%d\n", s}'; }
 run() { mpitime "$@"; }
 
@@ -113,4 +113,4 @@ if [[ " $PARTS " == *" synth "* ]]; then
   rm -rf "$B"/base-*
 fi
 echo "== done $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
-[ "${REPORT:-1}" = 1 ] && "$PY" "$ROOT/bench/growth_report.py" --out "$OUT" --dfm "$DFM" "$OUT"/growth-*.jsonl
+[ "${REPORT:-1}" = 1 ] && "$PY" "$ROOT/bench/retrieval/growth_report.py" --out "$OUT" --dfm "$DFM" "$OUT"/growth-*.jsonl

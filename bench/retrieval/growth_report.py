@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""growth_report.py — the tables, fits, prediction and chart of bench/growth.sh.
+"""growth_report.py — the tables, fits, prediction and chart of bench/retrieval/growth.sh.
 
-    python3 bench/growth_report.py --out bench/results [--dfm build/dfm] growth-*.jsonl
+    python3 bench/retrieval/growth_report.py --out bench/results [--dfm build/dfm] growth-*.jsonl
 
 Reads the JSON lines growth.sh wrote (one per stage, size and rank count), and writes OUT/growth.md and
 OUT/growth.svg (hand-drawn SVG: matplotlib is not in the environment). Per stage it fits the per-rank
@@ -100,7 +100,7 @@ def main():
     main_dim = 64 if any(r["dim"] == 64 and r["stage"] == "index" for r in rows) else rows[0]["dim"]
     md = []
     w = md.append
-    w("# Cost growth (bench/growth.sh)\n")
+    w("# Cost growth (bench/retrieval/growth.sh)\n")
     w("Per-rank CPU time is the CPU-seconds (user + sys) of the slowest rank: on the shared, overloaded VM wall time")
     w("mostly measures the neighbours' load, so the fits and predictions use CPU time (a dedicated core per rank")
     w("would take about that long). Wall time is listed for completeness. RSS is each rank's peak resident set")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # scaling.sh — how the work and the time of dfm index and dfm retrieve shrink with more ranks, against
 # the dfm before it did (OLD: every shard quantised every query again, rank 0 trained the index), and
-# the per-rank work `dfm estimate` is fitted on (bench/scaling_report.py).
+# the per-rank work `dfm estimate` is fitted on (bench/retrieval/scaling_report.py).
 #
-#   bash bench/scaling.sh                      the committed points (about an hour on the shared 2-core VM)
-#   SIZES=100000 DIMS=64 NPS="1 2" FACS=pq bash bench/scaling.sh     a short check
+#   bash bench/retrieval/scaling.sh                      the committed points (about an hour on the shared 2-core VM)
+#   SIZES=100000 DIMS=64 NPS="1 2" FACS=pq bash bench/retrieval/scaling.sh     a short check
 #
 # Each point is N chunks of dimension d (tests/tools/retrieve_mkrun, the real formats), an index
 # (pq: IVF(4 sqrt N),PQ(d/8)np — 8-dimensional sub-quantisers; flat: IVF(4 sqrt N),Flat), np ranks. On
@@ -13,7 +13,7 @@
 # peak RSS), and this tree's work record from the manifest (counts and CPU seconds outside MPI). At the
 # largest np of each (N, d, index) OLD's retrieve also runs on this tree's index: its neighbour blocks
 # must be byte-identical to this tree's (outputs agree: recorded, and the benchmark fails otherwise).
-# COARSE=1 (default) measures the coarse assignment alone (bench/bench_coarse.c) at the points' sizes
+# COARSE=1 (default) measures the coarse assignment alone (bench/retrieval/bench_coarse.c) at the points' sizes
 # and at a big job's (50,000 lists, d = 384), where it dominates and the small points cannot show it.
 # POLY=1 adds the polysemous-training measurement: OLD's index of IVF(N/400),PQ(d/4) without and with
 # 'np' (FAISS on rank 0) against this tree's (distributed, 'np' added), np = 1, at the first size.
@@ -24,7 +24,7 @@
 #      skip), POLY (1), OUT (bench/results), JSONL (OUT/scaling.jsonl), KEEP=1 keeps the scratch folder.
 # One thread per process (OMP_NUM_THREADS=1): on 2 shared cores, threads measure the neighbours' load.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 SIZES=${SIZES:-100000 300000} DIMS=${DIMS:-64} D384=${D384:-1} NPS=${NPS:-1 2 4} FACS=${FACS:-pq flat}
 NPROBE=${NPROBE:-8} K=${K:-16} POLY=${POLY:-1} OLD=${OLD-ac82920}
@@ -36,7 +36,7 @@ B=$(mktemp -d /tmp/dfm-scaling-XXXXXX)
 mkdir -p "$OUT" "$B/bin"
 JSONL=${JSONL:-$OUT/scaling.jsonl}
 : >"$JSONL"
-source "$ROOT/bench/mpitime.sh"
+source "$ROOT/bench/retrieval/mpitime.sh"
 
 make -s --no-print-directory -C "$ROOT" build/dfm build/tools/retrieve_mkrun build/bench/bench_coarse
 cp "$ROOT/build/dfm" "$B/bin/dfm"; cp "$ROOT/build/tools/retrieve_mkrun" "$ROOT/build/bench/bench_coarse" "$B/bin/"
@@ -119,4 +119,4 @@ if [ "$POLY" = 1 ] && [ -n "$OLD" ]; then  # FAISS's polysemous training: what '
   done
 fi
 echo "== done $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg)"
-[ "${REPORT:-1}" = 1 ] && "$PY" "$ROOT/bench/scaling_report.py" --out "$OUT" "$JSONL"
+[ "${REPORT:-1}" = 1 ] && "$PY" "$ROOT/bench/retrieval/scaling_report.py" --out "$OUT" "$JSONL"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""scaling_report.py — the tables, the per-rank work model and the 5e9-token prediction of bench/scaling.sh.
+"""scaling_report.py — the tables, the per-rank work model and the 5e9-token prediction of bench/retrieval/scaling.sh.
 
-    python3 bench/scaling_report.py --out bench/results bench/results/scaling.jsonl
+    python3 bench/retrieval/scaling_report.py --out bench/results bench/results/scaling.jsonl
 
 Reads the JSON lines scaling.sh wrote (one per side, stage and point) and writes OUT/scaling.md and
 OUT/scaling_fit.json:
@@ -17,7 +17,7 @@ OUT/scaling_fit.json:
 
 The coarse assignment (FAISS's flat quantiser search, once per query in retrieve and once per vector in
 index) is not fitted on the points: its cost per distance depends on the number of lists and the
-dimension far beyond what the small points reach. bench/bench_coarse.c measures it alone at the points'
+dimension far beyond what the small points reach. bench/retrieval/bench_coarse.c measures it alone at the points'
 sizes and at the big job's (50,000 lists, d = 384); its model, CPU s = distances x (a d + b) (a per
 multiply-add in the SGEMM, b per distance for the heaps), is fitted on those measurements (add: 1
 list per vector; search: nprobe lists per query), and the other rates are fitted on what is left.
@@ -160,7 +160,7 @@ def main():
     ap.add_argument("jsonl")
     a = ap.parse_args()
     rows = load(a.jsonl)
-    md = ["# Index and retrieve as ranks grow: bench/scaling.sh", ""]
+    md = ["# Index and retrieve as ranks grow: bench/retrieval/scaling.sh", ""]
     new = [r for r in rows if r["side"] == "new" and r["stage"] in ("index", "retrieve")]
     old = {(r["stage"], r["n"], r["dim"], r["factory"], r["np"]): r for r in rows if r["side"] == "old" and r["stage"] in ("index", "retrieve")}
 
@@ -211,7 +211,7 @@ def main():
     md += ["", "## The per-rank model", ""]
     crow = [r for r in rows if r["side"] == "coarse"]
     if crow:
-        md += ["### The coarse assignment alone (bench/bench_coarse.c)", "", "| lists | d | queries | nprobe | CPU s | s per distance x d |",
+        md += ["### The coarse assignment alone (bench/retrieval/bench_coarse.c)", "", "| lists | d | queries | nprobe | CPU s | s per distance x d |",
                "|---:|---:|---:|---:|---:|---:|"] + [f"| {r['nlist']:,} | {r['dim']} | {r['nq']:,} | {r['nprobe']} | {r['cpu_s']:.3f} | {r['s_per_unit']:.2e} |"
                                                     for r in crow] + [""]
     coarse_rows = [r for r in rows if r["side"] == "coarse"]

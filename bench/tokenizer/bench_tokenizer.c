@@ -11,7 +11,7 @@
  * bench_tokenizer.sh to compare with the peers'. Prints one line:
  *   dfm threads=T bytes=B docs=D tokens=N load_s=.. load_cpu=.. cold_s=.. cold_cpu=.. warm_s=.. warm_cpu=..
  * (wall seconds and process CPU seconds, all threads). Built by `make bench-programs`
- * (build/bench/bench_tokenizer); run by bench/bench_tokenizer.sh, which interleaves it with the peers. */
+ * (build/bench/bench_tokenizer); run by bench/tokenizer/bench_tokenizer.sh, which interleaves it with the peers. */
 #include "common/error.h"
 #include "tokenizer/tokenizer.h"
 

@@ -3,8 +3,8 @@
 # tiktoken (byte-level BPE: an Encoding made from the same tokenizer.json's ranks) and SentencePiece (a
 # Unigram model it trained), on cold and on warm text, in interleaved rounds.
 #
-#   bash bench/bench_tokenizer.sh            MB=4 THREADS="1 2" REPS=3, every tokenizer below
-#   MB=1 THREADS=1 REPS=3 TOKENIZERS="qwen2.5 t5" bash bench/bench_tokenizer.sh
+#   bash bench/tokenizer/bench_tokenizer.sh            MB=4 THREADS="1 2" REPS=3, every tokenizer below
+#   MB=1 THREADS=1 REPS=3 TOKENIZERS="qwen2.5 t5" bash bench/tokenizer/bench_tokenizer.sh
 #
 # Tokenizers (TOKENIZERS), one per model path dfm has:
 #   qwen2.5, llama-3.2  byte-level BPE (NFC / Split regex / ByteLevel): the baseline of the speed goal
@@ -32,7 +32,7 @@
 #      from bench/peers.sh; missing, or without a peer's package, is an error: no other Python is tried).
 #      Writes bench/results/tokenizer.md and tokenizer.json.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 PY=${PEERS_PYTHON:-/var/cache/dfm/peers-venv/bin/python}
@@ -98,7 +98,7 @@ run_side() {  # side tokenizer threads round
     line=$(./build/bench/bench_tokenizer "$tj" "$CORPUS" "$MB" "$t" "$ids")
   else
     [ "$side" = sp ] && tj=$(dirname "$tj")/spm.model
-    line=$(RAYON_NUM_THREADS=$t "$PY" bench/bench_tokenizer_hf.py "$side" "$tj" "$CORPUS" "$MB" "$t" "$ids")
+    line=$(RAYON_NUM_THREADS=$t "$PY" bench/tokenizer/bench_tokenizer_hf.py "$side" "$tj" "$CORPUS" "$MB" "$t" "$ids")
   fi
   echo "tokenizer=$name round=$r $line" | tee -a "$B/times" >&2
   if [ "$side" != dfm ] && [ "$r" = 0 ]; then  # ids, document by document, against dfm's of this round
@@ -240,7 +240,7 @@ os.makedirs(res, exist_ok=True)
 json.dump(doc, open(os.path.join(res, "tokenizer.json"), "w"), indent=1)
 with open(os.path.join(res, "tokenizer.md"), "w") as f:
     f.write("# Tokenizer throughput: dfm vs HF tokenizers, tiktoken and SentencePiece, cold and warm text\n\n")
-    f.write(f"`bash bench/bench_tokenizer.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "
+    f.write(f"`bash bench/tokenizer/bench_tokenizer.sh` ({time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "
             f"peers: {', '.join(sorted(set(versions.values())))}).\n\n")
     f.write("\n".join(out) + "\n")
 if not ok:

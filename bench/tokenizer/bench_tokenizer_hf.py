@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""bench_tokenizer_hf.py — the peers' side of bench/bench_tokenizer.sh: Hugging Face `tokenizers`, tiktoken
+"""bench_tokenizer_hf.py — the peers' side of bench/tokenizer/bench_tokenizer.sh: Hugging Face `tokenizers`, tiktoken
 or SentencePiece on the same texts as bench_tokenizer.c, cold and warm.
 
-    python bench/bench_tokenizer_hf.py PEER TOKENIZER CORPUS_JSONL MB THREADS [IDS_OUT]
+    python bench/tokenizer/bench_tokenizer_hf.py PEER TOKENIZER CORPUS_JSONL MB THREADS [IDS_OUT]
 
 PEER: "hf" (tokenizers.Tokenizer.from_file, encode_batch, add_special_tokens=False, RAYON_NUM_THREADS),
 "tiktoken" (an Encoding made from the tokenizer.json: its vocabulary as mergeable ranks, its Split

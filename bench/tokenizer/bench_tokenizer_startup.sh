@@ -3,14 +3,14 @@
 # np=1 and np=2, with the cache off (every rank parses tokenizer.json) and on (every rank maps the cache
 # file; it is made once before the timed runs), in interleaved rounds.
 #
-#   bash bench/bench_tokenizer_startup.sh        REPS=3, corpus $DFM_CACHE/corpus/gcide.jsonl (4.1 MB)
+#   bash bench/tokenizer/bench_tokenizer_startup.sh        REPS=3, corpus $DFM_CACHE/corpus/gcide.jsonl (4.1 MB)
 #
 # Env: REPS, CORPUS, TOKENIZER (default Qwen2.5), DFM (default build/dfm), NPS ("1 2"), KEEP=1,
 #      BEFORE=PATH a dfm built before the cache existed, timed as a third side "before".
 # Each run is timed with /usr/bin/time around mpirun: wall seconds and user+system CPU seconds of
 # mpirun and its ranks. Prints a Markdown table of min / median / max per (cache, np).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 DFM=${DFM:-$ROOT/build/dfm}
 CORPUS=${CORPUS:-$DFM_CACHE/corpus/gcide.jsonl}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/bench_lm_cost.sh — what the frozen SmolLM2-135M costs dfm-train on this machine's CPU: tokens per
+# bench/trainer/bench_lm_cost.sh — what the frozen SmolLM2-135M costs dfm-train on this machine's CPU: tokens per
 # second (wall and per CPU-second) and peak memory of
 #   hidden      the decoder's forward pass alone, no LM head (`dfm-train hidden`: the audit's token keys)
 #   eval        held-out evaluation: three forward passes per token with the LM head and CE (fusion off,
@@ -12,11 +12,11 @@
 # Each is run ROUNDS times in a rotating order at each thread count; the table gives min / median / max.
 # A training run's figure is its median step after the first (warm-up); eval and hidden are timed whole.
 #
-#   RUN=runs/demo bash bench/bench_lm_cost.sh            # a finished run with targets (make demo makes one)
-#   ROUNDS=3 THREADS_LIST="1 2" STEPS=6 bash bench/bench_lm_cost.sh
+#   RUN=runs/demo bash bench/trainer/bench_lm_cost.sh            # a finished run with targets (make demo makes one)
+#   ROUNDS=3 THREADS_LIST="1 2" STEPS=6 bash bench/trainer/bench_lm_cost.sh
 # Writes bench/results/lm_cost.md (and .jsonl, one line per measurement).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\(DFM_LM\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
@@ -95,7 +95,7 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 load, cpu, commit, dirty = sys.argv[2:]
 what = {"hidden": "forward pass, no head (`hidden`)", "eval": "evaluation: 3 forward passes + head + CE (`eval`)",
         "step-top": "DFM step, fusion 26,29 (demo)", "step-paper": "DFM step, fusion 8,15,22,29 (paper)"}
-print("# The frozen SmolLM2-135M on this CPU (`bash bench/bench_lm_cost.sh`)\n")
+print("# The frozen SmolLM2-135M on this CPU (`bash bench/trainer/bench_lm_cost.sh`)\n")
 print(f"dfm-train at {commit}{' (uncommitted changes)' if dirty else ''}; {cpu}; {len(set(r['round'] for r in rows))} "
       f"rounds in rotating order; load at the end: {load.split('load average:')[-1].strip()}. Tokens of 256 per sequence, "
       "batch 2 for training steps. min / median / max over the rounds.\n")

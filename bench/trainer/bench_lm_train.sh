@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# bench/bench_lm_train.sh — dfm-train on SmolLM2-135M (frozen, 30 layers, hidden 576, vocabulary 49152,
+# bench/trainer/bench_lm_train.sh — dfm-train on SmolLM2-135M (frozen, 30 layers, hidden 576, vocabulary 49152,
 # tied head) against PyTorch 2.x, per CPU-second, in interleaved rounds, both sides' outputs checked in the
 # same run:
-#   step     a DFM training step (bench/bench_train_step.c: forward, backward, gradient norm, clipping,
-#            AdamW) against bench/train_torch_peer.py replaying the same weights, batches and teacher-forcing
+#   step     a DFM training step (bench/trainer/bench_train_step.c: forward, backward, gradient norm, clipping,
+#            AdamW) against bench/trainer/train_torch_peer.py replaying the same weights, batches and teacher-forcing
 #            draws: PyTorch eager and torch.compile, fp32 and under torch.autocast("cpu", bfloat16). dfm-train
 #            has no bf16 path: the bf16 rows set dfm's fp32 step against the peer's bf16 step (the gemm part
 #            says why). Fusion depths (DEPTHS):
@@ -12,14 +12,14 @@
 #                     input embeddings
 #   forward  the decoder's forward pass alone (`dfm-train hidden`: final-normed hidden states, no LM head)
 #            against transformers' AutoModel (LlamaModel, SDPA) under torch.inference_mode
-#            (bench/lm_forward_peer.py), eager and compiled, fp32 and bf16 autocast, on the same tokens (the
+#            (bench/trainer/lm_forward_peer.py), eager and compiled, fp32 and bf16 autocast, on the same tokens (the
 #            first FWD_BATCH + FWD_SEQS sequences the step replayed); the hidden states compared token by token
 #   gemm     why there is no bf16 path: the issue rate of vfmadd231ps / vdpbf16ps (build/bench/dot_peak) and
 #            PyTorch's fp32 and bf16 matmul at the step's GEMM shapes (B*T rows x 576 x 1536, 1536 x 576,
 #            576 x 49152), 1 thread
 #
-#   bash bench/bench_lm_train.sh                     # RUN=runs/demo: a run with targets (make demo)
-#   ROUNDS=3 STEPS=6 DEPTHS="top paper" FWD_THREADS="1 2" bash bench/bench_lm_train.sh
+#   bash bench/trainer/bench_lm_train.sh                     # RUN=runs/demo: a run with targets (make demo)
+#   ROUNDS=3 STEPS=6 DEPTHS="top paper" FWD_THREADS="1 2" bash bench/trainer/bench_lm_train.sh
 #
 # B x T = 2 x the run's seq-len (256 for the demo), chunk length the run's, K and d the targets', predictor
 # 2 layers of 256 (dfm-train train's defaults). Round 1 runs LOSS_STEPS steps per side (dfm first: it
@@ -38,7 +38,7 @@
 # Writes bench/results/lm.json (bench/README.md) and bench/results/lm_train.md; exits non-zero when a peer
 # is missing or fails, or an output check fails.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\(DFM_LM\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
@@ -112,7 +112,7 @@ run_peer() { # DEPTH ROUND NSTEPS SIDE(eager|compile|eager-bf16|compile-bf16)
   local flag=()
   case $4 in compile*) flag+=(--compile) ;; esac
   case $4 in *-bf16) flag+=(--autocast bf16) ;; esac
-  "$PY" "$ROOT/bench/train_torch_peer.py" --run "$W/$1/r1" --log "$W/log.$1.$4.r$2.jsonl" --steps "$3" \
+  "$PY" "$ROOT/bench/trainer/train_torch_peer.py" --run "$W/$1/r1" --log "$W/log.$1.$4.r$2.jsonl" --steps "$3" \
     --threads "$THREADS" "${flag[@]}" >"$W/peer.json" 2>"$W/peer.err" ||
     { tail -30 "$W/peer.err" >&2; echo "bench_lm_train: the PyTorch peer ($4) failed" >&2; exit 1; }
 }
@@ -182,7 +182,7 @@ PY
         flag=()
         case $side in compile*) flag+=(--compile) ;; esac
         case $side in *-bf16) flag+=(--autocast bf16) ;; esac
-        "$PY" "$ROOT/bench/lm_forward_peer.py" --backbone "$DFM_LM" --tokens "$W/tokens.bin" --keys "$W/keys.$th.r1.bin" \
+        "$PY" "$ROOT/bench/trainer/lm_forward_peer.py" --backbone "$DFM_LM" --tokens "$W/tokens.bin" --keys "$W/keys.$th.r1.bin" \
           --seqs "$FWD_SEQS" --seq-len "$T" --batch "$FWD_BATCH" --threads "$th" "${flag[@]}" \
           > "$W/fwd.$th.$side.r$r.json" 2>"$W/peer.err" ||
           { tail -30 "$W/peer.err" >&2; echo "bench_lm_train: the forward peer ($side) failed" >&2; exit 1; }
@@ -271,7 +271,7 @@ top.update({"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": 
 json.dump(top, open(os.path.join(res, "lm.json"), "w"), indent=1)
 f3 = lambda v: "%.3f" % v
 met = lambda r: "met" if r["ratio_min_max"][0] >= 1.2 and r["agree"]["ok"] else "not met"
-L_ = ["# dfm-train on SmolLM2-135M against PyTorch (`bash bench/bench_lm_train.sh`)", "",
+L_ = ["# dfm-train on SmolLM2-135M against PyTorch (`bash bench/trainer/bench_lm_train.sh`)", "",
       "dfm at %s; %s; %s; load at the end %s; %s. CPU-seconds per step / per forward, median over the rounds "
       "(min-max); dfm/peer above 1: dfm faster; goal 1.2x in every round." % (
           commit, cpu, ver, open("/proc/loadavg").read().split()[0], top["date"]), "",

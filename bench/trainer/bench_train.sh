@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# bench/bench_train.sh — dfm-train's CPU training step against PyTorch 2.x, eager and torch.compile, per
+# bench/trainer/bench_train.sh — dfm-train's CPU training step against PyTorch 2.x, eager and torch.compile, per
 # CPU-second, in interleaved rounds; the loss curves of the same steps compared in the same run.
 #
-#   bash bench/bench_train.sh
-#   ROUNDS=5 STEPS=16 THREADS=1 bash bench/bench_train.sh
+#   bash bench/trainer/bench_train.sh
+#   ROUNDS=5 STEPS=16 THREADS=1 bash bench/trainer/bench_train.sh
 #
-# The step (bench/bench_train_step.c): the engine's forward, backward, gradient norm, clipping and AdamW,
-# timed alone (CLOCK_PROCESS_CPUTIME_ID and wall). The peer (bench/train_torch_peer.py, idiomatic PyTorch:
+# The step (bench/trainer/bench_train_step.c): the engine's forward, backward, gradient norm, clipping and AdamW,
+# timed alone (CLOCK_PROCESS_CPUTIME_ID and wall). The peer (bench/trainer/train_torch_peer.py, idiomatic PyTorch:
 # nn.Module, SDPA, fused AdamW, clip_grad_norm_) replays the same steps from the same initial weights and
 # batches. Two shapes:
 #   pretrain  the benchmark shape: B x T = 4 x 256, vocab 4096, Qwen3 decoder of 4 layers, hidden 256,
@@ -23,7 +23,7 @@
 # Writes bench/results/train.json (bench/README.md) and bench/results/train_step.md; exits non-zero when
 # the peer is missing or the losses disagree.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-12} LOSS_STEPS=${LOSS_STEPS:-50} SKIP=${SKIP:-3} THREADS=${THREADS:-1}
 LOSS_TOL=${LOSS_TOL:-1e-3}
@@ -56,7 +56,7 @@ run_dfm() { # MODE ROUND NSTEPS
 run_peer() { # MODE ROUND NSTEPS KIND(eager|compile)
   local flag=()
   [ "$4" = compile ] && flag=(--compile)
-  "$PY" "$ROOT/bench/train_torch_peer.py" --run "$W/$1/r1" --log "$W/log.$1.$4.r$2.jsonl" --steps "$3" \
+  "$PY" "$ROOT/bench/trainer/train_torch_peer.py" --run "$W/$1/r1" --log "$W/log.$1.$4.r$2.jsonl" --steps "$3" \
     --threads "$THREADS" "${flag[@]}" >"$W/peer.$4.json" 2>"$W/peer.err" ||
     { cat "$W/peer.err" >&2; echo "bench_train: the PyTorch peer ($4) failed" >&2; exit 1; }
 }
@@ -128,7 +128,7 @@ for r in rows:
         "ok" if a["ok"] else "DISAGREE", a["loss_rel_diff_max"], a["loss_rel_tol"], a["last_loss_dfm"], a["last_loss_peer"]))
 lines += ["", "pretrain: B x T = 4 x 256, vocab 4096, Qwen3 decoder 4 x 256 (8 heads, 4 KV, FFN 768), all trainable. "
           "dfm: that decoder frozen, predictor 2 x 256, projector, fusion after layers 1 and 3, K = 16, d = 64, L = 32, "
-          "teacher forcing mixed:0.5. Command: bash bench/bench_train.sh"]
+          "teacher forcing mixed:0.5. Command: bash bench/trainer/bench_train.sh"]
 txt = "\n".join(lines) + "\n"
 open(os.path.join(res, "train_step.md"), "w").write(txt)
 print(txt)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# bench/bench_train_gpu.sh — dfm-train's CUDA path against the same model in PyTorch on one GPU:
+# bench/trainer/bench_train_gpu.sh — dfm-train's CUDA path against the same model in PyTorch on one GPU:
 # tokens/s, ms/step and MFU for a ~124M and a ~1B backbone, in pretraining and in DFM mode, side by side.
 #
 #   make CUDA=1 BUILD=build-cuda build-cuda/dfm-train          # first (the caller's script does it)
-#   bash bench/bench_train_gpu.sh                               # on the GPU machine, from the repo root
-#   DEVICE=cpu TINY=1 bash bench/bench_train_gpu.sh             # CPU dry run of the plumbing (tiny shapes)
+#   bash bench/trainer/bench_train_gpu.sh                               # on the GPU machine, from the repo root
+#   DEVICE=cpu TINY=1 bash bench/trainer/bench_train_gpu.sh             # CPU dry run of the plumbing (tiny shapes)
 #
 # Writes ${OUT:-build-cuda/bench}/bench_train_gpu.{md,json} (and logs/ with every run's output) and prints
 # the Markdown table. A run that fails, runs out of memory or times out is recorded with its error text and
@@ -36,7 +36,7 @@
 #   DFM_EXTRA, TORCH_EXTRA: more flags for every dfm-train / train_gpu_torch.py run (whitespace-separated),
 #   e.g. TORCH_EXTRA="--compile-mode max-autotune-no-cudagraphs".
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 START=$SECONDS
 DEVICE=${DEVICE:-cuda}
@@ -201,7 +201,7 @@ for m in $MODELS; do
             BB=$WORK/$m-backbone
             if [ ! -f "$BB/config.json" ]; then
               if [ -n "$PY" ]; then
-                run_one "$m-backbone" "$PY" bench/train_gpu_torch.py --write-backbone "$BB" "${SHAPE[@]}"
+                run_one "$m-backbone" "$PY" bench/trainer/train_gpu_torch.py --write-backbone "$BB" "${SHAPE[@]}"
               else
                 echo "no backbone: the pretraining run made none and no Python with torch can write one" \
                   >"$LOGS/$name.skipped"
@@ -229,7 +229,7 @@ for m in $MODELS; do
         [ "$mode" = dfm ] && FLAGS+=("${DFMSHAPE[@]}")
         [ "$COMPILE" = 1 ] && FLAGS+=(--compile)
         FLAGS+=("${TORCH_EXTRA[@]}")
-        run_one "$name" "$PY" bench/train_gpu_torch.py "${FLAGS[@]}"
+        run_one "$name" "$PY" bench/trainer/train_gpu_torch.py "${FLAGS[@]}"
       fi
     done
   done

@@ -1,6 +1,6 @@
 /* bench_train_step.c — dfm-train's CPU training step, timed step by step in CPU-seconds and wall time, with
- * everything a PyTorch peer needs to run the same steps (bench/train_torch_peer.py): the initial weights,
- * the batches and the optimiser settings. Run by bench/bench_train.sh.
+ * everything a PyTorch peer needs to run the same steps (bench/trainer/train_torch_peer.py): the initial weights,
+ * the batches and the optimiser settings. Run by bench/trainer/bench_train.sh.
  *
  *   bench_train_step pretrain DATA OUT STEPS B T LAYERS HIDDEN HEADS KV VOCAB THREADS
  *   bench_train_step dfm DATA OUT STEPS B T BACKBONE TARGETS L FUSION PRED_HIDDEN THREADS [PRED_INPUT_LAYER]

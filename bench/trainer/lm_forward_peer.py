@@ -7,7 +7,7 @@ under torch.autocast("cpu", dtype=torch.bfloat16). It reads the same llm.c token
 times the --seqs sequences after it in CPU-seconds (time.process_time) and wall seconds, and checks all its
 hidden states against dfm's file (schemas/hidden_states.md): max abs difference, min and mean cosine per token.
 
-  python bench/lm_forward_peer.py --backbone DIR --tokens tokens.bin --keys hidden_states.bin --seqs 16 \\
+  python bench/trainer/lm_forward_peer.py --backbone DIR --tokens tokens.bin --keys hidden_states.bin --seqs 16 \\
       [--seq-len 256] [--batch 8] [--compile] [--autocast bf16] [--threads 1]
 
 Prints one JSON line: tokens, cpu_s, wall_s, max_abs, cos_min, cos_mean, versions.

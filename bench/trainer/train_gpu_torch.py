@@ -12,13 +12,13 @@ Prints one JSON line (the last line of stdout): impl, mode, params, trainable, t
 ms_per_step (median over the timed steps), tok_per_s, flops_per_token (tests/ref/train_flops.py), mfu,
 compiled, torch, gpu, ... ; with --log FILE also one JSON line per step (step, loss, ms).
 
-    python3 bench/train_gpu_torch.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \
+    python3 bench/trainer/train_gpu_torch.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \
         --ffn 2048 --vocab 50304 --seq-len 1024 --batch 16 --steps 12 --warmup-steps 3 --compile
-    python3 bench/train_gpu_torch.py --device cpu --dtype fp32 --layers 2 --hidden 64 --heads 4 \
+    python3 bench/trainer/train_gpu_torch.py --device cpu --dtype fp32 --layers 2 --hidden 64 --heads 4 \
         --kv-heads 2 --vocab 512 --seq-len 64 --batch 2 --steps 3      # tiny CPU check
 
 --write-backbone DIR writes a random backbone of the given shape as a Hugging Face folder dfm-train can
-load (config.json + model.safetensors, bf16), then exits (bench/bench_train_gpu.sh's fallback backbone).
+load (config.json + model.safetensors, bf16), then exits (bench/trainer/bench_train_gpu.sh's fallback backbone).
 """
 import argparse
 import contextlib
@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ref"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tests", "ref"))
 import dfm_torch as DT  # noqa: E402
 import train_flops as TF  # noqa: E402
 

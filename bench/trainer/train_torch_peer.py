@@ -2,12 +2,12 @@
 
 nn.Module layers (nn.Linear, nn.RMSNorm, nn.LayerNorm), F.scaled_dot_product_attention (causal, grouped-query
 heads), F.cross_entropy, torch.nn.utils.clip_grad_norm_, torch.optim.AdamW (fused where this torch has it,
-else foreach); optionally torch.compile of the model. It runs the steps bench/bench_train_step.c ran, from
+else foreach); optionally torch.compile of the model. It runs the steps bench/trainer/bench_train_step.c ran, from
 its output folder: the same initial weights (OUT/init or the frozen backbone + OUT/init_modules.safetensors),
 the same batches (OUT/batches.bin, with the teacher-forcing draws) and optimiser settings (OUT/bench.json),
 and writes one JSON line a step (loss, ce, mse, grad_norm, cpu_s, wall_s) like the C program.
 
-  python bench/train_torch_peer.py --run OUT --log peer.jsonl [--compile] [--autocast bf16] [--threads 1]
+  python bench/trainer/train_torch_peer.py --run OUT --log peer.jsonl [--compile] [--autocast bf16] [--threads 1]
 
 The model is trainer/model.h's: a Qwen3/Llama decoder (RMSNorm, RoPE rotate_half, per-head QK-norm for Qwen3
 only, SwiGLU, tied or untied head; RoPE theta and RMS eps from config.json); in DFM mode the frozen decoder plus

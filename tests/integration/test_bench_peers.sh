@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark peers come from one place and are never substituted:
 #  1. bench/peers.sh --check refuses a missing peer venv and one whose stamp holds other pins;
-#  2. bench/bench_encoder_cpu.sh fails, naming the cause, when the peer venv is missing, and when a peer
+#  2. bench/encoder/bench_encoder_cpu.sh fails, naming the cause, when the peer venv is missing, and when a peer
 #     does not import from it; it writes no result file either time (no NumPy or other stand-in);
 #  3. bench/run_all.sh prints the ratio table from result files that follow bench/README.md's convention,
 #     refuses one that lacks a required field, and refuses an unknown stage;
@@ -20,15 +20,15 @@ PEERS_VENV=$WORK/stale expect_fail "is missing or does not match the pins" bash 
 
 stamp() { stat -c '%n %Y %s' bench/results/encoder.json bench/results/encoder_cpu.md 2>/dev/null || true; }
 before=$(stamp)
-expect_fail "the peer venv is missing or stale" bash bench/bench_encoder_cpu.sh
+expect_fail "the peer venv is missing or stale" bash bench/encoder/bench_encoder_cpu.sh
 # a current stamp over a Python without the peers: the benchmark must not fall back to anything
 mkdir -p "$WORK/bare/bin" && ln -s "$(command -v python3)" "$WORK/bare/bin/python"
 bash bench/peers.sh --pins > "$WORK/bare/peers.stamp"
 PEERS_VENV=$WORK/bare bash bench/peers.sh --check || fail "a venv with the current stamp is not taken as current"
 PEERS_VENV=$WORK/bare PEERS=st expect_fail "peer st (sentence-transformers on torch) does not import" \
-  bash bench/bench_encoder_cpu.sh
+  bash bench/encoder/bench_encoder_cpu.sh
 PEERS_VENV=$WORK/bare PEERS=ort expect_fail "peer ort (onnxruntime + onnx export) does not import" \
-  bash bench/bench_encoder_cpu.sh
+  bash bench/encoder/bench_encoder_cpu.sh
 [ "$(stamp)" = "$before" ] ||
   fail "a refused benchmark touched bench/results"
 ok "no result file written by a refused benchmark"

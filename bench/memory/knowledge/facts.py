@@ -17,7 +17,7 @@ many per fact; probe templates (question form and cloze form) are a separate set
 uses, and every probe also carries the sentence of the entity's article that states the fact (the
 in-context reference pastes it before the prompt).
 
-    python3 bench/knowledge/facts.py --out DIR [--entities 240] [--seed 1]
+    python3 bench/memory/knowledge/facts.py --out DIR [--entities 240] [--seed 1]
 writes DIR/corpus.jsonl ({"id", "text"}) and DIR/probes.jsonl ({"id", "entity", "kind", "fact", "answer",
 "question", "cloze", "evidence"}). Deterministic for a seed.
 """

@@ -13,7 +13,7 @@ memory predicted from chunk 1, or retrieved with chunk 1 (the prompt) as the que
 Each document ends with the EOS id; `dfm chunk --doc-aligned --seq-len 3L` pads it to exactly one sequence. A
 short last document follows them, so that the last probe's final token has a successor (its label).
 
-    python3 bench/knowledge/probe_tokens.py --probes P.jsonl --tokenizer tokenizer.json --out DIR [--chunk-len 32]
+    python3 bench/memory/knowledge/probe_tokens.py --probes P.jsonl --tokenizer tokenizer.json --out DIR [--chunk-len 32]
         [--limit N] [--seed S]
 writes DIR/probes.bin (u32 llm.c shard) and DIR/spans.jsonl: one line per sequence, in shard order:
 {"seq", "probe", "form", "start", "end", "entity", "fact", "answer"}; start/end index the answer's tokens in

@@ -16,7 +16,7 @@ predictor's cosine to the target slots of chunk 2, whether chunk 2's retrieved n
 (retrieval recall, with the corpus run's chunk texts), the fusion gates where the answer is predicted, and the
 CE of answer tokens against the other tokens of the sequence.
 
-    python3 bench/knowledge/score.py --backbone LM --modules M.safetensors --run PROBE_RUN --spans SPANS.jsonl
+    python3 bench/memory/knowledge/score.py --backbone LM --modules M.safetensors --run PROBE_RUN --spans SPANS.jsonl
         --probes PROBES.jsonl --corpus-run CORPUS_RUN --tokenizer tokenizer.json --out RESULT.json [--threads 2]
         [--limit N]
 """
@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 MODES = ("none", "predicted", "target", "predicted_shuffled", "target_shuffled", "in_context")
