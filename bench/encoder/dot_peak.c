@@ -1,7 +1,7 @@
 /* dot_peak.c — issue rate of the three multiply-add instructions the CPU encoder's precisions use, one core:
  * vfmadd231ps zmm (fp32: 16 multiply-adds), vdpbf16ps zmm (bf16: 32), vpdpbusd zmm (int8: 64), each over 16
  * independent accumulators (no latency chain), best of 5 passes. Why --precision bf16 is slower than fp32 on
- * CPUs where vdpbf16ps issues below the FMA rate (BENCHMARKS.md, the encoder in bf16 and int8).
+ * CPUs where vdpbf16ps issues below the FMA rate (bench/results/report-encoder.md, the encoder in bf16 and int8).
  *
  *   dot_peak            prints one line per instruction: ns per instruction, multiply-adds per ns
  *

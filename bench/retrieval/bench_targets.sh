@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench_targets.sh — target shards: write throughput vs a plain sequential write of the same bytes,
 # C and Python reader stream throughput, compression ratio and bytes per chunk per dtype / shuffle /
-# store option. Prints a Markdown table block for BENCHMARKS.md.
+# store option. Prints a Markdown table block for bench/results/report-targets.md.
 #   bash bench/retrieval/bench_targets.sh                  synthetic data (N=8000, K=16, d=384)
 #   REAL_RUN=runs/demo bash bench/retrieval/bench_targets.sh   also ratios on a real run's neighbours/embeddings
 #   N=.. K=.. D=.. DIR=/path/on/the/disk/to/measure
