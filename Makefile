@@ -206,7 +206,7 @@ $(DFM_LM)/config.json: $(DFM_LM_GGUF) $(LM_CONVERTER) | $(BUILD)/dfm-train
 #   make CUDA=1 cuda-checks    the same checkers for a GPU, with nvcc -> $(BUILD)/checks/<checker>; they
 #                              need only cuBLAS, OpenBLAS and OpenMP (not MPI, FAISS or the other libraries)
 #   make tools                 $(BUILD)/tools/retrieve_mkrun (a synthetic run for the retrieval tests), targets_read (a reader process)
-#   make bench-programs        $(BUILD)/bench/<program> for every bench/*.c
+#   make bench-programs        $(BUILD)/bench/<program> for every bench/<room>/<program>.c
 #   make checks                all of these that this configuration can build (what `make test` builds)
 #   make faiss-c-api FAISS_SRC=DIR FAISS_C_OUT=FILE   the FAISS C API from a FAISS source tree (scripts/deps.sh)
 
@@ -298,14 +298,20 @@ $(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libdfm.a
 
 tools: $(BUILD)/tools/retrieve_mkrun $(BUILD)/tools/targets_read
 
-$(BUILD)/bench/%: bench/%.c $(TRAIN_OBJ) $(BUILD)/libdfm.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(TRAIN_OBJ) $(BUILD)/libdfm.a $(LDLIBS)
+# bench/<room>/<program>.c -> $(BUILD)/bench/<program> (flat: program names are unique across the rooms)
+BENCH_SRC := $(wildcard bench/*/*.c)
+BENCH_PROGRAMS := $(addprefix $(BUILD)/bench/,$(notdir $(BENCH_SRC:.c=)))
+define BENCH_RULE
+$(BUILD)/bench/$(notdir $(1:.c=)): $(1) $(TRAIN_OBJ) $(BUILD)/libdfm.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) $$(LDFLAGS) -o $$@ $$< $$(TRAIN_OBJ) $$(BUILD)/libdfm.a $$(LDLIBS)
+endef
+$(foreach src,$(BENCH_SRC),$(eval $(call BENCH_RULE,$(src))))
 
-# the gzip library micro-benchmark compares every candidate library (bench/bench_gunzip.c)
+# the gzip library micro-benchmark compares every candidate library (bench/corpus/bench_gunzip.c)
 $(BUILD)/bench/bench_gunzip: LDLIBS += $(shell pkg-config --libs zlib libdeflate 2>/dev/null)
 
-bench-programs: $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+bench-programs: $(BENCH_PROGRAMS)
 
 checks: emu-checks tools bench-programs $(if $(filter 1,$(CUDA)),cuda-checks)
 

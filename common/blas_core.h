@@ -4,7 +4,7 @@
  * the library loads. A model it does not know (Emerald Rapids, family 6 model 207, on the machines dfm
  * was measured on) makes it fall back to "Prescott", the SSE3 kernels: SGEMM then runs 5x slower than
  * with the AVX-512 kernels the same CPU executes (7 vs 35-40 GFLOP/s at one thread, measured with
- * bench/sgemm_peak.c). OpenBLAS reads OPENBLAS_CORETYPE only at load time, so the fix is an environment
+ * bench/encoder/sgemm_peak.c). OpenBLAS reads OPENBLAS_CORETYPE only at load time, so the fix is an environment
  * variable and a re-exec, done by the program's main before anything else runs.
  */
 #ifndef DFM_COMMON_BLAS_CORE_H

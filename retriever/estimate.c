@@ -27,7 +27,7 @@ static void human(char *out, size_t n, double bytes) {
     snprintf(out, n, "%.1f %s", bytes, u[i]);
 }
 
-/* The cost model of chunk, encode and write-targets, fitted by bench/growth.sh on its np = 1 points
+/* The cost model of chunk, encode and write-targets, fitted by bench/retrieval/growth.sh on its np = 1 points
  * (bench/results/growth.md, 2026-12-01, the shared 2-core VM; 1e5, 3e5 and 1e6 chunks, 1.3M to 21M
  * tokens for chunk). CPU-seconds of the slowest rank
  *     t = t0 + a * n^b / P * (d / 64)^e
@@ -52,15 +52,15 @@ static const stage_model models[] = {
 enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
 
 /* Index and retrieve: the CPU seconds of a rank outside MPI = rates x its work, in units that do not
- * depend on the machine (retriever/work.h counts them; bench/scaling_report.py defines the same units
- * and fits the rates by non-negative least squares on every rank of bench/scaling.sh's points, the
+ * depend on the machine (retriever/work.h counts them; bench/retrieval/scaling_report.py defines the same units
+ * and fits the rates by non-negative least squares on every rank of bench/retrieval/scaling.sh's points, the
  * index's training and adding apart: bench/results/scaling.md and scaling_fit.json, where the model's
  * error on each measured point is).
  *   index:    kmeans_flops; train_points x d; 1 | vectors_added x (PQ: 256 d; Flat: d); 1
  *   retrieve: codes_scanned x (PQ: M; Flat: d); shard_searches x (PQ: 256 d + nprobe d; Flat:
  *             nprobe d); exact_scores x d; shard_searches; queries
  * and in both the coarse assignment, coarse_distances x (a d + b): a per multiply-add of FAISS's SGEMM,
- * b per distance (its heaps), fitted on bench/bench_coarse.c's measurements of the assignment alone up
+ * b per distance (its heaps), fitted on bench/retrieval/bench_coarse.c's measurements of the assignment alone up
  * to a big job's size (50,000 lists, d = 384), which the small points cannot reach. */
 /* seconds per unit, bench/results/scaling_fit.json */
 #define RATE_INDEX_KMEANS 2.891e-11

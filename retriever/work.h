@@ -5,7 +5,7 @@
  * depend on the machine (distances computed, codes scanned, bytes sent) and keeps apart the CPU time
  * of the MPI calls it makes (dfm_work_mpi_begin / _end around each one, on the calling thread). Every
  * rank's record goes into its stage's manifest entry as "work" (schemas/manifest.md, "Work"), which
- * `dfm estimate` and bench/scaling.sh read.
+ * `dfm estimate` and bench/retrieval/scaling.sh read.
  *
  * What is counted (each rank its own share):
  *   coarse_distances  vector or query x coarse centroid distances, d-dimensional: index assigns its

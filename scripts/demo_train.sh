@@ -62,6 +62,6 @@ echo "   after layer $(( PRED_INPUT - 1 )); then the held-out evaluation: every 
   --chunk-len 32 "${SHAPE[@]}" --steps "$DFM_STEPS" --lr 2e-3 --warmup $(( DFM_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
   --pred-input-layer "$PRED_INPUT" --threads "$THREADS" --no-ckpt 2>&1 | progress "$DFM_STEPS"
 echo "-- what the target memory is made of"
-python3 "$ROOT/bench/target_composition.py" "$RUN"
+python3 "$ROOT/bench/memory/target_composition.py" "$RUN"
 echo "-- training half done in $(( $(date +%s) - T0 ))s; loss log: $OUT/dfm/log.jsonl" \
   "(python3 trainer/plot_log.py $OUT/dfm/log.jsonl curve.png)"

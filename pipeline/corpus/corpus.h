@@ -14,7 +14,7 @@
  *   any of the above + .zst  zstd-compressed, decompressed as a stream (never whole in memory)
  *   any of the above + .gz   gzip-compressed (one member, or several concatenated as pigz, bgzip or
  *                            `cat a.gz b.gz` write them), decompressed as a stream with ISA-L's igzip
- *                            (bench/bench_gunzip.c: 2.7-2.9x zlib's speed; libdeflate cannot stream); every
+ *                            (bench/corpus/bench_gunzip.c: 2.7-2.9x zlib's speed; libdeflate cannot stream); every
  *                            member's CRC-32 and length are checked
  *
  * Splitting: the inputs, in the order given, form one virtual byte space of total size T; rank r

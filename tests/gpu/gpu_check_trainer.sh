@@ -3,7 +3,7 @@
 # The one command for a GPU machine (prepared without a GPU; see trainer/README.md, "CUDA path"):
 #
 #   OUT=/some/dir bash tests/gpu/gpu_check_trainer.sh          # build, parity, end to end, benchmark
-#   NO_BENCH=1 ...                                           # skip the benchmark (bench/bench_train_gpu.sh)
+#   NO_BENCH=1 ...                                           # skip the benchmark (bench/trainer/bench_train_gpu.sh)
 #   BUILD_ONLY=1 ...                                         # build the CUDA tree and the checkers only
 #   SKIP_MAKE=1 ...                                          # checkers only (make cuda-checks, not all;
 #                                                            # what tests/py/test_train_cuda_check.py runs)
@@ -21,7 +21,7 @@
 # 3. end to end (needs step 1): dfm-train on synthetic data, CPU vs GPU fp32 (losses of 5 pretraining
 #    steps within 1e-4, with each attention), two GPU runs bit-identical (checkpoints), DFM training in bf16
 #    (attention auto), the stall fraction and the memory report;
-# 4. bench/bench_train_gpu.sh (124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch).
+# 4. bench/trainer/bench_train_gpu.sh (124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch).
 # Writes $OUT/gpu_check_trainer_YYYY-MM-DD.txt (everything) plus the benchmark's files. Exit 0 all
 # passed, 1 a bound failed, 2 build or CUDA error (or no GPU).
 set -uo pipefail
@@ -114,9 +114,9 @@ EOF
   rm -rf "$W"
 fi
 
-if [ $made = 1 ] && [ "${NO_BENCH:-0}" != 1 ] && nvidia-smi -L >/dev/null 2>&1 && [ -f bench/bench_train_gpu.sh ]; then
-  say "-- benchmark: bench/bench_train_gpu.sh"
-  DFM_TRAIN=$BUILD_DIR/dfm-train OUT=$OUT timeout "${BENCH_TIMEOUT:-420}" bash bench/bench_train_gpu.sh 2>&1 | tee -a "$LOG"
+if [ $made = 1 ] && [ "${NO_BENCH:-0}" != 1 ] && nvidia-smi -L >/dev/null 2>&1 && [ -f bench/trainer/bench_train_gpu.sh ]; then
+  say "-- benchmark: bench/trainer/bench_train_gpu.sh"
+  DFM_TRAIN=$BUILD_DIR/dfm-train OUT=$OUT timeout "${BENCH_TIMEOUT:-420}" bash bench/trainer/bench_train_gpu.sh 2>&1 | tee -a "$LOG"
   say "benchmark: exit ${PIPESTATUS[0]}"
 fi
 say "exit status $status; results in $LOG"

@@ -4,7 +4,7 @@
 #   OUT=DIR bash tests/gpu/gpu_session.sh [STAGE ...]      stages in order (default: trainer bench encoder)
 #     trainer   make CUDA=1, tests/gpu/gpu_check_trainer.sh without the benchmark: kernel, flash-attention
 #               and whole-model parity checkers, end to end CPU vs GPU, determinism
-#     bench     bench/bench_train_gpu.sh: 124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch
+#     bench     bench/trainer/bench_train_gpu.sh: 124M and ~1B backbones, pretraining and DFM, dfm vs PyTorch
 #     encoder   tests/gpu/gpu_check_encoder.sh: the encoder's CUDA path vs its CPU path, and its speed
 #
 # For the `device` tool (its README): first, here, `bash tests/gpu/gpu_carry.sh` (libraries, ~23 MiB) and,
@@ -69,9 +69,9 @@ for stage in "$@"; do
       [ "$(left)" -ge $need ] || { say "skip bench: $(left)s left, needs ~${need}s"; worse 2; continue; }
       build
       [ $built = 1 ] || { say "skip bench: no CUDA build"; continue; }
-      say "bench (bench/bench_train_gpu.sh, budget $(( $(left) - 30 ))s)"
+      say "bench (bench/trainer/bench_train_gpu.sh, budget $(( $(left) - 30 ))s)"
       DFM_TRAIN=build-cuda/dfm-train OUT=$WORK/bench BUDGET_S=$(( $(left) - 30 )) \
-        timeout $(( $(left) - 10 )) bash bench/bench_train_gpu.sh > "$WORK/bench.out" 2>&1
+        timeout $(( $(left) - 10 )) bash bench/trainer/bench_train_gpu.sh > "$WORK/bench.out" 2>&1
       rc=$?; worse $rc
       cp "$WORK"/bench/bench_train_gpu.md "$WORK"/bench/bench_train_gpu.json "$OUT/" 2>/dev/null
       say "bench: exit $rc"

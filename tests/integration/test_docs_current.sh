@@ -190,8 +190,8 @@ floor_rule() {
     trainer|trainer/cmd) echo '^(common|schemas|trainer)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
     # the trainer's rooms (trainer/README.md): each includes only the rooms below it
     trainer/kernels) echo '^common/|^trainer/kernels/' ;;
-    trainer/model) echo '^(common|schemas)/|^trainer/(kernels|model)/' ;;
-    trainer/data) echo '^(common|schemas)/|^trainer/(kernels|model|data)/|^shard/target_reader\.h$' ;;
+    trainer/model/model) echo '^(common|schemas)/|^trainer/(kernels|model)/' ;;
+    trainer/data/data) echo '^(common|schemas)/|^trainer/(kernels|model|data)/|^shard/target_reader\.h$' ;;
     trainer/lm) echo '^(common|schemas)/|^trainer/(kernels|model|lm)/|^tokenizer/tokenizer\.h$' ;;
     trainer/run) echo '^(common|schemas)/|^trainer/(kernels|model|data|lm|run)/|^shard/target_reader\.h$|^tokenizer/tokenizer\.h$' ;;
     tests) echo '^(common|schemas|tokenizer|pipeline|encoder|retriever|shard|trainer|tests)/' ;;
@@ -217,7 +217,7 @@ floor_breaks() {  # FOLDER...: each include or import outside its floor's rule, 
   return 0
 }
 breaks=$(floor_breaks common schemas tokenizer pipeline encoder retriever shard trainer tests bench \
-         trainer/kernels trainer/model trainer/data trainer/lm trainer/run trainer/cmd)
+         trainer/kernels trainer/model/model trainer/data/data trainer/lm trainer/run trainer/cmd)
 [ -z "$breaks" ] || fail "includes or imports that break the floor plan of docs/ARCHITECTURE.md:
 $breaks"
 mkdir -p "$WORK/schemas" "$WORK/tokenizer" "$WORK/tests" "$WORK/bench" "$WORK/trainer/kernels"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# test_knowledge_probes.sh — the real-LM knowledge probes end to end at test size (bench/bench_real_memory.sh
-# runs them at full size): facts about invented entities (bench/knowledge/facts.py) as the corpus and
-# datastore, probe questions (bench/knowledge/probe_tokens.py) as a query-only run that retrieves from it
+# test_knowledge_probes.sh — the real-LM knowledge probes end to end at test size (bench/memory/bench_real_memory.sh
+# runs them at full size): facts about invented entities (bench/memory/knowledge/facts.py) as the corpus and
+# datastore, probe questions (bench/memory/knowledge/probe_tokens.py) as a query-only run that retrieves from it
 # (`dfm build` with "retrieve": {"datastore": ...}: no index of its own), DFM modules trained a few steps on
 # the corpus with the frozen SmolLM2-135M, and `dfm-train eval` of the probe run in every memory mode.
 #   1. the query-only run: no index stage, the datastore recorded, neighbour ids beyond its own chunks;
@@ -10,7 +10,7 @@
 #      shuffled between probes stays below 50 % (the check can fail);
 #   3. the probe run's targets feed dfm-train eval: every mode and both shuffled controls finite, and each
 #      memory effect is its control's CE minus the mode's;
-#   4. the probe scoring (bench/knowledge/score.py, dfm.torch) on 4 probe sequences: every mode scored,
+#   4. the probe scoring (bench/memory/knowledge/score.py, dfm.torch) on 4 probe sequences: every mode scored,
 #      the pasted fact (in-context reference) raises the answer's log-probability over fusion off by > 2
 #      nats, retrieval recall as in 2.
 # SKIP when the LM is not installed (make lm).
@@ -30,8 +30,8 @@ T=$(mktemp -d /tmp/dfm-test-probes-XXXXXX)
 fail() { echo "FAIL: $*" >&2; exit 1; }
 TOK=$LM/tokenizer.json
 
-"$PY" "$ROOT/bench/knowledge/facts.py" --out "$T" --entities 16 --seed 1 >/dev/null || fail "facts.py"
-"$PY" "$ROOT/bench/knowledge/probe_tokens.py" --probes "$T/probes.jsonl" --tokenizer "$TOK" --out "$T/pt" --limit 8 --seed 1 >/dev/null ||
+"$PY" "$ROOT/bench/memory/knowledge/facts.py" --out "$T" --entities 16 --seed 1 >/dev/null || fail "facts.py"
+"$PY" "$ROOT/bench/memory/knowledge/probe_tokens.py" --probes "$T/probes.jsonl" --tokenizer "$TOK" --out "$T/pt" --limit 8 --seed 1 >/dev/null ||
   fail "probe_tokens.py"
 config() { # RUN INPUT SEQ EXCLUDE EXTRA
   cat > "$1.json" <<JSON
@@ -112,7 +112,7 @@ print("eval on the probe run: " + ", ".join("%s %.4f" % (k, e[k]) for k in keys)
 EOF
 
 echo "== 4. the probe scoring on 4 sequences"
-"$PY" "$ROOT/bench/knowledge/score.py" --backbone "$LM" --modules "$T/dfm/dfm_modules.safetensors" --run "$T/probes" \
+"$PY" "$ROOT/bench/memory/knowledge/score.py" --backbone "$LM" --modules "$T/dfm/dfm_modules.safetensors" --run "$T/probes" \
   --spans "$T/pt/spans.jsonl" --probes "$T/probes.jsonl" --corpus-run "$T/corpus" --tokenizer "$TOK" --out "$T/score.json" \
   --threads 2 --limit 4 >"$T/score.log" 2>&1 || { tail -20 "$T/score.log"; fail "score.py"; }
 "$PY" - "$T/score.json" <<'EOF' || fail "probe scores"

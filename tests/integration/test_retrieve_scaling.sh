@@ -10,7 +10,7 @@
 #   3. the largest rank's share of each of those at most 1.2 x total / P, and of the work that grows with
 #      P (a query visits the ranks holding its nprobe lists: shard searches, exact rescorings, bytes sent);
 #   4. a query visits fewer ranks than there are: shard searches per rank shrink from np = 1.
-# Times are the benchmark's business (bench/scaling.sh), not a test's.
+# Times are the benchmark's business (bench/retrieval/scaling.sh), not a test's.
 source "$(dirname "$0")/lib.sh"
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 export OMP_NUM_THREADS=1 DFM_LOG_LEVEL=warn

@@ -1,6 +1,6 @@
 """dfm-train's FLOP count (trainer/model/flops.c, behind its MFU) equals the benchmark's (tests/ref/train_flops.py).
 
-Both sides of bench/bench_train_gpu.sh must divide by the same model FLOPs: dfm-train prints its count
+Both sides of bench/trainer/bench_train_gpu.sh must divide by the same model FLOPs: dfm-train prints its count
 per token when training starts; tests/ref/train_flops.py computes it independently from the same flags.
 Checked for pretraining (Qwen3, tied; Llama, untied) and DFM mode (per-head and per-channel gates,
 several fusion layers), to a relative 1e-6.

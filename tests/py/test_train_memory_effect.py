@@ -1,4 +1,4 @@
-"""Memory that helps: the short version of bench/bench_memory.sh.
+"""Memory that helps: the short version of bench/memory/bench_memory.sh.
 
 On a keyed synthetic corpus (`dfm-train synth --mode keyed`, trainer/data/synth.h: every chunk's key decides
 its tokens, the target memory encodes the key, keys follow a chain) a small backbone is pretrained, then
@@ -14,7 +14,7 @@ checked.) The shuffled controls of the evaluation (another held-out sequence's m
 modules) must cost what memory gives where memory matters, and nothing where predicted memory carries
 nothing (keyed-random); the reported memory effect must be the control's CE minus the real memory's.
 
-The keyed row runs at the benchmark's own sizes (the first row of bench/bench_memory.sh, bit for bit) and
+The keyed row runs at the benchmark's own sizes (the first row of bench/memory/bench_memory.sh, bit for bit) and
 must reach 0.14 nats with slot cosine >= 0.9 (the benchmark's goal is 0.15; the margin is for another
 CPU's rounding); the other two rows run shorter, with thresholds they reach with margin (see the
 constants). Every CE an evaluation reports must be a finite number (dfm-train writes NaN as null).
@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_cli import ce_modes, check, finish, run  # noqa: E402
 
 T, L, SEQS, VAL, PRE_STEPS = 128, 16, 3000, 64, 600
-DFM_STEPS = 1500          # the keyed row: the full benchmark's sizes (bench/keyed_lib.sh)
+DFM_STEPS = 1500          # the keyed row: the full benchmark's sizes (bench/memory/keyed_lib.sh)
 DFM_STEPS_OTHER = 600     # the other two rows: their effects are large
 # measured with these sizes (2 threads, 2026-12-01; 128 keys): keyed gain 0.163 nats, cos 0.923, every
 # mode below fusion off (69 s on 2 idle cores for the whole test); the backbone without the chain: gain

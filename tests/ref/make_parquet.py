@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parquet test files written with pyarrow, each beside the same texts as JSONL (a null is written to the
 JSONL as "", both count as an empty document), for tests/integration/test_chunk_parquet.sh and
-bench/bench_corpus_formats.sh.
+bench/corpus/bench_corpus_formats.sh.
 
   variants --corpus C --out DIR --jsonl DIR     one file per writer option set (the table VARIANTS):
                                                 codecs, dictionary or plain, data pages v1/v2, nulls,

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """train_flops.py — model FLOPs per token of one dfm-train training step, and parameter counts.
 
-One formula shared by both sides of bench/bench_train_gpu.sh (dfm-train's CUDA path and the PyTorch peer
-bench/train_gpu_torch.py), so their MFU figures are computed the same way. Standard library only.
+One formula shared by both sides of bench/trainer/bench_train_gpu.sh (dfm-train's CUDA path and the PyTorch peer
+bench/trainer/train_gpu_torch.py), so their MFU figures are computed the same way. Standard library only.
 
     python3 tests/ref/train_flops.py --mode pretrain --layers 12 --hidden 768 --heads 12 --kv-heads 12 \
         --ffn 2048 --vocab 50304 --seq-len 1024

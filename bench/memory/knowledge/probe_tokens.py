@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""probe_tokens.py — the probes of facts.py as LM token sequences laid out on DFM's chunks: an llm.c token
+shard for `dfm chunk` (one document per probe and form) and the answer spans to score.
+
+A probe sequence is exactly three chunks of L tokens. Neutral filler fills chunk 0 and the start of chunk 1,
+the prompt (question form, or cloze form) ends on chunk 1's last token, and the answer begins chunk 2:
+
+    chunk 0                 chunk 1                          chunk 2
+    [filler ............] [.... filler | prompt ......... ] [answer . EOS pad...]
+
+So the answer is predicted by chunk 1's last token, which reads chunk 2's memory (memory_align next): the
+memory predicted from chunk 1, or retrieved with chunk 1 (the prompt) as the query. Chunk 0 has no memory.
+Each document ends with the EOS id; `dfm chunk --doc-aligned --seq-len 3L` pads it to exactly one sequence. A
+short last document follows them, so that the last probe's final token has a successor (its label).
+
+    python3 bench/memory/knowledge/probe_tokens.py --probes P.jsonl --tokenizer tokenizer.json --out DIR [--chunk-len 32]
+        [--limit N] [--seed S]
+writes DIR/probes.bin (u32 llm.c shard) and DIR/spans.jsonl: one line per sequence, in shard order:
+{"seq", "probe", "form", "start", "end", "entity", "fact", "answer"}; start/end index the answer's tokens in
+the sequence. --limit N keeps N probes, the same number of each fact, drawn with --seed.
+"""
+import argparse
+import json
+import os
+import random
+
+import numpy as np
+
+FILLER = ("The notes below were copied from an old ledger kept by a county archive. Each entry was checked against "
+          "the registers of births, trades and property, and where two sources disagreed the older one was kept. "
+          "Spelling follows the originals. Questions put to the archive are answered from these records alone.")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--probes", required=True)
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--chunk-len", type=int, default=32)
+    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    from tokenizers import Tokenizer
+    tk = Tokenizer.from_file(a.tokenizer)
+    enc = lambda s: tk.encode(s, add_special_tokens=False).ids
+    eos = tk.token_to_id("<|endoftext|>")
+    L = a.chunk_len
+    probes = [json.loads(l) for l in open(a.probes)]
+    if a.limit:
+        rng = random.Random(a.seed)
+        facts = sorted({p["fact"] for p in probes})
+        per = max(1, a.limit // len(facts))
+        probes = [p for f in facts for p in rng.sample([q for q in probes if q["fact"] == f], per)]
+        probes.sort(key=lambda p: p["id"])
+    filler = enc(FILLER)
+    tokens, spans = [], []
+    for p in probes:
+        for form in ("question", "cloze"):
+            prompt, answer, stop = enc(" " + p[form]), enc(" " + p["answer"]), enc(".")
+            need = 2 * L - len(prompt)
+            if need < 1 or need > len(filler) or len(answer) + len(stop) + 1 > L:
+                raise SystemExit(f"probe {p['id']} ({form}): prompt of {len(prompt)} or answer of {len(answer)} tokens "
+                                 f"does not fit chunks of {L}")
+            doc = filler[-need:] + prompt
+            assert len(doc) == 2 * L
+            seq = len(spans)
+            spans.append({"seq": seq, "probe": p["id"], "form": form, "start": 2 * L, "end": 2 * L + len(answer),
+                          "entity": p["entity"], "fact": p["fact"], "answer": p["answer"]})
+            tokens += doc + answer + stop + [eos]
+    # a last short document: every probe sequence's last token then has a next token, as a loader needs
+    tokens += filler[:8] + [eos]
+    os.makedirs(a.out, exist_ok=True)
+    hdr = np.zeros(256, np.int32)
+    hdr[:3] = (20240801, 7, len(tokens))
+    with open(os.path.join(a.out, "probes.bin"), "wb") as f:
+        f.write(hdr.tobytes() + np.asarray(tokens, np.uint32).tobytes())
+    with open(os.path.join(a.out, "spans.jsonl"), "w") as f:
+        for s in spans:
+            f.write(json.dumps(s) + "\n")
+    print(f"probe_tokens: {len(spans)} sequences of {3 * L} ({len(probes)} probes x 2 forms) -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()
