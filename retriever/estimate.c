@@ -300,7 +300,7 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     ln[M_CHUNK] = (est_line){"chunk", models[M_CHUNK].base_rss + 4 * window + 8e6 + 2e6, N * (24.0 + 4.0 * (double)L), 0, NULL, ""};
     snprintf(ln[M_CHUNK].note, sizeof ln[M_CHUNK].note, "bounded: tokenizer + %.0f-token window; %.1f GB per rank spilled while it runs",
              window, 4.0 * T / P / 1e9);
-    /* encode: a window of 4096 chunks and one batch of activations (BENCHMARKS.md) */
+    /* encode: a window of 4096 chunks and one batch of activations (bench/results/report-encoder.md) */
     double emb_bytes = N * D * (edt ? (double)dfm_emb_dtype_size((uint32_t)dfm_emb_dtype_parse(edt)) : 4.0);
     ln[M_ENCODE] = (est_line){"encode", models[M_ENCODE].base_rss, emb_bytes, 0, NULL, "bounded: model weights + a 4096-chunk window"};
     /* index: the rank's shard, the coarse centroids, the training sample (its share; all of it on rank 0

@@ -31,7 +31,7 @@ typedef struct {
  * Per stage: memory per rank (the stage's bounded buffers and data structures plus the process's
  * measured base), disk, and time. Times are CPU-seconds of the slowest rank on one core of the
  * machine class the benchmarks measured. chunk and write-targets: t = a * n^b / P, n the stage's items
- * (tokens, chunks), P the ranks, scaled by (d / 64)^e (bench/retrieval/growth.sh, BENCHMARKS.md "Cost growth");
+ * (tokens, chunks), P the ranks, scaled by (d / 64)^e (bench/retrieval/growth.sh, bench/results/report-retrieval.md "Cost growth");
  * encode: the CPU encoder's rate, or on GPUs an assumed rate; where the run's manifest has timed one of
  * these, its own time is scaled instead. index and retrieve: the slowest rank's work (k-means, coarse
  * distances, codes scanned, shard searches, rescorings: the counts retriever/work.h records) for the
