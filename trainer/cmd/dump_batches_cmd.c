@@ -140,6 +140,10 @@ int cmd_dump_batches(int argc, char **argv) {
         {"epoch", DFM_OPT_INT, &epoch, "0", "E", "first epoch (the loader starts at its position 0)", 0, .min = "0"},
         {"steps", DFM_OPT_INT, &steps, "0", "N", "micro-batches to write (0 = one epoch of full steps)", 0, .min = "0"},
         {"split", DFM_OPT_STR, &split, "train", "S", "train (the shuffled loader) or heldout (eval's batches)", 0, .choices = "train|heldout"},
+        {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm (--data, --targets) or reconstruct (the reading set of the run --data, as dfm-train train builds it)", 0, .choices = "dfm|reconstruct"},
+        {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "reconstruct: the backbone whose tokenizer.json encodes --reading-prompt", 0},
+        {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk", 0},
+        {"slots", DFM_OPT_INT, &o.slots, "0", "K", "reconstruct: memory slots (0 = 16)", 0, .min = "0"},
         {"prefetch", DFM_OPT_INT, &o.prefetch, "6", "N", "micro-batches read ahead by the loader threads", 1, .min = "2"},
         {"loader-threads", DFM_OPT_INT, &o.loader_threads, "1", "N", "threads reading batches", 1, .min = "1", .max = "64"},
         {0},
@@ -162,9 +166,11 @@ int cmd_dump_batches(int argc, char **argv) {
     if (!rc && (!o.data || !o.out)) rc = DFM_FAIL(DFM_EARG, "--data and --out are required");
     if (!rc && rank >= world) rc = DFM_FAIL(DFM_EARG, "--rank %lld is not below --world %lld. HINT: ranks are 0 to W-1",
                                              (long long)rank, (long long)world);
-    if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
-    int L = o.targets ? (int)o.chunk_len : (int)o.seq_len;
-    if (!rc && o.targets) rc = train_open_targets(&o, &ds);
+    int reading = !strcmp(o.objective, "reconstruct");
+    if (!rc && reading && !o.backbone) rc = DFM_FAIL(DFM_EARG, "--objective reconstruct needs --backbone (its tokenizer.json)");
+    if (!rc) rc = reading ? train_open_reading(&o, &ds) : data_open(o.data, (int)o.seq_len, &ds);
+    int L = o.targets || reading ? (int)o.chunk_len : (int)o.seq_len;
+    if (!rc && o.targets && !reading) rc = train_open_targets(&o, &ds);
     size_t nval = rc ? 0 : train_held_out(&o, &ds);
     int heldout = split && !strcmp(split, "heldout");
     if (!rc && !heldout && nval >= ds.n_seq)

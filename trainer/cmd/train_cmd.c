@@ -91,6 +91,9 @@ int cmd_train(int argc, char **argv) {
         {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "frozen backbone: Hugging Face folder", 0},
         {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory: targets file or a run with targets", 0},
         {"tokens-run", DFM_OPT_STR, &o.tokens_run, NULL, "DIR", "token run the targets must match (default --data when it is a run)", 0},
+        {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm: next-token CE + MSE on --data with --targets; reconstruct: reading pretraining, each chunk of the run --data regenerated from its own embedding as the only memory after a constant prompt (trainer/data/reading.h; no --targets); continue with --objective dfm --init-modules", 0, .choices = "dfm|reconstruct"},
+        {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk (at most one chunk of tokens)", 0},
+        {"init-modules", DFM_OPT_STR, &o.init_modules, NULL, "FILE", "start the DFM modules from trained ones (dfm_modules.safetensors or a checkpoint; same backbone and shape), with a fresh optimizer", 0},
         {"cache-frozen", DFM_OPT_FLAG, &o.cache_frozen, NULL, NULL, "keep each training sequence's frozen layers (up to the first fusion layer) and the predictor's input after its first forward: later epochs start at the first fusion layer (same bytes; CPU; (T+T/L) x C floats per sequence)", 1},
         {0},
     };
@@ -98,7 +101,8 @@ int cmd_train(int argc, char **argv) {
     int npos = 0;
     int rc = dfm_opts_parse("train", "--backbone DIR --data TOKENS --targets PATH --out DIR [options]",
                             "Trains DFM's memory predictor, memory projector and gated cross-attention fusion on top "
-                            "of a frozen decoder with next-token CE + mse-weight * MSE(predicted, target slots). "
+                            "of a frozen decoder with next-token CE + mse-weight * MSE(predicted, target slots), or, "
+                            "with --objective reconstruct, teaches the fusion to read its memory first. "
                             "Writes OUT/ckpt_final.bin, OUT/dfm_modules.safetensors and OUT/log.jsonl.",
                             opts, argc, argv, &pos, &npos, NULL);
     free(pos);
@@ -110,13 +114,19 @@ int cmd_train(int argc, char **argv) {
     memset(&ds, 0, sizeof ds);
     DfmModel *m = NULL;
     int rank = 0;
-    if (!rc && (!o.data || !o.backbone || !o.targets)) rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --targets are required");
+    int reading = o.objective && !strcmp(o.objective, "reconstruct");
+    if (!rc && (!o.data || !o.backbone || (!o.targets && !reading)))
+        rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --targets are required (--targets not with --objective reconstruct)");
+    if (!rc && reading && o.targets)
+        rc = DFM_FAIL(DFM_EARG, "--objective reconstruct builds its targets from the run --data: leave out --targets");
     if (!rc) train_set_threads(o.threads);
     if (!rc) rc = dfm_mkdir_p(o.out);
-    if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc && reading) rc = train_open_reading(&o, &ds);
+    if (!rc && !reading) rc = data_open(o.data, (int)o.seq_len, &ds);
     if (!rc) rc = vocab_map_apply_backbone(o.backbone, &ds);
-    if (!rc) rc = train_open_targets(&o, &ds);
+    if (!rc && !reading) rc = train_open_targets(&o, &ds);
     if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
+    if (!rc && o.init_modules) rc = setup_init_modules(m, o.init_modules);
     if (!rc && (uint32_t)m->bc.vocab_size <= ds.max_token)
         rc = DFM_FAIL(DFM_EMISMATCH, "token id %u is outside the backbone's vocabulary of %d", ds.max_token,
                       m->bc.vocab_size);

@@ -270,6 +270,21 @@ int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int
     return rc;
 }
 
+int data_attach_targets(DataSet *ds, int K, int d, uint64_t n_chunks, uint8_t *table) {
+    TargetReader *ts = calloc(1, sizeof *ts);
+    if (!ts) {
+        free(table);
+        return DFM_FAIL(DFM_ENOMEM, "targets");
+    }
+    ts->file = table; /* owned, as a targets file's bytes are */
+    ts->mask = table;
+    ts->emb = (const float *)(void *)(table + n_chunks * (size_t)K);
+    ts->n_chunks = n_chunks;
+    ds->tgt = ts;
+    ds->K = K, ds->d = d;
+    return DFM_OK;
+}
+
 int data_targets_clone(const DataSet *ds, TargetReader **out) {
     *out = NULL;
     const TargetReader *src = ds->tgt;

@@ -45,6 +45,10 @@ int data_open(const char *path, int T, DataSet *ds);
  * reader's manifest check) or NULL. */
 int data_open_targets(DataSet *ds, const char *path, const char *tokens_run, int L, int want_k, int want_d);
 void data_close(DataSet *ds);
+/* Attach targets built in memory (reading.h): table holds n_chunks*K masks (u8, chunk-major) followed by
+ * n_chunks*K*d floats, the layout of a targets file's payload (schemas/targets_file.md); ds takes it
+ * (freed by data_close, also on error). Chunk 0 of every sequence still gets no target. */
+int data_attach_targets(DataSet *ds, int K, int d, uint64_t n_chunks, uint8_t *table);
 
 /* Fill a batch of sequences idx[0..B): inputs/targets [B*T]; with targets attached, tmem
  * [B*NC*K*d] and tmask [B*NC*K] (NC = T / L) too (may be NULL to skip). */

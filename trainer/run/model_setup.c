@@ -141,3 +141,31 @@ int setup_load_modules(DfmModel *m, const char *path) {
     free(tv);
     return rc;
 }
+
+int setup_init_modules(DfmModel *m, const char *path) {
+    DfmConfig dc;
+    DFM_TRY(setup_modules_config(path, &dc));
+    const DfmConfig *a = &m->dc;
+    const char *field = a->chunk_len != dc.chunk_len     ? "chunk_len"
+                        : a->n_slots != dc.n_slots       ? "slots"
+                        : a->d_mem != dc.d_mem           ? "d_mem"
+                        : a->proj_hidden != dc.proj_hidden ? "proj_hidden"
+                        : a->n_fusion != dc.n_fusion ||
+                                  memcmp(a->fusion_layers, dc.fusion_layers, sizeof(int) * (size_t)a->n_fusion)
+                            ? "fusion_layers"
+                        : a->xattn_heads != dc.xattn_heads           ? "xattn_heads"
+                        : a->gate_per_channel != dc.gate_per_channel ? "gate"
+                        : a->pred_input_layer != dc.pred_input_layer ? "pred_input_layer"
+                        : a->mem_align != dc.mem_align               ? "memory_align"
+                        : a->pred.n_layers != dc.pred.n_layers || a->pred.hidden != dc.pred.hidden ||
+                                  a->pred.n_heads != dc.pred.n_heads || a->pred.n_kv_heads != dc.pred.n_kv_heads ||
+                                  a->pred.head_dim != dc.pred.head_dim || a->pred.ffn != dc.pred.ffn
+                            ? "predictor shape"
+                            : NULL;
+    if (field)
+        return DFM_FAIL(DFM_EMISMATCH, "--init-modules %s: its %s differs from this model's. HINT: give the flags the modules "
+                        "were trained with (their config is in the file)", path, field);
+    DFM_TRY(setup_load_modules(m, path));
+    DFM_LOG_I("DFM modules start from %s", path);
+    return DFM_OK;
+}

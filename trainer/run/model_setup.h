@@ -28,6 +28,12 @@ int setup_modules_config(const char *path, DfmConfig *dc);
  * trained on another backbone (its weights hash differs) or the checkpoint is a pretraining one. */
 int setup_load_modules(DfmModel *m, const char *path);
 
+/* --init-modules: trained modules into m as its starting point (a fresh optimizer follows), refused with
+ * DFM_EMISMATCH naming the first field where their stored DFM config places or shapes them otherwise than m
+ * (fusion layers, slots, dimensions, predictor, alignment: what their weights mean), or when they were
+ * trained on another backbone. Training choices (teacher forcing, losses) may differ. */
+int setup_init_modules(DfmModel *m, const char *path);
+
 /* XXH3-64 of the frozen backbone's weights as 16 hex digits (new reference), so DFM checkpoints refuse
  * another backbone of the same shape. */
 json_t *setup_backbone_hash(const DfmModel *m);

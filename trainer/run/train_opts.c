@@ -5,6 +5,9 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/log.h"
+#include "tokenizer/tokenizer.h"
+#include "trainer/data/reading.h"
 #include "trainer/run/train_opts.h"
 
 void openblas_set_num_threads(int n); /* cblas.h of some OpenBLAS builds lacks the prototype */
@@ -43,4 +46,39 @@ int train_open_targets(const TrainOpts *o, DataSet *ds) {
     int rc = data_open_targets(ds, o->targets, trun, (int)o->chunk_len, (int)o->slots, (int)o->d_mem);
     free(man);
     return rc;
+}
+
+int train_open_reading(TrainOpts *o, DataSet *ds) {
+    int L = (int)o->chunk_len, K = o->slots > 0 ? (int)o->slots : 16;
+    char *tp = dfm_path_join(o->backbone, "tokenizer.json");
+    dfm_tokenizer *tok = NULL;
+    dfm_ids v = {0};
+    int rc = tp ? dfm_tokenizer_load(tp, &tok) : DFM_FAIL(DFM_ENOMEM, "path");
+    if (rc) dfm_error_prefix("--objective reconstruct encodes --reading-prompt with the backbone's tokenizer");
+    if (!rc) rc = dfm_tokenizer_encode(tok, o->reading_prompt, strlen(o->reading_prompt), &v, 0);
+    if (!rc && (v.n < 1 || v.n > (size_t)L))
+        rc = DFM_FAIL(DFM_EARG, "--reading-prompt \"%s\" is %zu tokens; it must fill 1 to %d (one chunk)",
+                      o->reading_prompt, v.n, L);
+    int *ids = rc ? NULL : malloc(v.n * sizeof(int));
+    if (!rc && !ids) rc = DFM_FAIL(DFM_ENOMEM, "prompt");
+    for (size_t i = 0; !rc && i < v.n; i++) ids[i] = (int)v.ids[i];
+    if (!rc) rc = data_open_reading(o->data, L, K, ids, (int)v.n, ds);
+    free(ids);
+    dfm_ids_free(&v);
+    dfm_tokenizer_free(tok);
+    free(tp);
+    if (rc) return rc;
+    if (o->seq_len != 2 * L) DFM_LOG_I("--objective reconstruct: sequences of 2 x %d tokens (--seq-len %lld ignored)", L,
+                                       (long long)o->seq_len);
+    if (o->fusion_memory && strcmp(o->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT) && strcmp(o->fusion_memory, "target"))
+        DFM_LOG_I("--objective reconstruct: fusion reads the target slot (--fusion-memory %s ignored)", o->fusion_memory);
+    if (o->mse_weight != 1.0 && o->mse_weight != 0.0)
+        DFM_LOG_I("--objective reconstruct: the predictor is not trained (--mse-weight %g ignored)", o->mse_weight);
+    o->seq_len = 2 * L;
+    char *fm = strdup("target"); /* the option table frees its strings */
+    if (!fm) return DFM_FAIL(DFM_ENOMEM, "options");
+    free(o->fusion_memory);
+    o->fusion_memory = fm;
+    o->mse_weight = 0;
+    return DFM_OK;
 }

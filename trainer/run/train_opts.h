@@ -15,6 +15,7 @@
 typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
     char *memory_align, *fusion_memory, *pred_loss, *memory_control;
+    char *objective, *reading_prompt, *init_modules; /* train only */
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
@@ -100,5 +101,11 @@ size_t train_held_out(const TrainOpts *o, const DataSet *ds);
 /* --targets onto ds. A run's targets are checked against the token run: --tokens-run, else --data
  * when it is a run folder. Returns data_open_targets' code. */
 int train_open_targets(const TrainOpts *o, DataSet *ds);
+
+/* --objective reconstruct (train): ds = the reading set of --data (trainer/data/reading.h), with
+ * --reading-prompt encoded by the backbone's tokenizer.json and --slots K (default 16); o's sequence length
+ * becomes 2 L, teacher forcing "target" and the predictor's weight 0 (the predictor is not trained: reading
+ * has no preceding context to predict from), each change logged where it overrides a given value. */
+int train_open_reading(TrainOpts *o, DataSet *ds);
 
 #endif

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# bench/memory/bench_reading.sh — the reading lever (reconstruction pretraining) on the knowledge probes, each arm
+# against its controls: does teaching the fusion to read its memory first make the memory itself matter?
+#
+# Per seed, on the invented-entity facts corpus (bench/memory/knowledge/facts.py) and the frozen SmolLM2-135M:
+#   reading   `dfm-train train --objective reconstruct`: every corpus chunk regenerated from its own embedding
+#             as the only memory (trainer/data/reading.h); the held-out chunks (whole documents, the run's last)
+#             give reconstruction CE with the chunk's own slot against another chunk's slot (the shuffled control)
+#   scratch   DFM training (CE + MSE, the trainer's default teacher forcing) for DFM_STEPS from fresh modules: the
+#             same budget without the lever
+#   read+dfm  the same DFM training starting from the reading stage's modules (--init-modules)
+# Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
+# greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
+# on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
+# Results: bench/results/reading.jsonl (one line per seed and arm) and bench/results/reading.md (the table).
+#
+#   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 45 min a seed on 2 quiet cores
+#   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
+# Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (300), READ_LR (2e-3),
+# DFM_STEPS (200), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
+eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-300} READ_LR=${READ_LR:-2e-3}
+DFM_STEPS=${DFM_STEPS:-200} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
+W=${WORK:-/tmp/dfm-reading}
+DFM=$ROOT/build/dfm TRAIN=$ROOT/build/dfm-train PY=$DFM_PYTHON TOK=$DFM_LM/tokenizer.json
+T=256 L=32 B=4
+[ -x "$DFM" ] && [ -x "$TRAIN" ] || { echo "bench_reading: build first (make)" >&2; exit 1; }
+[ -f "$DFM_LM/config.json" ] || { echo "bench_reading: no LM at $DFM_LM (make lm)" >&2; exit 1; }
+mkdir -p "$W" bench/results
+OUT=${OUT:-bench/results/reading.jsonl}
+T0=$(date +%s)
+
+build() { # RUN INPUT SEQ DATASTORE(or "") EXCLUDE
+  local run=$1 input=$2 seq=$3 ds=$4 excl=$5 extra=""
+  [ -n "$ds" ] && extra=", \"datastore\": \"$ds\""
+  cat > "$run.json" <<JSON
+{"run": "$run", "inputs": ["$input"], "tokenizer": "$TOK",
+ "chunk": {"chunk-len": $L, "seq-len": $seq, "doc-aligned": true},
+ "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
+ "retrieve": {"k": 16, "exclude": "$excl"$extra},
+ "write-targets": {"target-shards": 2, "dtype": "fp16"}}
+JSON
+  mpirun -np "$NP" "$DFM" build "$run.json" > "$run.log" 2>&1 || { tail -20 "$run.log" >&2; exit 1; }
+}
+
+# run a command; FILE gets "WALL_SECONDS CPU_SECONDS" of it (all its threads and children)
+timed() { # FILE CMD...
+  local f=$1; shift
+  /usr/bin/time -f "%e %U %S" -o "$f.time" "$@"
+  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
+}
+
+dfm_train() { # OUT STEPS SEED [extra flags]
+  local out=$1 steps=$2 seed=$3; shift 3
+  timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$d/corpus" --out "$out" --seq-len $T \
+    --chunk-len $L --batch $B --steps "$steps" --lr "$DFM_LR" --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" \
+    --val-seqs 8 --eval-batches 2 --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen "$@" > "$out.log" 2>&1 ||
+    { tail -20 "$out.log" >&2; exit 1; }
+}
+
+score() { # MODULES OUT
+  "$PY" bench/memory/knowledge/score.py --backbone "$DFM_LM" --modules "$1" --run "$d/probes" --spans "$d/pt/spans.jsonl" \
+    --probes "$d/probes.jsonl" --corpus-run "$d/corpus" --tokenizer "$TOK" --out "$2" --threads "$THREADS" > "$2.log" 2>&1 ||
+    { tail -20 "$2.log" >&2; exit 1; }
+}
+
+record() { # SEED ARM DIR
+  python3 - "$1" "$2" "$3" >> "$OUT" <<'PY'
+import json, os, sys
+seed, arm, d = sys.argv[1:]
+r = {"seed": int(seed), "arm": arm}
+lg = [json.loads(l) for l in open(d + "/log.jsonl")]
+r["curve"] = [dict(step=e["step"], **{k: e["eval"].get(k) for k in ("ce_none", "ce_target", "ce_target_shuffled", "ce_pred",
+                                                                    "ce_pred_shuffled")}) for e in lg if "eval" in e]
+r["train_steps"] = max([e.get("step", 0) for e in lg] or [0])
+if os.path.exists(d + ".cost"):
+    w, c = open(d + ".cost").read().split()
+    r["wall_s"], r["cpu_s"] = float(w), float(c)
+if os.path.exists(d + "/score.json"):
+    s = json.load(open(d + "/score.json"))
+    r["probes"] = s["all"]
+    r["probes_analysis"] = {k: s["analysis"].get(k) for k in ("retrieval_recall", "predictor_cosine_answer_chunk")}
+print(json.dumps(r))
+PY
+}
+
+for seed in $SEEDS; do
+  d=$W/s$seed
+  mkdir -p "$d"
+  echo "== seed $seed: $ENTITIES invented entities; corpus, probes and their targets"
+  "$PY" bench/memory/knowledge/facts.py --out "$d" --entities "$ENTITIES" --seed "$seed" > /dev/null
+  "$PY" bench/memory/knowledge/probe_tokens.py --probes "$d/probes.jsonl" --tokenizer "$TOK" --out "$d/pt" --limit "$PROBES" \
+    --seed "$seed" > /dev/null
+  [ -f "$d/corpus/manifest.json" ] || build "$d/corpus" "$d/corpus.jsonl" $T "" document
+  [ -f "$d/probes/manifest.json" ] || build "$d/probes" "$d/pt/probes.bin" $(( 3 * L )) "$d/corpus" none
+  nchunks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["counts"]["chunks"])' "$d/corpus/manifest.json")
+
+  echo "   reading: $READ_STEPS steps of 16 chunks regenerated from their own slot"
+  timed "$d/read.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$d/read" \
+    --chunk-len $L --slots 16 --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
+    --fusion-layers "$FUSION" --val-seqs $(( nchunks / 16 )) --eval-batches 4 --eval-every $(( READ_STEPS / 3 )) \
+    --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen > "$d/read.log" 2>&1 || { tail -20 "$d/read.log" >&2; exit 1; }
+  record "$seed" reading "$d/read"
+  tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
+
+  for arm in scratch read+dfm; do
+    out=$d/${arm/+/-}
+    echo "   $arm: $DFM_STEPS DFM steps"
+    if [ "$arm" = scratch ]; then dfm_train "$out" "$DFM_STEPS" "$seed"; else dfm_train "$out" "$DFM_STEPS" "$seed" --init-modules "$d/read/dfm_modules.safetensors"; fi
+    score "$out/dfm_modules.safetensors" "$out/score.json"
+    record "$seed" "$arm" "$out"
+    tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); p=r["probes"]; c=r["curve"][-1]; print("   probes (answer log-prob / EM): off %.2f / %.1f%%, target %.2f / %.1f%%, target shuffled %.2f, predicted %.2f / %.1f%%, predicted shuffled %.2f; held-out CE target %.4f vs shuffled %.4f" % (p["none"]["logprob"], 100*p["none"]["exact"], p["target"]["logprob"], 100*p["target"]["exact"], p["target_shuffled"]["logprob"], p["predicted"]["logprob"], 100*p["predicted"]["exact"], p["predicted_shuffled"]["logprob"], c["ce_target"], c["ce_target_shuffled"]))'
+  done
+done
+"$PY" bench/memory/reading_report.py "$OUT" > bench/results/reading.md
+cat bench/results/reading.md
+echo "bench_reading: done in $(( $(date +%s) - T0 ))s"

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""reading_report.py — the table of bench/memory/bench_reading.sh from its JSONL (one line per seed and arm).
+
+    python3 bench/memory/reading_report.py bench/results/reading.jsonl > bench/results/reading.md
+
+Rows: the reading stage (held-out reconstruction CE with the chunk's own slot, another chunk's slot, fusion off),
+then each DFM arm (probe answer log-prob and exact match in every mode, held-out corpus CE of target memory and its
+control, cost). Each figure is the mean over the seeds with its range when there are several; the verdict columns
+say whether a gap holds on EVERY seed.
+"""
+import json
+import sys
+
+
+def stat(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "—"
+    m = sum(xs) / len(xs)
+    return "%.3f" % m if len(xs) == 1 else "%.3f [%.3f, %.3f]" % (m, min(xs), max(xs))
+
+
+def pct(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "—"
+    m = 100 * sum(xs) / len(xs)
+    return "%.1f %%" % m if len(xs) == 1 else "%.1f %% [%.1f, %.1f]" % (m, 100 * min(xs), 100 * max(xs))
+
+
+def every(xs, pred):
+    xs = [x for x in xs if x is not None]
+    return "yes" if xs and all(pred(x) for x in xs) else "no"
+
+
+def main():
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    seeds = sorted({r["seed"] for r in rows})
+    by = lambda arm: [r for r in rows if r["arm"] == arm]
+    out = ["# The reading lever: reconstruction pretraining, then DFM", "",
+           "Made by `bench/memory/bench_reading.sh` (seeds %s); every figure is the mean over the seeds, with its range "
+           "when there are several. Probe answer log-prob is summed over the answer's tokens (higher is better); EM is "
+           "greedy exact match. \"Shuffled\" is the same modules fusing another probe's (or sequence's) memory." %
+           ", ".join(map(str, seeds)), ""]
+    rd = by("reading")
+    if rd:
+        last = [r["curve"][-1] for r in rd if r["curve"]]
+        out += ["## Reading: held-out chunks regenerated from their own embedding (nats per token)", "",
+                "| steps | own slot | shuffled slot | fusion off | own − shuffled | own beats shuffled on every seed | CPU-s |",
+                "|---:|---:|---:|---:|---:|---|---:|",
+                "| %s | %s | %s | %s | %s | %s | %s |" % (
+                    stat([r["train_steps"] for r in rd]).split(".")[0], stat([c["ce_target"] for c in last]),
+                    stat([c["ce_target_shuffled"] for c in last]), stat([c["ce_none"] for c in last]),
+                    stat([c["ce_target"] - c["ce_target_shuffled"] for c in last]),
+                    every([c["ce_target_shuffled"] - c["ce_target"] for c in last], lambda x: x > 0),
+                    stat([r.get("cpu_s") for r in rd]).split(" ")[0])]
+        out += ["", "Learning curve (seed, step: own / shuffled):", ""]
+        for r in rd:
+            out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
+                                                           for c in r["curve"]))
+        out.append("")
+    arms = [a for a in ("scratch", "read+dfm") if by(a)]
+    if arms:
+        out += ["## DFM after reading against the same DFM budget from scratch: knowledge probes", "",
+                "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
+                "predicted − shuffled | predicted EM | in context | held-out CE target / shuffled | CPU-s (DFM) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+        for a in arms:
+            rs = [r for r in by(a) if "probes" in r]
+            P = lambda m, k="logprob": [r["probes"][m][k] for r in rs]
+            last = [r["curve"][-1] for r in rs if r["curve"]]
+            out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
+                a, stat(P("none")), stat(P("target")), stat(P("target_shuffled")),
+                stat([x - y for x, y in zip(P("target"), P("target_shuffled"))]), pct(P("target", "exact")),
+                stat(P("predicted")), stat(P("predicted_shuffled")),
+                stat([x - y for x, y in zip(P("predicted"), P("predicted_shuffled"))]), pct(P("predicted", "exact")),
+                stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
+                stat([r.get("cpu_s") for r in rs]).split(" ")[0]))
+        if len(arms) == 2:
+            sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
+            rdd = {r["seed"]: r for r in by("read+dfm") if "probes" in r}
+            common = sorted(set(sc) & set(rdd))
+            gain = [rdd[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target"]["logprob"] for s in common]
+            gainp = [rdd[s]["probes"]["predicted"]["logprob"] - sc[s]["probes"]["predicted"]["logprob"] for s in common]
+            out += ["", "Reading first against the same DFM budget without it (per seed, read+dfm − scratch, answer log-prob): "
+                    "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s)." % (
+                        stat(gain), every(gain, lambda x: x > 0), stat(gainp), every(gainp, lambda x: x > 0))]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()

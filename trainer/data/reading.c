@@ -1,0 +1,106 @@
+/* reading.c — the reading-pretraining set of a run (reading.h). */
+#include "trainer/data/reading.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "common/log.h"
+#include "schemas/chunk_shard.h"
+#include "schemas/embedding_shard.h"
+
+/* the sequences and their target table, from open chunk and embedding sets */
+static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, int L, int K, const int *prompt, int n_prompt,
+                 DataSet *ds) {
+    if ((int)cs->chunk_len != L)
+        return DFM_FAIL(DFM_EARG, "its chunks are %u tokens long, the model's %d. HINT: --chunk-len %u", cs->chunk_len, L,
+                        cs->chunk_len);
+    if (es->n_rows != cs->n_chunks)
+        return DFM_FAIL(DFM_EMISMATCH, "%llu embeddings for %llu chunks. HINT: run dfm encode again",
+                        (unsigned long long)es->n_rows, (unsigned long long)cs->n_chunks);
+    size_t n = 0; /* chunks that hold a token */
+    for (uint64_t c = 0; c < cs->n_chunks; c++) {
+        const dfm_chunk_meta *meta;
+        const uint32_t *tok;
+        DFM_TRY(dfm_chunk_set_get(cs, c, &meta, &tok));
+        n += meta->n_valid > 0;
+    }
+    if (n < 2) return DFM_FAIL(DFM_EARG, "%zu chunks hold tokens: fewer than 2 sequences", n);
+    const int T = 2 * L, d = (int)es->dim;
+    size_t nt = n * (size_t)T + 1; /* one filler token after the last sequence: its last token predicts nothing */
+    ds->tokens = malloc(nt * sizeof(int));
+    ds->pad = malloc(nt);
+    size_t nchunks = 2 * n, table = nchunks * K + nchunks * (size_t)K * d * sizeof(float);
+    uint8_t *tab = calloc(table, 1);
+    if (!ds->tokens || !ds->pad || !tab) {
+        free(tab);
+        return DFM_FAIL(DFM_ENOMEM, "reading set: %zu sequences of %d tokens, K %d x d %d", n, T, K, d);
+    }
+    uint8_t *mask = tab;
+    float *row = malloc((size_t)d * sizeof(float));
+    if (!row) {
+        free(tab);
+        return DFM_FAIL(DFM_ENOMEM, "reading set");
+    }
+    size_t i = 0;
+    int rc = DFM_OK;
+    for (uint64_t c = 0; c < cs->n_chunks && !rc; c++) {
+        const dfm_chunk_meta *meta;
+        const uint32_t *tok;
+        rc = dfm_chunk_set_get(cs, c, &meta, &tok);
+        if (rc || !meta->n_valid) continue;
+        int *t = ds->tokens + i * T;
+        uint8_t *p = ds->pad + i * T;
+        for (int s = 0; s < L; s++) { /* chunk 0: filler, then the prompt; all padding but the prompt's last token */
+            int k = s - (L - n_prompt);
+            t[s] = prompt[k < 0 ? 0 : k];
+            p[s] = s != L - 1;
+        }
+        for (int s = 0; s < L; s++) {
+            t[L + s] = (int)tok[s];
+            p[L + s] = s >= meta->n_valid;
+            if (tok[s] > ds->max_token) ds->max_token = tok[s];
+        }
+        rc = dfm_emb_set_rows_f32(es, c, 1, row);
+        if (!rc) { /* chunk 1 of sequence i: slot 0 is chunk c's own embedding (the table is [2n][K] masks, then [2n][K][d]) */
+            size_t chunk = 2 * i + 1;
+            mask[chunk * K] = 1;
+            memcpy(tab + nchunks * K + chunk * (size_t)K * d * sizeof(float), row, (size_t)d * sizeof(float));
+        }
+        i++;
+    }
+    free(row);
+    for (int s = 0; s < n_prompt; s++)
+        if ((uint32_t)prompt[s] > ds->max_token) ds->max_token = (uint32_t)prompt[s];
+    ds->tokens[nt - 1] = prompt[0];
+    ds->pad[nt - 1] = 1;
+    ds->n_tokens = nt;
+    ds->T = T;
+    ds->n_seq = n;
+    ds->chunk_len = L;
+    ds->tokenizer_hash = cs->n_shards ? cs->shards[0]->hdr.tokenizer_hash : 0;
+    if (!rc) rc = data_attach_targets(ds, K, d, nchunks, tab);
+    else free(tab);
+    return rc;
+}
+
+int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, DataSet *ds) {
+    memset(ds, 0, sizeof *ds);
+    if (n_prompt < 1 || n_prompt > L)
+        return DFM_FAIL(DFM_EARG, "a reading prompt of %d tokens: it must fill 1 to %d (one chunk)", n_prompt, L);
+    if (K < 1) return DFM_FAIL(DFM_EARG, "reading set: %d memory slots", K);
+    dfm_chunk_set *cs = NULL;
+    dfm_emb_set *es = NULL;
+    int rc = dfm_chunk_set_open(run, &cs);
+    if (!rc) rc = dfm_emb_set_open(run, &es);
+    if (!rc) rc = build(cs, es, L, K, prompt, n_prompt, ds);
+    dfm_emb_set_close(es);
+    dfm_chunk_set_close(cs);
+    if (rc) {
+        data_close(ds);
+        return dfm_error_prefix("while building the reading set of %s", run);
+    }
+    DFM_LOG_I("reading set: %zu chunks of %s, each regenerated from its own embedding (d %d, slot 0 of %d) after a "
+              "%d-token prompt", ds->n_seq, run, ds->d, K, n_prompt);
+    return DFM_OK;
+}

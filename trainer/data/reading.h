@@ -1,0 +1,29 @@
+/* reading.h — the reading-pretraining set: every chunk of a run, to be regenerated from its own memory slot.
+ *
+ * Injected memory goes unread when the objective never needs it (the context already predicts most
+ * tokens, so capacity is the easier way down; xRAG, ICAE). Reconstruction makes the memory necessary: the
+ * frozen LM sees only a constant prompt and must regenerate a chunk's text from that chunk's own stored
+ * embedding, fused as memory. The targets cost nothing: the slot a chunk fills here is the vector it fills
+ * as a neighbour in the target records (the encode stage's row of that chunk).
+ *
+ * Sequence i (T = 2L tokens) is built from the run's i-th chunk j that holds any token:
+ *   chunk 0: the prompt's tokens right-aligned in its L positions, filler before them (filler and prompt
+ *            are padding, except the prompt's last token, which predicts chunk j's first token);
+ *   chunk 1: chunk j's L tokens (its filler after n_valid is padding, as in a doc-aligned run).
+ * Its target memory: chunk 0 none; chunk 1 slot 0 = chunk j's embedding, slots 1..K-1 empty. So the loss
+ * falls on chunk j's tokens only, and each is predicted by a token that reads chunk 1's memory
+ * (--memory-align next). Sequences follow chunk-id order: the held-out split (the last sequences) is the
+ * run's last chunks, whole documents the modules never trained on.
+ */
+#ifndef DFM_TRAINER_READING_H
+#define DFM_TRAINER_READING_H
+
+#include "trainer/data/data.h"
+
+/* ds = the reading set of RUN (a run with complete chunk and encode stages) for chunks of L tokens
+ * and K memory slots. prompt: n_prompt token ids (1 <= n_prompt <= L). DFM_EARG when the run's chunks
+ * are not L tokens long or leave fewer than 2 sequences; the readers' errors otherwise (prefixed with
+ * the run). */
+int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, DataSet *ds);
+
+#endif
