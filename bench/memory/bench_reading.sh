@@ -35,18 +35,7 @@ mkdir -p "$W" bench/results
 OUT=${OUT:-bench/results/reading.jsonl}
 T0=$(date +%s)
 
-build() { # RUN INPUT SEQ DATASTORE(or "") EXCLUDE
-  local run=$1 input=$2 seq=$3 ds=$4 excl=$5 extra=""
-  [ -n "$ds" ] && extra=", \"datastore\": \"$ds\""
-  cat > "$run.json" <<JSON
-{"run": "$run", "inputs": ["$input"], "tokenizer": "$TOK",
- "chunk": {"chunk-len": $L, "seq-len": $seq, "doc-aligned": true},
- "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
- "retrieve": {"k": 16, "exclude": "$excl"$extra},
- "write-targets": {"target-shards": 2, "dtype": "fp16"}}
-JSON
-  mpirun -np "$NP" "$DFM" build "$run.json" > "$run.log" 2>&1 || { tail -20 "$run.log" >&2; exit 1; }
-}
+source "$ROOT/bench/memory/runs_lib.sh"
 
 # run a command; FILE gets "WALL_SECONDS CPU_SECONDS" of it (all its threads and children)
 timed() { # FILE CMD...
