@@ -1,4 +1,4 @@
-"""Memory is used at all, and a broken memory path shows: issue 37's rung 1, the behavioural check.
+"""Memory is used at all, and a broken memory path shows: the behavioural check of the memory path.
 
 On the keyed-random corpus (`dfm-train synth --mode keyed-random`, trainer/data/synth.h: keys are
 independent, so nothing before chunk c predicts its key; only chunk c's target memory does) a tiny
