@@ -88,7 +88,8 @@ def main():
         run("pretrain", "--data", os.path.join(syn, "tokens.bin"), "--out", pre, "--steps", PRE_STEPS, "--lr", 3e-3,
             "--warmup", 20, "--layers", 2, "--hidden", 64, "--heads", 4, "--kv-heads", 2, *common)
         k, d, cl, mask, emb = read_targets(os.path.join(syn, "targets.bin"))
-        check(cl == L and mask.shape[0] * L >= SEQS * T, "targets file: K=%d d=%d L=%d, %d chunks" % (k, d, cl, mask.shape[0]))
+        check(cl == L and mask.shape[0] * L >= SEQS * T,
+              "targets file: K=%d d=%d L=%d, %d chunks" % (k, d, cl, mask.shape[0]))
 
         def train(name, m, e):
             tg = os.path.join(w, name + ".bin")
