@@ -508,9 +508,9 @@ static void leak_diff(DfmModel *m, const int *a, const int *b, const float *tabl
     }
 }
 
-/* A tiny DFM model of the LK_* shape: memory alignment align, fusion blocks after layers[0..nf), random
- * backbone and modules. */
-static DfmModel *lk_model(const BackboneConfig *bc, int align, int nf, const int *layers, float mse_weight) {
+/* A tiny DFM model of the LK_* shape (batches of up to maxB sequences): memory alignment align, fusion
+ * blocks after layers[0..nf), random backbone and modules. */
+static DfmModel *lk_model(const BackboneConfig *bc, int align, int nf, const int *layers, float mse_weight, int maxB) {
     DfmConfig dc;
     dfm_config_defaults(&dc, bc);
     dc.chunk_len = LK_L;
@@ -526,7 +526,7 @@ static DfmModel *lk_model(const BackboneConfig *bc, int align, int nf, const int
     dc.mse_weight = mse_weight;
     dc.mem_align = align;
     DfmModel *m = NULL;
-    assert_int_equal(model_create(bc, &dc, 1, LK_T, &m), 0);
+    assert_int_equal(model_create(bc, &dc, maxB, LK_T, &m), 0);
     model_init_backbone_random(m, 5);
     return m;
 }
@@ -538,7 +538,7 @@ static void test_no_leak(void **state) {
     float *table = randv(&r, (size_t)LK_V * LK_K * LK_D, 0.5f);
     for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
         const int layers[2] = {0, 2};
-        DfmModel *m = lk_model(&bc, align, 2, layers, 1.0f);
+        DfmModel *m = lk_model(&bc, align, 2, layers, 1.0f, 1);
         scale_all(m->bb_memory, m->bb_num, 5.0f);
         model_init_dfm_random(m, 6);
         rng_normal(&r, m->dp.fu_bg, 2 * 2, 1.0f); /* open gates: memory changes the states visibly */
@@ -578,7 +578,7 @@ static void test_alignment_rows(void **state) {
     rng_seed(&r, 78);
     for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
         const int last = 2; /* the last layer: a row's state changes only through its own fusion */
-        DfmModel *m = lk_model(&bc, align, 1, &last, 1.0f);
+        DfmModel *m = lk_model(&bc, align, 1, &last, 1.0f, 1);
         model_init_dfm_random(m, 6);
         int tok[LK_T], tgt[LK_T];
         for (int i = 0; i < LK_T; i++) tok[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
@@ -608,7 +608,7 @@ static void test_alignment_rows(void **state) {
 static void test_teacher_forcing(void **state) {
     BackboneConfig bc = tiny_backbone(1, 1);
     const int layers[2] = {1, 2};
-    DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.0f);
+    DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.0f, 1);
     model_init_dfm_random(m, 6);
     dfm_rng r;
     rng_seed(&r, 79);
@@ -651,6 +651,232 @@ static void test_teacher_forcing(void **state) {
     model_free(m);
 }
 
+/* ---- the memory path's gradient: d loss / d target memory ---------------------------------------------
+ * Every chunk fuses its target (teacher forcing always) and there is no predictor loss, so the loss
+ * depends on the target memory only through the projector and the fusion blocks. d loss / d target slots
+ * (the projector's input gradient: its LayerNorm backward applied here to the d_pj_ln that model_backward
+ * leaves) must equal central finite differences of the loss over every value; every valid slot must get a
+ * nonzero gradient and every masked slot (chunk 0 of each sequence, a padded slot) exactly none, in both
+ * the analytic and the finite-difference gradient. The same gradient attributed one chunk late (chunk c's
+ * memory taken for chunk c-1's: a planted misalignment) must be caught. The projector and fusion weights'
+ * gradients in this mode must be nonzero and equal finite differences too. */
+enum { MG_B = 2, MG_NCB = MG_B * LK_NC, MG_S = MG_NCB * LK_K };
+
+static void fd_grad(float *x, size_t n, loss_fn f, void *ctx, float eps, double *out) {
+    for (size_t i = 0; i < n; i++) {
+        float orig = x[i];
+        x[i] = orig + eps;
+        double lp = f(ctx);
+        x[i] = orig - eps;
+        double lm = f(ctx);
+        x[i] = orig;
+        out[i] = (lp - lm) / (2.0 * eps);
+    }
+}
+/* check_grad's norm-wise relative error of a against fd (with its absolute floor) */
+static double rel_err_fd(const float *a, const double *fd, size_t n) {
+    double diff2 = 0, num2 = 0, ana2 = 0;
+    for (size_t i = 0; i < n; i++) {
+        diff2 += (a[i] - fd[i]) * (a[i] - fd[i]);
+        num2 += fd[i] * fd[i];
+        ana2 += (double)a[i] * a[i];
+    }
+    return sqrt(diff2) / (fmax(sqrt(num2), sqrt(ana2)) + ABS_FLOOR * sqrt((double)n));
+}
+static void mg_mask(uint8_t *tmask) { /* the loader's chunk 0 of each sequence: none; one padded slot */
+    for (int i = 0; i < MG_S; i++) tmask[i] = (i / LK_K) % LK_NC != 0;
+    tmask[(0 * LK_NC + 1) * LK_K + 2] = 0;
+}
+
+static void test_target_memory_grad(void **state) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    const int layers[2] = {1, 2};
+    DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.0f, MG_B);
+    TensorView *views = calloc(256, sizeof *views), *gv = calloc(256, sizeof *gv);
+    int nv = model_backbone_tensors(m, views, 0); /* far from flat, as run_model_check makes it */
+    dfm_rng r;
+    rng_seed(&r, 81);
+    for (int i = 0; i < nv; i++) {
+        if (views[i].ndim == 2) scale_all(views[i].data, views[i].numel, 15.0f);
+        else
+            for (size_t j = 0; j < views[i].numel; j++) views[i].data[j] = 1.0f + 0.3f * (rng_f32(&r) - 0.5f);
+    }
+    model_init_dfm_random(m, 12);
+    rng_normal(&r, m->dp.fu_wg, 2 * 2 * LK_C, 0.3f); /* open, input-dependent gates */
+    rng_normal(&r, m->dp.fu_bg, 2 * 2, 0.3f);
+    rng_normal(&r, m->dp.proj_b1, 7, 0.3f);
+    int inp[MG_B * LK_T], tgt[MG_B * LK_T];
+    for (int i = 0; i < MG_B * LK_T; i++) inp[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+    tgt[LK_T - 1] = -1; /* a padded token: no target */
+    uint8_t tmask[MG_S];
+    mg_mask(tmask);
+    ModelCtx c = {.m = m, .inp = inp, .tgt = tgt, .tmem = randv(&r, (size_t)MG_S * LK_D, 1), .tmask = tmask,
+                  .B = MG_B, .T = LK_T, .mode = MEM_TARGET};
+    model_zero_grad(m);
+    assert_int_equal(model_forward(m, inp, tgt, c.tmem, tmask, MG_B, LK_T, MEM_TARGET, 1, 1.0f), 0);
+    assert_int_equal(model_backward(m), 0);
+    const size_t n = (size_t)MG_S * LK_D;
+    float *dt = zerov(n), *dw = zerov(LK_D), *db = zerov(LK_D), *late = zerov(n);
+    layernorm_backward(dt, dw, db, m->d_pj_ln, m->mem_in, m->dp.proj_lnw, m->pj_mean, m->pj_rstd, MG_S, LK_D);
+    double *fd = calloc(n, sizeof *fd);
+    fd_grad(c.tmem, n, model_loss, &c, 1e-2f, fd);
+    double rel = rel_err_fd(dt, fd, n), min_valid = INFINITY, masked = 0.0;
+    for (int s = 0; s < MG_S; s++) {
+        double a2 = 0.0;
+        for (int k = 0; k < LK_D; k++) {
+            a2 += (double)dt[s * LK_D + k] * dt[s * LK_D + k];
+            if (!tmask[s]) masked = fmax(masked, fmax(fabs(dt[s * LK_D + k]), fabs(fd[s * LK_D + k])));
+        }
+        if (tmask[s]) min_valid = fmin(min_valid, sqrt(a2));
+    }
+    /* planted: chunk c's gradient reported for chunk c-1 of the same sequence (the memory one chunk late) */
+    for (int i = 0; i < MG_NCB; i++)
+        if (i % LK_NC) memcpy(late + (size_t)(i - 1) * LK_K * LK_D, dt + (size_t)i * LK_K * LK_D, LK_K * LK_D * sizeof(float));
+    double rel_late = rel_err_fd(late, fd, n);
+    printf("  d loss / d target memory (%zu values): rel_err %.2e against finite differences; smallest valid slot "
+           "|g| %.3e; masked slots %.1e; the same gradient one chunk late: rel_err %.2e\n", n, rel, min_valid, masked,
+           rel_late);
+    if (rel > g_worst) g_worst = rel, snprintf(g_worst_name, sizeof g_worst_name, "d loss / d target memory");
+    assert_true(rel < TOL);
+    assert_true(min_valid > 1e-5);
+    assert_true(masked == 0.0);
+    assert_true(rel_late > 0.5);
+    /* the projector and fusion weights, fed target memory only */
+    int nt = model_dfm_tensors(m, views, 0), ng = model_dfm_tensors(m, gv, 1);
+    assert_int_equal(nt, ng);
+    for (int i = 0; i < nt; i++) {
+        if (strstr(views[i].name, "predictor")) continue;
+        double g2 = 0.0;
+        for (size_t j = 0; j < gv[i].numel; j++) g2 += (double)gv[i].data[j] * gv[i].data[j];
+        char nm[140];
+        snprintf(nm, sizeof nm, "target memory: %s", views[i].name);
+        assert_true(g2 > 0.0);
+        assert_true(check_grad(nm, views[i].data, views[i].numel, gv[i].data, model_loss, &c, 1e-2f, 16) < TOL);
+    }
+    free(views), free(gv), free(dt), free(dw), free(db), free(late), free(fd), free(c.tmem);
+    model_free(m);
+}
+
+/* ---- the cross-attention mask in the whole model ---------------------------------------------------------
+ * Two sequences, target memory (and predicted memory for the attention weights), both alignments, the
+ * loader's mask (chunk 0 of each sequence: no target) and a padded slot. A masked slot gets attention
+ * weight exactly 0 from every row; rows whose chunk has no valid slot (chunk 0; with the next-chunk
+ * alignment the last row of a sequence, which would read the chunk after the sequence) get a zero
+ * cross-attention output. Changing the values of every masked slot changes no final hidden state, not the
+ * loss (CE + predictor loss) and no gradient: no attention and no update. Planted: the padded slot
+ * unmasked (the mask ignored) must change the rows reading its chunk. And the last row of sequence 0 must
+ * not read sequence 1's chunk 0, even when that chunk is given valid slots: changing them changes only
+ * sequence 1's rows that attend chunk 0. */
+typedef struct {
+    float s[MG_B * LK_T * LK_C], loss, *grad;
+} MgOut;
+static void mg_run(DfmModel *m, const int *inp, const int *tgt, const float *tm, const uint8_t *mask, MgOut *o) {
+    model_zero_grad(m);
+    assert_int_equal(model_forward(m, inp, tgt, tm, mask, MG_B, LK_T, MEM_TARGET, 1, 1.0f), 0);
+    assert_int_equal(model_backward(m), 0);
+    memcpy(o->s, m->lnf_out, sizeof o->s);
+    o->loss = (float)m->loss;
+    o->grad = realloc(o->grad, m->grad_num * sizeof(float));
+    memcpy(o->grad, m->grad_memory, m->grad_num * sizeof(float));
+}
+static double mg_row_diff(const MgOut *a, const MgOut *b, int row) {
+    double d = 0.0;
+    for (int i = 0; i < LK_C; i++) d = fmax(d, fabs(a->s[row * LK_C + i] - b->s[row * LK_C + i]));
+    return d;
+}
+static double mg_grad_diff(const MgOut *a, const MgOut *b, size_t n) {
+    double d = 0.0;
+    for (size_t i = 0; i < n; i++) d = fmax(d, fabs(a->grad[i] - b->grad[i]));
+    return d;
+}
+
+static void test_memory_mask(void **state) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    dfm_rng r;
+    rng_seed(&r, 82);
+    for (int align = MEM_ALIGN_SAME; align <= MEM_ALIGN_NEXT; align++) {
+        const int last = 2; /* the last layer: a row's state changes only through its own fusion */
+        DfmModel *m = lk_model(&bc, align, 1, &last, 1.0f, MG_B);
+        model_init_dfm_random(m, 6);
+        rng_normal(&r, m->dp.fu_bg, 2, 1.0f);
+        int inp[MG_B * LK_T], tgt[MG_B * LK_T];
+        for (int i = 0; i < MG_B * LK_T; i++) inp[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+        uint8_t tmask[MG_S];
+        mg_mask(tmask);
+        float *tm = randv(&r, (size_t)MG_S * LK_D, 1.0f), *tm2 = malloc((size_t)MG_S * LK_D * sizeof(float));
+        /* attention weights and outputs, predicted and target memory */
+        for (int mode = MEM_PREDICTED; mode <= MEM_TARGET; mode++) {
+            assert_int_equal(model_forward(m, inp, tgt, tm, tmask, MG_B, LK_T, mode, 0, 1.0f), 0);
+            FusionView v = model_fusion_view(m, &m->dp, 0);
+            int bad = 0, empty_rows = 0;
+            for (int b = 0; b < MG_B; b++)
+                for (int s = 0; s < LK_T; s++) {
+                    int ch = (s + align) / LK_L, row = b * LK_T + s, any = 0;
+                    for (int h = 0; h < 2; h++)
+                        for (int j = 0; j < LK_K; j++) {
+                            int valid = ch < LK_NC && (mode == MEM_TARGET ? tmask[(b * LK_NC + ch) * LK_K + j] : ch > 0);
+                            float p = v.p[((size_t)row * 2 + h) * LK_K + j];
+                            any |= valid;
+                            if (!valid && p != 0.0f) bad++;
+                        }
+                    if (!any) {
+                        empty_rows++;
+                        for (int i = 0; i < LK_C; i++) bad += v.y[(size_t)row * LK_C + i] != 0.0f;
+                    }
+                }
+            printf("  align %s, %s memory: %d rows without memory; masked slots or empty rows with attention: %d\n",
+                   align ? "next" : "same", mode == MEM_TARGET ? "target" : "predicted", empty_rows, bad);
+            assert_int_equal(bad, 0);
+            assert_int_equal(empty_rows, MG_B * LK_L); /* per sequence: chunk 0's L-1 rows and the last row, or chunk 0's L */
+        }
+        /* every masked slot's values changed: nothing changes */
+        memcpy(tm2, tm, (size_t)MG_S * LK_D * sizeof(float));
+        for (int s = 0; s < MG_S; s++)
+            if (!tmask[s])
+                for (int k = 0; k < LK_D; k++) tm2[s * LK_D + k] = 10.0f * (rng_f32(&r) - 0.5f);
+        MgOut a = {.grad = NULL}, b = {.grad = NULL};
+        mg_run(m, inp, tgt, tm, tmask, &a);
+        mg_run(m, inp, tgt, tm2, tmask, &b);
+        double ds = 0.0, dg = mg_grad_diff(&a, &b, m->grad_num);
+        for (int row = 0; row < MG_B * LK_T; row++) ds = fmax(ds, mg_row_diff(&a, &b, row));
+        /* planted: the padded slot unmasked, the same change of its values */
+        uint8_t unmasked[MG_S];
+        memcpy(unmasked, tmask, sizeof unmasked);
+        unmasked[(0 * LK_NC + 1) * LK_K + 2] = 1;
+        MgOut pa = {.grad = NULL}, pb = {.grad = NULL};
+        mg_run(m, inp, tgt, tm, unmasked, &pa);
+        mg_run(m, inp, tgt, tm2, unmasked, &pb);
+        double caught = 0.0;
+        for (int s = 0; s < LK_T; s++)
+            if ((s + align) / LK_L == 1) caught = fmax(caught, mg_row_diff(&pa, &pb, s));
+        double caught_g = mg_grad_diff(&pa, &pb, m->grad_num);
+        printf("  align %s: masked slots' values changed: states %.1e, loss %.1e, gradients %.1e; the padded slot "
+               "unmasked (planted): its chunk's rows change by %.3e, gradients by %.3e\n", align ? "next" : "same",
+               ds, fabs(a.loss - b.loss), dg, caught, caught_g);
+        assert_true(ds == 0.0 && a.loss == b.loss && dg == 0.0);
+        assert_true(caught > 1e-4 && caught_g > 1e-6);
+        /* sequence 1's chunk 0 given valid slots, then changed: only sequence 1's rows attending chunk 0 change */
+        uint8_t first[MG_S];
+        memcpy(first, tmask, sizeof first);
+        memset(first + (size_t)1 * LK_NC * LK_K, 1, LK_K);
+        memcpy(tm2, tm, (size_t)MG_S * LK_D * sizeof(float));
+        for (int k = 0; k < LK_K * LK_D; k++) tm2[(size_t)1 * LK_NC * LK_K * LK_D + k] += rng_f32(&r) - 0.5f;
+        mg_run(m, inp, tgt, tm, first, &a);
+        mg_run(m, inp, tgt, tm2, first, &b);
+        int wrong = 0;
+        for (int row = 0; row < MG_B * LK_T; row++) {
+            int reads = row >= LK_T && (row - LK_T + align) / LK_L == 0;
+            double d = mg_row_diff(&a, &b, row);
+            wrong += reads ? !(d > 1e-4) : d != 0.0;
+        }
+        printf("  align %s: sequence 1's chunk 0 changed: %d rows wrong (sequence 0's last row %.1e)\n",
+               align ? "next" : "same", wrong, mg_row_diff(&a, &b, LK_T - 1));
+        assert_int_equal(wrong, 0);
+        free(a.grad), free(b.grad), free(pa.grad), free(pb.grad), free(tm), free(tm2);
+        model_free(m);
+    }
+}
+
 static void test_print_worst(void **state) {
     printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
     assert_true(g_worst < TOL);
@@ -665,6 +891,7 @@ int main(void) {
         cmocka_unit_test(test_model_dfm_channel_gate), cmocka_unit_test(test_model_pretrain),
         cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_no_leak),
         cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_teacher_forcing),
+        cmocka_unit_test(test_target_memory_grad),     cmocka_unit_test(test_memory_mask),
         cmocka_unit_test(test_print_worst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
