@@ -51,6 +51,9 @@ typedef struct {
     uint32_t k, d;
     int dtype;          /* stored dtype (DFM_DTYPE_*); output is always fp32 */
     int ids_only;       /* 1: store = ids (embeddings from the tables) */
+    int slots;          /* DFM_TREC_SLOTS_* (schemas/target_record.h): neighbours, their continuations, or both
+                         * (k = 2J: J neighbours, then their J continuations); each valid id is the chunk whose
+                         * embedding its slot holds */
     uint32_t n_shards;
     uint64_t span;      /* chunk ids per shard (shard s holds [s*span, (s+1)*span)) */
     uint64_t raw_bytes, stored_bytes; /* totals over all records */

@@ -15,6 +15,7 @@
 static int build_config(const dfm_write_targets_config *o, dfm_target_build_config *bc) {
     memset(bc, 0, sizeof *bc);
     DFM_TRY(dfm_dtype_parse(o->dtype, &bc->rec.dtype));
+    DFM_TRY(dfm_trec_slots_parse(o->slots_hold, &bc->rec.slots));
     bc->n_shards = (uint32_t)o->shards;
     bc->rec.ids_only = !strcmp(o->store, "ids");
     bc->rec.shuffle = !strcmp(o->shuffle, "yes") || (!strcmp(o->shuffle, "auto") && bc->rec.dtype != DFM_DTYPE_FP16);
@@ -69,9 +70,12 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
     }
     rc = dfm_mpi_agree(m, rc);
     if (!rc) {
-        bc.rec.k = src.k;
+        bc.rec.k = dfm_target_slot_count(src.k, bc.rec.slots);
         bc.rec.d = src.d;
     }
+    if (!rc && bc.rec.k > DFM_TREC_MAX_K)
+        rc = DFM_FAIL(DFM_EARG, "--slots-hold both needs 2K = %u slots; a record holds at most %u. HINT: retrieve at most %u neighbours "
+                      "('dfm retrieve --k'), or --slots-hold continuation", bc.rec.k, DFM_TREC_MAX_K, DFM_TREC_MAX_K / 2);
     if (!rc && bc.rec.ids_only && src.n_rows)
         rc = DFM_FAIL(DFM_EARG, "%s retrieved its neighbours from another run (a datastore): --store ids keeps only this "
                       "run's own embeddings. HINT: --store embeddings", run);

@@ -17,6 +17,7 @@ int dfm_cmd_write_targets(int argc, char **argv) {
         {"target-shards", DFM_OPT_INT, &o.shards, "4", "N", "number of output shards (fixed id ranges; independent of the ranks)", 0, .min = "1", .max = "99999"},
         {"dtype", DFM_OPT_STR, &o.dtype, "fp16", "T", "stored embedding type (bf16: rounded to nearest even)", 0, .choices = "fp32|fp16|bf16"},
         {"store", DFM_OPT_STR, &o.store, "embeddings", "S", "embeddings (K x d per record) or ids (ids + scores, one table per shard)", 0, .choices = "embeddings|ids"},
+        {"slots-hold", DFM_OPT_STR, &o.slots_hold, "neighbour", "H", "what slot r holds: neighbour r, its continuation (the next chunk of the neighbour's document; masked where the document ends), or both (2K slots: the K neighbours, then their K continuations)", 0, .choices = "neighbour|continuation|both"},
         {"shuffle", DFM_OPT_STR, &o.shuffle, "auto", "M", "byte-shuffle embeddings before zstd (auto: yes for fp32 and bf16, where it pays; no for fp16, where it does not)", 0, .choices = "yes|no|auto"},
         {"zstd-level", DFM_OPT_INT, &o.level, "3", "N", "zstd compression level", 0, .min = "1", .max = "19"},
         {"block-queries", DFM_OPT_INT, &o.block, "1024", "N", "queries per exchange round (bounds memory: N*K*d floats)", 1, .min = "1", .max = "1048576"},
@@ -36,7 +37,8 @@ int dfm_cmd_write_targets(int argc, char **argv) {
     json_t *cfg = NULL;
     int rc = dfm_opts_parse("write-targets", "RUN",
                             "Write RUN/targets/shard-SSSSS/: one LMDB record per chunk with its K neighbours' exact stored "
-                            "embeddings in rank order (zstd, checksummed). The owner of each query fetches the rows from the "
+                            "embeddings in rank order (zstd, checksummed); --slots-hold continuation puts the chunk after each neighbour in its own "
+                            "document in its slot instead, --slots-hold both the neighbours and then their continuations. The owner of each query fetches the rows from the "
                             "ranks that own them (MPI all-to-all in bounded blocks). Shards are id ranges set by "
                             "--target-shards, so results do not depend on the number of ranks; complete shards are skipped "
                             "on a re-run. Run under mpirun for several ranks.",
