@@ -51,9 +51,6 @@ typedef struct {
     uint32_t k, d;
     int dtype;          /* stored dtype (DFM_DTYPE_*); output is always fp32 */
     int ids_only;       /* 1: store = ids (embeddings from the tables) */
-    int slots;          /* DFM_TREC_SLOTS_* (schemas/target_record.h): neighbours, their continuations, or both
-                         * (k = 2J: J neighbours, then their J continuations); each valid id is the chunk whose
-                         * embedding its slot holds */
     uint32_t n_shards;
     uint64_t span;      /* chunk ids per shard (shard s holds [s*span, (s+1)*span)) */
     uint64_t raw_bytes, stored_bytes; /* totals over all records */
@@ -61,6 +58,9 @@ typedef struct {
     char generation[17];        /* the targets stage's generation (schemas/manifest.md): new per rebuild */
     char tokens_generation[17]; /* the chunk stage's of the tokens run (opts->tokens_run, else this run) */
     uint64_t n_ids;     /* neighbour ids are < n_ids: a datastore run's chunks (a query-only run); 0: ids < n_chunks */
+    int slots;          /* DFM_TREC_SLOTS_* (schemas/target_record.h): neighbours, their continuations, or both
+                         * (k = 2J: J neighbours, then their J continuations); each valid id is the chunk whose
+                         * embedding its slot holds */
 } dfm_target_info;
 
 /* Open RUN's target shards and check them: the manifest's "targets" stage must be complete
