@@ -28,6 +28,19 @@ static int build_config(const dfm_write_targets_config *o, dfm_target_build_conf
     return DFM_OK;
 }
 
+/* A continuation is the chunk after a neighbour. Retrieved with --exclude none from its own chunks, a run's
+ * best neighbour is often the query's own source chunk c-1, whose continuation is chunk c: the very chunk
+ * the memory is meant to help predict. Refused; every other policy keeps the continuation in the past or
+ * out of the query's document (schemas/target_record.md, "What the slots hold"). */
+static int check_continuation_leak(json_t *man, const char *run, int slots) {
+    json_t *rs = dfm_manifest_stage(man, "retrieve");
+    const char *ex = json_string_value(json_object_get(json_object_get(rs, "config"), "exclude"));
+    if (slots == DFM_TREC_SLOTS_NEIGHBOUR || json_object_get(rs, "datastore") || !ex || strcmp(ex, "none")) return DFM_OK;
+    return DFM_FAIL(DFM_EARG, "%s was retrieved with --exclude none from its own chunks: the continuation of the query's own source "
+                    "chunk would be the chunk it is meant to predict. HINT: re-run 'dfm retrieve %s --exclude self' (or sequence, "
+                    "document), or keep --slots-hold neighbour", run, run);
+}
+
 /* Totals over ranks into the manifest (rank 0 finishes the stage and prints the summary). */
 static int record_totals(const dfm_mpi *m, json_t *man, const char *run, const dfm_target_build_config *bc,
                          const dfm_target_build_stats *bs, double t_start) {
@@ -86,6 +99,7 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
         if (o->synthetic) rc = dfm_mkdir_p(run);
         if (!rc) rc = dfm_manifest_load(run, o->synthetic ? 1 : 0, &man);
         if (!rc && o->synthetic) rc = dfm_target_synth_stage(man, &syn);
+        if (!rc && !o->synthetic) rc = check_continuation_leak(man, run, bc.rec.slots);
         if (!rc) rc = dfm_target_stage_begin(man, run, config, &bc, src.n_chunks, m->size, fp, &skip);
     }
     rc = dfm_mpi_agree(m, rc);
