@@ -53,8 +53,10 @@ static char *chunk_text(const dfm_chunk_set *cs, const dfm_tokenizer *tok, uint6
  * may be NULL: no texts; ns: the chunks the neighbour ids index, cs or a datastore run's). */
 static void print_record(const dfm_target_info *inf, const dfm_trec *t, const dfm_chunk_set *cs, const dfm_chunk_set *ns,
                          const dfm_tokenizer *tok, int64_t nvals) {
-    printf("chunk %llu  K %u  d %u  dtype %s  store %s  slots %s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
-           inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings", dfm_trec_slots_name(inf->slots),
+    /* "slots" only when not the neighbours themselves: the default prints as before */
+    printf("chunk %llu  K %u  d %u  dtype %s  store %s%s%s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
+           inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings", inf->slots ? "  slots " : "",
+           inf->slots ? dfm_trec_slots_name(inf->slots) : "",
            (t->flags & DFM_TREC_F_SEQ_START) ? " SEQ_START" : "", (t->flags & DFM_TREC_F_EMPTY) ? " EMPTY" : "",
            (t->flags & DFM_TREC_F_SHUFFLE) ? " SHUFFLE" : "", (unsigned long long)t->mask, __builtin_popcountll(t->mask));
     char *q = chunk_text(cs, tok, t->chunk_id);

@@ -96,5 +96,9 @@ expect_fail "would be the chunk it is meant to predict" "$DFM" write-targets "$R
 out=$("$DFM" inspect "$T/both-embeddings-1" --chunk 3 --values 2) || fail "inspect"
 grep -q "slots both" <<<"$out" || fail "inspect does not say what the slots hold: $out"
 grep -Eq "^  cont  0 " <<<"$out" || fail "inspect does not label the continuation slots: $out"
-ok "inspect labels the continuation slots"
+for be in c python; do
+  pout=$(PYTHONPATH="$DFM_ROOT/python${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m dfm inspect "$T/both-embeddings-1" --chunk 3 --values 2 --backend $be) || fail "python -m dfm inspect ($be)"
+  [ "$pout" = "$out" ] || fail "python -m dfm inspect --backend $be prints otherwise: $pout"
+done
+ok "inspect labels the continuation slots; python -m dfm inspect prints the same"
 echo "test_targets_slots: all ok"
