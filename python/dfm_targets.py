@@ -9,13 +9,17 @@ message names the shard folder and the key.
 
     from dfm_targets import TargetRun
     with TargetRun("RUN") as run:
-        print(run.n_chunks, run.k, run.d, run.dtype, run.store)
+        print(run.n_chunks, run.k, run.d, run.dtype, run.store, run.slots)
         rec = run.get(1234)                 # dict: chunk_id, flags, seq_start, mask[K] bool, ids[K] int64,
                                             #       scores[K] float32, emb[K, d] float32
         for rec in run.records(start=0):    # key (= training) order
             ...
         for seq in run.sequences():         # stacked per training sequence: chunk_ids[n], mask[n, K], ...
             ...
+
+What the slots hold (run.slots, schemas/target_record.md): "neighbour" (slot r = neighbour r), "continuation"
+(slot r = the chunk after neighbour r in its own document, masked at a document end) or "both" (K = 2J: the J
+neighbours, then their J continuations). A valid id is always the chunk whose embedding its slot holds.
 
 A torch Dataset is a few lines: `__getitem__ = lambda i: torch.from_numpy(run.get(i)["emb"])`
 (open the TargetRun inside each worker: LMDB handles do not survive fork).
@@ -40,6 +44,7 @@ REC_VERSION = 1
 REC_HEADER = struct.Struct("<4sHHQHBBIIIQQ")  # 48 bytes, see schemas/target_record.h
 TAB_HEADER = struct.Struct("<8sIIIIQQQQQ")    # 64 bytes, table.bin (store = ids)
 F_SHUFFLE, F_RAW, F_IDS_ONLY, F_SEQ_START, F_EMPTY = 1, 2, 4, 8, 16
+SLOTS = ("neighbour", "continuation", "both")  # header byte 19: what the slots hold (code = index)
 DTYPES = {1: ("fp32", np.dtype("<f4")), 2: ("fp16", np.dtype("<f2")), 3: ("bf16", np.dtype("<u2"))}
 DTYPE_CODES = {"fp32": 1, "fp16": 2, "bf16": 3}
 UPSTREAM_STAGES = ("chunk", "encode", "index", "retrieve", "synthetic")
@@ -94,13 +99,14 @@ def _payload_bytes(k, d, dtype_code, ids_only):
 _dctx = zstandard.ZstdDecompressor()
 
 
-def decode_record(buf, k=None, d=None, dtype_code=None, ids_only=None):
+def decode_record(buf, k=None, d=None, dtype_code=None, ids_only=None, slots=None):
     """Decode and validate one stored record (bytes). Returns (header dict, mask, ids, scores, emb-or-None,
-    payload checksum). Raises TargetVersionError / TargetChecksumError / TargetFormatError."""
+    payload checksum). slots: the expected slots code (index in SLOTS). Raises TargetVersionError /
+    TargetChecksumError / TargetFormatError / TargetMismatchError."""
     buf = bytes(buf)
     if len(buf) < REC_HEADER.size:
         raise TargetTruncatedError(f"record of {len(buf)} bytes is shorter than its {REC_HEADER.size}-byte header")
-    (magic, version, flags, chunk_id, hk, hdtype, reserved, hd, payload_bytes, stored_bytes, psum,
+    (magic, version, flags, chunk_id, hk, hdtype, hslots, hd, payload_bytes, stored_bytes, psum,
      hsum) = REC_HEADER.unpack_from(buf)
     if magic != REC_MAGIC:
         raise TargetFormatError(f"not a target record (magic {magic!r})")
@@ -112,15 +118,16 @@ def decode_record(buf, k=None, d=None, dtype_code=None, ids_only=None):
     seed = xxhash.xxh3_64_intdigest(buf[:40])
     if xxhash.xxh3_64_intdigest(stored, seed=seed) != hsum:
         raise TargetChecksumError(f"target record checksum mismatch (chunk id field {chunk_id}): the stored record is damaged")
-    if hdtype not in DTYPES or not 1 <= hk <= 64 or hd < 1 or reserved or flags & ~31:
-        raise TargetFormatError(f"chunk {chunk_id}: impossible header (K {hk}, d {hd}, dtype {hdtype}, flags {flags:#x})")
+    if hdtype not in DTYPES or not 1 <= hk <= 64 or hd < 1 or hslots >= len(SLOTS) or (hslots == 2 and hk % 2) or flags & ~31:
+        raise TargetFormatError(f"chunk {chunk_id}: impossible header (K {hk}, d {hd}, dtype {hdtype}, slots {hslots}, "
+                                f"flags {flags:#x})")
     rec_ids_only = bool(flags & F_IDS_ONLY)
     if payload_bytes != _payload_bytes(hk, hd, hdtype, rec_ids_only):
         raise TargetFormatError(f"chunk {chunk_id}: payload_bytes {payload_bytes} does not fit K {hk}, d {hd}")
     if (k is not None and hk != k) or (d is not None and hd != d) or (dtype_code is not None and hdtype != dtype_code) or \
-            (ids_only is not None and rec_ids_only != ids_only):
-        raise TargetMismatchError(f"chunk {chunk_id}: record has K {hk}, d {hd}, dtype {hdtype}; the run says K {k}, d {d}, "
-                                  f"dtype {dtype_code}")
+            (ids_only is not None and rec_ids_only != ids_only) or (slots is not None and hslots != slots):
+        raise TargetMismatchError(f"chunk {chunk_id}: record has K {hk}, d {hd}, dtype {hdtype}, slots {SLOTS[hslots]}; the run "
+                                  f"says K {k}, d {d}, dtype {dtype_code}, slots {slots if slots is None else SLOTS[slots]}")
     if flags & F_RAW:
         if stored_bytes != payload_bytes:
             raise TargetFormatError(f"chunk {chunk_id}: raw record size {stored_bytes} != payload {payload_bytes}")
@@ -150,10 +157,16 @@ def decode_record(buf, k=None, d=None, dtype_code=None, ids_only=None):
         raise TargetFormatError(f"chunk {chunk_id}: flags {flags:#x} disagree with mask {mask:#x}")
     if np.any(ids[valid] < 0) or np.any(ids[~valid] != -1):
         raise TargetFormatError(f"chunk {chunk_id}: ids disagree with the mask (valid slots need ids >= 0, masked ones -1)")
+    if hslots == 2:  # both: continuation slot J + r only with neighbour slot r, holding its id + 1
+        j = hk // 2
+        cont = valid[j:]
+        if np.any(cont & ~valid[:j]) or np.any(ids[j:][cont] != ids[:j][cont] + 1):
+            raise TargetFormatError(f"chunk {chunk_id}: slots 'both' with a continuation slot that does not follow its "
+                                    f"neighbour slot (mask {mask:#x})")
     emb = None
     if not rec_ids_only:
         emb = _to_f32(np.frombuffer(payload, np.uint8, offset=off), hdtype).reshape(hk, hd)
-    header = dict(chunk_id=chunk_id, flags=flags, k=hk, d=hd, dtype=hdtype, payload_bytes=payload_bytes,
+    header = dict(chunk_id=chunk_id, flags=flags, k=hk, d=hd, dtype=hdtype, slots=SLOTS[hslots], payload_bytes=payload_bytes,
                   stored_bytes=stored_bytes)
     return header, valid, ids, scores, emb, psum
 
@@ -185,6 +198,10 @@ def _fingerprint(upstream, fmt):
     text = "%s|k=%u|d=%u|dtype=%d|ids=%d|shuffle=%d|level=%d|shards=%u|n=%u|v=%u" % (
         up, fmt["k"], fmt["d"], DTYPE_CODES[fmt["dtype"]], fmt["store"] == "ids", bool(fmt["shuffle"]), fmt["zstd_level"],
         fmt["n_shards"], fmt["n_chunks"], REC_VERSION)
+    if fmt.get("n_ids"):  # shard/target_layout.c: these two only when present
+        text += "|n_ids=%u" % fmt["n_ids"]
+    if fmt.get("slots", "neighbour") != "neighbour":
+        text += "|slots=%s" % fmt["slots"]
     return "%016x" % xxhash.xxh3_64_intdigest(text.encode())
 
 
@@ -204,9 +221,9 @@ class _Shard:
         n = min(first + span, fmt["n_chunks"]) - first
         want = dict(shard=s, n_shards=fmt["n_shards"], n_chunks_total=fmt["n_chunks"], first_chunk=first, n_chunks=n,
                     k=fmt["k"], d=fmt["d"], dtype=fmt["dtype"], store=fmt["store"], shuffle=fmt["shuffle"],
-                    zstd_level=fmt["zstd_level"])
+                    zstd_level=fmt["zstd_level"], slots=fmt.get("slots", "neighbour"))
         for key, val in want.items():
-            if m.get(key) != val:
+            if m.get(key, "neighbour" if key == "slots" else None) != val:
                 raise TargetMismatchError(f"{self.dir}: {key} is {m.get(key)}, the run expects {val}. HINT: these targets "
                                           "belong to another run or configuration; re-run 'dfm write-targets'")
         if m["fingerprint"] != fmt["fingerprint"]:
@@ -328,6 +345,11 @@ class TargetRun:
         self.fingerprint = fmt["fingerprint"]
         self._dtype_code = DTYPE_CODES[self.dtype]
         self._ids_only = self.store == "ids"
+        self.slots = fmt.get("slots", "neighbour")
+        if self.slots not in SLOTS or (self.slots == "both" and self.k % 2):
+            raise TargetFormatError(f"{man_path}: targets format slots {self.slots!r} with K {self.k}")
+        self._slots_code = SLOTS.index(self.slots)
+        self._n_ids = fmt.get("n_ids") or fmt["n_chunks"]
         if (k is not None and k != self.k) or (d is not None and d != self.d) or (n_chunks is not None and n_chunks != self.n_chunks):
             raise TargetMismatchError(f"targets of {run_dir} have K {self.k}, d {self.d}, {self.n_chunks} chunks; "
                                       f"the caller expects K {k}, d {d}, {n_chunks} chunks")
@@ -358,11 +380,12 @@ class TargetRun:
 
     def _decode(self, shard, chunk_id, value):
         try:
-            hdr, mask, ids, scores, emb, psum = decode_record(value, self.k, self.d, self._dtype_code, self._ids_only)
+            hdr, mask, ids, scores, emb, psum = decode_record(value, self.k, self.d, self._dtype_code, self._ids_only,
+                                                              self._slots_code)
             if hdr["chunk_id"] != chunk_id:
                 raise TargetFormatError(f"record header says chunk {hdr['chunk_id']}")
-            if np.any(ids[mask] >= self.n_chunks):
-                raise TargetFormatError(f"neighbour ids outside the run's {self.n_chunks} chunks")
+            if np.any(ids[mask] >= self._n_ids):
+                raise TargetFormatError(f"neighbour ids outside the {self._n_ids} chunks they index")
             if emb is None:
                 emb = np.zeros((self.k, self.d), np.float32)
                 for slot in np.nonzero(mask)[0]:

@@ -143,6 +143,32 @@ static uint64_t record_checksum(const dfm_trec_header *h, const void *stored, si
     return XXH3_64bits_withSeed(stored, n, dfm_checksum64(h, DFM_TREC_HEADER_BYTES - 8));
 }
 
+const char *dfm_trec_slots_name(int slots) {
+    switch (slots) {
+    case DFM_TREC_SLOTS_NEIGHBOUR: return "neighbour";
+    case DFM_TREC_SLOTS_CONTINUATION: return "continuation";
+    case DFM_TREC_SLOTS_BOTH: return "both";
+    default: return "?";
+    }
+}
+
+int dfm_trec_slots_parse(const char *name, int *slots) {
+    for (int s = DFM_TREC_SLOTS_NEIGHBOUR; s <= DFM_TREC_SLOTS_BOTH; s++)
+        if (name && !strcmp(name, dfm_trec_slots_name(s))) {
+            *slots = s;
+            return DFM_OK;
+        }
+    return DFM_FAIL(DFM_EARG, "slots '%s': expected neighbour, continuation or both", name ? name : "(null)");
+}
+
+/* slots = BOTH (k = 2J): continuation slot J + r is valid only with neighbour slot r, and holds its id + 1. */
+static int both_pairs_ok(uint32_t k, uint64_t mask, const int64_t *ids) {
+    const uint32_t J = k / 2;
+    for (uint32_t r = 0; r < J; r++)
+        if (((mask >> (J + r)) & 1u) && (!((mask >> r) & 1u) || ids[J + r] != ids[r] + 1)) return 0;
+    return 1;
+}
+
 /* ---- codec ----------------------------------------------------------------------------------- */
 struct dfm_trec_codec {
     dfm_trec_params p;
@@ -160,6 +186,8 @@ int dfm_trec_codec_create(const dfm_trec_params *p, dfm_trec_codec **out) {
                         DFM_TREC_MAX_K);
     if (p->d < 1 || p->d > DFM_TREC_MAX_D) return DFM_FAIL(DFM_EARG, "d = %u is outside 1..%u", p->d, DFM_TREC_MAX_D);
     if (!dfm_dtype_size(p->dtype)) return DFM_FAIL(DFM_EARG, "unknown dtype code %d", p->dtype);
+    if (p->slots < DFM_TREC_SLOTS_NEIGHBOUR || p->slots > DFM_TREC_SLOTS_BOTH || (p->slots == DFM_TREC_SLOTS_BOTH && p->k % 2))
+        return DFM_FAIL(DFM_EARG, "slots %d with K = %u: expected neighbour, continuation, or both with an even K", p->slots, p->k);
     if (p->level < 0 || p->level > ZSTD_maxCLevel())
         return DFM_FAIL(DFM_EARG, "zstd level %d is outside 0..%d", p->level, ZSTD_maxCLevel());
     dfm_trec_codec *c = calloc(1, sizeof *c);
@@ -202,6 +230,9 @@ int dfm_trec_encode(dfm_trec_codec *c, const dfm_trec *rec, void *out, size_t ca
                         (unsigned long long)mask, k);
     if (!c->p.ids_only && !rec->emb && mask)
         return DFM_FAIL(DFM_EINTERNAL, "chunk %llu: no embeddings given for a record that stores them",
+                        (unsigned long long)rec->chunk_id);
+    if (c->p.slots == DFM_TREC_SLOTS_BOTH && !both_pairs_ok(k, mask, rec->ids))
+        return DFM_FAIL(DFM_EARG, "chunk %llu: slots 'both' with a continuation slot that does not follow its neighbour slot",
                         (unsigned long long)rec->chunk_id);
     uint8_t *p = c->payload;
     memcpy(p, &mask, 8);
@@ -251,6 +282,7 @@ int dfm_trec_encode(dfm_trec_codec *c, const dfm_trec *rec, void *out, size_t ca
     h.chunk_id = rec->chunk_id;
     h.k = (uint16_t)k;
     h.dtype = (uint8_t)c->p.dtype;
+    h.slots = (uint8_t)c->p.slots;
     h.d = d;
     h.payload_bytes = (uint32_t)c->payload_bytes;
     h.stored_bytes = (uint32_t)z;
@@ -273,9 +305,10 @@ int dfm_trec_check_header(const void *rec, size_t n, dfm_trec_header *hp) {
         return DFM_FAIL(DFM_EVERSION, "target record format version %u; this dfm reads version %u. HINT: read it with the dfm that wrote it, or re-run 'dfm write-targets'",
                         h.version, DFM_TREC_VERSION);
     if (h.flags & ~DFM_TREC_F_KNOWN) return DFM_FAIL(DFM_EFORMAT, "chunk %llu: unknown flags 0x%x", (unsigned long long)h.chunk_id, h.flags);
-    if (h.k < 1 || h.k > DFM_TREC_MAX_K || h.d < 1 || h.d > DFM_TREC_MAX_D || !dfm_dtype_size(h.dtype) || h.reserved)
-        return DFM_FAIL(DFM_EFORMAT, "chunk %llu: impossible header (K %u, d %u, dtype %u, reserved %u)",
-                        (unsigned long long)h.chunk_id, h.k, h.d, h.dtype, h.reserved);
+    if (h.k < 1 || h.k > DFM_TREC_MAX_K || h.d < 1 || h.d > DFM_TREC_MAX_D || !dfm_dtype_size(h.dtype) || h.slots > DFM_TREC_SLOTS_BOTH ||
+        (h.slots == DFM_TREC_SLOTS_BOTH && h.k % 2))
+        return DFM_FAIL(DFM_EFORMAT, "chunk %llu: impossible header (K %u, d %u, dtype %u, slots %u)",
+                        (unsigned long long)h.chunk_id, h.k, h.d, h.dtype, h.slots);
     int ids_only = (h.flags & DFM_TREC_F_IDS_ONLY) != 0;
     if (h.payload_bytes != dfm_trec_payload_bytes(h.k, h.d, h.dtype, ids_only))
         return DFM_FAIL(DFM_EFORMAT, "chunk %llu: payload_bytes %u, but K %u, d %u, %s give %zu", (unsigned long long)h.chunk_id,
@@ -302,10 +335,10 @@ int dfm_trec_decode(dfm_trec_codec *c, const void *rec, size_t n, dfm_trec *out,
     DFM_TRY(dfm_trec_check_header(rec, n, &h));
     unsigned long long cid = (unsigned long long)h.chunk_id;
     int ids_only = (h.flags & DFM_TREC_F_IDS_ONLY) != 0;
-    if (h.k != c->p.k || h.d != c->p.d || h.dtype != c->p.dtype || ids_only != c->p.ids_only)
-        return DFM_FAIL(DFM_EMISMATCH, "chunk %llu: record has K %u, d %u, %s, store %s; expected K %u, d %u, %s, store %s", cid, h.k,
-                        h.d, dfm_dtype_name(h.dtype), ids_only ? "ids" : "embeddings", c->p.k, c->p.d,
-                        dfm_dtype_name(c->p.dtype), c->p.ids_only ? "ids" : "embeddings");
+    if (h.k != c->p.k || h.d != c->p.d || h.dtype != c->p.dtype || ids_only != c->p.ids_only || h.slots != c->p.slots)
+        return DFM_FAIL(DFM_EMISMATCH, "chunk %llu: record has K %u, d %u, %s, store %s, slots %s; expected K %u, d %u, %s, store %s, slots %s",
+                        cid, h.k, h.d, dfm_dtype_name(h.dtype), ids_only ? "ids" : "embeddings", dfm_trec_slots_name(h.slots), c->p.k,
+                        c->p.d, dfm_dtype_name(c->p.dtype), c->p.ids_only ? "ids" : "embeddings", dfm_trec_slots_name(c->p.slots));
     const uint8_t *stored = (const uint8_t *)rec + DFM_TREC_HEADER_BYTES;
     const uint8_t *src;
     if (h.flags & DFM_TREC_F_RAW) {
@@ -348,6 +381,13 @@ int dfm_trec_decode(dfm_trec_codec *c, const void *rec, size_t n, dfm_trec *out,
         if (valid ? id < 0 : id != -1)
             return DFM_FAIL(DFM_EFORMAT, "chunk %llu slot %u: id %lld with mask bit %d (valid slots need ids >= 0, masked ones -1)",
                             cid, i, (long long)id, valid);
+    }
+    if (h.slots == DFM_TREC_SLOTS_BOTH) {
+        int64_t ids[DFM_TREC_MAX_K];
+        memcpy(ids, pid, 8 * (size_t)k);
+        if (!both_pairs_ok(k, mask, ids))
+            return DFM_FAIL(DFM_EFORMAT, "chunk %llu: slots 'both' with a continuation slot that does not follow its neighbour slot "
+                            "(mask 0x%llx)", cid, (unsigned long long)mask);
     }
     out->chunk_id = h.chunk_id;
     out->flags = h.flags;

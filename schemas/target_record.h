@@ -33,6 +33,19 @@
 /* dtype of stored embeddings */
 enum { DFM_DTYPE_FP32 = 1, DFM_DTYPE_FP16 = 2, DFM_DTYPE_BF16 = 3 };
 
+/* What the K slots of a record hold (header byte 19, `dfm write-targets --slots-hold`). The id of a
+ * valid slot is always the chunk whose embedding the slot holds (so store = ids reads alike):
+ *   NEIGHBOUR     slot r = neighbour r (rank order)
+ *   CONTINUATION  slot r = the continuation of neighbour r: the chunk after it in its own document
+ *                 (neighbour id + 1), masked where the neighbour ends its document
+ *   BOTH          K = 2J: slots 0..J-1 as NEIGHBOUR, slots J..2J-1 as CONTINUATION of the same J
+ *                 neighbours (slot J + r is valid only with slot r, and then holds id[r] + 1)
+ * Rule for "the chunk after it in its own document": schemas/target_record.md. */
+enum { DFM_TREC_SLOTS_NEIGHBOUR = 0, DFM_TREC_SLOTS_CONTINUATION = 1, DFM_TREC_SLOTS_BOTH = 2 };
+/* "neighbour", "continuation", "both" (or "?"), and the reverse (DFM_EARG for another name). */
+const char *dfm_trec_slots_name(int slots);
+int dfm_trec_slots_parse(const char *name, int *slots);
+
 /* header flags */
 enum {
     DFM_TREC_F_SHUFFLE = 1u,   /* emb section byte-shuffled before compression */
@@ -50,7 +63,7 @@ typedef struct {
     uint64_t chunk_id;         /* equals the key */
     uint16_t k;                /* slots, 1..64 */
     uint8_t dtype;             /* DFM_DTYPE_* of emb (or of the shard table with IDS_ONLY) */
-    uint8_t reserved;          /* zero */
+    uint8_t slots;             /* DFM_TREC_SLOTS_*: what the slots hold (0 = neighbours; was "reserved, zero") */
     uint32_t d;                /* embedding width, 1..65536 */
     uint32_t payload_bytes;    /* logical payload size (must equal dfm_trec_payload_bytes()) */
     uint32_t stored_bytes;     /* bytes after the header */
@@ -103,6 +116,7 @@ typedef struct {
     int ids_only; /* 1: store = ids */
     int shuffle;  /* 1: byte-shuffle emb before zstd */
     int level;    /* zstd level (1..19; 0 = zstd's default 3) */
+    int slots;    /* DFM_TREC_SLOTS_*: recorded in every header; decode requires the header's to equal it */
 } dfm_trec_params;
 
 /* Create a codec for records of these parameters. DFM_EARG on impossible parameters. */
@@ -112,7 +126,8 @@ void dfm_trec_codec_free(dfm_trec_codec *c);
 
 /* Encode rec into out (cap bytes, at least dfm_trec_max_bytes()); *out_bytes gets the record size.
  * Masked slots are normalised (id -1, score 0, zero embedding); SEQ_START forces mask 0. The mask must
- * have no bit at or above k, and every valid id must be >= 0 (DFM_EARG otherwise). */
+ * have no bit at or above k, and every valid id must be >= 0 (DFM_EARG otherwise); with slots = BOTH a
+ * continuation slot J + r may be valid only with slot r, holding ids[r] + 1 (DFM_EARG). */
 int dfm_trec_encode(dfm_trec_codec *c, const dfm_trec *rec, void *out, size_t cap, size_t *out_bytes);
 
 /* Validate a record without decompressing it: magic (DFM_EFORMAT), version (DFM_EVERSION), fields
@@ -123,7 +138,8 @@ int dfm_trec_check_header(const void *rec, size_t n, dfm_trec_header *hdr);
 /* Decode and fully validate a record (header, decompressed size, checksum, mask/ids consistency)
  * into rec's caller arrays (ids, scores: k each; emb: k*d floats, or NULL to skip). With IDS_ONLY the
  * emb array is left untouched (the reader fills it from the table). The codec's k, d, dtype must
- * match the header (DFM_EMISMATCH). If payload (may be NULL) is non-NULL it receives a pointer to
+ * match the header, and so must its slots (DFM_EMISMATCH); slots = BOTH records are checked as encode
+ * requires. If payload (may be NULL) is non-NULL it receives a pointer to
  * the logical payload inside the codec (valid until the next call). Errors name the chunk id; the
  * caller adds the shard and key. */
 int dfm_trec_decode(dfm_trec_codec *c, const void *rec, size_t n, dfm_trec *out, const uint8_t **payload,

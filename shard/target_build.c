@@ -78,6 +78,43 @@ static void bufs_free(bufs_t *b) {
     free(b->recs); free(b->lens); free(b->rcs);
 }
 
+uint32_t dfm_target_slot_count(uint32_t k, int slots) { return slots == DFM_TREC_SLOTS_BOTH ? 2 * k : k; }
+
+int dfm_target_slot_neighbors(const dfm_target_source *src, int slots, uint64_t first, uint64_t n, int64_t *ids, float *scores,
+                              uint64_t *mask, uint8_t *seq) {
+    if (slots == DFM_TREC_SLOTS_NEIGHBOUR) return src->neighbors(src->ctx, first, n, ids, scores, mask, seq);
+    const uint32_t K = src->k, KS = dfm_target_slot_count(K, slots);
+    const uint32_t at = slots == DFM_TREC_SLOTS_BOTH ? K : 0; /* first continuation slot */
+    if (!src->continues) return DFM_FAIL(DFM_EINTERNAL, "this data source cannot tell continuations (slots %s)", dfm_trec_slots_name(slots));
+    int64_t *nid = malloc(sizeof(int64_t) * (n ? n : 1) * K);
+    float *nsc = malloc(sizeof(float) * (n ? n : 1) * K);
+    uint64_t *nmask = malloc(sizeof(uint64_t) * (n ? n : 1));
+    int rc = nid && nsc && nmask ? src->neighbors(src->ctx, first, n, nid, nsc, nmask, seq) : DFM_FAIL(DFM_ENOMEM, "no memory");
+    for (uint64_t q = 0; !rc && q < n; q++) {
+        int64_t *oid = ids + q * KS;
+        float *osc = scores + q * KS;
+        uint64_t m = 0;
+        if (slots == DFM_TREC_SLOTS_BOTH) { /* neighbours first, as they are */
+            memcpy(oid, nid + q * K, sizeof(int64_t) * K);
+            memcpy(osc, nsc + q * K, sizeof(float) * K);
+            m = nmask[q];
+        }
+        for (uint32_t r = 0; r < K && !rc; r++) {
+            int64_t id = nid[q * K + r];
+            int yes = 0;
+            if (((nmask[q] >> r) & 1u) && id >= 0) rc = src->continues(src->ctx, (uint64_t)id, &yes);
+            oid[at + r] = yes ? id + 1 : -1;
+            osc[at + r] = yes ? nsc[q * K + r] : 0.0f;
+            if (yes) m |= 1ULL << (at + r);
+        }
+        mask[q] = m;
+    }
+    free(nid);
+    free(nsc);
+    free(nmask);
+    return rc;
+}
+
 /* Build and encode the record of query q of a block (emb: K*D scratch; out: cap bytes). */
 static int encode_one(dfm_trec_codec *c, const bufs_t *b, uint64_t first, uint64_t q, uint32_t K, uint32_t D, int ids_only, float *emb,
                       uint8_t *out, size_t cap, size_t *len) {
@@ -157,6 +194,7 @@ static int plan_blocks(build_ctx *x) {
     expect.ids_only = ids_only;
     expect.shuffle = cfg->rec.shuffle;
     expect.level = cfg->rec.level;
+    expect.slots = cfg->rec.slots;
     snprintf(expect.fingerprint, sizeof expect.fingerprint, "%s", cfg->fingerprint);
     size_t cap = 0;
     int rc = DFM_OK;
@@ -248,7 +286,7 @@ static int round_requests(build_ctx *x, const block_t *bk) {
         lrc = dfm_target_writer_open(&wc, &x->w);
     }
     if (!lrc && bk && bk->n) {
-        lrc = src->neighbors(src->ctx, bk->first, bk->n, x->b.ids, x->b.scores, x->b.mask, x->b.seq);
+        lrc = dfm_target_slot_neighbors(src, cfg->rec.slots, bk->first, bk->n, x->b.ids, x->b.scores, x->b.mask, x->b.seq);
         if (lrc) dfm_error_prefix("reading the neighbours of chunks [%llu, %llu)", (unsigned long long)bk->first,
                                   (unsigned long long)(bk->first + bk->n));
         for (uint64_t q = 0; !lrc && q < bk->n; q++) {
@@ -419,9 +457,11 @@ static int round_write(build_ctx *x, const block_t *bk) {
 /* The configuration against the source. */
 static int check_config(const dfm_target_source *src, const dfm_target_build_config *cfg, uint32_t Q) {
     const uint32_t K = cfg->rec.k, D = cfg->rec.d;
-    if (src->k != K || src->d != D)
-        return DFM_FAIL(DFM_EMISMATCH, "the neighbours/embeddings have K %u, d %u; the targets were asked for K %u, d %u", src->k,
-                        src->d, K, D);
+    if (dfm_target_slot_count(src->k, cfg->rec.slots) != K || src->d != D)
+        return DFM_FAIL(DFM_EMISMATCH, "the neighbours/embeddings have K %u, d %u; the targets were asked for %u slots (%s), d %u", src->k,
+                        src->d, K, dfm_trec_slots_name(cfg->rec.slots), D);
+    if (cfg->rec.slots != DFM_TREC_SLOTS_NEIGHBOUR && !src->continues)
+        return DFM_FAIL(DFM_EINTERNAL, "this data source cannot tell continuations (slots %s)", dfm_trec_slots_name(cfg->rec.slots));
     if (!cfg->n_shards) return DFM_FAIL(DFM_EARG, "--target-shards must be at least 1");
     if ((uint64_t)Q * K * D > INT_MAX)
         return DFM_FAIL(DFM_EARG, "--block-queries %u x K %u x d %u exceeds an MPI count. HINT: lower --block-queries", Q, K, D);
@@ -524,6 +564,12 @@ static int synth_rows(void *ctx, const uint64_t *ids, size_t n, float *out) {
     return DFM_OK;
 }
 
+static int synth_continues(void *ctx, uint64_t id, int *yes) {
+    const dfm_target_synth *s = ctx;
+    *yes = id + 1 < s->n_chunks && (!s->seq_chunks || (id + 1) % s->seq_chunks != 0);
+    return DFM_OK;
+}
+
 void dfm_target_synth_source(dfm_target_synth *syn, int rank, int size, dfm_target_source *src) {
     memset(src, 0, sizeof *src);
     src->ctx = syn;
@@ -536,6 +582,7 @@ void dfm_target_synth_source(dfm_target_synth *syn, int rank, int size, dfm_targ
     src->own_count = end - src->own_first;
     src->neighbors = synth_neighbors;
     src->rows = synth_rows;
+    src->continues = synth_continues;
 }
 
 int dfm_target_synth_stage(json_t *man, const dfm_target_synth *syn) {
@@ -570,6 +617,7 @@ int dfm_target_stage_begin(json_t *man, const char *run, json_t *config, const d
     f.ids_only = bc->rec.ids_only;
     f.shuffle = bc->rec.shuffle;
     f.level = bc->rec.level;
+    f.slots = bc->rec.slots;
     f.n_shards = bc->n_shards;
     f.n_chunks_total = n_chunks;
     /* a query-only run: its neighbour ids are the datastore run's chunks (shard/target_source.c) */

@@ -36,7 +36,22 @@ typedef struct {
     int (*neighbors)(void *ctx, uint64_t first, uint64_t n, int64_t *ids, float *scores, uint64_t *mask, uint8_t *seq_start);
     /* The stored rows of n ids, all inside this rank's own range, as fp32: out[n*d]. */
     int (*rows)(void *ctx, const uint64_t *ids, size_t n, float *out);
+    /* Only for --slots-hold continuation|both, callable by any rank for any row id (not only its own):
+     * *yes = 1 when row id + 1 is the continuation of row id (the next chunk of the document row id
+     * ends in; the rule: schemas/target_record.md, "What the slots hold"), else 0. */
+    int (*continues)(void *ctx, uint64_t id, int *yes);
 } dfm_target_source;
+
+/* Slots per record for K neighbours: K, or 2K with slots = DFM_TREC_SLOTS_BOTH. */
+uint32_t dfm_target_slot_count(uint32_t k, int slots);
+
+/* The slots of the records of queries [first, first+n) as src->neighbors gives them, then rewritten
+ * for slots (DFM_TREC_SLOTS_*, schemas/target_record.h): ids[n*ks], scores[n*ks], mask[n] with
+ * ks = dfm_target_slot_count(src->k, slots). A continuation slot takes its neighbour's score and the
+ * id neighbour + 1, or is masked (id -1, score 0) where src->continues says no. seq_start as given.
+ * The one home of the slot rule: dfm write-targets and dfm verify --recompute-records both use it. */
+int dfm_target_slot_neighbors(const dfm_target_source *src, int slots, uint64_t first, uint64_t n, int64_t *ids, float *scores,
+                              uint64_t *mask, uint8_t *seq_start);
 
 typedef struct {
     uint32_t n_shards;
@@ -84,7 +99,9 @@ int dfm_target_stage_finish(json_t *man, const char *run_dir, uint32_t n_shards,
 /* ---- synthetic source (tests, benchmarks: `dfm write-targets --synthetic N`) ---------------------
  * Deterministic: row c is a unit vector of hash-derived values; query q's neighbours are hash-derived
  * ids, sequences of seq_chunks chunks start at multiples of seq_chunks (no query), and every third
- * query has its last two slots padded. Rank r owns rows [r*ceil(N/P), ...). */
+ * query has its last two slots padded. A synthetic document is a sequence (the whole run when
+ * seq_chunks is 0): row c continues into c + 1 unless c + 1 starts a sequence or is past the end.
+ * Rank r owns rows [r*ceil(N/P), ...). */
 typedef struct {
     uint64_t n_chunks;
     uint32_t k, d, seq_chunks;

@@ -53,8 +53,10 @@ static char *chunk_text(const dfm_chunk_set *cs, const dfm_tokenizer *tok, uint6
  * may be NULL: no texts; ns: the chunks the neighbour ids index, cs or a datastore run's). */
 static void print_record(const dfm_target_info *inf, const dfm_trec *t, const dfm_chunk_set *cs, const dfm_chunk_set *ns,
                          const dfm_tokenizer *tok, int64_t nvals) {
-    printf("chunk %llu  K %u  d %u  dtype %s  store %s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
-           inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings",
+    /* "slots" only when not the neighbours themselves: the default prints as before */
+    printf("chunk %llu  K %u  d %u  dtype %s  store %s%s%s  flags%s%s%s  mask 0x%016llx (%d valid)\n", (unsigned long long)t->chunk_id,
+           inf->k, inf->d, dfm_dtype_name(inf->dtype), inf->ids_only ? "ids" : "embeddings", inf->slots ? "  slots " : "",
+           inf->slots ? dfm_trec_slots_name(inf->slots) : "",
            (t->flags & DFM_TREC_F_SEQ_START) ? " SEQ_START" : "", (t->flags & DFM_TREC_F_EMPTY) ? " EMPTY" : "",
            (t->flags & DFM_TREC_F_SHUFFLE) ? " SHUFFLE" : "", (unsigned long long)t->mask, __builtin_popcountll(t->mask));
     char *q = chunk_text(cs, tok, t->chunk_id);
@@ -65,14 +67,18 @@ static void print_record(const dfm_target_info *inf, const dfm_trec *t, const df
         if (prev) printf("preceding chunk (the query's context): %s\n", prev);
         free(prev);
     }
+    /* continuation slots: all of them, or the second half with slots both (schemas/target_record.h) */
+    const uint32_t first_cont = inf->slots == DFM_TREC_SLOTS_CONTINUATION ? 0 : inf->slots == DFM_TREC_SLOTS_BOTH ? inf->k / 2 : inf->k;
     for (uint32_t i = 0; i < inf->k; i++) {
-        int valid = (int)((t->mask >> i) & 1u);
-        printf("  rank %2u  %s  id %10lld  score %+.6f  emb [", i, valid ? "valid " : "masked", (long long)t->ids[i], t->scores[i]);
+        int valid = (int)((t->mask >> i) & 1u), cont = i >= first_cont;
+        printf("  %s %2u  %s  id %10lld  score %+.6f  emb [", cont ? "cont" : "rank", i - (cont ? first_cont : 0), valid ? "valid " : "masked",
+               (long long)t->ids[i], t->scores[i]);
         for (int64_t j = 0; j < nvals && j < (int64_t)inf->d; j++) printf("%s%+.5f", j ? ", " : "", t->emb[(size_t)i * inf->d + j]);
         printf("%s]\n", nvals < (int64_t)inf->d ? ", ..." : "");
         if (valid) {
             char *nt = chunk_text(ns, tok, (uint64_t)t->ids[i]);
-            if (nt) printf("           text: %s\n", nt);
+            if (nt && cont) printf("           continuation (chunk after neighbour %lld) text: %s\n", (long long)t->ids[i] - 1, nt);
+            else if (nt) printf("           text: %s\n", nt);
             free(nt);
         }
     }
@@ -141,10 +147,11 @@ static int rebuild_sample(dfm_target_reader *r, const char *run, double fraction
     }
     json_decref(man);
     DFM_TRY(rc);
-    if (src.n_chunks != inf->n_chunks || src.k != inf->k || src.d != inf->d)
-        rc = DFM_FAIL(DFM_EMISMATCH, "%s: the retrieve/encode stages have %llu chunks, K %u, d %u; the targets %llu, K %u, d %u", run,
-                      (unsigned long long)src.n_chunks, src.k, src.d, (unsigned long long)inf->n_chunks, inf->k, inf->d);
-    dfm_trec_params p = {.k = inf->k, .d = inf->d, .dtype = inf->dtype, .level = 1};
+    if (src.n_chunks != inf->n_chunks || dfm_target_slot_count(src.k, inf->slots) != inf->k || src.d != inf->d)
+        rc = DFM_FAIL(DFM_EMISMATCH, "%s: the retrieve/encode stages have %llu chunks, K %u, d %u; the targets %llu, %u slots (%s), d %u", run,
+                      (unsigned long long)src.n_chunks, src.k, src.d, (unsigned long long)inf->n_chunks, inf->k,
+                      dfm_trec_slots_name(inf->slots), inf->d);
+    dfm_trec_params p = {.k = inf->k, .d = inf->d, .dtype = inf->dtype, .level = 1, .slots = inf->slots};
     dfm_trec_codec *c = NULL;
     if (!rc) rc = dfm_trec_codec_create(&p, &c);
     size_t kd = (size_t)inf->k * inf->d, cap = dfm_trec_max_bytes(inf->k, inf->d, inf->dtype, 0);
@@ -159,7 +166,7 @@ static int rebuild_sample(dfm_target_reader *r, const char *run, double fraction
         if (fraction < 1 && x > thresh) continue;
         uint64_t mask;
         uint8_t seq;
-        rc = src.neighbors(src.ctx, id, 1, ids, sc, &mask, &seq);
+        rc = dfm_target_slot_neighbors(&src, inf->slots, id, 1, ids, sc, &mask, &seq);
         for (uint32_t i = 0; !rc && i < inf->k; i++) {
             if (!((mask >> i) & 1u)) continue;
             uint64_t nid = (uint64_t)ids[i];

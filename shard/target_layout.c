@@ -67,6 +67,15 @@ static int parse_hex64(const char *s, uint64_t *v) {
     return *end ? -1 : 0;
 }
 
+/* The optional "slots" of shard.json or the format (absent: neighbour). */
+static int slots_of(json_t *o, const char *where, int *slots) {
+    json_t *v = json_object_get(o, "slots");
+    *slots = DFM_TREC_SLOTS_NEIGHBOUR;
+    if (v && (!json_is_string(v) || dfm_trec_slots_parse(json_string_value(v), slots) != DFM_OK))
+        return DFM_FAIL(DFM_EFORMAT, "%s: \"slots\" must be \"continuation\" or \"both\" (absent: neighbour)", where);
+    return DFM_OK;
+}
+
 int dfm_target_meta_write(const char *dir, const dfm_target_shard_meta *m) {
     char h1[17], h2[17];
     json_t *o = json_pack(
@@ -80,6 +89,7 @@ int dfm_target_meta_write(const char *dir, const dfm_target_shard_meta *m) {
         (json_int_t)m->table_bytes, "empty_records", (json_int_t)m->empty_records, "seq_starts", (json_int_t)m->seq_starts,
         "padded_slots", (json_int_t)m->padded_slots, "fingerprint", m->fingerprint);
     (void)h2;
+    if (o && m->slots) json_object_set_new(o, "slots", json_string(dfm_trec_slots_name(m->slots))); /* absent: neighbour */
     if (!o) return DFM_FAIL(DFM_ENOMEM, "no memory for shard.json");
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
@@ -148,6 +158,7 @@ int dfm_target_meta_read(const char *dir, dfm_target_shard_meta *m) {
         m->seq_starts = (uint64_t)seqs;
         m->padded_slots = (uint64_t)padded;
         memcpy(m->fingerprint, fp, 17);
+        rc = slots_of(o, path, &m->slots);
     }
     json_decref(o);
     free(path);
@@ -161,7 +172,7 @@ int dfm_target_meta_same_config(const char *dir, const dfm_target_shard_meta *a,
                         "or configuration; re-run 'dfm write-targets'",                                                  \
                         dir, #f, (unsigned long long)a->f, (unsigned long long)b->f);
     SAME(shard) SAME(n_shards) SAME(n_chunks_total) SAME(first_chunk) SAME(n_chunks) SAME(k) SAME(d) SAME(dtype)
-    SAME(ids_only) SAME(shuffle) SAME(level)
+    SAME(ids_only) SAME(shuffle) SAME(level) SAME(slots)
 #undef SAME
     if (strcmp(a->fingerprint, b->fingerprint) != 0)
         return DFM_FAIL(DFM_EMISMATCH, "%s: run fingerprint %s, the run expects %s (targets of another run or of changed inputs). "
@@ -194,9 +205,11 @@ void dfm_target_fingerprint(json_t *upstream, const dfm_target_shard_meta *f, ch
     char *up = json_dumps(upstream, JSON_SORT_KEYS | JSON_COMPACT);
     char ids[40] = "";
     if (f->n_ids) snprintf(ids, sizeof ids, "|n_ids=%llu", (unsigned long long)f->n_ids); /* absent for a run's own ids */
-    char *all = dfm_strdupf("%s|k=%u|d=%u|dtype=%d|ids=%d|shuffle=%d|level=%d|shards=%u|n=%llu|v=%u%s", up ? up : "", f->k, f->d,
+    char slots[40] = "";
+    if (f->slots) snprintf(slots, sizeof slots, "|slots=%s", dfm_trec_slots_name(f->slots)); /* absent for neighbours */
+    char *all = dfm_strdupf("%s|k=%u|d=%u|dtype=%d|ids=%d|shuffle=%d|level=%d|shards=%u|n=%llu|v=%u%s%s", up ? up : "", f->k, f->d,
                             f->dtype, f->ids_only, f->shuffle, f->level, f->n_shards, (unsigned long long)f->n_chunks_total,
-                            DFM_TREC_VERSION, ids);
+                            DFM_TREC_VERSION, ids, slots);
     hex64(all ? XXH3_64bits(all, strlen(all)) : 0, out);
     free(up);
     free(all);
@@ -224,6 +237,7 @@ json_t *dfm_target_format_make(const dfm_target_shard_meta *f, json_t *upstream)
                      (json_int_t)dfm_target_span(f->n_chunks_total, f->n_shards), "fingerprint", f->fingerprint, "upstream",
                      upstream);
     if (fmt && f->n_ids) json_object_set_new(fmt, "n_ids", json_integer((json_int_t)f->n_ids));
+    if (fmt && f->slots) json_object_set_new(fmt, "slots", json_string(dfm_trec_slots_name(f->slots)));
     return fmt;
 }
 
@@ -258,6 +272,11 @@ int dfm_target_format_parse(json_t *fmt, const char *run_dir, dfm_target_shard_m
     if (ni && (!json_is_integer(ni) || json_integer_value(ni) < 1))
         return DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: targets format \"n_ids\" must be a positive integer", run_dir);
     f->n_ids = ni ? (uint64_t)json_integer_value(ni) : 0;
+    char where[600];
+    snprintf(where, sizeof where, "%s/manifest.json: targets format", run_dir);
+    DFM_TRY(slots_of(fmt, where, &f->slots));
+    if (f->slots == DFM_TREC_SLOTS_BOTH && f->k % 2)
+        return DFM_FAIL(DFM_EFORMAT, "%s/manifest.json: targets format has slots \"both\" with an odd K %u", run_dir, f->k);
     memcpy(f->fingerprint, fp, 17);
     if (upstream) *upstream = up;
     return DFM_OK;

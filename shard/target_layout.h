@@ -39,6 +39,8 @@ typedef struct {
     uint64_t records;         /* == n_chunks when complete */
     uint32_t k, d;
     int dtype, ids_only, shuffle, level;
+    int slots;                /* DFM_TREC_SLOTS_*: what the slots hold; "slots" in shard.json and the format, written
+                               * only when not neighbour (absent = neighbour, as in runs from before the option) */
     uint64_t raw_bytes;       /* sum of logical payload sizes */
     uint64_t stored_bytes;    /* sum of record sizes (header + stored payload) */
     uint64_t records_checksum; /* XXH3-64 stream over (key, payload checksum) of every record in order */
@@ -65,14 +67,15 @@ int dfm_target_meta_same_config(const char *dir, const dfm_target_shard_meta *a,
  * chunk, encode, index, retrieve. */
 json_t *dfm_target_upstream(json_t *manifest);
 /* Run fingerprint: XXH3-64 of the upstream object and the target format (k, d, dtype, store,
- * shuffle, level, shards, N), as 16 hex digits. */
+ * shuffle, level, shards, N; n_ids and slots when not 0), as 16 hex digits. */
 void dfm_target_fingerprint(json_t *upstream, const dfm_target_shard_meta *fmt, char out[17]);
 /* Compare the upstream fingerprints a run's targets were built from (stored) with those of a
  * manifest now (current, from run 'where'). DFM_EMISMATCH naming the first differing stage. */
 int dfm_target_upstream_check(json_t *stored, json_t *current, const char *targets_run, const char *where);
 
 /* The "format" object of the manifest's targets stage: {"record_version", "k", "d", "dtype", "store",
- * "shuffle", "zstd_level", "n_shards", "n_chunks", "span", "fingerprint", "upstream"}. make: a new
+ * "shuffle", "zstd_level", "n_shards", "n_chunks", "span", "fingerprint", "upstream"}, plus "n_ids" and
+ * "slots" when not 0 / neighbour. make: a new
  * object from the shard-independent fields of f and upstream (borrowed). parse: DFM_EFORMAT naming
  * run_dir when a field is missing or impossible; *upstream is borrowed from fmt. */
 json_t *dfm_target_format_make(const dfm_target_shard_meta *f, json_t *upstream);

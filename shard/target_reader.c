@@ -200,12 +200,14 @@ static int open_once(const char *run_dir, const dfm_target_open_opts *opts, dfm_
         r->info.d = f.d;
         r->info.dtype = f.dtype;
         r->info.ids_only = f.ids_only;
+        r->info.slots = f.slots;
         r->info.n_shards = f.n_shards;
         r->info.span = dfm_target_span(f.n_chunks_total, f.n_shards);
         memcpy(r->info.fingerprint, f.fingerprint, 17);
         memcpy(r->info.generation, before, 17);
         memcpy(r->info.tokens_generation, tbefore, 17);
-        r->params = (dfm_trec_params){.k = f.k, .d = f.d, .dtype = f.dtype, .ids_only = f.ids_only, .shuffle = f.shuffle, .level = f.level};
+        r->params = (dfm_trec_params){.k = f.k, .d = f.d, .dtype = f.dtype, .ids_only = f.ids_only, .shuffle = f.shuffle, .level = f.level,
+                                      .slots = f.slots};
         r->shards = calloc(f.n_shards, sizeof *r->shards);
         rc = r->shards ? dfm_trec_codec_create(&r->params, &r->codec) : DFM_FAIL(DFM_ENOMEM, "no memory");
         /* a reader holds one open file per shard (its data.mdb; tables are mapped and closed): many readers

@@ -58,6 +58,9 @@ typedef struct {
     char generation[17];        /* the targets stage's generation (schemas/manifest.md): new per rebuild */
     char tokens_generation[17]; /* the chunk stage's of the tokens run (opts->tokens_run, else this run) */
     uint64_t n_ids;     /* neighbour ids are < n_ids: a datastore run's chunks (a query-only run); 0: ids < n_chunks */
+    int slots;          /* DFM_TREC_SLOTS_* (schemas/target_record.h): neighbours, their continuations, or both
+                         * (k = 2J: J neighbours, then their J continuations); each valid id is the chunk whose
+                         * embedding its slot holds */
 } dfm_target_info;
 
 /* Open RUN's target shards and check them: the manifest's "targets" stage must be complete

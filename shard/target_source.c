@@ -6,6 +6,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/manifest.h"
+#include "schemas/chunk_shard.h"
 #include "schemas/embedding_shard.h"
 #include "schemas/neighbor_shard.h"
 
@@ -26,6 +27,9 @@ struct dfm_target_real {
     uint64_t first_block, n_blocks, block_chunks;
     uint32_t d, k;
     uint64_t seq_chunks;
+    char *rows_dir;       /* the run whose chunks the neighbour ids index (this run, or its datastore run) */
+    uint64_t n_rows;      /* its chunks */
+    dfm_chunk_set *rows_chunks; /* its chunk shards, opened on the first continuation question */
 };
 
 /* The block holding query q, opened on first use: a rank reads only the neighbour blocks of the
@@ -78,8 +82,32 @@ static int real_rows(void *ctx, const uint64_t *ids, size_t n, float *out) {
     return DFM_OK;
 }
 
+/* Row id + 1 continues row id when it exists, is not all padding, and starts inside the document row id
+ * ends in (doc_first(id + 1) == doc_last(id)): the text runs on from one into the other. Training
+ * sequences do not matter (they cut the same stream); a document end inside row id, or exactly at its
+ * end (its EOS is the last valid token), does. Spec: schemas/target_record.md, "What the slots hold". */
+static int real_continues(void *ctx, uint64_t id, int *yes) {
+    dfm_target_real *r = ctx;
+    *yes = 0;
+    if (!r->rows_chunks) {
+        DFM_TRY(dfm_chunk_set_open(r->rows_dir, &r->rows_chunks));
+        if (r->rows_chunks->n_chunks != r->n_rows)
+            return DFM_FAIL(DFM_EMISMATCH, "%s: %llu chunks in its chunk shards, %llu embedding rows. HINT: re-run its stages with --force",
+                            r->rows_dir, (unsigned long long)r->rows_chunks->n_chunks, (unsigned long long)r->n_rows);
+    }
+    if (id + 1 >= r->n_rows) return DFM_OK;
+    const dfm_chunk_meta *a, *b;
+    const uint32_t *tok;
+    DFM_TRY(dfm_chunk_set_get(r->rows_chunks, id, &a, &tok));
+    DFM_TRY(dfm_chunk_set_get(r->rows_chunks, id + 1, &b, &tok));
+    *yes = a->n_valid > 0 && b->n_valid > 0 && b->doc_first == a->doc_last;
+    return DFM_OK;
+}
+
 void dfm_target_real_close(dfm_target_real *r) {
     if (!r) return;
+    dfm_chunk_set_close(r->rows_chunks);
+    free(r->rows_dir);
     for (size_t i = 0; r->nbr && i < r->n_nbr; i++) {
         dfm_nbr_block_close(r->nbr[i].blk);
         free(r->nbr[i].path);
@@ -173,6 +201,11 @@ int dfm_target_real_open(const dfm_mpi *m, const char *run_dir, dfm_target_real 
         }
     }
     if (!rc) {
+        r->rows_dir = strdup(rows_dir);
+        r->n_rows = (uint64_t)n_rows;
+        if (!r->rows_dir) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    }
+    if (!rc) {
         r->d = (uint32_t)dim;
         r->block_chunks = (uint64_t)bc;
         r->seq_chunks = (uint64_t)(S / L);
@@ -211,6 +244,7 @@ int dfm_target_real_open(const dfm_mpi *m, const char *run_dir, dfm_target_real 
     if (!r->n_blocks) src->own_first = end > 0 ? (r->first_block * r->block_chunks < (uint64_t)n_rows ? r->first_block * r->block_chunks : (uint64_t)n_rows) : 0;
     src->neighbors = real_neighbors;
     src->rows = real_rows;
+    src->continues = real_continues;
     *out = r;
     return DFM_OK;
 }

@@ -100,6 +100,7 @@ int dfm_target_writer_open(const dfm_target_writer_config *cfg, dfm_target_write
     m->ids_only = cfg->rec.ids_only;
     m->shuffle = cfg->rec.shuffle;
     m->level = cfg->rec.level;
+    m->slots = cfg->rec.slots;
     memcpy(m->fingerprint, cfg->fingerprint, 17);
     w->next_id = m->first_chunk;
     w->map_bytes = cfg->map_bytes ? cfg->map_bytes : dfm_target_map_estimate(&cfg->rec, m->n_chunks);
@@ -181,7 +182,7 @@ int dfm_target_writer_put(dfm_target_writer *w, uint64_t chunk_id, const void *r
     if (n < DFM_TREC_HEADER_BYTES) return DFM_FAIL(DFM_EINTERNAL, "record of %zu bytes put into %s", n, w->tmp_dir);
     memcpy(&h, rec, sizeof h);
     if (memcmp(h.magic, DFM_TREC_MAGIC, 4) != 0 || h.version != DFM_TREC_VERSION || h.stored_bytes != n - DFM_TREC_HEADER_BYTES ||
-        h.k != w->meta.k || h.d != w->meta.d || h.dtype != w->meta.dtype)
+        h.k != w->meta.k || h.d != w->meta.d || h.dtype != w->meta.dtype || h.slots != w->meta.slots)
         return DFM_FAIL(DFM_EINTERNAL, "malformed record put into %s (chunk %llu)", w->tmp_dir, (unsigned long long)chunk_id);
     if (h.chunk_id != chunk_id) return DFM_FAIL(DFM_EINTERNAL, "record of chunk %llu put as %llu", (unsigned long long)h.chunk_id, (unsigned long long)chunk_id);
     if (w->buf_len + n > w->buf_cap) {

@@ -15,6 +15,7 @@
 static int build_config(const dfm_write_targets_config *o, dfm_target_build_config *bc) {
     memset(bc, 0, sizeof *bc);
     DFM_TRY(dfm_dtype_parse(o->dtype, &bc->rec.dtype));
+    DFM_TRY(dfm_trec_slots_parse(o->slots_hold, &bc->rec.slots));
     bc->n_shards = (uint32_t)o->shards;
     bc->rec.ids_only = !strcmp(o->store, "ids");
     bc->rec.shuffle = !strcmp(o->shuffle, "yes") || (!strcmp(o->shuffle, "auto") && bc->rec.dtype != DFM_DTYPE_FP16);
@@ -25,6 +26,19 @@ static int build_config(const dfm_write_targets_config *o, dfm_target_build_conf
     bc->force = o->force;
     bc->threads = o->threads > 1 ? (uint32_t)o->threads : 1;
     return DFM_OK;
+}
+
+/* A continuation is the chunk after a neighbour. Retrieved with --exclude none from its own chunks, a run's
+ * best neighbour is often the query's own source chunk c-1, whose continuation is chunk c: the very chunk
+ * the memory is meant to help predict. Refused; every other policy keeps the continuation in the past or
+ * out of the query's document (schemas/target_record.md, "What the slots hold"). */
+static int check_continuation_leak(json_t *man, const char *run, int slots) {
+    json_t *rs = dfm_manifest_stage(man, "retrieve");
+    const char *ex = json_string_value(json_object_get(json_object_get(rs, "config"), "exclude"));
+    if (slots == DFM_TREC_SLOTS_NEIGHBOUR || json_object_get(rs, "datastore") || !ex || strcmp(ex, "none")) return DFM_OK;
+    return DFM_FAIL(DFM_EARG, "%s was retrieved with --exclude none from its own chunks: the continuation of the query's own source "
+                    "chunk would be the chunk it is meant to predict. HINT: re-run 'dfm retrieve %s --exclude self' (or sequence, "
+                    "document), or keep --slots-hold neighbour", run, run);
 }
 
 /* Totals over ranks into the manifest (rank 0 finishes the stage and prints the summary). */
@@ -69,9 +83,12 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
     }
     rc = dfm_mpi_agree(m, rc);
     if (!rc) {
-        bc.rec.k = src.k;
+        bc.rec.k = dfm_target_slot_count(src.k, bc.rec.slots);
         bc.rec.d = src.d;
     }
+    if (!rc && bc.rec.k > DFM_TREC_MAX_K)
+        rc = DFM_FAIL(DFM_EARG, "--slots-hold both needs 2K = %u slots; a record holds at most %u. HINT: retrieve at most %u neighbours "
+                      "('dfm retrieve --k'), or --slots-hold continuation", bc.rec.k, DFM_TREC_MAX_K, DFM_TREC_MAX_K / 2);
     if (!rc && bc.rec.ids_only && src.n_rows)
         rc = DFM_FAIL(DFM_EARG, "%s retrieved its neighbours from another run (a datastore): --store ids keeps only this "
                       "run's own embeddings. HINT: --store embeddings", run);
@@ -82,6 +99,7 @@ int dfm_write_targets_run(const dfm_mpi *m, const dfm_write_targets_config *o, c
         if (o->synthetic) rc = dfm_mkdir_p(run);
         if (!rc) rc = dfm_manifest_load(run, o->synthetic ? 1 : 0, &man);
         if (!rc && o->synthetic) rc = dfm_target_synth_stage(man, &syn);
+        if (!rc && !o->synthetic) rc = check_continuation_leak(man, run, bc.rec.slots);
         if (!rc) rc = dfm_target_stage_begin(man, run, config, &bc, src.n_chunks, m->size, fp, &skip);
     }
     rc = dfm_mpi_agree(m, rc);

@@ -20,6 +20,7 @@ typedef struct {
     int64_t threads;    /* encoding threads per rank */
     char *dtype;        /* stored embedding type: fp32, fp16 or bf16 */
     char *store;        /* "embeddings" or "ids" */
+    char *slots_hold;   /* what a slot holds: "neighbour", "continuation" or "both" (schemas/target_record.md) */
     char *shuffle;      /* byte-shuffle before zstd: "yes", "no" or "auto" (yes unless fp16) */
     int force;          /* rebuild shards that are already complete */
 } dfm_write_targets_config;

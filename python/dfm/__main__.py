@@ -82,8 +82,9 @@ def inspect(run_dir: str, chunk: int, nvals: int = 4, tokenizer: Optional[str] =
         try:
             mask = sum(1 << i for i, v in enumerate(rec["mask"]) if v)
             fl = rec["flags"]
-            print("chunk %d  K %d  d %d  dtype %s  store %s  flags%s%s%s  mask 0x%016x (%d valid)" % (
+            print("chunk %d  K %d  d %d  dtype %s  store %s%s  flags%s%s%s  mask 0x%016x (%d valid)" % (
                 rec["chunk_id"], run.k, run.d, run.dtype, "ids" if run.store == "ids" else "embeddings",
+                "" if run.slots == "neighbour" else "  slots " + run.slots,
                 " SEQ_START" if fl & F_SEQ_START else "", " EMPTY" if fl & F_EMPTY else "",
                 " SHUFFLE" if fl & F_SHUFFLE else "", mask, bin(mask).count("1")))
             q = texts.text(chunk)
@@ -93,15 +94,19 @@ def inspect(run_dir: str, chunk: int, nvals: int = 4, tokenizer: Optional[str] =
                 prev = texts.text(chunk - 1)
                 if prev is not None:
                     print("preceding chunk (the query's context): %s" % prev)
+            # continuation slots (schemas/target_record.md, "What the slots hold"): all, or the second half with both
+            first_cont = {"neighbour": run.k, "continuation": 0, "both": run.k // 2}[run.slots]
             for i in range(run.k):
-                valid = bool(rec["mask"][i])
+                valid, cont = bool(rec["mask"][i]), i >= first_cont
                 vals = ", ".join(_f(float(v), 5) for v in rec["emb"][i][:max(nvals, 0)])
-                print("  rank %2d  %s  id %10d  score %s  emb [%s%s]" % (
-                    i, "valid " if valid else "masked", int(rec["ids"][i]), _f(float(rec["scores"][i]), 6), vals,
-                    ", ..." if nvals < run.d else ""))
+                print("  %s %2d  %s  id %10d  score %s  emb [%s%s]" % (
+                    "cont" if cont else "rank", i - first_cont if cont else i, "valid " if valid else "masked",
+                    int(rec["ids"][i]), _f(float(rec["scores"][i]), 6), vals, ", ..." if nvals < run.d else ""))
                 if valid:
                     t = texts.text(int(rec["ids"][i]))
-                    if t is not None:
+                    if t is not None and cont:
+                        print("           continuation (chunk after neighbour %d) text: %s" % (int(rec["ids"][i]) - 1, t))
+                    elif t is not None:
                         print("           text: %s" % t)
         finally:
             texts.close()

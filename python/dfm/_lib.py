@@ -41,7 +41,7 @@ class TargetInfo(ctypes.Structure):
                 ("ids_only", ctypes.c_int), ("n_shards", ctypes.c_uint32), ("span", ctypes.c_uint64),
                 ("raw_bytes", ctypes.c_uint64), ("stored_bytes", ctypes.c_uint64), ("fingerprint", ctypes.c_char * 17),
                 ("generation", ctypes.c_char * 17), ("tokens_generation", ctypes.c_char * 17),
-                ("n_ids", ctypes.c_uint64)]
+                ("n_ids", ctypes.c_uint64), ("slots", ctypes.c_int)]
 
 
 class OpenOpts(ctypes.Structure):

@@ -35,7 +35,9 @@ class TargetRun:
 
     Attributes: run_dir, n_chunks (records, ids 0..n_chunks-1), k (slots K), d (embedding width),
     dtype ("fp32" | "fp16" | "bf16": stored; arrays handed out are float32), store ("embeddings" | "ids"),
-    n_shards, span (chunk ids per shard), fingerprint, raw_bytes, stored_bytes, generation (of the targets
+    slots ("neighbour" | "continuation" | "both": what the K slots hold, schemas/target_record.md; with "both"
+    slots [0, K/2) are the neighbours and [K/2, K) their continuations; a valid id is the chunk whose
+    embedding its slot holds), n_shards, span (chunk ids per shard), fingerprint, raw_bytes, stored_bytes, generation (of the targets
     opened: this handle reads them, whole, until closed, even while the run is rebuilt), tokens_generation
     (of the tokens run's chunk stage its upstream was checked against).
     """
@@ -55,6 +57,7 @@ class TargetRun:
         self.n_chunks, self.k, self.d = int(inf.n_chunks), int(inf.k), int(inf.d)
         self.dtype = L.dfm_dtype_name(inf.dtype).decode()
         self.store = "ids" if inf.ids_only else "embeddings"
+        self.slots = ("neighbour", "continuation", "both")[inf.slots]
         self.n_shards, self.span = int(inf.n_shards), int(inf.span)
         self.raw_bytes, self.stored_bytes = int(inf.raw_bytes), int(inf.stored_bytes)
         self.fingerprint = inf.fingerprint.decode()
@@ -197,6 +200,7 @@ class PyTargetRun:
         r = self._r
         self.run_dir, self.n_chunks, self.k, self.d, self.dtype = run_dir, r.n_chunks, r.k, r.d, r.dtype
         self.store, self.n_shards, self.span, self.fingerprint = r.store, r.n_shards, r.span, r.fingerprint
+        self.slots = r.slots
         self.generation, self.tokens_generation = r.generation, r.tokens_generation
 
     def _wrap(self, it: Iterator[Record]) -> Iterator[Record]:

@@ -24,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(b + DFM_TREC_HEADER_BYTES - 8, &hc, 8);
     dfm_trec_header h;
     if (dfm_trec_check_header(b, size, &h) || h.k > 64 || h.d > 4096) goto out;
-    dfm_trec_params p = {.k = h.k, .d = h.d, .dtype = h.dtype, .ids_only = !!(h.flags & DFM_TREC_F_IDS_ONLY)};
+    dfm_trec_params p = {.k = h.k, .d = h.d, .dtype = h.dtype, .ids_only = !!(h.flags & DFM_TREC_F_IDS_ONLY), .slots = h.slots};
     dfm_trec_codec *c;
     if (dfm_trec_codec_create(&p, &c)) goto out;
     int64_t ids[64];

@@ -1,5 +1,6 @@
 """The Python target reader (python/dfm_targets.py) against the C reader (build/libdfm.so via ctypes) on
-the same shards, for every dtype and both store options; and its fault detection. Exits non-zero on failure."""
+the same shards, for every dtype and both store options, and for --slots-hold continuation and both; and its
+fault detection (a shard or a record of another slots choice among them too). Exits non-zero on failure."""
 import ctypes
 import os
 import shutil
@@ -9,6 +10,7 @@ import sys
 import tempfile
 
 import numpy as np
+import xxhash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -134,6 +136,36 @@ def main():
                     check(len(seqs) == 25 and seqs[0]["emb"].shape == (6, 5, 24) and not seqs[1]["mask"][0].any(),
                           f"{dtype}/{store}: sequences() grouping ({len(seqs)} sequences)")
                     print(f"ok {dtype}/{store}: Python and C readers agree on 150 records")
+
+        # what the slots hold: both readers agree, and say the same
+        for slots, k in (("continuation", 5), ("both", 10)):
+            for store in ("embeddings", "ids"):
+                run = os.path.join(tmp, f"{slots}-{store}")
+                write_run(run, "--slots-hold", slots, "--store", store)
+                cre = c_records(run)
+                with dfm_targets.TargetRun(run, k=k) as r:
+                    check(r.slots == slots and r.k == k, f"{slots}/{store}: run says slots {r.slots}, K {r.k}")
+                    py = list(r.records())
+                same = len(py) == len(cre) == 150 and all(
+                    a["chunk_id"] == b[0] and np.array_equal(a["ids"], b[3]) and a["emb"].tobytes() == b[5].tobytes() and
+                    int(sum(1 << i for i, v in enumerate(a["mask"]) if v)) == b[2] for a, b in zip(py, cre))
+                check(same, f"{slots}/{store}: the Python and C readers differ")
+                print(f"ok slots {slots}/{store}: Python and C readers agree on 150 records of {k} slots")
+        # a continuation shard among neighbour shards: refused by shard.json's slots
+        mixed = os.path.join(tmp, "mixed-slots")
+        shutil.copytree(os.path.join(tmp, "fp16-embeddings"), mixed)
+        shutil.rmtree(os.path.join(mixed, "targets/shard-00001"))
+        shutil.copytree(os.path.join(tmp, "continuation-embeddings", "targets/shard-00001"), os.path.join(mixed, "targets/shard-00001"))
+        expect_error(lambda: dfm_targets.TargetRun(mixed), dfm_targets.TargetMismatchError, "slots is continuation",
+                     "a continuation shard among neighbour shards")
+        # a record whose slots byte says continuation, checksums recomputed: refused by the record check
+        with dfm_targets.TargetRun(os.path.join(tmp, "fp16-embeddings")) as r:
+            with r.shards[1].env.begin() as txn:
+                buf = bytearray(txn.get(struct.pack(">Q", 61)))
+        buf[19] = 1
+        struct.pack_into("<Q", buf, 40, xxhash.xxh3_64_intdigest(bytes(buf[48:]), seed=xxhash.xxh3_64_intdigest(bytes(buf[:40]))))
+        expect_error(lambda: dfm_targets.decode_record(bytes(buf), 5, 24, 2, False, 0), dfm_targets.TargetMismatchError,
+                     "slots continuation", "a record of another slots choice")
 
         # faults, each named by the Python reader
         base = os.path.join(tmp, "fp16-embeddings")

@@ -3,7 +3,9 @@
 Builds a tiny run (a few GCIDE documents: chunk -> encode -> index -> retrieve -> write-targets), pretrains
 a 1-layer backbone on the run's tokens for two steps, trains the DFM modules with --targets RUN (read
 through shard/target_reader.h: K and d come from the run) and evaluates. Then checks that targets are
-refused for tokens of another run (manifest mismatch). Exits non-zero on failure.
+refused for tokens of another run (manifest mismatch), and that targets written with --slots-hold both (2K
+slots: the neighbours, then their continuations) train and evaluate with K = 2K read from the run. Exits
+non-zero on failure.
 Env: DFM (dfm), DFM_TRAIN (dfm-train), DFM_CORPUS, DFM_TOKENIZER, DFM_MODEL (set by tests/run.sh).
 """
 import json
@@ -59,6 +61,31 @@ def main():
         print(("ok" if ok else "FAIL") + ": evaluation with target memory: %s" % (ev[0]["eval"] if ev else None))
         if not ok:
             fails.append("eval")
+        # --slots-hold both: 2K slots, K read from the targets, nothing else to change
+        run(DFM, "write-targets", r, "--target-shards", 2, "--slots-hold", "both", "--force")
+        p = run(DFM_TRAIN, "train", "--backbone", bb, "--data", r, "--targets", r, "--out", os.path.join(w, "dfm-both"),
+                "--chunk-len", 32, "--fusion-layers", 0, "--pred-hidden", 16, "--pred-heads", 2, *common)
+        ev = [r2 for r2 in map(json.loads, open(os.path.join(w, "dfm-both", "log.jsonl"))) if "eval" in r2]
+        ok = "K=8 d=384" in p.stderr and len(ev) == 1 and ev[0]["eval"]["mse"] > 0
+        print(("ok" if ok else "FAIL") + ": --slots-hold both targets: K=8 read from the run, evaluated: mse %s"
+              % (ev[0]["eval"]["mse"] if ev else p.stderr[-300:]))
+        if not ok:
+            fails.append("slots both")
+        # dfm inspect prints the text of a continuation slot (the chunk after the neighbour, in its document)
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import dfm_targets
+        with dfm_targets.TargetRun(r) as t:
+            hit = next((rec for rec in t.records() if rec["mask"][4:].any()), None)
+        if hit is None:
+            ok, why = False, "no record with a valid continuation slot"
+        else:
+            slot = 4 + int(hit["mask"][4:].argmax())
+            out = run(DFM, "inspect", r, "--chunk", hit["chunk_id"]).stdout
+            want = "continuation (chunk after neighbour %d) text: " % (hit["ids"][slot] - 1)
+            ok, why = want in out and "slots both" in out, out[-600:]
+        print(("ok" if ok else "FAIL") + ": inspect shows a continuation slot's text" + ("" if ok else ": " + why))
+        if not ok:
+            fails.append("inspect continuation")
         # tokens of another run with these targets: refused by the manifest check
         other = make_run(w, "other", 10, 6)
         p = run(DFM_TRAIN, "train", "--backbone", bb, "--data", other, "--targets", r, "--out",

@@ -6,7 +6,10 @@
 #include <cmocka.h>
 
 #include "common/error.h"
+#include "common/fsutil.h"
 #include "schemas/target_record.h"
+
+#include <xxhash.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -317,6 +320,60 @@ static void test_codec_mismatch_and_raw(void **state) {
     fixture_free(&f);
 }
 
+/* slots (header byte 19): recorded, round-tripped, checked against the codec; with both, a continuation slot
+ * J + r needs its neighbour slot r and id[r] + 1, at encode and at decode; an odd K is refused. */
+static void test_slots(void **state) {
+    fixture f;
+    fixture_init(&f, 4, 8, DFM_DTYPE_FP16, 0);
+    dfm_trec_params p = {.k = 4, .d = 8, .dtype = DFM_DTYPE_FP16, .slots = DFM_TREC_SLOTS_BOTH};
+    dfm_trec_codec *c, *cn;
+    assert_int_equal(dfm_trec_codec_create(&p, &c), DFM_OK);
+    f.ids[0] = 10, f.ids[1] = 20, f.ids[2] = 11, f.ids[3] = 21;
+    dfm_trec in = {.chunk_id = 5, .mask = 0xf, .ids = f.ids, .scores = f.scores, .emb = f.emb};
+    dfm_trec out = {.ids = f.ids_out, .scores = f.scores_out, .emb = f.emb_out};
+    size_t n;
+    assert_int_equal(dfm_trec_encode(c, &in, f.rec, f.cap, &n), DFM_OK);
+    dfm_trec_header h;
+    assert_int_equal(dfm_trec_check_header(f.rec, n, &h), DFM_OK);
+    assert_int_equal(h.slots, DFM_TREC_SLOTS_BOTH);
+    assert_int_equal(dfm_trec_decode(c, f.rec, n, &out, NULL, NULL), DFM_OK);
+    assert_memory_equal(f.ids_out, f.ids, 4 * sizeof(int64_t));
+    /* a neighbour-slots codec refuses it */
+    dfm_trec_params pn = p;
+    pn.slots = DFM_TREC_SLOTS_NEIGHBOUR;
+    assert_int_equal(dfm_trec_codec_create(&pn, &cn), DFM_OK);
+    assert_int_equal(dfm_trec_decode(cn, f.rec, n, &out, NULL, NULL), DFM_EMISMATCH);
+    /* the continuation of neighbour 1 without neighbour 1, or not its id + 1: refused */
+    in.mask = 0xd;
+    assert_int_equal(dfm_trec_encode(c, &in, f.rec, f.cap, &n), DFM_EARG);
+    in.mask = 0xf;
+    f.ids[3] = 20;
+    assert_int_equal(dfm_trec_encode(c, &in, f.rec, f.cap, &n), DFM_EARG);
+    /* ... and at decode (the same record written by a neighbour codec, its header byte set to both) */
+    assert_int_equal(dfm_trec_encode(cn, &in, f.rec, f.cap, &n), DFM_OK);
+    memcpy(&h, f.rec, sizeof h);
+    h.slots = DFM_TREC_SLOTS_BOTH;
+    memcpy(f.rec, &h, sizeof h);
+    uint64_t hc = XXH3_64bits_withSeed(f.rec + DFM_TREC_HEADER_BYTES, n - DFM_TREC_HEADER_BYTES, dfm_checksum64(f.rec, DFM_TREC_HEADER_BYTES - 8));
+    memcpy(f.rec + DFM_TREC_HEADER_BYTES - 8, &hc, 8);
+    assert_int_equal(dfm_trec_decode(c, f.rec, n, &out, NULL, NULL), DFM_EFORMAT);
+    assert_non_null(strstr(dfm_last_error(), "does not follow its neighbour slot"));
+    /* an odd K cannot hold both; an unknown slots value is refused */
+    dfm_trec_params odd = p, unk = p;
+    odd.k = 3;
+    unk.slots = 3;
+    dfm_trec_codec *c2 = NULL;
+    assert_int_equal(dfm_trec_codec_create(&odd, &c2), DFM_EARG);
+    assert_int_equal(dfm_trec_codec_create(&unk, &c2), DFM_EARG);
+    int s = -1;
+    assert_int_equal(dfm_trec_slots_parse("continuation", &s), DFM_OK);
+    assert_int_equal(s, DFM_TREC_SLOTS_CONTINUATION);
+    assert_int_equal(dfm_trec_slots_parse("next", &s), DFM_EARG);
+    dfm_trec_codec_free(c);
+    dfm_trec_codec_free(cn);
+    fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp16_conversion),
@@ -327,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_encode_rejects),
         cmocka_unit_test(test_every_flipped_byte_detected),
         cmocka_unit_test(test_codec_mismatch_and_raw),
+        cmocka_unit_test(test_slots),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
