@@ -5,11 +5,13 @@ source "$(dirname "$0")/lib.sh"
 command -v nvcc >/dev/null || fail "nvcc not found: the CUDA toolkit is required to check the CUDA build"
 make -C "$DFM_ROOT" --no-print-directory CUDA=1 BUILD="$WORK/build-cuda" -j2 all > "$WORK/make.log" 2>&1 ||
   { tail -n 40 "$WORK/make.log"; fail "make CUDA=1 failed"; }
-ls "$WORK"/build-cuda/obj/*/*.cu.o >/dev/null 2>&1 || fail "no .cu object was compiled"
+ncu=$(find "$WORK/build-cuda/obj" -name '*.cu.o' | wc -l)
+nsrc=$(cd "$DFM_ROOT" && find encoder trainer -name '*.cu' | wc -l)
+[ "$ncu" = "$nsrc" ] || fail "$ncu CUDA objects compiled, but encoder/ and trainer/ hold $nsrc .cu sources"
 # read the whole listing first: `nm | grep -q` under pipefail fails when grep's early exit stops nm (SIGPIPE)
 linked=$(nm -D "$WORK/build-cuda/dfm"; ldd "$WORK/build-cuda/dfm")
 grep -q cublas <<<"$linked" || fail "dfm is not linked with cuBLAS"
-ok "make CUDA=1: $(ls "$WORK"/build-cuda/obj/*/*.cu.o | wc -l) CUDA objects compiled and linked"
+ok "make CUDA=1: $ncu CUDA objects compiled and linked"
 printf '{"text": "a test sentence"}\n' > "$WORK/t.jsonl"
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_fail "GPU" "$WORK/build-cuda/dfm" encode --texts "$WORK/t.jsonl" --out "$WORK/e.bin" --device cuda --model "$DFM_MODEL"
