@@ -7,7 +7,7 @@
 #    (met only when every round of the strongest peer reaches it);
 #  - every comparison.
 # Both go to bench/results/run_all.md; the headline also replaces the block between the run_all markers of
-# BENCHMARKS.md (nobody edits that table by hand; tests/integration/test_bench_peers.sh checks it is current).
+# BENCHMARKS.md (nobody edits that table by hand; tests/integration/bench/test_bench_peers.sh checks it is current).
 #
 #   bash bench/run_all.sh                      all stages: tokenizer encoder train lm faiss (lm needs a run
 #                                              with targets: make demo)
