@@ -254,7 +254,7 @@ $(EMU)/obj/%.o: $(EMU)/src/%.cpp $(wildcard tests/cuda/host_emu_*.h) | $(EMU_STU
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) $(CHECK_DEF) -c $< -o $@
 
-# a mutant of a checker (tests/py/test_cuda_emu_strict.py): the test writes changed copies of some of its CUDA
+# a mutant of a checker (tests/py/cuda/test_cuda_emu_strict.py): the test writes changed copies of some of its CUDA
 # sources under $(EMU)/mut/NAME/ (same relative paths), then `make EMU_MUT=NAME $(EMU)/mut/NAME/<checker>`
 # links the checker with those in place of the originals
 ifneq ($(EMU_MUT),)

@@ -9,7 +9,7 @@
 # Both go to bench/results/run_all.md; the headline also replaces the block between the run_all markers of
 # bench/results/report-peers.md, and one row per stage (its strongest peer: the case where dfm/peer is lowest)
 # the block between the run_all markers of BENCHMARKS.md (nobody edits those tables by hand;
-# tests/integration/test_bench_peers.sh checks they are current).
+# tests/integration/bench/test_bench_peers.sh checks they are current).
 #
 #   bash bench/run_all.sh                      all stages: tokenizer encoder train lm faiss (lm needs a run
 #                                              with targets: make demo)

@@ -1,7 +1,7 @@
 """train_torch.py — train DFM modules on a frozen backbone in PyTorch, from a run's target shards, with the
 dfm package (batches, modules) and torch.optim.AdamW. A trainer's starting point: it does what
 `dfm-train train` does (same batches, loss, teacher forcing, schedule, clipping), so its loss curve tracks
-dfm-train's (tests/py/test_pkg_train_example.py measures it).
+dfm-train's (tests/py/pkg/test_pkg_train_example.py measures it).
 
     # initial modules, shaped and initialised by dfm-train (--lr 0: one step that changes nothing)
     dfm-train train --backbone LM --data RUN --targets RUN --steps 1 --lr 0 --no-ckpt --out init [shape flags]

@@ -4,7 +4,7 @@
  * which the `gguf` Python package's NumPy code repeats: fp16 scales widened exactly to fp32, then fp32
  * products and sums, one rounding per operation, in the same order. This file is compiled in ISO C mode,
  * where GCC does not contract a*b+c into a fused multiply-add, so the results are bit-identical to both
- * (tests/py/test_gguf.py compares every type with the `gguf` package on random blocks). */
+ * (tests/py/lm/test_gguf_import.py compares every type with the `gguf` package on random blocks). */
 #include "schemas/gguf.h"
 
 #include <string.h>

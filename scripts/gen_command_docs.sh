@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gen_command_docs.sh — write docs/COMMANDS.md from the programs' own --help texts (each program's
 # command list, then every subcommand's flags), so the reference cannot drift from the code
-# (tests/integration/test_docs_current.sh fails when the committed file differs from what they print).
+# (tests/integration/repo/test_docs_current.sh fails when the committed file differs from what they print).
 #   scripts/gen_command_docs.sh [OUT]   (default docs/COMMANDS.md)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -22,7 +22,7 @@
  * open file per shard; R readers of S shards in one process (dfm-train's --loader-threads up to 64,
  * dfm.Batches threads, each DataLoader worker its own process) need R x S. Open raises the soft
  * RLIMIT_NOFILE up to the hard one as needed and, beyond the hard one, is refused (DFM_ERANGE) saying
- * which limit to set (common/fsutil.h, dfm_fd_reserve). tests/py/test_many_readers.py.
+ * which limit to set (common/fsutil.h, dfm_fd_reserve). tests/py/pkg/test_many_readers.py.
  */
 #ifndef DFM_TARGET_READER_H
 #define DFM_TARGET_READER_H

@@ -3,8 +3,10 @@
 #
 # Runs, in order: unit tests (build/tests/test_*), the same under ASan+UBSan (build-san/tests/test_*),
 # the fuzzers for FUZZ_RUNS inputs (build-fuzz/fuzz/*, default 2000), integration tests
-# (tests/integration/test_*.sh) and Python-reference tests (tests/py/test_*.py, among them the CUDA
-# checkers built for the CPU by `make emu-checks`). `make test` builds everything first.
+# (tests/integration/*/test_*.sh) and Python-reference tests (tests/py/*/test_*.py, among them the CUDA
+# checkers built for the CPU by `make emu-checks`). `make test` builds everything first. Integration and
+# Python tests live in sub-folders by subject; each is named, and run in the order of, its file name alone
+# (integration/test_X, py/test_X), so no two may share one.
 # Each program is one test; its own output says which case failed. A unit test that is not built counts
 # as failed. A passing test that could not run part of its checks says so on a line of its output that
 # starts with "SKIP: " (what was not checked and why); each such line counts as one skipped section in
@@ -71,8 +73,19 @@ for src in tests/fuzz/fuzz_*.c; do
   run_one "fuzz/$n" bash -c 'd=$(mktemp -d); "$1" -runs="$2" -artifact_prefix="$3" "$d" "$4"; rc=$?; rm -rf "$d"; exit $rc' \
     _ "$t" "${FUZZ_RUNS:-2000}" "$LOGDIR/fuzz-$n-" "tests/fuzz/seeds/$n"
 done
-for t in tests/integration/test_*.sh; do [ -f "$t" ] && run_one "integration/$(basename "$t" .sh)" bash "$t"; done
-for t in tests/py/test_*.py; do [ -f "$t" ] && run_one "py/$(basename "$t" .py)" "$DFM_PYTHON" "$t"; done
+# tests_in DIR EXT: the test_*.EXT files anywhere under DIR, in the order of their file names; refuses two
+# with the same name (a test's name is its file name, without the folder)
+tests_in() {
+  local list dup
+  list=$(find "$1" -type f -name "test_*.$2" -printf '%f\t%p\n' | LC_ALL=C sort)
+  dup=$(cut -f1 <<<"$list" | uniq -d)
+  [ -z "$dup" ] || { echo "tests/run.sh: two tests under $1 share a name: $dup" >&2; exit 2; }
+  cut -f2 <<<"$list"
+}
+integration=$(tests_in tests/integration sh) || exit 2
+py=$(tests_in tests/py py) || exit 2
+for t in $integration; do run_one "integration/$(basename "$t" .sh)" bash "$t"; done
+for t in $py; do run_one "py/$(basename "$t" .py)" "$DFM_PYTHON" "$t"; done
 
 if [ $((pass + fail)) = 0 ]; then
   echo "no test matches TESTS='$FILTER' (names are unit/test_X, asan/test_X, integration/test_X, py/test_X)" >&2

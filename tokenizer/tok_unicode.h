@@ -3,7 +3,7 @@
  * `tokenizers` mixes Unicode tables of several ages (Rust's standard library, the old `unicode_categories`
  * crate, `unicode-normalization-alignments`, a SentencePiece script table), so today's Unicode categories
  * do not reproduce it. These answer exactly what it answers: the classes are generated from the library
- * itself (tests/ref/make_tokenizer_unicode.py -> tok_unicode_tables.h; tests/py/test_tokenizer_unicode.py
+ * itself (tests/ref/make_tokenizer_unicode.py -> tok_unicode_tables.h; tests/py/tokenizer/test_tokenizer_unicode.py
  * checks the file is current and every code point against the library). Also used by the encoder's
  * WordPiece tokenizer. Every function is pure and thread-safe; c is any value (> 0x10FFFF: no class).
  */

@@ -1,7 +1,7 @@
 /* tokenizer.c — load a Hugging Face tokenizer.json (the model, its vocabulary and options, and the stages
  * the tok_*.c files parse); encode and decode with the same results as HF `tokenizers` (checked by
  * tests/unit/test_tokenizer.c on golden files made by tests/ref/make_tokenizer_golden.py, and by
- * tests/py/test_tokenizer_unicode.py against the library itself).
+ * tests/py/tokenizer/test_tokenizer_unicode.py against the library itself).
  *
  * Encode order, as HF's TokenizerImpl::encode_single_sequence:
  *   1. invalid UTF-8 -> U+FFFD (the caller of HF does this when turning bytes into a str);

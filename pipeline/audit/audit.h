@@ -133,7 +133,7 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
 /* The bars alone. */
 int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars);
 /* Estimated width in pixels of UTF-8 text s at font size `size` in DejaVu Sans (bold: 1), rounded up per
- * character class; tests/integration/test_audit_chart.sh uses the same table. */
+ * character class; tests/integration/audit/audit_chart_check.py uses the same table. */
 double dfm_audit_text_width(const char *s, double size, int bold);
 
 /* ---- helpers --------------------------------------------------------------------------------------- */

@@ -1,6 +1,6 @@
 /* audit_chart.c — audit.svg: growth panels (log-log, measured points and the fitted power law carried to
  * the extrapolation) above the savings bars. Every position is computed from an estimate of the text's
- * width, so no label leaves the canvas (tests/integration/test_audit_chart.sh renders it and checks). */
+ * width, so no label leaves the canvas (tests/integration/audit/test_audit_scale.sh renders it and checks). */
 #include "pipeline/audit/audit.h"
 
 #include "common/error.h"

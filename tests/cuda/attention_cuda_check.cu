@@ -3,7 +3,7 @@
 //
 // A separate program, built with -DDFM_ATTN_CUDA_CHECK_MAIN (without it this file compiles to nothing, so
 // the Makefile's trainer/*/*.cu glob can include it in dfm-train). Also run on the CPU through the host
-// emulation of CUDA (tests/py/test_train_attention_emu.py), hence the small sizes.
+// emulation of CUDA (tests/py/cuda/test_train_attention_emu.py), hence the small sizes.
 // For several shapes (partial tiles, T crossing tile boundaries, nkv = nh, nh/2, nh/4, head sizes 16..128
 // including ones the kernels pad): random q, k, v, dout (fixed seed); the CPU forward and backward (from
 // random gradient buffers: checks +=); the flash forward, then the flash backward from the flash forward's

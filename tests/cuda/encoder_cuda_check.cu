@@ -3,7 +3,7 @@
 //
 // A separate program, built with -DDFM_ENCODER_CUDA_CHECK_MAIN (without it this file compiles to nothing). On a
 // GPU: `make CUDA=1 BUILD=build-cuda build-cuda/checks/encoder_cuda_check`. Without one, through the host
-// emulation of CUDA (tests/cuda/README.md; tests/py/test_encoder_cuda_emu.py), where cublasGemmEx is a naive
+// emulation of CUDA (tests/cuda/README.md; tests/py/cuda/test_encoder_cuda_emu.py), where cublasGemmEx is a naive
 // loop that rounds bf16 / fp16 operands to nearest even, as the GPU's conversion kernels do — hence a few short
 // texts.
 //
@@ -15,7 +15,7 @@
 //   fp32  max abs error <= 1e-5            (fp32 GEMMs, fp32 kernels: only the summation order differs)
 //   bf16  cosine >= 0.9999 every row       (bf16 operands, fp32 accumulation: 0.99997 here at the time of
 //                                           writing, as the CPU bf16 path on real texts,
-//                                           tests/py/test_encoder_precision.py)
+//                                           tests/py/encoder/test_encoder_precision.py)
 //   fp16  cosine >= 0.99999 every row      (0.9999997 here)
 // and a precision that computed nothing else (bf16 / fp16 identical to fp32) fails: the conversion must happen.
 // Prints one line per precision and "RESULT: PASS|FAIL"; exit 0 pass, 1 a bound failed, 2 an error.

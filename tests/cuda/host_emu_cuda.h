@@ -1,5 +1,5 @@
 /* host_emu_cuda.h — a host (CPU) emulation of the small CUDA subset trainer/ rooms' .cu files use, so the kernels'
- * indexing, reductions and synchronisation can be checked where there is no GPU (tests/py/test_train_*_emu.py;
+ * indexing, reductions and synchronisation can be checked where there is no GPU (tests/py/cuda/test_*_emu.py;
  * tests/cuda/README.md says what it sees and what it cannot).
  *
  * Not a CUDA implementation: kernels run on one OS thread, block after block; each GPU thread is a
@@ -31,7 +31,7 @@
  *   without cudaStreamNonBlocking); the synchronous cudaMemcpy and cudaMemset run on it. So a host read
  *   (cudaMemcpy) of what a cudaStreamNonBlocking stream computes, without a synchronisation, reads the
  *   buffer as it was before the work: NaN for fresh memory.
- * Environment variables, read at run time (tests/py/test_cuda_emu_strict.py uses them):
+ * Environment variables, read at run time (tests/py/cuda/test_cuda_emu_strict.py uses them):
  *   EMU_CUDA_EAGER=1          the old behaviour: every call at once, zeroed memory, blocks and threads by
  *                             index, __shared__ zeroed once, no launch or race checks; to tell an
  *                             emulation-only difference from a bug, and to show what a mutant hid before

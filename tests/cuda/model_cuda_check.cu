@@ -3,7 +3,7 @@
 //
 // A separate program (its body exists only with -DDFM_MODEL_CUDA_CHECK_MAIN, so the Makefile's
 // trainer/*/*.cu glob compiles it to nothing), built by tests/gpu/gpu_check_trainer.sh for a GPU and by
-// tests/py/test_train_cuda_model_emu.py against the host emulation of CUDA (no GPU: CI).
+// tests/py/cuda/test_train_cuda_model_emu.py against the host emulation of CUDA (no GPU: CI).
 // Variants: DFM with per-head and per-channel gates (Qwen3 and Llama backbones, predictor fed from a
 // hidden layer, first chunk fused), pretraining with tied and untied heads; each with the reference
 // attention and with flash attention; DFM with the frozen backbone in bf16.

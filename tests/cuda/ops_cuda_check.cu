@@ -538,7 +538,7 @@ int main(void) {
     }
     int rc = 0;
     // every kernel here runs on ctx.stream; the checker syncs the device before each comparison.
-    // OPS_CHECK_ONLY=NAME[,NAME...]: only these groups (the mutants of tests/py/test_cuda_emu_strict.py)
+    // OPS_CHECK_ONLY=NAME[,NAME...]: only these groups (the mutants of tests/py/cuda/test_cuda_emu_strict.py)
     const char *only = getenv("OPS_CHECK_ONLY");
     auto want = [only](const char *group) {
         if (!only || !*only) return true;

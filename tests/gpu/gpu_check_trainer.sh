@@ -6,7 +6,7 @@
 #   NO_BENCH=1 ...                                           # skip the benchmark (bench/trainer/bench_train_gpu.sh)
 #   BUILD_ONLY=1 ...                                         # build the CUDA tree and the checkers only
 #   SKIP_MAKE=1 ...                                          # checkers only (make cuda-checks, not all;
-#                                                            # what tests/py/test_train_cuda_check.py runs)
+#                                                            # what tests/py/cuda/test_train_cuda_check.py runs)
 #   BUILD_DIR=DIR ...                                        # the build folder (default build-cuda)
 # On a machine without the project's libraries, first `source tests/gpu/gpu_env.sh` (tests/gpu/gpu_carry.sh
 # prepares what it unpacks).

@@ -1,6 +1,6 @@
 """Run a CUDA checker of tests/cuda/ on the CPU, built by the Makefile through the host emulation of CUDA
 under ASan+UBSan (`make SAN=1 emu-checks`: tests/cuda/host_emu_rewrite.py rewrites each .cu, the C++ compiler
-builds against tests/cuda/host_emu_cuda.h; tests/cuda/README.md). Used by tests/py/test_train_*_emu.py.
+builds against tests/cuda/host_emu_cuda.h; tests/cuda/README.md). Used by tests/py/cuda/test_*_emu.py.
 """
 import os
 import subprocess

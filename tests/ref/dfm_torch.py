@@ -1,5 +1,5 @@
 """dfm_torch.py — the DFM model of trainer/model/model.h in PyTorch: one implementation for the fp64 parity test
-(tests/py/test_train_torch_parity.py) and for the CPU and GPU speed benchmarks (bench/trainer/bench_train.sh,
+(tests/py/train/test_train_torch_parity.py) and for the CPU and GPU speed benchmarks (bench/trainer/bench_train.sh,
 bench/trainer/train_gpu_torch.py), which only time it.
 
 Parameters are a dict of tensors under dfm-train's names (Hugging Face names for the backbone,

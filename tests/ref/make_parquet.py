@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Parquet test files written with pyarrow, each beside the same texts as JSONL (a null is written to the
-JSONL as "", both count as an empty document), for tests/integration/test_chunk_parquet.sh and
+JSONL as "", both count as an empty document), for tests/integration/pipeline/test_chunk_parquet.sh and
 bench/corpus/bench_corpus_formats.sh.
 
   variants --corpus C --out DIR --jsonl DIR     one file per writer option set (the table VARIANTS):

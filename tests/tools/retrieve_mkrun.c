@@ -7,7 +7,7 @@
  * doc_first + 1), ~2% all-padding chunks (n_valid 0), sequences of CHUNKS_PER_SEQ chunks.
  * Embeddings: unit vectors around CLUSTERS random centres (default 32), ~3% exact duplicates of an
  * earlier chunk's vector (score ties). Built by `make tools` (build/tools/retrieve_mkrun); run by
- * tests/integration/test_retrieve_mpi.sh and bench/retrieval/bench_retrieve.sh. */
+ * tests/integration/pipeline/test_retrieve_mpi.sh and bench/retrieval/bench_retrieve.sh. */
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/manifest.h"

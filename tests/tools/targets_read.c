@@ -1,4 +1,4 @@
-/* targets_read — one reader process for the many-readers test (tests/py/test_many_readers.py).
+/* targets_read — one reader process for the many-readers test (tests/py/pkg/test_many_readers.py).
  *
  *   targets_read RUN READERS [BARRIER_DIR N] [SLOW]
  *

@@ -20,7 +20,7 @@ int cmd_debug_state(int argc, char **argv) {
     int npos = 0;
     int rc = dfm_opts_parse("debug-state", "--out FILE [--variant NAME]",
                             "Builds a tiny random model, runs one training step's forward and backward and writes "
-                            "parameters, inputs, loss, gradients and activations for tests/py/test_train_torch_parity.py.",
+                            "parameters, inputs, loss, gradients and activations for tests/py/train/test_train_torch_parity.py.",
                             opts, argc, argv, &pos, &npos, NULL);
     free(pos);
     if (rc == DFM_OPTS_HELP) { dfm_opts_free(opts); return 0; }

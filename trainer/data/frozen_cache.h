@@ -3,7 +3,7 @@
  * forward, so that later epochs start their forwards at the first fusion layer.
  *
  * The prefix depends on the tokens alone, and a row's values do not depend on the other rows of its batch,
- * so a cached run gives the bytes of an uncached one (tests/py/test_train_frozen_cache.py). A forward takes
+ * so a cached run gives the bytes of an uncached one (tests/py/train/test_train_frozen_cache.py). A forward takes
  * the cache only when every row of its batch is cached (the first epoch computes and stores; a batch that
  * mixes the end of one epoch with the next is computed whole). Storage: an anonymous mapping of
  * n_seq x (T + NC) x C floats, touched only where filled; refused when it would exceed half the machine's

@@ -25,7 +25,7 @@
  * bit-identical results run to run on the same GPU. Results differ from trainer/kernels/ops.c in rounding only
  * (online vs two-pass softmax, other summation order): max|gpu-cpu| / max|cpu| about 1e-7..1e-6.
  * Status: compiled with nvcc (sm_90) and checked against trainer/kernels/ops.c by tests/cuda/attention_cuda_check.cu
- * through the host emulation of CUDA (tests/py/test_train_attention_emu.py); not yet run on a GPU.
+ * through the host emulation of CUDA (tests/py/cuda/test_train_attention_emu.py); not yet run on a GPU.
  */
 #ifndef DFM_TRAINER_ATTENTION_CUDA_H
 #define DFM_TRAINER_ATTENTION_CUDA_H

@@ -1,4 +1,4 @@
-/* debug_state.h — a reference dump for the PyTorch parity test (tests/py/test_train_torch_parity.py).
+/* debug_state.h — a reference dump for the PyTorch parity test (tests/py/train/test_train_torch_parity.py).
  *
  * Builds a tiny random model (seeded), runs one training forward + backward and writes a safetensors
  * file with: every parameter (Hugging Face / "dfm." names), every trainable gradient ("grad." + name),

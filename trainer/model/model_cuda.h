@@ -8,7 +8,7 @@
  *
  * Precision (ModelCudaOptions.bf16):
  *   0  fp32 everywhere, GEMMs in fp32 without TF32: the parity mode, equal to the CPU model up to
- *      summation order (tests/py/test_train_cuda_model_emu.py, tests/gpu/gpu_check_trainer.sh);
+ *      summation order (tests/py/cuda/test_train_cuda_model_emu.py, tests/gpu/gpu_check_trainer.sh);
  *   1  GEMM operands rounded to bf16, fp32 accumulation, fp32 activations, fp32 master weights and
  *      AdamW state for whatever trains, plus a bf16 copy of those weights refreshed after each step
  *      (model_cuda_params_updated) so GEMMs do not round them again. In DFM mode the frozen backbone is held ONLY in bf16 on the

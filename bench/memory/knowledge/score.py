@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """score.py — the knowledge probes scored in every memory mode, with dfm.torch (held-out CE equal to `dfm-train
-eval` within 1e-4, tests/py/test_pkg_torch_parity.py) on the frozen LM and the trained DFM modules.
+eval` within 1e-4, tests/py/pkg/test_pkg_torch_parity.py) on the frozen LM and the trained DFM modules.
 
 For each probe sequence of probe_tokens.py (answer at the start of chunk 2) and each mode:
     none        fusion off: the frozen LM alone (the same filler and prompt)
