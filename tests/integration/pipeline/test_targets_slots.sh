@@ -13,7 +13,7 @@
 #   4. a query-only run (dfm retrieve --datastore): continuations come from the datastore run; exact.
 #   5. refusals: both with 2K > 64, continuation of a run retrieved with --exclude none; inspect labels the
 #      continuation slots.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib.sh"
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 REF="$DFM_ROOT/tests/ref/targets_slots_reference.py"
 export OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader} OMPI_MCA_btl_vader_single_copy_mechanism=none DFM_LOG_LEVEL=warn OMP_NUM_THREADS=1

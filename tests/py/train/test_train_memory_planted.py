@@ -15,7 +15,7 @@ data the trainer reads:
 Each must remove the effect: the same assertion that passes on the real targets must fail on every
 corrupted copy (the checks are evaluated on each and must say no), so the check can fail.
 Exits non-zero on any failure.
-Run: $DFM_PYTHON tests/py/test_train_memory_planted.py   (DFM_TRAIN = path of dfm-train)
+Run: $DFM_PYTHON tests/py/train/test_train_memory_planted.py   (DFM_TRAIN = path of dfm-train)
 """
 import json
 import os
@@ -26,7 +26,7 @@ import time
 import numpy as np
 import xxhash
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from train_cli import ce_modes, check, finish, run  # noqa: E402
 
 T, L, SEQS, VAL, PRE_STEPS, DFM_STEPS = 64, 16, 1200, 64, 300, 300
