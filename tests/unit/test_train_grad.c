@@ -781,12 +781,18 @@ static void mg_run(DfmModel *m, const int *inp, const int *tgt, const float *tm,
 }
 static double mg_row_diff(const MgOut *a, const MgOut *b, int row) {
     double d = 0.0;
-    for (int i = 0; i < LK_C; i++) d = fmax(d, fabs(a->s[row * LK_C + i] - b->s[row * LK_C + i]));
+    for (int i = 0; i < LK_C; i++) {
+        double e = fabs(a->s[row * LK_C + i] - b->s[row * LK_C + i]);
+        if (!(e <= d)) d = e; /* a NaN difference is kept: it must fail the check */
+    }
     return d;
 }
 static double mg_grad_diff(const MgOut *a, const MgOut *b, size_t n) {
     double d = 0.0;
-    for (size_t i = 0; i < n; i++) d = fmax(d, fabs(a->grad[i] - b->grad[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(a->grad[i] - b->grad[i]);
+        if (!(e <= d)) d = e; /* a NaN difference is kept: it must fail the check */
+    }
     return d;
 }
 

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dfm  # noqa: E402
 from retrieval_reference import load_embeddings, load_neighbours  # noqa: E402
-from train_cli import check, finish  # noqa: E402
+from train_cli import check, finish, worst_diff  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 DFM_TRAIN = os.environ.get("DFM_TRAIN", os.path.join(ROOT, "build", "dfm-train"))
@@ -115,7 +115,8 @@ def main():
             check(ok and hdr["window"] == 1, "neighbours = exact top-%d of the query, chunk c-1's embedding: %s"
                   % (K, line))
             qs = [(q, j) for q in range(N) for j in range(K) if q % CPS and bits[q, j]]
-            err = max(abs(float(np.dot(x[q - 1].astype(np.float64), x[ids[q, j]])) - scores[q, j]) for q, j in qs)
+            err = worst_diff([float(np.dot(x[q - 1].astype(np.float64), x[ids[q, j]])) for q, j in qs],
+                             [float(scores[q, j]) for q, j in qs])
             check(len(qs) > 0 and err < 1e-5, "%d stored scores = chunk c-1's embedding . neighbour's (max error %.1e)"
                   % (len(qs), err))
             bad = os.path.join(w, "shifted%d" % N)  # planted: neighbour rows one chunk late
