@@ -1,6 +1,7 @@
 #include "pipeline/corpus/corpus.h"
 
 #include "common/error.h"
+#include "common/fsutil.h"
 #include "pipeline/corpus/parquet_text.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #define TOKBIN_HEADER_BYTES 1024u
@@ -26,12 +28,11 @@ static int ends_with(const char *s, const char *suf) {
 
 static int add_file(dfm_input_list *l, const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "input %s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return DFM_FAIL(DFM_EARG, "input %s is not a regular file", path);
-    FILE *probe = fopen(path, "rb");
-    if (!probe) return DFM_FAIL(DFM_EIO, "input %s cannot be read: %s", path, strerror(errno));
-    fclose(probe);
+    int fd; /* a regular file that can be read (common/fsutil.h): a FIFO would block every rank */
+    if (dfm_open_regular(path, NULL, &fd)) return dfm_error_prefix("input");
+    int serr = fstat(fd, &st) ? errno : 0;
+    close(fd);
+    if (serr) return DFM_FAIL(DFM_EIO, "input %s: %s", path, strerror(serr));
     dfm_input *f = realloc(l->files, (size_t)(l->n + 1) * sizeof *f);
     if (!f) return DFM_FAIL(DFM_ENOMEM, "no memory");
     l->files = f;
