@@ -54,7 +54,11 @@ FAISS_C_INCLUDE ?= /usr/include
 # (pipeline/corpus/parquet_text.h says why). DFM_ARROW is that package's folder: by default the one the
 # project's Python has (scripts/deps/requirements.txt pins it); any pyarrow install of the same major
 # version works (DFM_ARROW=$$(python -c 'import pyarrow; print(pyarrow.get_library_dirs()[0])')).
-DFM_ARROW ?= $(shell $(DFM_PYTHON) -c 'import importlib.util as u; s = u.find_spec("pyarrow"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null)
+# Asked once, and only once the cache's paths.mk names DFM_PYTHON: before `make deps` has written it (a first
+# `make demo`), an empty DFM_PYTHON made bash read the -c of the command as its own options and print its usage.
+ifndef DFM_ARROW
+DFM_ARROW := $(if $(DFM_PYTHON),$(shell $(DFM_PYTHON) -c 'import importlib.util as u; s = u.find_spec("pyarrow"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null))
+endif
 ARROW_LIBS := $(firstword $(wildcard $(DFM_ARROW)/libparquet.so.[0-9]*)) $(firstword $(wildcard $(DFM_ARROW)/libarrow.so.[0-9]*))
 
 INCS := -I$(ROOT) -I$(FAISS_C_INCLUDE)

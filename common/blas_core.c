@@ -2,8 +2,10 @@
 #include "common/blas_core.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <strings.h>
+#include <unistd.h>
 
 /* the cores OpenBLAS 0.3.x falls back to for an unknown CPU model */
 static int generic_core(const char *name) {
@@ -32,4 +34,15 @@ int dfm_blas_core_env(void) {
 const char *dfm_blas_core_name(void) {
     const char *n = openblas_get_corename();
     return n ? n : "unknown";
+}
+
+void dfm_reexec_self(char **argv) {
+    /* the kernel names a process after the file exec'd: "/proc/self/exe" would make every rank "exe" */
+    char path[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n > 0) {
+        path[n] = 0;
+        execv(path, argv); /* fails when the file was replaced since (" (deleted)"): then the link */
+    }
+    execv("/proc/self/exe", argv);
 }

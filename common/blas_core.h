@@ -16,6 +16,12 @@
  * (nothing changed: the user's choice, a known core, or a CPU without those extensions). */
 int dfm_blas_core_env(void);
 
+/* Execute this program again with the same argv (after dfm_blas_core_env or another load-time setting
+ * asked for it). The real path of the executable is run, not /proc/self/exe, so that the process keeps
+ * its name (comm: "dfm", not "exe") for pgrep, top, killall and Slurm's process view. Returns only when
+ * exec fails; the caller then goes on as it is. */
+void dfm_reexec_self(char **argv);
+
 /* The kernel set OpenBLAS uses now (e.g. "SkylakeX"), for logs. */
 const char *dfm_blas_core_name(void);
 

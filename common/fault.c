@@ -22,6 +22,11 @@ void dfm_fault_point(const char *name, int rank) {
     if (r && atoi(r) != rank) return;
     const char *sig = getenv("DFM_FAULT_SIGNAL");
     if (sig && *sig) { /* a stop request, not a death: the stage goes on to its next stop check */
+        if (!strcmp(sig, "STOP")) { /* the test does something to the files, then sends SIGCONT */
+            DFM_LOG_W("fault injection: SIGSTOP to rank %d at '%s' (DFM_FAULT_SIGNAL)", rank, name);
+            raise(SIGSTOP);
+            return;
+        }
         int s = !strcmp(sig, "USR1") || !strcmp(sig, "SIGUSR1") ? SIGUSR1 : SIGTERM;
         DFM_LOG_W("fault injection: %s to rank %d at '%s' (DFM_FAULT_SIGNAL)", s == SIGUSR1 ? "SIGUSR1" : "SIGTERM", rank, name);
         raise(s);

@@ -5,7 +5,8 @@
  * the process kills itself with SIGKILL right there — the same as a node dying — so tests can check
  * that a re-run resumes without duplicating or dropping records. With DFM_FAULT_SIGNAL=TERM (or USR1)
  * the process sends itself that signal there instead and goes on, so tests can place a clean stop
- * (common/stop.h) at a known point. Costs one getenv when unset.
+ * (common/stop.h) at a known point. DFM_FAULT_SIGNAL=STOP stops the process there (SIGSTOP) until the test,
+ * having changed a file under it (a truncated input), sends SIGCONT. Costs one getenv when unset.
  *
  * DFM_FAULT_ENOSPC=TEXT makes every atomic write (common/fsutil.h) to a path containing TEXT fail as on
  * a full disk (ENOSPC), for tests where a real small file system cannot be mounted.

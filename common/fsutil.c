@@ -103,11 +103,58 @@ int dfm_write_file_atomic(const char *path, const void *buf, size_t n) {
     return dfm_atomic_commit(&f);
 }
 
+static const char *file_kind(mode_t m) {
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a folder" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
+           : S_ISBLK(m) ? "a block device" : "not a file";
+}
+
+int dfm_open_regular(const char *path, const char *hint, int *fd) {
+    *fd = -1;
+    const char *sep = hint ? ". " : "";
+    hint = hint ? hint : "";
+    /* O_NONBLOCK: opening a FIFO for reading otherwise waits for a writer before the check can run */
+    int f = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (f < 0) {
+        int e = errno;
+        return DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s%s%s", path, strerror(e), sep, hint);
+    }
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return DFM_FAIL(DFM_EARG, "%s is not a regular file (%s)%s%s", path, file_kind(st.st_mode), sep, hint);
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return DFM_FAIL(DFM_EIO, "cannot read %s: %s", path, strerror(e));
+    }
+    *fd = f;
+    return DFM_OK;
+}
+
+/* dfm_open_regular as a stdio stream */
+static int fopen_regular(const char *path, FILE **fp) {
+    int fd;
+    *fp = NULL;
+    DFM_TRY(dfm_open_regular(path, NULL, &fd));
+    if (!(*fp = fdopen(fd, "rb"))) {
+        close(fd);
+        return DFM_FAIL(DFM_ENOMEM, "no memory to read %s", path);
+    }
+    return DFM_OK;
+}
+
 int dfm_read_file(const char *path, char **out, size_t *len) {
     *out = NULL;
     if (len) *len = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s", path, strerror(errno));
+    FILE *fp;
+    DFM_TRY(fopen_regular(path, &fp));
     struct stat st;
     if (fstat(fileno(fp), &st) != 0) {
         fclose(fp);
@@ -192,9 +239,15 @@ int dfm_file_size(const char *path, uint64_t *size) {
     return DFM_OK;
 }
 
+static void hash_hex(XXH128_hash_t h, char out[33]) {
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+}
+
+void dfm_buf_hash(const void *buf, size_t n, char out[33]) { hash_hex(XXH3_128bits(buf, n), out); }
+
 int dfm_file_hash(const char *path, char out[33]) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s", path, strerror(errno));
+    FILE *fp;
+    DFM_TRY(fopen_regular(path, &fp));
     XXH3_state_t *st = XXH3_createState();
     if (!st) {
         fclose(fp);
@@ -209,7 +262,7 @@ int dfm_file_hash(const char *path, char out[33]) {
     XXH128_hash_t h = XXH3_128bits_digest(st);
     XXH3_freeState(st);
     if (err) return DFM_FAIL(DFM_EIO, "read error on %s", path);
-    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.high64, (unsigned long long)h.low64);
+    hash_hex(h, out);
     return DFM_OK;
 }
 
@@ -218,13 +271,8 @@ uint64_t dfm_checksum64(const void *buf, size_t n) { return XXH3_64bits(buf, n);
 int dfm_map_file(const char *path, const char *hint, const uint8_t **map, size_t *bytes) {
     *map = NULL;
     *bytes = 0;
-    const char *sep = hint ? ". " : "";
-    hint = hint ? hint : "";
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return DFM_FAIL(e == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "cannot open %s: %s%s%s", path, strerror(e), sep, hint);
-    }
+    int fd;
+    DFM_TRY(dfm_open_regular(path, hint, &fd));
     struct stat st;
     int rc = DFM_OK;
     if (fstat(fd, &st) != 0) {

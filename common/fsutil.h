@@ -31,6 +31,13 @@ void dfm_atomic_abort(dfm_atomic_file *f);
 /* Write a whole buffer to PATH atomically. */
 int dfm_write_file_atomic(const char *path, const void *buf, size_t n);
 
+/* Open PATH read-only for a reader of untrusted input: only a regular file is accepted. The check is made
+ * on the open descriptor, opened without blocking: a FIFO, socket, device or folder is DFM_EARG ("... is not
+ * a regular file (a FIFO)") instead of a reader that waits forever for a writer. A missing file is
+ * DFM_ENOTFOUND, other failures DFM_EIO; messages name the path and end with hint (NULL: none). Every
+ * reader below opens its files through this; the descriptor is blocking and close-on-exec. */
+int dfm_open_regular(const char *path, const char *hint, int *fd);
+
 /* Read a whole file into a malloc'd buffer (NUL-terminated, *len excludes the NUL). */
 int dfm_read_file(const char *path, char **out, size_t *len);
 
@@ -58,6 +65,8 @@ int dfm_file_size(const char *path, uint64_t *size);
 
 /* XXH3-128 of a file's bytes as 32 lowercase hex digits (out must hold 33 bytes). Streams. */
 int dfm_file_hash(const char *path, char out[33]);
+/* The same of n bytes in memory (a file already read whole). */
+void dfm_buf_hash(const void *buf, size_t n, char out[33]);
 
 /* XXH3-64 of a buffer (the checksum used inside every dfm binary format). */
 uint64_t dfm_checksum64(const void *buf, size_t n);

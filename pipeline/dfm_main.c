@@ -38,7 +38,7 @@ static void usage(FILE *out) {
 int main(int argc, char **argv) {
     /* OpenBLAS (FAISS's search and training, the encoder's fallback GEMMs) may have fallen back to its SSE3
      * kernels on a CPU model it does not know: set OPENBLAS_CORETYPE and load it again (common/blas_core.h). */
-    if (dfm_blas_core_env()) execv("/proc/self/exe", argv); /* returns only on failure: run as we are */
+    if (dfm_blas_core_env()) dfm_reexec_self(argv); /* returns only on failure: run as we are */
     dfm_log_init(-1);
     /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
     signal(SIGXFSZ, SIG_IGN);

@@ -2,11 +2,15 @@
  * (schemas/gguf.md). Dequantization of the tensor blocks is in gguf_dequant.c. */
 #include "schemas/gguf.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 
 /* Bytes of one scalar value type; 0 for STRING and ARRAY (variable) and unknown types. */
@@ -203,7 +207,7 @@ static int parse_tensors(cursor *c, dfm_gguf *g) {
         for (uint32_t d = 0; d < nd; d++) {
             uint64_t ne = take64(c, "a tensor dimension");
             if (c->rc) return c->rc;
-            /* the product stays below 2^62, so byte counts below cannot overflow */
+            /* the product stays at most 2^62 (its byte count is bounded by the file below) */
             if (ne == 0 || ne > ((uint64_t)1 << 62) / t->numel)
                 return DFM_FAIL(DFM_EFORMAT, "%s: tensor %s: dimension %u is %llu (the element count must be 1..2^62)",
                                 g->path, t->name, d, (unsigned long long)ne);
@@ -221,6 +225,11 @@ static int parse_tensors(cursor *c, dfm_gguf *g) {
         if ((uint64_t)t->ne[0] % be)
             return DFM_FAIL(DFM_EFORMAT, "%s: tensor %s: a row of %lld elements is not a whole number of %s blocks of %u",
                             g->path, t->name, (long long)t->ne[0], dfm_ggml_type_name(t->type), be);
+        /* numel < 2^62 still overflows u64 in bytes (4 x 2^62 for F32): bounded by the file before multiplying */
+        if (t->numel / be > (uint64_t)g->map_bytes / bb)
+            return DFM_FAIL(DFM_ETRUNCATED, "%s: tensor %s: %llu elements of %s need more bytes than the whole file "
+                            "(%zu). HINT: the file is damaged or not a GGUF file", g->path, t->name,
+                            (unsigned long long)t->numel, dfm_ggml_type_name(t->type), g->map_bytes);
         t->bytes = t->numel / be * bb;
     }
     return DFM_OK;
@@ -265,6 +274,45 @@ static int place_tensors(cursor *c, dfm_gguf *g) {
     return rc;
 }
 
+/* The whole file into memory, its size taken once (schemas/gguf.md: a file that shrinks while it is read is an
+ * error here, never a SIGBUS later on a mapping). */
+static int read_whole(dfm_gguf *g) {
+    int fd, rc;
+    DFM_TRY(dfm_open_regular(g->path, "HINT: pass the path of a .gguf model file", &fd));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = DFM_FAIL(DFM_EIO, "cannot stat %s: %s", g->path, strerror(errno));
+        close(fd);
+        return rc;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    uint8_t *buf = n ? malloc(n) : NULL;
+    if (n && !buf) {
+        close(fd);
+        return DFM_FAIL(DFM_ENOMEM, "no memory to read %s (%zu bytes)", g->path, n);
+    }
+    dfm_fault_point("gguf:sized", 0); /* tests stop here and truncate the file */
+    int err = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got > (1u << 30) ? (1u << 30) : n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) err = errno;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got < n) {
+        free(buf);
+        return err ? DFM_FAIL(DFM_EIO, "cannot read %s at byte %zu: %s", g->path, got, strerror(err))
+                   : DFM_FAIL(DFM_ETRUNCATED, "%s shrank while it was read: %zu bytes, %zu when it was opened. HINT: "
+                              "another process is writing or truncating it; import it once it is complete", g->path,
+                              got, n);
+    }
+    g->map = buf;
+    g->map_bytes = n;
+    return DFM_OK;
+}
+
 int dfm_gguf_open(const char *path, dfm_gguf **out) {
     *out = NULL;
     dfm_gguf *g = calloc(1, sizeof *g);
@@ -272,7 +320,7 @@ int dfm_gguf_open(const char *path, dfm_gguf **out) {
         free(g);
         return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
-    int rc = dfm_map_file(path, "HINT: pass the path of a .gguf model file", &g->map, &g->map_bytes);
+    int rc = read_whole(g);
     if (rc) {
         dfm_gguf_close(g);
         return rc;
@@ -288,7 +336,7 @@ int dfm_gguf_open(const char *path, dfm_gguf **out) {
         rc = c.rc;
         goto fail;
     }
-    if (g->version == 1 || g->version > 3) {
+    if (g->version < 2 || g->version > 3) {
         int swapped = g->version > 0xffff; /* a big-endian file reads its version byte-swapped */
         rc = DFM_FAIL(DFM_EVERSION, "%s: GGUF version %u%s is not supported (versions 2 and 3 are). HINT: %s", path,
                       swapped ? __builtin_bswap32(g->version) : g->version, swapped ? ", big-endian," : "",
@@ -340,7 +388,7 @@ fail:
 
 void dfm_gguf_close(dfm_gguf *g) {
     if (!g) return;
-    dfm_unmap_file(g->map, g->map_bytes);
+    free((void *)g->map);
     free(g->kv);
     free(g->tensors);
     free(g->path);
@@ -374,7 +422,7 @@ static int missing(const dfm_gguf *g, const char *key) {
                     "converter for a supported architecture", g->path, key);
 }
 
-int dfm_gguf_get_u32(const dfm_gguf *g, const char *key, int required, uint32_t def, uint32_t *out) {
+int dfm_gguf_get_u64(const dfm_gguf *g, const char *key, int required, uint64_t def, uint64_t *out) {
     const dfm_gguf_kv *kv = dfm_gguf_find(g, key);
     if (!kv) {
         if (required) return missing(g, key);
@@ -382,8 +430,25 @@ int dfm_gguf_get_u32(const dfm_gguf *g, const char *key, int required, uint32_t 
         return DFM_OK;
     }
     int64_t v;
-    if (kv->type == DFM_GGUF_ARRAY || !int_value(kv->type, kv->data, &v) || v < 0 || v > UINT32_MAX)
-        return DFM_FAIL(DFM_EFORMAT, "%s: metadata \"%s\" is not an unsigned 32-bit integer", g->path, key);
+    if (kv->type == DFM_GGUF_U64) {
+        *out = rd64(kv->data);
+        return DFM_OK;
+    }
+    if (kv->type == DFM_GGUF_ARRAY || !int_value(kv->type, kv->data, &v))
+        return DFM_FAIL(DFM_EFORMAT, "%s: metadata \"%s\" is not an integer (GGUF value type %d)", g->path, key,
+                        kv->type);
+    if (v < 0)
+        return DFM_FAIL(DFM_EFORMAT, "%s: metadata \"%s\" is %lld, not an unsigned integer", g->path, key, (long long)v);
+    *out = (uint64_t)v;
+    return DFM_OK;
+}
+
+int dfm_gguf_get_u32(const dfm_gguf *g, const char *key, int required, uint32_t def, uint32_t *out) {
+    uint64_t v;
+    DFM_TRY(dfm_gguf_get_u64(g, key, required, def, &v));
+    if (v > UINT32_MAX)
+        return DFM_FAIL(DFM_EFORMAT, "%s: metadata \"%s\" is %llu, not an unsigned 32-bit integer", g->path, key,
+                        (unsigned long long)v);
     *out = (uint32_t)v;
     return DFM_OK;
 }

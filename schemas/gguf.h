@@ -6,8 +6,10 @@
  * u32 ggml type, u64 offset into the data section), padding to general.alignment (default 32), the data.
  * A GGUF file is untrusted input: opening it bounds every count, length and offset by the bytes the file
  * holds before anything is allocated or handed out, and checks that the tensors lie inside the data
- * section without overlapping. Nothing is copied: keys, strings and tensor bytes point into a read-only
- * mapping that lives until dfm_gguf_close.
+ * section without overlapping. The file is read whole into memory, its size taken once, rather than mapped:
+ * a file another process truncates meanwhile is DFM_ETRUNCATED ("shrank while it was read"), never a SIGBUS
+ * in a later read of a mapping. Keys, strings and tensor bytes point into that copy ("the mapping" below),
+ * which lives until dfm_gguf_close. Memory: the file's size.
  *
  *   dfm_gguf *g;
  *   DFM_TRY(dfm_gguf_open("model.gguf", &g));
@@ -72,7 +74,7 @@ typedef struct {
 
 typedef struct dfm_gguf {
     char *path;
-    const uint8_t *map;
+    const uint8_t *map;       /* the file's bytes, read whole */
     size_t map_bytes;
     uint32_t version;
     uint64_t alignment;
@@ -84,13 +86,14 @@ typedef struct dfm_gguf {
     uint64_t data_bytes;
 } dfm_gguf;
 
-/* Map and validate PATH. Errors name the file and the offending key or tensor: DFM_ENOTFOUND (no file),
- * DFM_EIO, DFM_EFORMAT (wrong magic, bad value type, duplicate key or tensor name, impossible sizes,
- * tensors outside the data section or overlapping), DFM_ETRUNCATED (a count or length runs past the
- * end of the file), DFM_EVERSION (GGUF v1, a version above 3, or a big-endian file), DFM_EUNSUPPORTED
+/* Read and validate PATH. Errors name the file and the offending key or tensor: DFM_ENOTFOUND (no file),
+ * DFM_EARG (not a regular file: a FIFO would block), DFM_EIO, DFM_EFORMAT (wrong magic, bad value type,
+ * duplicate key or tensor name, impossible sizes, tensors outside the data section or overlapping),
+ * DFM_ETRUNCATED (a count, length or tensor size runs past the end of the file, or the file shrank while
+ * it was read), DFM_EVERSION (GGUF v0 or v1, a version above 3, or a big-endian file), DFM_EUNSUPPORTED
  * (a tensor of a ggml type whose layout dfm does not know). */
 int dfm_gguf_open(const char *path, dfm_gguf **out);
-/* Unmap and free; NULL is a no-op. */
+/* Free; NULL is a no-op. */
 void dfm_gguf_close(dfm_gguf *g);
 
 /* The key-value pair called key, or NULL. */
@@ -98,6 +101,8 @@ const dfm_gguf_kv *dfm_gguf_find(const dfm_gguf *g, const char *key);
 /* Typed scalars. An absent key gives def, or DFM_ENOTFOUND naming the file and key when required.
  * Integers of any integer type are accepted when the value fits; DFM_EFORMAT names the key otherwise. */
 int dfm_gguf_get_u32(const dfm_gguf *g, const char *key, int required, uint32_t def, uint32_t *out);
+/* Any non-negative integer value (for a caller that bounds it itself and names the key and value). */
+int dfm_gguf_get_u64(const dfm_gguf *g, const char *key, int required, uint64_t def, uint64_t *out);
 /* F32 or F64 values, finite. */
 int dfm_gguf_get_f32(const dfm_gguf *g, const char *key, int required, float def, float *out);
 int dfm_gguf_get_bool(const dfm_gguf *g, const char *key, int def, int *out);

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "schemas/gguf.h"
 
 static const char LLAMA3_SPLIT[] =
@@ -169,6 +170,12 @@ static int merges_json(const build_ctx *c, json_t *vocab, json_t **out) {
     json_t *arr = json_array();
     int rc = arr ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
     for (uint64_t i = 0; i < kv->count && !rc; i++) {
+        size_t valid = dfm_utf8_valid_prefix((const uint8_t *)m[i].p, m[i].n);
+        if (valid != m[i].n) {
+            rc = DFM_FAIL(DFM_EFORMAT, "%s: tokenizer.ggml.merges[%llu] is not valid UTF-8 (byte %zu of %llu). HINT: "
+                          "the file is damaged", g->path, (unsigned long long)i, valid, (unsigned long long)m[i].n);
+            break;
+        }
         const char *sp = memchr(m[i].p, ' ', m[i].n);
         size_t la = sp ? (size_t)(sp - m[i].p) : 0, lb = sp ? m[i].n - la - 1 : 0;
         json_t *a = sp && la && lb && !memchr(sp + 1, ' ', lb) ? json_stringn(m[i].p, la) : NULL;
@@ -237,6 +244,13 @@ int dfm_tokenizer_json_from_gguf(const dfm_gguf *g, uint32_t max_ids, json_t **t
     if (!rc) rc = merges_json(&c, vocab, &merges);
     if (!rc) rc = dfm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", 0, &add_bos);
     if (!rc) rc = dfm_gguf_get_str(g, "tokenizer.chat_template", 0, &chat);
+    size_t chat_ok = chat ? dfm_utf8_valid_prefix((const uint8_t *)chat, strlen(chat)) : 0;
+    if (!rc && chat && chat_ok != strlen(chat)) { /* JSON cannot hold it: said, not dropped silently */
+        DFM_LOG_W("%s: tokenizer.chat_template is not valid UTF-8 (byte %zu of %zu); tokenizer_config.json is written "
+                  "without a chat template", g->path, chat_ok, strlen(chat));
+        free(chat);
+        chat = NULL;
+    }
     if (!rc) {
         char *arch = NULL;
         if (!dfm_gguf_get_str(g, "general.architecture", 0, &arch) && arch) {

@@ -524,6 +524,7 @@ static int finish(chunk_run *r) {
 static int run_phases(chunk_run *r) {
     const dfm_mpi *m = r->m;
     r->ro = (dfm_read_opts){.text_field = r->o->text_field, .skip_bad = r->o->skip_bad,
+                            .max_doc_bytes = r->o->max_doc_bytes > 0 ? (uint64_t)r->o->max_doc_bytes : 0,
                             .vocab_size = dfm_tokenizer_vocab_size(r->tok), .eos_id = r->c.eos};
     int rc = read_share(r);
     r->t_tok = dfm_now() - r->t_start;

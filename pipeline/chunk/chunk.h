@@ -33,6 +33,7 @@ typedef struct {
     int64_t pad_id;        /* padding token (< 0: the EOS) */
     int doc_aligned;       /* pad every document to a chunk boundary (padding masked) */
     int skip_bad;          /* count and skip malformed lines/documents instead of failing */
+    int64_t max_doc_bytes; /* longest document in bytes (< 1: DFM_MAX_DOC_BYTES, corpus.h); longer is malformed */
     int force;             /* redo a complete stage, or one made with other inputs or options */
 } dfm_chunk_config;
 

@@ -4,8 +4,12 @@
 #include "common/error.h"
 #include "common/mpiutil.h"
 #include "common/opts.h"
+#include "pipeline/corpus/corpus.h"
 
 #include <stdlib.h>
+
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a default number as the option table's text */
 
 int dfm_cmd_chunk(int argc, char **argv) {
     dfm_mpi m;
@@ -18,6 +22,7 @@ int dfm_cmd_chunk(int argc, char **argv) {
         {"text-field", DFM_OPT_STR, &o.text_field, "text", "NAME", "JSONL field or Parquet column holding the text", 0},
         {"doc-aligned", DFM_OPT_FLAG, &o.doc_aligned, NULL, NULL, "pad every document to a chunk boundary (padding masked)", 0},
         {"skip-bad-lines", DFM_OPT_FLAG, &o.skip_bad, NULL, NULL, "count and skip malformed lines/documents instead of failing", 0},
+        {"max-doc-bytes", DFM_OPT_INT, &o.max_doc_bytes, STR(DFM_MAX_DOC_BYTES), "N", "longest document read, in bytes (a JSONL line, a text file, a Parquet value): a longer one is malformed, refused naming the file and line, or skipped and counted with --skip-bad-lines; it bounds each rank's read buffers", 0, .min = "1", .max = "4294967296"},
         {"eos-id", DFM_OPT_INT, &o.eos_id, "-1", "ID", "document separator (default: the first of <|endoftext|>, <|end_of_text|>, </s>, <eos>, [SEP] in the vocabulary; tokenizer_config.json's eos_token is not used, since chat models name their turn end there, e.g. Qwen2.5's <|im_end|>)", 0},
         {"pad-id", DFM_OPT_INT, &o.pad_id, "-1", "ID", "padding token (default: EOS)", 0},
         {"threads", DFM_OPT_INT, &o.threads, "1", "N", "tokenizer threads per rank", 1},

@@ -1,6 +1,7 @@
 #include "pipeline/corpus/corpus.h"
 
 #include "common/error.h"
+#include "common/fsutil.h"
 #include "pipeline/corpus/parquet_text.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #define TOKBIN_HEADER_BYTES 1024u
@@ -26,12 +28,11 @@ static int ends_with(const char *s, const char *suf) {
 
 static int add_file(dfm_input_list *l, const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return DFM_FAIL(errno == ENOENT ? DFM_ENOTFOUND : DFM_EIO, "input %s: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) return DFM_FAIL(DFM_EARG, "input %s is not a regular file", path);
-    FILE *probe = fopen(path, "rb");
-    if (!probe) return DFM_FAIL(DFM_EIO, "input %s cannot be read: %s", path, strerror(errno));
-    fclose(probe);
+    int fd; /* a regular file that can be read (common/fsutil.h): a FIFO would block every rank */
+    if (dfm_open_regular(path, NULL, &fd)) return dfm_error_prefix("input");
+    int serr = fstat(fd, &st) ? errno : 0;
+    close(fd);
+    if (serr) return DFM_FAIL(DFM_EIO, "input %s: %s", path, strerror(serr));
     dfm_input *f = realloc(l->files, (size_t)(l->n + 1) * sizeof *f);
     if (!f) return DFM_FAIL(DFM_ENOMEM, "no memory");
     l->files = f;
@@ -168,6 +169,10 @@ static int source_refill(source *s, size_t *avail, int *at_eof) {
     size_t n = s->eof ? 0 : fread(s->in, 1, s->in_cap, s->fp);
     if (n == 0) {
         if (ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
+        if (s->compressed_read == 0) /* gzip -t and zstd -t refuse it too: a stream holds one member or frame */
+            return DFM_FAIL(DFM_ETRUNCATED, "%s is empty (0 bytes): a %s file holds at least one %s. HINT: re-create "
+                            "or re-download it, or remove it from the inputs", s->path, s->gz ? ".gz" : ".zst",
+                            s->gz ? "gzip member" : "zstd frame");
         s->eof = *at_eof = 1;
         return DFM_OK;
     }
@@ -189,6 +194,29 @@ static const char *isal_error_name(int e) {
     }
 }
 
+/* RFC 1952: a reader must refuse a member whose header sets a reserved flag bit (FLG bits 5-7); ISA-L's header
+ * parser ignores them. The 4 bytes up to FLG are made contiguous first (moved to the buffer's start and the
+ * rest refilled) when a member begins at the buffer's end. Fewer than 4 bytes left: inflate says truncated. */
+static int gz_check_flags(source *s) {
+    struct inflate_state *z = s->gz;
+    if (z->avail_in < 4 && !s->eof) {
+        memmove(s->in, z->next_in, z->avail_in);
+        size_t n = fread(s->in + z->avail_in, 1, s->in_cap - z->avail_in, s->fp);
+        if (n == 0 && ferror(s->fp)) return DFM_FAIL(DFM_EIO, "read error on %s: %s", s->path, strerror(errno));
+        if (n == 0) s->eof = 1;
+        s->compressed_read += n;
+        z->next_in = s->in;
+        z->avail_in += (uint32_t)n;
+    }
+    const uint8_t *h = z->next_in; /* not a member at all (no magic, another method): inflate names it */
+    if (z->avail_in >= 4 && h[0] == 0x1f && h[1] == 0x8b && h[2] == 8 && (h[3] & 0xE0))
+        return DFM_FAIL(DFM_EFORMAT, "%s: gzip member %llu (at compressed byte %llu) sets reserved header flag bits "
+                        "(FLG 0x%02x), which RFC 1952 tells a reader to refuse. HINT: check the file with `gzip -t`; "
+                        "re-create or re-download it", s->path, (unsigned long long)s->members + 1,
+                        (unsigned long long)(s->compressed_read - z->avail_in), h[3]);
+    return DFM_OK;
+}
+
 static int gz_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
     struct inflate_state *z = s->gz;
     size_t pos = 0;
@@ -207,6 +235,7 @@ static int gz_read(source *s, uint8_t *buf, size_t cap, size_t *got) {
             z->avail_in = (uint32_t)avail;
         }
         if (s->gz_state != 1) { /* a new member starts here */
+            DFM_TRY(gz_check_flags(s));
             uint8_t *ni = z->next_in;
             uint32_t na = z->avail_in;
             if (s->gz_state == 2) {
@@ -285,6 +314,25 @@ static int bad_input(dfm_read_opts *o, int code, const dfm_input *f, uint64_t of
                     f->path, (unsigned long long)off, is_line ? ", a line" : "", what);
 }
 
+static uint64_t max_doc(const dfm_read_opts *o) { return o->max_doc_bytes ? o->max_doc_bytes : DFM_MAX_DOC_BYTES; }
+
+/* A document longer than the cap: refused (or skipped and counted) like any malformed one. line: its line
+ * number when the caller knows it (a compressed file), else 0. */
+static int doc_too_long(dfm_read_opts *o, const dfm_input *f, uint64_t off, int is_line, uint64_t line) {
+    char what[240], at[48] = "";
+    if (line && compressed(f)) snprintf(at, sizeof at, " (line %llu)", (unsigned long long)line);
+    snprintf(what, sizeof what, "a document%s longer than %llu bytes (--max-doc-bytes; raise it to read longer "
+             "ones)", at, (unsigned long long)max_doc(o));
+    return bad_input(o, DFM_ERANGE, f, off, is_line, what);
+}
+
+/* The next buffer size for a document still growing: doubled, but never past the cap + 1 (a longer one is
+ * refused once it fills that). */
+static size_t grow_cap(size_t cap, const dfm_read_opts *o) {
+    uint64_t lim = max_doc(o) + 1;
+    return cap >= lim ? cap : (uint64_t)cap * 2 > lim ? (size_t)lim : cap * 2;
+}
+
 static int valid_utf8(const uint8_t *s, size_t n, size_t *bad_at) {
     size_t i = 0;
     while (i < n) {
@@ -354,12 +402,14 @@ static int read_jsonl(const dfm_input *f, int fi, uint64_t begin, uint64_t end, 
         skipping = prev != '\n';
     }
     int done = 0;
+    uint64_t lines = 0; /* lines begun in this read: the line number in a compressed file (read from its start) */
     while (!rc && !done) {
         if (len == cap) {
-            uint8_t *nb = realloc(buf, cap * 2);
-            if (!nb) { rc = DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-byte line in %s", cap, f->path); break; }
+            size_t ncap = grow_cap(cap, o);
+            uint8_t *nb = ncap > cap ? realloc(buf, ncap) : NULL;
+            if (!nb) { rc = DFM_FAIL(DFM_ENOMEM, "no memory for a %zu-byte line in %s", ncap, f->path); break; }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
         size_t got = 0;
         rc = source_read(&s, buf + len, cap - len, &got);
@@ -373,8 +423,13 @@ static int read_jsonl(const dfm_input *f, int fi, uint64_t begin, uint64_t end, 
             size_t e = nl ? (size_t)(nl - buf) : len;
             uint64_t line_off = pos + a;
             if (line_off >= end) { done = 1; break; }
-            if (skipping) skipping = 0; /* the tail of a line owned by the previous rank */
-            else if ((rc = handle_json_line(f, fi, (const char *)buf + a, e - a, line_off, o, fn, user))) break;
+            if (skipping) skipping = 0; /* the tail of a line owned by the previous rank, or of one too long */
+            else {
+                lines++;
+                rc = e - a > max_doc(o) ? doc_too_long(o, f, line_off, 1, lines)
+                                        : handle_json_line(f, fi, (const char *)buf + a, e - a, line_off, o, fn, user);
+                if (rc) break;
+            }
             a = nl ? e + 1 : len;
         }
         if (rc) break;
@@ -382,6 +437,16 @@ static int read_jsonl(const dfm_input *f, int fi, uint64_t begin, uint64_t end, 
         len -= a;
         pos += a;
         o->bytes_read += a;
+        if (!skipping && len > max_doc(o)) { /* a line that does not end within the cap: not held whole */
+            if (pos >= end) break;           /* the next rank's line */
+            if ((rc = doc_too_long(o, f, pos, 1, ++lines))) break;
+            skipping = 1; /* skipped and counted: the rest of it up to its newline is dropped */
+        }
+        if (skipping && len > 0 && !memchr(buf, '\n', len)) { /* inside a skipped line: drop what was read */
+            pos += len;
+            o->bytes_read += len;
+            len = 0;
+        }
         if (at_end) break;
     }
     free(buf);
@@ -395,19 +460,28 @@ static int read_text(const dfm_input *f, int fi, dfm_read_opts *o, dfm_doc_fn fn
     size_t cap = 1 << 16, len = 0;
     uint8_t *buf = malloc(cap);
     if (!rc && !buf) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    int too_long = 0;
     while (!rc) {
+        if (len > max_doc(o)) { /* the whole file is the document */
+            rc = doc_too_long(o, f, 0, 0, 0);
+            too_long = 1;
+            break;
+        }
         if (len == cap) {
-            uint8_t *nb = realloc(buf, cap * 2);
+            size_t ncap = grow_cap(cap, o);
+            uint8_t *nb = realloc(buf, ncap);
             if (!nb) { rc = DFM_FAIL(DFM_ENOMEM, "no memory for document %s", f->path); break; }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
         size_t got;
         rc = source_read(&s, buf + len, cap - len, &got);
         if (rc || got == 0) break;
         len += got;
     }
-    if (!rc) {
+    if (!rc && too_long) {
+        o->bytes_read += len; /* skipped and counted */
+    } else if (!rc) {
         o->bytes_read += len;
         size_t bad = 0;
         if (len == 0) {
@@ -529,6 +603,15 @@ static int parquet_value(const char *text, size_t len, int is_null, uint64_t row
     if (is_null || len == 0) {
         c->o->empty_docs++;
         return DFM_OK;
+    }
+    if (len > max_doc(c->o)) {
+        if (c->o->skip_bad) {
+            c->o->bad_lines++;
+            return DFM_OK;
+        }
+        return DFM_FAIL(DFM_ERANGE, "%s, row group %d, row %llu (row %llu of the file): a document of %zu bytes, longer than %llu (--max-doc-bytes). HINT: raise --max-doc-bytes, or pass --skip-bad-lines to count and skip it",
+                        c->f->path, c->rg, (unsigned long long)row, (unsigned long long)(c->row0 + row), len,
+                        (unsigned long long)max_doc(c->o));
     }
     size_t bad = 0;
     if (!valid_utf8((const uint8_t *)text, len, &bad)) {

@@ -24,6 +24,13 @@
  * (made non-decreasing over the file's row groups, so a rank's row groups are consecutive);
  * other files (compressed ones among them) go whole to the rank holding their first byte. Ranges are contiguous, so rank order
  * is stream order, and the documents seen in order over all ranks do not depend on P.
+ *
+ * Untrusted sizes: a document (a JSONL line, a text file, a Parquet value) longer than max_doc_bytes
+ * (dfm chunk --max-doc-bytes, default DFM_MAX_DOC_BYTES) is refused naming the file and the line or row
+ * (with skip_bad: skipped and counted in bad_lines), so a small compressed file cannot grow a reader's
+ * buffers without bound: they stay within max_doc_bytes + 1 (a 4.4 MB gzip of one 4.5 GB line once grew a
+ * rank to 4 GB). An empty .gz or .zst file, and a gzip member with reserved header flags (RFC 1952), are
+ * refused.
  */
 #ifndef DFM_CORPUS_H
 #define DFM_CORPUS_H
@@ -68,9 +75,12 @@ typedef struct {
 /* Return DFM_OK to go on; any other code stops reading and is returned. */
 typedef int (*dfm_doc_fn)(const dfm_doc *doc, void *user);
 
+#define DFM_MAX_DOC_BYTES 33554432 /* 32 MiB: the longest document read by default (dfm chunk --max-doc-bytes) */
+
 typedef struct {
     const char *text_field; /* JSONL field or Parquet column holding the text */
     int skip_bad;           /* count and skip malformed lines / documents instead of failing */
+    uint64_t max_doc_bytes; /* longest document in bytes (0: DFM_MAX_DOC_BYTES); longer is malformed */
     uint32_t vocab_size;    /* for checking pretokenized ids */
     uint32_t eos_id;        /* document separator in pretokenized input */
     uint64_t bad_lines;     /* out: lines or documents skipped */

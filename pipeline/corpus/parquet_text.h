@@ -15,8 +15,10 @@
  * order; a null is handed out as is_null = 1 (the caller counts it as an empty document).
  *
  * Refused with DFM_EUNSUPPORTED / DFM_EFORMAT, the file and the reason named: an encrypted file (footer
- * magic PARE, or encrypted column chunks in a plaintext footer), a missing column, a nested or repeated
- * column, a column that is not a string (binary, numbers, ...), a file that is not Parquet or is damaged.
+ * magic PARE, or encrypted column chunks in a plaintext footer), a missing column, two top-level columns of
+ * that name, a nested or repeated column, a column that is not a string (binary, numbers, ...), row groups
+ * whose text column chunks overlap (each would be read again: an amplification bomb), a file that is not
+ * Parquet or is damaged. Row groups of 0 rows are valid and skipped (their column metadata is not read).
  *
  * Untrusted input: sizes in the footer and page headers come from the file. Thrift fields are bounded by
  * the library (100 MB strings, 1 M container entries); column chunks must lie inside the file; every

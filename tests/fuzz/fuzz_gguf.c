@@ -1,5 +1,6 @@
 /* fuzz_gguf.c — libFuzzer harness: a GGUF model file through dfm_gguf_open, every key-value pair read with
- * the typed getters, every tensor checked to lie inside the file and, for small ones, dequantized; then the
+ * the typed getters, every tensor checked to lie inside the file with its exact byte count (no wrap of the
+ * element count times the block size) and, for small ones, dequantized; then the
  * tokenizer.json that dfm-train import-gguf would build from the metadata, loaded back by dfm's tokenizer
  * (a built tokenizer must load: it is dfm's own output) and used once. */
 #include <stdint.h>
@@ -44,6 +45,8 @@ static void read_tensors(const dfm_gguf *g) {
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const dfm_gguf_tensor *t = &g->tensors[i];
         if (t->data < g->data || t->data + t->bytes > g->map + g->map_bytes) abort(); /* inside the file */
+        uint32_t be, bb; /* the byte count is the exact one, not wrapped (2^62 F32 elements once made 0 bytes) */
+        if (!dfm_ggml_type_layout(t->type, &be, &bb) || (unsigned __int128)t->numel / be * bb != t->bytes) abort();
         if (dfm_gguf_tensor_find(g, t->name) != t) abort();                           /* names are unique */
         if (t->numel > (1u << 16) || !dfm_gguf_type_dequantizable(t->type)) continue;
         float *w = malloc(t->numel * sizeof *w);

@@ -110,6 +110,11 @@ def gzip_seeds():
     put("gzip", "one_member", gzip.compress(text, mtime=0))
     put("gzip", "three_members", b"".join(gzip.compress(text[i:i + 20], mtime=0) for i in range(0, len(text), 20)))
     put("gzip", "stored", gzip.compress(text, compresslevel=0, mtime=0))
+    # refused: a reserved FLG bit (RFC 1952), and no member at all
+    flg = bytearray(gzip.compress(text, mtime=0))
+    flg[3] |= 0x20
+    put("gzip", "reserved_flag", bytes(flg))
+    put("gzip", "empty", b"")
 
 
 def parquet_seeds():
@@ -125,6 +130,12 @@ def parquet_seeds():
                      ("none_pages", dict(compression="none", data_page_size=16, use_dictionary=False))):
         buf = io.BytesIO()
         pq.write_table(table, buf, **kw)
+        put("parquet", name, buf.getvalue())
+    # a table of 0 rows (one row group of 0 rows, data page offset 0: valid) and two columns named "text"
+    for name, t in (("zero_rows", pa.table({"text": pa.array([], pa.string())})),
+                    ("two_text_columns", pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["text", "text"]))):
+        buf = io.BytesIO()
+        pq.write_table(t, buf)
         put("parquet", name, buf.getvalue())
 
 
@@ -290,8 +301,8 @@ def gguf_bytes(kvs, tensors, alignment=32):
 
 def gguf():
     """A one-layer Llama with a byte-level tokenizer (pre smollm), and K-quant tensors alone. Regressions: an
-    empty file (mapped to NULL), and a merge whose result the vocabulary lacks (the builder wrote a
-    tokenizer.json that dfm's tokenizer and `tokenizers` refuse)."""
+    empty file (mapped to NULL), a merge whose result the vocabulary lacks (the builder wrote a
+    tokenizer.json that dfm's tokenizer and `tokenizers` refuse), and a tensor whose byte count wrapped."""
     C, F, V = 32, 64, 12
     tokens = ["<|endoftext|>", "a", "b", "c", "ab", "\u0120", "\u0120a", "1", "2", "T", "h", "e"]
     kvs = [("general.architecture", 8, "llama"), ("llama.block_count", 4, 1), ("llama.embedding_length", 4, C),
@@ -316,6 +327,9 @@ def gguf():
     bad_merge = [kv if kv[0] != "tokenizer.ggml.merges" else (kv[0], 9, (8, ["a b", "c a"])) for kv in kvs]
     put("gguf", "merge_not_in_vocab", gguf_bytes(bad_merge, ts))
     put("gguf", "empty", b"")
+    # 2^31 x 2^31 F32 elements at offset 0: 2^64 bytes, which wrapped to 0 and was accepted
+    put("gguf", "bytes_wrap_2p62", gguf_bytes([("general.architecture", 8, "llama")],
+                                              [("token_embd.weight", [1 << 31, 1 << 31], 0, b"\0" * 64)]))
     kq = [("q4_k", [256], 12, 144), ("q6_k", [256], 14, 210), ("q2_k", [256], 10, 84), ("q3_k", [256], 11, 110),
           ("q5_k", [256], 13, 176), ("q5_0", [32], 6, 22), ("bf16", [4], 30, 8)]
     put("gguf", "kquants", gguf_bytes([("general.alignment", 4, 64), ("nested", 9, (9, [(4, [1, 2]), (8, ["x"])]))],

@@ -14,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -313,8 +315,43 @@ static void test_hashes(void **state) {
     free(p);
 }
 
+/* Every whole-file reader refuses what is not a regular file at once: a FIFO blocked them forever (an open
+ * for reading waits for a writer), a folder or device gave odd errors. alarm: a hang fails the test. */
+static void test_readers_refuse_non_regular(void **state) {
+    char *fifo = dfm_path_join(tmpdir, "model.fifo");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    const char *paths[] = {fifo, tmpdir, "/dev/null"};
+    const char *kinds[] = {"(a FIFO)", "(a folder)", "(a character device)"};
+    for (int i = 0; i < 3; i++) {
+        char *buf = NULL, h[33];
+        size_t n;
+        const uint8_t *map = NULL;
+        int fd = -1;
+        assert_int_equal(dfm_read_file(paths[i], &buf, &n), DFM_EARG);
+        assert_non_null(strstr(dfm_last_error(), "is not a regular file"));
+        assert_non_null(strstr(dfm_last_error(), kinds[i]));
+        assert_int_equal(dfm_map_file(paths[i], "HINT: x", &map, &n), DFM_EARG);
+        assert_non_null(strstr(dfm_last_error(), paths[i]));
+        assert_int_equal(dfm_file_hash(paths[i], h), DFM_EARG);
+        assert_int_equal(dfm_open_regular(paths[i], NULL, &fd), DFM_EARG);
+        assert_int_equal(fd, -1);
+    }
+    alarm(0);
+    /* a regular file opens, blocking (reads wait for data, not EAGAIN) */
+    char *p = dfm_path_join(tmpdir, "r.txt");
+    assert_int_equal(dfm_write_file_atomic(p, "abc", 3), 0);
+    int fd;
+    assert_int_equal(dfm_open_regular(p, NULL, &fd), DFM_OK);
+    assert_true(fd >= 0 && !(fcntl(fd, F_GETFL) & O_NONBLOCK));
+    close(fd);
+    free(p);
+    free(fifo);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_readers_refuse_non_regular),
         cmocka_unit_test(test_error_message_has_place),
         cmocka_unit_test(test_opts_defaults_config_cmdline),
         cmocka_unit_test(test_opts_limits),

@@ -30,7 +30,7 @@ int cmd_import_gguf(int argc, char **argv) {
         "tokenizer.json + tokenizer_config.json built from the file's byte-level BPE vocabulary, merges and "
         "pre-tokenizer name (or copied with --tokenizer). dfm-train loads the folder with --backbone, dfm chunk "
         "its tokenizer.json with --tokenizer, transformers with from_pretrained. Written under DIR.partial and "
-        "renamed when complete. Memory: the model in fp32.",
+        "renamed when complete. Memory: the file plus the model in fp32.",
         opts, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "import-gguf takes one MODEL.gguf (got %d). HINT: dfm-train "

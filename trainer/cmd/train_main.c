@@ -51,7 +51,7 @@ int main(int argc, char **argv) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         reexec = 1;
     }
-    if (reexec) execv("/proc/self/exe", argv); /* returns only on failure: then run as we are */
+    if (reexec) dfm_reexec_self(argv); /* returns only on failure: then run as we are */
     dfm_log_init(-1);
     /* a file-size limit must surface as a write error naming the file (DFM_ENOSPACE), not kill us */
     signal(SIGXFSZ, SIG_IGN);

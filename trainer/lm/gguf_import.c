@@ -40,6 +40,21 @@ static int refuse_if_present(const dfm_gguf *g, const char *arch, const char *na
                     akey(arch, name), why);
 }
 
+/* {arch}.{name} as an integer within lo..hi (def when absent and not required); a value outside names the key
+ * and the value, before anything is sized by it */
+static int hparam(const dfm_gguf *g, const char *arch, const char *name, int required, uint32_t def, uint64_t lo,
+                  uint64_t hi, uint32_t *out) {
+    uint64_t v;
+    DFM_TRY(dfm_gguf_get_u64(g, akey(arch, name), required, def, &v));
+    if (v < lo || v > hi)
+        return DFM_FAIL(DFM_ERANGE, "%s: %s is %llu, outside %llu..%llu (the limits of dfm-train's decoder, "
+                        "trainer/model_config.h). HINT: the file is damaged, or not a model dfm-train can run",
+                        g->path, akey(arch, name), (unsigned long long)v, (unsigned long long)lo,
+                        (unsigned long long)hi);
+    *out = (uint32_t)v;
+    return DFM_OK;
+}
+
 static int read_hparams(const dfm_gguf *g, const char *arch, BackboneConfig *bc, uint32_t *ctx_len) {
     memset(bc, 0, sizeof *bc);
     int llama = !strcmp(arch, "llama"), qwen3 = !strcmp(arch, "qwen3");
@@ -48,21 +63,25 @@ static int read_hparams(const dfm_gguf *g, const char *arch, BackboneConfig *bc,
                         "and Qwen3-architecture decoders (llama, qwen3)", g->path, arch);
     snprintf(bc->arch, sizeof bc->arch, "%s", llama ? "LlamaForCausalLM" : "Qwen3ForCausalLM");
     uint32_t nl, C, ffn, nh, nkv, hd = 0, kl = 0, vl = 0, rd = 0;
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "block_count"), 1, 0, &nl));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "embedding_length"), 1, 0, &C));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "feed_forward_length"), 1, 0, &ffn));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "attention.head_count"), 1, 0, &nh));
+    /* every count is bounded before it sizes anything: by the decoder's limits, and the layers also by the
+     * tensors the file holds (9 or more per layer) */
+    DFM_TRY(hparam(g, arch, "block_count", 1, 0, 1, DFM_MAX_LAYERS, &nl));
+    if (nl > g->n_tensors / 9)
+        return DFM_FAIL(DFM_EFORMAT, "%s: %s is %u, but the file holds %llu tensors, fewer than the 9 of each layer",
+                        g->path, akey(arch, "block_count"), nl, (unsigned long long)g->n_tensors);
+    DFM_TRY(hparam(g, arch, "embedding_length", 1, 0, 1, DFM_MAX_HIDDEN, &C));
+    DFM_TRY(hparam(g, arch, "feed_forward_length", 1, 0, 1, DFM_MAX_FFN, &ffn));
+    DFM_TRY(hparam(g, arch, "attention.head_count", 1, 0, 1, DFM_MAX_HEADS, &nh));
     const dfm_gguf_kv *kvh = dfm_gguf_find(g, akey(arch, "attention.head_count_kv"));
     if (kvh && kvh->type == DFM_GGUF_ARRAY)
         return DFM_FAIL(DFM_EUNSUPPORTED, "%s: %s is a per-layer list; dfm-train needs one head count for every layer",
                         g->path, akey(arch, "attention.head_count_kv"));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "attention.head_count_kv"), 0, nh, &nkv));
-    if (!nh || !C || !nl || !ffn || !nkv || nh % nkv)
-        return DFM_FAIL(DFM_EFORMAT, "%s: impossible shape: %u layers, width %u, ffn %u, %u heads, %u KV heads", g->path,
-                        nl, C, ffn, nh, nkv);
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "attention.key_length"), 0, 0, &kl));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "attention.value_length"), 0, kl, &vl));
-    DFM_TRY(dfm_gguf_get_u32(g, akey(arch, "rope.dimension_count"), 0, 0, &rd));
+    DFM_TRY(hparam(g, arch, "attention.head_count_kv", 0, nh, 1, nh, &nkv));
+    if (nh % nkv)
+        return DFM_FAIL(DFM_EFORMAT, "%s: %u heads are not a multiple of %u KV heads", g->path, nh, nkv);
+    DFM_TRY(hparam(g, arch, "attention.key_length", 0, 0, 0, DFM_MAX_HEAD_DIM, &kl));
+    DFM_TRY(hparam(g, arch, "attention.value_length", 0, kl, 0, DFM_MAX_HEAD_DIM, &vl));
+    DFM_TRY(hparam(g, arch, "rope.dimension_count", 0, 0, 0, DFM_MAX_HEAD_DIM, &rd));
     hd = kl ? kl : C / nh;
     if (vl != kl)
         return DFM_FAIL(DFM_EUNSUPPORTED, "%s: key length %u differs from value length %u", g->path, kl, vl);
@@ -86,7 +105,7 @@ static int read_hparams(const dfm_gguf *g, const char *arch, BackboneConfig *bc,
     const dfm_gguf_tensor *emb = dfm_gguf_tensor_find(g, "token_embd.weight");
     if (!emb)
         return DFM_FAIL(DFM_ENOTFOUND, "%s: no token_embd.weight tensor. HINT: not a decoder LM file", g->path);
-    bc->vocab_size = (int)(emb->ne[1] < (1 << 24) ? emb->ne[1] : 0);
+    bc->vocab_size = (int)(emb->ne[1] < DFM_MAX_VOCAB ? emb->ne[1] : 0);
     if (emb->n_dims != 2 || emb->ne[0] != (int64_t)C || !bc->vocab_size)
         return DFM_FAIL(DFM_EFORMAT, "%s: token_embd.weight is not [%u, V] with V < 2^24", g->path, C);
     bc->tie_embeddings = !dfm_gguf_tensor_find(g, "output.weight");
@@ -251,6 +270,37 @@ static int remove_files_dir(const char *dir, int quiet) {
 #undef RMFAIL
 }
 
+/* An earlier output: a file is unlinked, a folder goes through remove_files_dir. */
+static int remove_old(const char *path, int quiet) {
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? DFM_OK : quiet ? -1 : DFM_FAIL(DFM_EIO, "cannot stat %s: %s", path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) return remove_files_dir(path, quiet);
+    if (unlink(path) == 0) return DFM_OK;
+    return quiet ? -1 : DFM_FAIL(DFM_EIO, "cannot remove %s: %s", path, strerror(errno));
+}
+
+/* --force replaces a file or a folder of files; a folder holding folders was not written here and is refused
+ * before any work (once it was found only after the new model was in place, and the import exited 1). */
+static int check_replaceable(const char *out) {
+    struct stat st;
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode)) return DFM_OK;
+    DIR *d = opendir(out);
+    if (!d) return DFM_FAIL(DFM_EIO, "cannot open %s: %s", out, strerror(errno));
+    int rc = DFM_OK;
+    for (struct dirent *e; !rc && (e = readdir(d));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char *p = dfm_path_join(out, e->d_name);
+        if (!p) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+        else if (!lstat(p, &st) && S_ISDIR(st.st_mode))
+            rc = DFM_FAIL(DFM_EMISMATCH, "%s holds the folder %s: --force replaces a model folder of files, which "
+                          "this is not. HINT: remove it yourself, or choose another --out", out, e->d_name);
+        free(p);
+    }
+    closedir(d);
+    return rc;
+}
+
 /* JSON with 9 significant digits for reals: every value here is an fp32 one, which that many round-trip. */
 static int write_json(const char *dir, const char *name, json_t *j) {
     char *text = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(9));
@@ -380,17 +430,22 @@ int gguf_import(const char *path, const char *out, const GgufImportOpts *o, Gguf
     BackboneConfig bc;
     uint32_t ctx_len = 0;
     int rc = partial && old ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) rc = check_replaceable(out);
     if (!rc) rc = dfm_gguf_open(path, &g);
     if (!rc) rc = dfm_gguf_get_str(g, "general.architecture", 1, &arch);
     if (!rc) rc = read_hparams(g, arch, &bc, &ctx_len);
     if (!rc) rc = remove_files_dir(partial, 0); /* a killed earlier import */
     if (!rc) rc = write_folder(g, partial, &bc, ctx_len, o, rep);
-    if (!rc && dfm_path_exists(out)) { /* --force: the old folder goes only once the new one is complete */
-        rc = remove_files_dir(old, 0);
+    if (!rc && dfm_path_exists(out)) { /* --force: the old output goes only once the new one is complete */
+        rc = remove_old(old, 0);
         if (!rc && rename(out, old)) rc = DFM_FAIL(DFM_EIO, "cannot rename %s to %s: %s", out, old, strerror(errno));
     }
     if (!rc && rename(partial, out)) rc = DFM_FAIL(DFM_EIO, "cannot rename %s to %s: %s", partial, out, strerror(errno));
-    if (!rc) rc = remove_files_dir(old, 0);
+    if (!rc && remove_old(old, 0)) { /* the new model is in place: the import has succeeded */
+        DFM_LOG_W("%s is installed; the old output left in %s could not be removed (%s). HINT: remove it yourself",
+                  out, old, dfm_last_error());
+        dfm_error_clear();
+    }
     if (rc && partial) remove_files_dir(partial, 1); /* nothing half-written is left behind */
     dfm_gguf_close(g);
     free(arch);

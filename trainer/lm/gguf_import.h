@@ -20,7 +20,8 @@
 
 typedef struct {
     const char *tokenizer; /* NULL: build tokenizer.json from the file; else copy this tokenizer.json */
-    int force;             /* replace an existing OUT */
+    int force;             /* replace an existing OUT: a file, or a folder of files (one holding a folder is
+                              refused before anything is read: import-gguf never wrote it) */
 } GgufImportOpts;
 
 typedef struct {
@@ -33,7 +34,8 @@ typedef struct {
 } GgufImportReport;
 
 /* Convert the GGUF file at path into the folder out. rep may be NULL. DFM_EMISMATCH when out exists and
- * !o->force; the errors of schemas/gguf.h and the refusals above otherwise. */
+ * !o->force, or holds a folder; the errors of schemas/gguf.h and the refusals above otherwise. Once the new
+ * folder is in place the import has succeeded: an old OUT that cannot be removed is a warning. */
 int gguf_import(const char *path, const char *out, const GgufImportOpts *o, GgufImportReport *rep);
 
 #endif

@@ -56,17 +56,17 @@ int backbone_config_from_hf(json_t *cfg, BackboneConfig *bc) {
     int max_seq = bc->max_seq;
     memset(bc, 0, sizeof *bc);
     snprintf(bc->arch, sizeof bc->arch, "%s", arch);
-    /* bounds a real decoder stays far inside; the weights they imply are checked against the files later */
-    DFM_TRY(get_int(cfg, "vocab_size", 1, 0, 1, 1 << 24, &bc->vocab_size));
-    DFM_TRY(get_int(cfg, "hidden_size", 1, 0, 1, 1 << 20, &bc->dec.hidden));
-    DFM_TRY(get_int(cfg, "intermediate_size", 1, 0, 1, 1 << 22, &bc->dec.ffn));
-    DFM_TRY(get_int(cfg, "num_hidden_layers", 1, 0, 1, 4096, &bc->dec.n_layers));
-    DFM_TRY(get_int(cfg, "num_attention_heads", 1, 0, 1, 4096, &bc->dec.n_heads));
+    /* the bounds of model_config.h */
+    DFM_TRY(get_int(cfg, "vocab_size", 1, 0, 1, DFM_MAX_VOCAB, &bc->vocab_size));
+    DFM_TRY(get_int(cfg, "hidden_size", 1, 0, 1, DFM_MAX_HIDDEN, &bc->dec.hidden));
+    DFM_TRY(get_int(cfg, "intermediate_size", 1, 0, 1, DFM_MAX_FFN, &bc->dec.ffn));
+    DFM_TRY(get_int(cfg, "num_hidden_layers", 1, 0, 1, DFM_MAX_LAYERS, &bc->dec.n_layers));
+    DFM_TRY(get_int(cfg, "num_attention_heads", 1, 0, 1, DFM_MAX_HEADS, &bc->dec.n_heads));
     DFM_TRY(get_int(cfg, "num_key_value_heads", 0, bc->dec.n_heads, 1, bc->dec.n_heads, &bc->dec.n_kv_heads));
     if (bc->dec.n_heads % bc->dec.n_kv_heads)
         return DFM_FAIL(DFM_EFORMAT, "config.json: num_attention_heads %d is not a multiple of num_key_value_heads %d",
                         bc->dec.n_heads, bc->dec.n_kv_heads);
-    DFM_TRY(get_int(cfg, "head_dim", 0, bc->dec.hidden / bc->dec.n_heads, 2, 1 << 16, &bc->dec.head_dim));
+    DFM_TRY(get_int(cfg, "head_dim", 0, bc->dec.hidden / bc->dec.n_heads, 2, DFM_MAX_HEAD_DIM, &bc->dec.head_dim));
     if (bc->dec.head_dim % 2)
         return DFM_FAIL(DFM_EFORMAT, "config.json: head_dim %d is odd (RoPE rotates pairs)", bc->dec.head_dim);
     DFM_TRY(get_num(cfg, "rms_norm_eps", 1e-6, 0, 1, &bc->dec.eps));

@@ -13,6 +13,15 @@
 
 #include "trainer/model/model.h"
 
+/* Bounds a real decoder stays far inside, for config.json and GGUF metadata alike (the weights they imply
+ * are checked against the files later): vocabulary, width, FFN width, layers, heads, head size. */
+#define DFM_MAX_VOCAB (1 << 24)
+#define DFM_MAX_HIDDEN (1 << 20)
+#define DFM_MAX_FFN (1 << 22)
+#define DFM_MAX_LAYERS 4096
+#define DFM_MAX_HEADS 4096
+#define DFM_MAX_HEAD_DIM (1 << 16)
+
 /* Fill bc from a parsed config.json. max_seq is left at its current value when > 0, else taken
  * from max_position_embeddings (capped at 4096). Errors name the key. */
 int backbone_config_from_hf(json_t *cfg, BackboneConfig *bc);

@@ -5,11 +5,30 @@
 # file left in the run, the run lock released (the re-run takes it), and the same command again
 # completes with records identical to an uninterrupted build (dfm verify --compare), keeping every block
 # and target shard the stopped run had finished (none redone). DFM_TEST_SEED fixes the draws.
+# Ranks of dfm and dfm-train keep their program's name: pgrep -x finds them (once every rank was "exe").
 source "$(dirname "$0")/../lib.sh"
 SEED=${DFM_TEST_SEED:-$(( $(date +%s) % 100000 ))}
 echo "DFM_TEST_SEED=$SEED"
 RANDOM=$SEED
 head -n 3 "$DFM_CORPUS" > "$WORK/corpus.jsonl"
+
+# ranks keep their program's name (they re-execute themselves at start: common/blas_core.h), so that pgrep,
+# top, killall and Slurm's process view find them; found here by name alone, as an operator would
+"$DFM_TRAIN" synth --out "$WORK/s" --seqs 40 --seq-len 32 --chunk-len 8 --vocab 100 > /dev/null 2>&1 || fail "dfm-train synth"
+mpirun -np 2 "$DFM_TRAIN" pretrain --data "$WORK/s/tokens.bin" --out "$WORK/names-pre" --seq-len 32 --steps 1000000 \
+  --layers 1 --hidden 16 --heads 2 --kv-heads 1 --threads 1 > "$WORK/names-train.log" 2>&1 &
+mp=$!
+named=()
+for _ in $(seq 100); do
+  named=($(pgrep -x dfm-train -P "$mp" || true))
+  [ ${#named[@]} = 2 ] && break
+  kill -0 "$mp" 2>/dev/null || break
+  sleep 0.1
+done
+kill -TERM "${named[@]}" "$mp" 2>/dev/null || true; wait "$mp" || true
+[ ${#named[@]} = 2 ] || { ps -o pid=,comm=,args= --ppid "$mp" || true; tail "$WORK/names-train.log"; fail "pgrep -x dfm-train finds ${#named[@]} of 2 running ranks"; }
+ok "running ranks are found by name: pgrep -x dfm-train (not 'exe')"
+
 mkcfg() {  # name -> $WORK/name.json for run $WORK/name (several blocks, rounds and shards in each stage)
   cat > "$WORK/$1.json" <<JSON
 {"run": "$WORK/$1", "inputs": ["$WORK/corpus.jsonl"], "tokenizer": "$DFM_TOKENIZER",
@@ -64,7 +83,7 @@ for t in 1 2; do
   mpirun -np 2 "$DFM" build "$WORK/r$t.json" > "$WORK/r$t.log" 2>&1 &
   mp=$!
   sleep "0.$((RANDOM % 10))$((RANDOM % 10))"; sleep $((RANDOM % 2))
-  pids=($(ps -o pid= --ppid $mp || true))
+  pids=($(pgrep -x dfm -P $mp || true)) # by name, as an operator finds them
   sig=TERM; [ $((RANDOM % 2)) = 1 ] && sig=USR1
   if [ ${#pids[@]} = 2 ]; then kill -$sig "${pids[$((RANDOM % 2))]}" 2>/dev/null || true; fi
   rc=0; wait $mp || rc=$?

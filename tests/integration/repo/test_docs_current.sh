@@ -6,7 +6,9 @@
 #     (build/dfm, build/dfm-train, jobs/submit.sh, jobs/submit_train.sh);
 #  3. no doc points at an issue number or at a file outside the repository;
 #  4. every #include and Python import keeps to the floor plan of docs/ARCHITECTURE.md;
-#  5. each check fails on a planted break (made-up names, references, includes).
+#  5. each check fails on a planted break (made-up names, references, includes);
+#  6. the Makefile parses without a word on stderr before `make deps` has written the cache's paths.mk
+#     (a newcomer's first `make demo` once opened with bash's usage text, many times over).
 source "$(dirname "$0")/../lib.sh"
 : "${DFM_TRAIN:?run through tests/run.sh (DFM_TRAIN unset)}"
 
@@ -14,6 +16,12 @@ bash "$DFM_ROOT/scripts/gen_command_docs.sh" "$WORK/COMMANDS.md" >/dev/null
 diff -u "$DFM_ROOT/docs/COMMANDS.md" "$WORK/COMMANDS.md" ||
   fail "docs/COMMANDS.md is stale: run scripts/gen_command_docs.sh and commit it"
 ok "docs/COMMANDS.md matches every command's --help"
+
+# 6. a fresh machine: no paths.mk yet (make -n: the makefile is read, nothing is built)
+mkdir "$WORK/nocache"
+noise=$(cd "$DFM_ROOT" && env -u DFM_PYTHON -u DFM_ARROW DFM_CACHE="$WORK/nocache" make -n all 2>&1 >/dev/null) || true
+[ -z "$noise" ] || fail "make without the cache's paths.mk writes to stderr ($(grep -c . <<<"$noise") lines): $(head -3 <<<"$noise")"
+ok "the Makefile is quiet before make deps (no paths.mk)"
 
 # check_names FILE...: prints each unknown name as FILE:LINE: what; exits 1 if there is one.
 # Names are taken from code: `inline spans` and fenced blocks (shell lines, with \ continuations

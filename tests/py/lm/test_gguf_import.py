@@ -8,18 +8,21 @@
    (Llama-3.2 as "llama-bpe", Qwen2.5 as "qwen2", a GPT-2 layout as "gpt-2", SmolLM2-style "smollm"); the
    tokenizer.json import-gguf builds must give the golden ids of the original (made by `tokenizers`), through
    `tokenizers` and through `dfm tokenize`.
-3. Refusals: damaged, hostile and unsupported files each exit non-zero naming the problem, and leave no
-   output folder.
+3. Refusals: damaged, hostile and unsupported files (huge or u64 counts, a wrapping tensor size, a FIFO, a
+   file cut short during the import) each exit non-zero within 10 s naming the problem, and leave no output
+   folder; --force over a file or a folder of folders tells the truth in its exit status.
 4. The real SmolLM2-135M of the cache (make lm): every tensor equals the gguf package's dequantization, and
    dfm-train's forward (hidden states through the tied head) equals a float64 NumPy forward of the GGUF
    (tests/ref/llama_numpy.py) within 1e-3 on real text.
 """
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -130,8 +133,12 @@ def byte_tokens():
     return t, tokens, merges, types
 
 
-def import_gguf(path, out, *extra, ok=True):
-    p = subprocess.run([DFM_TRAIN, "import-gguf", path, "--out", out, *extra], capture_output=True, text=True)
+def import_gguf(path, out, *extra, ok=True, timeout=300):
+    try:
+        p = subprocess.run([DFM_TRAIN, "import-gguf", path, "--out", out, *extra], capture_output=True, text=True,
+                           errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p = subprocess.CompletedProcess([path], 124, "", f"(killed: still running after {timeout} s)")
     if ok and p.returncode:
         print(p.stdout, p.stderr)
         raise SystemExit(f"import-gguf {path} failed")
@@ -287,6 +294,7 @@ def test_refusals(w, good, tensors, tokens, merges, types):
     bad("truncated-data", data[:len(data) - 1000], "runs past the end")
     bad("magic", b"GGUX" + data[4:], "not a GGUF file")
     bad("version1", data[:4] + struct.pack("<I", 1) + data[8:], "version 1")
+    bad("version0", data[:4] + struct.pack("<I", 0) + data[8:], "version 0")
     bad("bigendian", data[:4] + struct.pack(">I", 3) + data[8:], "big-endian")
     bad("huge-kv-count", data[:16] + struct.pack("<Q", 1 << 60) + data[24:], "more than its")
     bad("huge-tensor-count", data[:8] + struct.pack("<Q", 1 << 60) + data[16:], "more than its")
@@ -320,6 +328,11 @@ def test_refusals(w, good, tensors, tokens, merges, types):
     ty = at2 + 4 + 8 * nd2
     bad("iq4_nl", data[:ty] + struct.pack("<I", int(Q.IQ4_NL)) + data[ty + 4:], "cannot dequantize")
     bad("unknown-type", data[:ty] + struct.pack("<I", 63) + data[ty + 4:], "block layout dfm does not know")
+    # the F32 blk.1.ffn_up claims 2^31 x 2^31 elements: 2^64 bytes, which wrapped to 0 and was accepted
+    nu = b"blk.1.ffn_up.weight"
+    atu = data.index(nu) + len(nu)
+    bad("bytes-wrap", data[:atu + 4] + struct.pack("<QQ", 1 << 31, 1 << 31) + data[atu + 20:],
+        "need more bytes than the whole file")
     # a NaN scale in the Q8_0 embedding's first block
     emb = [t for t in r.tensors if t.name == "token_embd.weight"][0]
     pos = r.data_offset + emb.data_offset
@@ -349,9 +362,32 @@ def test_refusals(w, good, tensors, tokens, merges, types):
     bad_merges = list(merges)
     bad_merges[3] = "nospace"
     written("bad-merge", tok=(tokens, bad_merges, types), expect="merges[3]")
+    # u64 and huge counts: named with their value before anything is sized by them (2^31 - 1 layers once
+    # formatted tensor names for hours; 2^32 - 1 was read as -1 layers; an FFN of 2^31 as -2147483648)
+    written("layers-u32max", arch_patch={"llama.block_count": ("uint64", 2**32 - 1)},
+            expect="llama.block_count is 4294967295, outside 1..4096")
+    written("layers-2p31", arch_patch={"llama.block_count": ("uint32", 2**31 - 1)},
+            expect="llama.block_count is 2147483647, outside 1..4096")
+    written("layers-vs-tensors", arch_patch={"llama.block_count": ("uint32", 4000)},
+            expect="fewer than the 9 of each layer")
+    written("ffn-2p31", arch_patch={"llama.feed_forward_length": ("uint64", 2**31)},
+            expect="llama.feed_forward_length is 2147483648")
+
+    def patched(name, case, old, new, expect):  # the file of an earlier case with some bytes replaced
+        src = [c for c in cases if c[0] == case][0][1]
+        p = os.path.join(w, "bad-" + name + ".gguf")
+        blob = open(src, "rb").read()
+        assert blob.count(old) == 1, (name, old)
+        open(p, "wb").write(blob.replace(old, new))
+        cases.append((name, p, expect))
+
+    utf8_merges = list(merges)
+    utf8_merges[3] = "QZQZ QZQZ"
+    written("merge-utf8-src", tok=(tokens, utf8_merges, types), expect="merges[3]")
+    patched("merge-utf8", "merge-utf8-src", b"QZQZ QZQZ", b"\xff\xfeZQ QZQZ", "merges[3] is not valid UTF-8")
     for name, p, expect in cases:
         out = os.path.join(w, "out-" + name)
-        r = import_gguf(p, out, ok=False)
+        r = import_gguf(p, out, ok=False, timeout=10)
         msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
         check(r.returncode != 0 and expect in r.stderr and not os.path.exists(out)
               and not os.path.exists(out + ".partial"),
@@ -365,6 +401,76 @@ def test_refusals(w, good, tensors, tokens, merges, types):
     check(r.returncode != 0 and "architecture \"gpt2\" is not supported" in r.stderr, "refused: architecture gpt2")
     r = import_gguf(os.path.join(w, "no-such.gguf"), os.path.join(w, "out-none"), ok=False)
     check(r.returncode != 0 and "no-such.gguf" in r.stderr, "refused: a missing file, named")
+    # a FIFO as the model: refused at once, not read (blocked) forever
+    fifo = os.path.join(w, "fifo.gguf")
+    os.mkfifo(fifo)
+    r = import_gguf(fifo, os.path.join(w, "out-fifo"), ok=False, timeout=10)
+    check(r.returncode not in (0, 124) and "fifo.gguf is not a regular file (a FIFO)" in r.stderr,
+          f"refused: a FIFO, at once ({r.stderr.strip()[-160:]})")
+    # a chat_template that is not valid UTF-8: imported, and said (it was dropped silently)
+    p = os.path.join(w, "chat-src.gguf")
+    hp = hparams(C, ffn, 2, nh, nkv)
+    write_gguf(p, hp, base, ("gpt2", "gpt-2", tokens, merges, types),
+               {"tokenizer.chat_template": (gguf.GGUFValueType.STRING, "{{ QZQZ }}")})
+    blob = open(p, "rb").read().replace(b"QZQZ", b"\xffQZQ")
+    open(p, "wb").write(blob)
+    out = os.path.join(w, "out-chat")
+    r = import_gguf(p, out, ok=False, timeout=60)
+    tc = json.load(open(os.path.join(out, "tokenizer_config.json"))) if r.returncode == 0 else {}
+    check(r.returncode == 0 and "chat_template is not valid UTF-8 (byte 3 of 10)" in r.stderr
+          and "chat_template" not in tc, f"a non-UTF-8 chat_template is left out with a warning ({r.stderr[-200:]})")
+
+
+def test_force(w, good):
+    """--force over what is there: a file is replaced (exit 0); a folder holding a folder, which import-gguf
+    never wrote, is refused before anything is read (both once exited 1 after installing the new model)."""
+    out = os.path.join(w, "force-file")
+    open(out, "w").write("not a model\n")
+    r = import_gguf(good, out, "--force", ok=False, timeout=120)
+    check(r.returncode == 0 and os.path.isfile(os.path.join(out, "config.json")) and not os.path.exists(out + ".old"),
+          f"--force over a file replaces it and exits 0 (exit {r.returncode}: {r.stderr.strip()[-160:]})")
+    out = os.path.join(w, "force-tree")
+    os.makedirs(os.path.join(out, "sub"))
+    r = import_gguf(good, out, "--force", ok=False, timeout=120)
+    check(r.returncode != 0 and "force-tree holds the folder sub" in r.stderr
+          and os.path.isdir(os.path.join(out, "sub")) and not os.path.exists(out + ".partial")
+          and not os.path.exists(out + ".old"),
+          f"--force over a folder holding a folder is refused up front, leaving it as it was ({r.stderr[-160:]})")
+
+
+def test_shrinks(w, good):
+    """A GGUF truncated by another process during the import: a clear error and no output (the file was
+    mapped, and the dequantizer died of SIGBUS). The import stops (DFM_FAULT_SIGNAL=STOP) once it has taken
+    the file's size; the file is cut to half; then it goes on."""
+    src = os.path.join(w, "shrinks.gguf")
+    open(src, "wb").write(open(good, "rb").read())
+    out = os.path.join(w, "out-shrinks")
+    env = dict(os.environ, DFM_FAULT="gguf:sized", DFM_FAULT_SIGNAL="STOP")
+    p = subprocess.Popen([DFM_TRAIN, "import-gguf", src, "--out", out], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, errors="replace")
+    stopped = False
+    for _ in range(200):
+        try:
+            stopped = open(f"/proc/{p.pid}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+        except OSError:
+            break
+        if stopped or p.poll() is not None:
+            break
+        time.sleep(0.05)
+    os.truncate(src, os.path.getsize(src) // 2)
+    try:
+        os.kill(p.pid, signal.SIGCONT)
+    except ProcessLookupError:  # it never stopped there, and has ended
+        pass
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    check(stopped and p.returncode == 1 and "shrinks.gguf shrank while it was read" in err
+          and not os.path.exists(out) and not os.path.exists(out + ".partial"),
+          f"a GGUF cut to half during the import: exit {p.returncode}, a clear error, no output "
+          f"(stopped at gguf:sized: {stopped}; {err.strip()[-200:]})")
 
 
 # ---- 4. the real SmolLM2-135M ---------------------------------------------------------------------------
@@ -437,6 +543,8 @@ def main():
         good, tensors, tokens, merges, types = test_types(w)
         test_real_tokenizers(w)
         test_refusals(w, good, tensors, tokens, merges, types)
+        test_force(w, good)
+        test_shrinks(w, good)
     test_smollm2()
     finish("import-gguf")
 
