@@ -48,7 +48,7 @@ static int hparam(const dfm_gguf *g, const char *arch, const char *name, int req
     DFM_TRY(dfm_gguf_get_u64(g, akey(arch, name), required, def, &v));
     if (v < lo || v > hi)
         return DFM_FAIL(DFM_ERANGE, "%s: %s is %llu, outside %llu..%llu (the limits of dfm-train's decoder, "
-                        "trainer/model_config.h). HINT: the file is damaged, or not a model dfm-train can run",
+                        "trainer/model/model_config.h). HINT: the file is damaged, or not a model dfm-train can run",
                         g->path, akey(arch, name), (unsigned long long)v, (unsigned long long)lo,
                         (unsigned long long)hi);
     *out = (uint32_t)v;
