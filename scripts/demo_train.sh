@@ -10,7 +10,12 @@
 # 2 x 256 tokens (30k tokens, a tenth of the corpus), 8 held-out sequences. The paper's depths for 30 layers
 # (8,15,22,29; dfm-train's default) cost a backward through 22 layers: FUSION=8,15,22,29 PRED_INPUT=0.
 #
-#   RUN=DIR [OUT=DIR] [BACKBONE=DIR|tiny] [DFM_STEPS=60] [FUSION=26,29] [PRED_INPUT=16] [THREADS=2] scripts/demo_train.sh
+# Before it, a short reading stage (`--objective reconstruct`, READ_STEPS=60; 0 skips it): the fusion learns to
+# regenerate chunks from their own stored embedding, and the held-out reconstruction with the chunk's own slot
+# against another chunk's slot is the demo's memory effect with its control; the DFM training starts from
+# those modules (trainer/README.md, "Reading pretraining"; bench/results/reading.md).
+#
+#   RUN=DIR [OUT=DIR] [BACKBONE=DIR|tiny] [READ_STEPS=60] [DFM_STEPS=60] [FUSION=26,29] [PRED_INPUT=16] [THREADS=2] scripts/demo_train.sh
 # BACKBONE defaults to the cache's SmolLM2 folder ($DFM_LM); BACKBONE=tiny pretrains the old 2-layer, 64-wide
 # backbone on the run's tokens first (PRE_STEPS=300), as the demo did before a real LM could be had.
 # OUT defaults to RUN/train. Progress (step, loss, tok/s, ETA) is printed every tenth of a run.
@@ -21,7 +26,8 @@ if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CAC
 [ -n "${DFM_LM:-}" ] || eval "$(sed -n 's/^\(DFM_LM\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 TRAIN=${DFM_TRAIN:-$ROOT/build/dfm-train}
 BACKBONE=${BACKBONE:-$DFM_LM} PRE_STEPS=${PRE_STEPS:-300} DFM_STEPS=${DFM_STEPS:-60} THREADS=${THREADS:-2}
-FUSION=${FUSION:-26,29} PRED_INPUT=${PRED_INPUT:-16}
+FUSION=${FUSION:-26,29} PRED_INPUT=${PRED_INPUT:-16} READ_STEPS=${READ_STEPS:-60} READ_HELD=${READ_HELD:-64}
+K=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["retrieve"]["config"].get("k", 16))' "$RUN/manifest.json")
 OUT=${OUT:-$RUN/train}
 SEQ=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["config"]["seq-len"])' "$RUN/manifest.json")
 T0=$(date +%s)
@@ -56,11 +62,28 @@ else
   [ -f "$BACKBONE/config.json" ] || { echo "demo_train: no LM at '$BACKBONE' (make lm)" >&2; exit 1; }
   SHAPE=(--batch 2 --val-seqs 8)
 fi
+INIT=()
+if [ "$READ_STEPS" -gt 0 ] && [ "$BACKBONE" != "$OUT/pre/model" ]; then
+  echo "-- reading: teach the fusion to read its memory first ($READ_STEPS steps of 16 chunks, each regenerated from its own"
+  echo "   embedding as the only memory after the prompt \"Text:\"; held out: the run's last $READ_HELD chunks, never trained on)"
+  "$TRAIN" train --objective reconstruct --backbone "$BACKBONE" --data "$RUN" --out "$OUT/read" --chunk-len 32 --slots "$K" \
+    --batch 16 --steps "$READ_STEPS" --lr 2e-3 --warmup $(( READ_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
+    --pred-input-layer "$PRED_INPUT" --val-seqs "$READ_HELD" --eval-batches 2 --threads "$THREADS" --no-ckpt --cache-frozen 2>&1 |
+    progress "$READ_STEPS" | grep -v ' eval '
+  python3 - "$OUT/read/log.jsonl" <<'PY'
+import json, sys
+e = [json.loads(l)["eval"] for l in open(sys.argv[1]) if '"eval"' in l][-1]
+print("   memory read: held-out chunks regenerated with their own slot %.3f nats/token, with another chunk's slot %.3f,"
+      " fusion off %.3f: the memory itself gives %+.3f nats/token" % (e["ce_target"], e["ce_target_shuffled"], e["ce_none"],
+                                                                     e["ce_target_shuffled"] - e["ce_target"]))
+PY
+  INIT=(--init-modules "$OUT/read/dfm_modules.safetensors")
+fi
 echo "-- DFM training on the frozen $(basename "$BACKBONE") ($DFM_STEPS steps; fusion after layers $FUSION, predictor input"
 echo "   after layer $(( PRED_INPUT - 1 )); then the held-out evaluation: every mode, and CE by position inside a chunk)"
 "$TRAIN" train --backbone "$BACKBONE" --data "$RUN" --targets "$RUN" --out "$OUT/dfm" --seq-len "$SEQ" \
   --chunk-len 32 "${SHAPE[@]}" --steps "$DFM_STEPS" --lr 2e-3 --warmup $(( DFM_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
-  --pred-input-layer "$PRED_INPUT" --threads "$THREADS" --no-ckpt 2>&1 | progress "$DFM_STEPS"
+  --pred-input-layer "$PRED_INPUT" --threads "$THREADS" --no-ckpt "${INIT[@]}" 2>&1 | progress "$DFM_STEPS"
 echo "-- what the target memory is made of"
 python3 "$ROOT/bench/memory/target_composition.py" "$RUN"
 echo "-- training half done in $(( $(date +%s) - T0 ))s; loss log: $OUT/dfm/log.jsonl" \

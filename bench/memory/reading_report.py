@@ -28,6 +28,11 @@ def pct(xs):
     return "%.1f %%" % m if len(xs) == 1 else "%.1f %% [%.1f, %.1f]" % (m, 100 * min(xs), 100 * max(xs))
 
 
+def secs(xs):
+    xs = [x for x in xs if x is not None]
+    return "%.0f" % (sum(xs) / len(xs)) if xs else "—"
+
+
 def every(xs, pred):
     xs = [x for x in xs if x is not None]
     return "yes" if xs and all(pred(x) for x in xs) else "no"
@@ -46,14 +51,14 @@ def main():
     if rd:
         last = [r["curve"][-1] for r in rd if r["curve"]]
         out += ["## Reading: held-out chunks regenerated from their own embedding (nats per token)", "",
-                "| steps | own slot | shuffled slot | fusion off | own − shuffled | own beats shuffled on every seed | CPU-s |",
+                "| steps | own slot | shuffled slot | fusion off | shuffled − own: the memory's effect | own beats shuffled on every seed | CPU-s |",
                 "|---:|---:|---:|---:|---:|---|---:|",
                 "| %s | %s | %s | %s | %s | %s | %s |" % (
-                    stat([r["train_steps"] for r in rd]).split(".")[0], stat([c["ce_target"] for c in last]),
+                    "%d" % max(r["train_steps"] for r in rd), stat([c["ce_target"] for c in last]),
                     stat([c["ce_target_shuffled"] for c in last]), stat([c["ce_none"] for c in last]),
-                    stat([c["ce_target"] - c["ce_target_shuffled"] for c in last]),
+                    stat([c["ce_target_shuffled"] - c["ce_target"] for c in last]),
                     every([c["ce_target_shuffled"] - c["ce_target"] for c in last], lambda x: x > 0),
-                    stat([r.get("cpu_s") for r in rd]).split(" ")[0])]
+                    secs([r.get("cpu_s") for r in rd]))]
         out += ["", "Learning curve (seed, step: own / shuffled):", ""]
         for r in rd:
             out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
@@ -75,7 +80,7 @@ def main():
                 stat(P("predicted")), stat(P("predicted_shuffled")),
                 stat([x - y for x, y in zip(P("predicted"), P("predicted_shuffled"))]), pct(P("predicted", "exact")),
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
-                stat([r.get("cpu_s") for r in rs]).split(" ")[0]))
+                secs([r.get("cpu_s") for r in rs])))
         if len(arms) == 2:
             sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
             rdd = {r["seed"]: r for r in by("read+dfm") if "probes" in r}
