@@ -14,28 +14,22 @@
 # on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
 # Results: bench/results/reading.jsonl (one line per seed and arm) and bench/results/reading.md (the table).
 #
-#   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 45 min a seed on 2 quiet cores
+#   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 50 min a seed on 2 cores
 #   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
-# Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (300), READ_LR (2e-3),
-# DFM_STEPS (200), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading).
+# Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
+# DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
-eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-300} READ_LR=${READ_LR:-2e-3}
-DFM_STEPS=${DFM_STEPS:-200} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
+source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
+SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
+DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
 W=${WORK:-/tmp/dfm-reading}
-DFM=$ROOT/build/dfm TRAIN=$ROOT/build/dfm-train PY=$DFM_PYTHON TOK=$DFM_LM/tokenizer.json
 T=256 L=32 B=4
-[ -x "$DFM" ] && [ -x "$TRAIN" ] || { echo "bench_reading: build first (make)" >&2; exit 1; }
-[ -f "$DFM_LM/config.json" ] || { echo "bench_reading: no LM at $DFM_LM (make lm)" >&2; exit 1; }
 mkdir -p "$W" bench/results
 OUT=${OUT:-bench/results/reading.jsonl}
 T0=$(date +%s)
 
-source "$ROOT/bench/memory/runs_lib.sh"
 
 # run a command; FILE gets "WALL_SECONDS CPU_SECONDS" of it (all its threads and children)
 timed() { # FILE CMD...

@@ -24,23 +24,16 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
-if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
-eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
 SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
 ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} EPOCHS_FACTS=${EPOCHS_FACTS:-4} FUSION=${FUSION:-26,29}
 PRED_INPUT=${PRED_INPUT:-16} THREADS=${THREADS:-2} NP=${NP:-2}
 W=${WORK:-/tmp/dfm-real-memory}
-DFM=$ROOT/build/dfm TRAIN=$ROOT/build/dfm-train PY=$DFM_PYTHON
-TOK=$DFM_LM/tokenizer.json
 T=256 L=32 B=2
-[ -x "$DFM" ] && [ -x "$TRAIN" ] || { echo "bench_real_memory: build first (make)" >&2; exit 1; }
-[ -f "$DFM_LM/config.json" ] || { echo "bench_real_memory: no LM at $DFM_LM (make lm)" >&2; exit 1; }
 mkdir -p "$W" bench/results
 OUT=bench/results/real_memory.jsonl
 T0=$(date +%s)
 
-source "$ROOT/bench/memory/runs_lib.sh"
 
 # sequences in a run (the chunk stage's count)
 nseq() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/manifest.json"))["stages"]["chunk"]; print(m["counts"]["sequences"])' "$1"; }

@@ -1,5 +1,12 @@
 # bench/memory/runs_lib.sh — what the real-LM memory benchmarks share (sourced by bench_real_memory.sh and
-# bench_reading.sh). Uses their DFM, DFM_MODEL, TOK, L and NP.
+# bench_reading.sh once they have set ROOT): the cache's paths, MPI allowed as root, the programs and the LM
+# checked, and build(), which uses their L and NP.
+if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
+eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+DFM=$ROOT/build/dfm TRAIN=$ROOT/build/dfm-train PY=$DFM_PYTHON TOK=$DFM_LM/tokenizer.json
+[ -x "$DFM" ] && [ -x "$TRAIN" ] || { echo "$(basename "$0" .sh): build first (make)" >&2; exit 1; }
+[ -f "$DFM_LM/config.json" ] || { echo "$(basename "$0" .sh): no LM at $DFM_LM (make lm)" >&2; exit 1; }
 
 # build RUN from a JSON config written here: chunk (doc-aligned, SEQ-token sequences), encode, index, retrieve (K = 16,
 # EXCLUDE policy; DATASTORE: a finished run whose index the queries search instead), write-targets
