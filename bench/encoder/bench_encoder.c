@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     }
     /* OpenBLAS's SIMD kernels on CPUs its dispatcher does not know, as dfm-train's main does
      * (common/blas_core.h); the core in use is printed with every pass */
-    if (dfm_blas_core_env()) execv("/proc/self/exe", argv);
+    if (dfm_blas_core_env()) dfm_reexec_self(argv);
     int reps = argc > 3 ? atoi(argv[3]) : 1;
     const char *out_path = argc > 4 && argv[4][0] ? argv[4] : NULL;
     int batch = argc > 5 ? atoi(argv[5]) : 0;

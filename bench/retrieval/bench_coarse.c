@@ -40,7 +40,7 @@ static void unit_rows(float *x, size_t n, int d) {
 static int cmp_d(const void *a, const void *b) { return *(const double *)a < *(const double *)b ? -1 : *(const double *)a > *(const double *)b; }
 
 int main(int argc, char **argv) {
-    if (dfm_blas_core_env()) execv("/proc/self/exe", argv); /* OpenBLAS's own kernels, as dfm runs */
+    if (dfm_blas_core_env()) dfm_reexec_self(argv); /* OpenBLAS's own kernels, as dfm runs */
     if (argc < 5) {
         fprintf(stderr, "usage: %s NLIST DIM NQ NPROBE [REPS]\n", argv[0]);
         return 2;

@@ -62,7 +62,7 @@ static int check(int rc, const char *what) {
 
 int main(int argc, char **argv) {
     /* as dfm does: OpenBLAS's kernels for this CPU, not its SSE3 fallback (common/blas_core.h) */
-    if (dfm_blas_core_env()) execv("/proc/self/exe", argv);
+    if (dfm_blas_core_env()) dfm_reexec_self(argv);
     if (argc != 9) {
         fprintf(stderr, "usage: %s BASE.f32 QUERIES.f32 DIM FACTORY TRAIN_N NPROBE K LABELS_OUT\n", argv[0]);
         return 2;

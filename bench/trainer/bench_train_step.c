@@ -61,7 +61,7 @@ int main(int argc, char **argv) {
     /* as dfm-train's main: OpenBLAS's kernels for this CPU, passive OpenMP waiting (common/blas_core.h) */
     int reexec = dfm_blas_core_env();
     if (!getenv("OMP_WAIT_POLICY")) reexec = !setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    if (reexec) execv("/proc/self/exe", argv);
+    if (reexec) dfm_reexec_self(argv);
     dfm_log_init(DFM_LOG_WARN);
     const char *data = argv[2], *out = argv[3];
     int steps = atoi(argv[4]), B = atoi(argv[5]), T = atoi(argv[6]), threads = atoi(argv[12]);
