@@ -23,6 +23,7 @@
 #include "trainer/model/model.h"
 #include "trainer/kernels/ops.h"
 #include "trainer/kernels/rng.h"
+#include "trainer/run/margin.h"
 #include "tests/cuda/check_compare.h"
 
 static double g_worst = 0.0;
@@ -883,6 +884,107 @@ static void test_memory_mask(void **state) {
     }
 }
 
+/* ---- the margin against shuffled memory (trainer/run/margin.h) -----------------------------------------
+ * loss = CE(own) + mse part + W relu(M + CE(own) - CE(partner's memory)) by finite differences of forwards,
+ * against margin_step's passes on a CPU engine: every DFM tensor, with the hinge active (M = 0.5) and not
+ * (M = -100, where the gradient is the plain loss's). Teacher forcing mixed: the predicted chunks keep
+ * their own slots, the forced ones read the partner's. The active gradient must differ from the plain
+ * one (the term is really added), and the configured predictor weight must be back after the step. */
+typedef struct {
+    DfmModel *m;
+    int *inp, *tgt;
+    float *tmem, *shuf;
+    uint8_t *tmask, *shufm;
+    float w, mg;
+} MarginCtx;
+static double margin_loss(void *p) {
+    MarginCtx *c = p;
+    assert_int_equal(model_forward(c->m, c->inp, c->tgt, c->tmem, c->tmask, MG_B, LK_T, MEM_MIXED, 0, 1.0f), 0);
+    double own = c->m->ce, loss = c->m->loss;
+    assert_int_equal(model_forward(c->m, c->inp, c->tgt, c->shuf, c->shufm, MG_B, LK_T, MEM_MIXED, 0, 1.0f), 0);
+    double gap = c->mg + own - c->m->ce;
+    return loss + (gap > 0 ? c->w * gap : 0.0);
+}
+
+static void run_margin_check(float mg, int expect_active) {
+    BackboneConfig bc = tiny_backbone(1, 1);
+    const int layers[2] = {1, 2};
+    DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.1f, MG_B);
+    dfm_rng r;
+    rng_seed(&r, 83);
+    TensorView *views = calloc(256, sizeof *views), *gv = calloc(256, sizeof *gv);
+    int nv = model_backbone_tensors(m, views, 0);
+    for (int i = 0; i < nv; i++)
+        if (views[i].ndim == 2) scale_all(views[i].data, views[i].numel, 15.0f);
+    model_init_dfm_random(m, 13);
+    rng_normal(&r, m->dp.fu_wg, 2 * 2 * LK_C, 0.3f);
+    rng_normal(&r, m->dp.fu_bg, 2 * 2, 0.3f);
+    const uint8_t src[MG_NCB] = {0, 1, 1, 0, 1, 0}; /* teacher-forced chunks */
+    assert_int_equal(model_set_memory_mix(m, src, MG_NCB), 0);
+    int inp[MG_B * LK_T], tgt[MG_B * LK_T];
+    for (int i = 0; i < MG_B * LK_T; i++) inp[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+    uint8_t tmask[MG_S], shufm[MG_S];
+    mg_mask(tmask);
+    MarginCtx c = {.m = m, .inp = inp, .tgt = tgt, .tmem = randv(&r, (size_t)MG_S * LK_D, 1),
+                   .shuf = zerov((size_t)MG_S * LK_D), .tmask = tmask, .shufm = shufm, .w = 2.0f, .mg = mg};
+    margin_partner_memory(c.tmem, tmask, MG_B, (size_t)LK_NC * LK_K, LK_D, c.shuf, shufm);
+    assert_memory_equal(c.shuf, c.tmem + (size_t)LK_NC * LK_K * LK_D, (size_t)LK_NC * LK_K * LK_D * sizeof(float));
+
+    Engine *en = NULL;
+    EngineOptions eo = {0};
+    dfm_mpi mp = {.rank = 0, .size = 1};
+    assert_int_equal(engine_create(m, &eo, &mp, &en), 0);
+    assert_int_equal(engine_zero_grad(en), 0);
+    float *scratch = zerov((size_t)MG_S * LK_D);
+    uint8_t scratch_mask[MG_S];
+    MarginBatch b = {inp, tgt, c.tmem, tmask, scratch, scratch_mask, MG_B, LK_T};
+    MarginConfig mc = {c.w, c.mg};
+    MarginResult res;
+    assert_int_equal(engine_stage(en, inp, tgt, c.tmem, tmask, MG_B, LK_T), 0);
+    assert_int_equal(margin_step(en, m, &mc, &b, MEM_MIXED, 1.0f, 0.1f, NULL, &res), 0);
+    assert_true(m->dc.mse_weight == 0.1f);
+    assert_int_equal(res.active, expect_active);
+    printf("  [margin M %.1f, W %.1f] ce own %.6f, partner's memory %.6f, hinge %s, loss %.6f (finite differences: "
+           "%.6f)\n", mg, c.w, res.ce_own, res.ce_shuf, res.active ? "active" : "inactive", res.loss, margin_loss(&c));
+    assert_true(fabs(res.loss - margin_loss(&c)) < 1e-5);
+    int nt = model_dfm_tensors(m, views, 0), ng = model_dfm_tensors(m, gv, 1);
+    assert_int_equal(nt, ng);
+    size_t ntot = 0;
+    for (int i = 0; i < nt; i++) ntot += gv[i].numel;
+    float *g_margin = zerov(ntot);
+    for (int i = 0, o = 0; i < nt; o += (int)gv[i].numel, i++) {
+        memcpy(g_margin + o, gv[i].data, gv[i].numel * sizeof(float));
+        char nm[140];
+        snprintf(nm, sizeof nm, "margin%s dfm %s", expect_active ? "" : " (inactive)", views[i].name);
+        /* the predictor's input bias sees the scaled backbone's large embeddings: a curved loss, eps 2e-3 there
+         * (truncation falls as eps^2: 1e-2 gives 1e-1, 2e-3 gives 4e-3); the fusion's tiny gradients need 1e-2 */
+        float eps = strstr(views[i].name, "predictor") ? 2e-3f : 1e-2f;
+        assert_true(check_grad(nm, views[i].data, views[i].numel, gv[i].data, margin_loss, &c, eps, 16) < TOL);
+    }
+    /* the plain loss's gradient of the projector and fusion (the predictor's is mostly its MSE's): equal where
+     * the hinge is inactive, clearly not where it is active */
+    model_zero_grad(m);
+    assert_int_equal(model_forward(m, inp, tgt, c.tmem, tmask, MG_B, LK_T, MEM_MIXED, 1, 1.0f), 0);
+    assert_int_equal(model_backward(m), 0);
+    double d2 = 0.0, n2 = 0.0;
+    for (int i = 0, o = 0; i < nt; o += (int)gv[i].numel, i++)
+        for (size_t j = 0; !strstr(views[i].name, "predictor") && j < gv[i].numel; j++) {
+            double e = (double)g_margin[o + j] - gv[i].data[j];
+            d2 += e * e, n2 += (double)gv[i].data[j] * gv[i].data[j];
+        }
+    double rel = sqrt(d2 / (n2 + 1e-30));
+    printf("  [margin M %.1f] its projector and fusion gradient against the plain loss's: rel diff %.3e\n", mg, rel);
+    assert_true(expect_active ? rel > 0.1 : rel < 1e-6);
+    engine_free(en);
+    free(g_margin), free(scratch), free(c.tmem), free(c.shuf), free(views), free(gv);
+    model_free(m);
+}
+static void test_margin_grad(void **state) {
+    (void)state;
+    run_margin_check(0.5f, 1);
+    run_margin_check(-100.0f, 0);
+}
+
 static void test_print_worst(void **state) {
     printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
     assert_true(g_worst < TOL);
@@ -898,6 +1000,7 @@ int main(void) {
         cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_no_leak),
         cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_teacher_forcing),
         cmocka_unit_test(test_target_memory_grad),     cmocka_unit_test(test_memory_mask),
+        cmocka_unit_test(test_margin_grad),
         cmocka_unit_test(test_print_worst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -388,6 +388,7 @@ extern "C" int model_cuda_pred_slots(DfmModelCuda *mc, float *out) {
     return DFM_OK;
 }
 extern "C" void *model_cuda_context(DfmModelCuda *mc) { return &mc->ctx; }
+extern "C" void model_cuda_set_mse_weight(DfmModelCuda *mc, float w) { mc->host->dc.mse_weight = mc->d.dc.mse_weight = w; }
 
 extern "C" int model_zero_grad_cuda(DfmModelCuda *mc) {
     return vec_zero_cuda(mc->d.grad_memory, mc->d.grad_num, mc->ctx.stream);

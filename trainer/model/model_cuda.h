@@ -87,6 +87,10 @@ int model_cuda_row_losses(DfmModelCuda *mc, float *out);
 /* The predicted slots of the last forward that ran the predictor (B*NC*K*d floats) into host out. */
 int model_cuda_pred_slots(DfmModelCuda *mc, float *out);
 
+/* The predictor loss's weight (DfmConfig.mse_weight) for the forwards and backwards to come, in the host
+ * model and in the device model's copy of its configuration (the margin's passes: trainer/run/margin.h). */
+void model_cuda_set_mse_weight(DfmModelCuda *mc, float w);
+
 /* Device pointers to the trainable block (n = grad_num) and its gradients, and the model's context
  * (an OpsCudaContext *, for the optimizer kernels). */
 float *model_cuda_trainable_params(DfmModelCuda *mc, size_t *n);

@@ -269,6 +269,16 @@ int engine_pred_slots(Engine *e, float *out) {
     return DFM_OK;
 }
 
+void engine_set_mse_weight(Engine *e, float w) {
+#ifdef DFM_HAVE_CUDA
+    if (e->mc) {
+        model_cuda_set_mse_weight(e->mc, w);
+        return;
+    }
+#endif
+    e->m->dc.mse_weight = w;
+}
+
 int engine_backward(Engine *e) {
 #ifdef DFM_HAVE_CUDA
     if (e->mc) return model_backward_cuda(e->mc);

@@ -49,6 +49,9 @@ int engine_row_losses(Engine *e, float *out);
 /* The predicted slots of the last forward that ran the predictor (B*NC*K*d floats) into host out. */
 int engine_pred_slots(Engine *e, float *out);
 int engine_backward(Engine *e);
+/* The predictor loss's weight (DfmConfig.mse_weight) for the forwards and backwards to come, on the
+ * engine's device (the margin's passes set it per pass: trainer/run/margin.h). */
+void engine_set_mse_weight(Engine *e, float w);
 int engine_zero_grad(Engine *e);
 
 /* Sum the trainable gradients over the ranks of mp and divide by their count (collective). */

@@ -15,6 +15,7 @@
 #include "trainer/model/flops.h"
 #include "trainer/data/frozen_cache.h"
 #include "trainer/model/model_config.h"
+#include "trainer/run/margin.h"
 #include "trainer/run/model_setup.h"
 #include "trainer/run/train_loop.h"
 
@@ -272,12 +273,16 @@ typedef struct {
     double fpt, peak;              /* model FLOPs per token; peak FLOP/s of one rank (0 = unknown) */
     uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
     FrozenCache fc;                /* --cache-frozen */
-    int use_fc;
+    int use_fc, fc_hit;
+    MarginConfig margin;           /* --margin-weight, --margin */
+    float *shuf_mem;               /* the margin's partner memory of a micro-batch */
+    uint8_t *shuf_mask;
 } Trainer;
 
 /* One optimizer step's figures. */
 typedef struct {
     double loss, ce, mse, grad_norm, stall;
+    double ce_shuf, margin_active; /* --margin-weight: CE with the partner's memory; share of active hinges */
     int stop; /* a rank received SIGTERM or SIGUSR1 before this step's gradient exchange: every rank stops after it */
 } StepStats;
 
@@ -349,6 +354,32 @@ static int train_memory_mode(Trainer *t, long step) {
     return MEM_MIXED;
 }
 
+/* The margin's passes (margin.h) over the staged batch t->cur: the frozen cache before and after each */
+static void margin_before(void *p, int pass) {
+    Trainer *t = p;
+    (void)pass;
+    t->fc_hit = t->use_fc && frozen_cache_use(&t->fc, t->m, t->cur->idx, t->B);
+}
+static void margin_after(void *p, int pass) {
+    Trainer *t = p;
+    (void)pass;
+    if (t->use_fc && !t->fc_hit) frozen_cache_store(&t->fc, t->m, t->cur->idx, t->B);
+}
+
+static int margin_micro(Trainer *t, int mode, float scale, StepStats *s) {
+    const PrefetchBatch *c = t->cur;
+    MarginBatch mb = {c->inputs, c->targets, c->tmem, c->tmask, t->shuf_mem, t->shuf_mask, t->B, t->T};
+    MarginHooks hk = {margin_before, margin_after, t};
+    MarginResult r;
+    DFM_TRY(margin_step(t->en, t->m, &t->margin, &mb, mode, scale, (float)t->o->mse_weight, &hk, &r));
+    s->loss += r.loss * scale;
+    s->ce += r.ce_own * scale;
+    s->mse += r.mse * scale;
+    s->ce_shuf += r.ce_shuf * scale;
+    s->margin_active += r.active * scale;
+    return DFM_OK;
+}
+
 /* Forward and backward of --accum micro-batches, gradients summed over the ranks; the mean losses into s.
  * more_after: a batch follows this step without an evaluation between (then the last micro-batch's
  * backward overlaps the next one's copy). */
@@ -361,6 +392,14 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
             if ((rc = stage_next(t, &s->stall))) break;
         }
         int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
+        if (t->margin.weight > 0) { /* its own passes; the next batch is staged after them (no overlap) */
+            rc = margin_micro(t, mode, 1.0f / (float)o->accum, s);
+            t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
+            prefetch_release(t->pf, t->cur);
+            t->cur = NULL;
+            if (!rc && (a + 1 < o->accum || more_after)) rc = stage_next(t, &s->stall);
+            continue;
+        }
         int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
         rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
         if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
@@ -378,13 +417,15 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
     int W = t->mp.size;
     s->stop = dfm_stop_signal() != 0;
     if (W > 1) { /* the stop flag rides on the losses' sum: every rank sees the same decision, at no extra cost */
-        double parts[4] = {s->loss, s->ce, s->mse, (double)s->stop};
+        double parts[6] = {s->loss, s->ce, s->mse, (double)s->stop, s->ce_shuf, s->margin_active};
         DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
-        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 4, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 6, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
         s->loss = parts[0] / W;
         s->ce = parts[1] / W;
         s->mse = parts[2] / W;
         s->stop = parts[3] > 0;
+        s->ce_shuf = parts[4] / W;
+        s->margin_active = parts[5] / W;
     }
     return DFM_OK;
 }
@@ -424,11 +465,18 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
     else
         DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% | %.0f ms",
                   step + 1, (long long)o->steps, s->loss, lr, s->grad_norm, tps, mfus, 100.0 * s->stall / dt, dt * 1e3);
+    if (!t->mp.rank && t->margin.weight > 0)
+        DFM_LOG_I("           margin | ce own %.4f, partner's memory %.4f (%+.4f) | hinge active in %.0f%% of micro-batches",
+                  s->ce, s->ce_shuf, s->ce_shuf - s->ce, 100.0 * s->margin_active);
     if (t->logf) {
+        char margin_json[96] = "";
+        if (t->margin.weight > 0)
+            snprintf(margin_json, sizeof margin_json, ", \"ce_shuffled\": %.6f, \"margin_active\": %.4f", s->ce_shuf,
+                     s->margin_active);
         fprintf(t->logf,
                 "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s}\n",
-                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json);
+                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%s}\n",
+                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json, margin_json);
         fflush(t->logf);
     }
 }
@@ -523,6 +571,18 @@ static int trainer_run(Trainer *t) {
     model_trainable_params(m, &t->np);
     if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
         return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
+    if (o->margin_weight > 0) {
+        if (!m->dc.enabled || !t->use_t || m->dc.fusion_memory == FUSION_MEM_PREDICTED || t->B < 2)
+            return DFM_FAIL(DFM_EARG, "--margin-weight compares each sequence's target memory with another's: it "
+                            "needs DFM training with --targets, --fusion-memory target or mixed:P, and --batch 2 or more");
+        size_t S = (size_t)t->B * (t->T / t->L) * m->dc.n_slots;
+        t->margin = (MarginConfig){(float)o->margin_weight, (float)o->margin};
+        t->shuf_mem = malloc(S * m->dc.d_mem * sizeof(float));
+        t->shuf_mask = malloc(S);
+        if (!t->shuf_mem || !t->shuf_mask) return DFM_FAIL(DFM_ENOMEM, "the margin's partner memory");
+        DFM_LOG_I("--margin-weight %g --margin %g: each micro-batch also runs with its partner's target memory",
+                  o->margin_weight, o->margin);
+    }
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
     if (o->cache_frozen) {
         if (t->eo.cuda)
@@ -586,6 +646,8 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     prefetch_stop(t.pf);
     loader_free(&t.ld);
     free(t.mix);
+    free(t.shuf_mem);
+    free(t.shuf_mask);
     if (t.use_fc)
         DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],
                   t.fc.misses);

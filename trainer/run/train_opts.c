@@ -19,10 +19,15 @@ void train_set_threads(int64_t n) {
 }
 
 json_t *train_opts_json(const TrainOpts *o) {
-    return json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f, s:I, s:I}", "seq_len", (json_int_t)o->seq_len,
+    json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:f, s:f, s:I, s:f, s:f, s:f, s:I, s:I}", "seq_len", (json_int_t)o->seq_len,
                      "batch", (json_int_t)o->batch, "accum", (json_int_t)o->accum, "steps", (json_int_t)o->steps, "lr",
                      o->lr, "min_lr_frac", o->min_lr_frac, "warmup", (json_int_t)o->warmup, "wd", o->wd, "clip", o->clip,
                      "beta2", o->beta2, "seed", (json_int_t)o->seed, "val_seqs", (json_int_t)o->val_seqs);
+    if (j && o->margin_weight > 0) { /* only when on: runs without it keep their configuration (and resume) */
+        json_object_set_new(j, "margin_weight", json_real(o->margin_weight));
+        json_object_set_new(j, "margin", json_real(o->margin));
+    }
+    return j;
 }
 
 int train_engine_options(const TrainOpts *o, EngineOptions *eo) {
