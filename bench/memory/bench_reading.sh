@@ -9,6 +9,10 @@
 #   scratch   DFM training (CE + MSE, the trainer's default teacher forcing) for DFM_STEPS from fresh modules: the
 #             same budget without the lever
 #   read+dfm  the same DFM training starting from the reading stage's modules (--init-modules)
+#   margin    (ARMS) scratch with the margin against shuffled memory (--margin-weight MARGIN_W --margin MARGIN:
+#             trainer/run/margin.h); read+margin: the same after the reading stage
+#   content   (ARMS) scratch with the content-only fusion (--content-only-fusion: no bias path around the memory);
+#             read+content, content+margin, read+content+margin: the combinations
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
 # on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
@@ -16,14 +20,18 @@
 #
 #   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 50 min a seed on 2 cores
 #   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
+#   ARMS=margin REUSE_READING=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
 # Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
-# DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading).
+# DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
+# ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), REUSE_READING (0: 1 keeps
+# a finished reading stage of WORK and records no line for it).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
 SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
 DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
+ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE_READING=${REUSE_READING:-0}
 W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
 mkdir -p "$W" bench/results
@@ -83,6 +91,9 @@ for seed in $SEEDS; do
   [ -f "$d/probes/manifest.json" ] || build "$d/probes" "$d/pt/probes.bin" $(( 3 * L )) "$d/corpus" none
   nchunks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["counts"]["chunks"])' "$d/corpus/manifest.json")
 
+  if [ "$REUSE_READING" = 1 ] && [ -f "$d/read/dfm_modules.safetensors" ]; then
+    echo "   reading: the finished stage in $d/read kept (REUSE_READING=1)"
+  elif [[ " $ARMS " == *" read+"* ]]; then
   echo "   reading: $READ_STEPS steps of 16 chunks regenerated from their own slot"
   timed "$d/read.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$d/read" \
     --chunk-len $L --slots 16 --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
@@ -90,11 +101,18 @@ for seed in $SEEDS; do
     --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen > "$d/read.log" 2>&1 || { tail -20 "$d/read.log" >&2; exit 1; }
   record "$seed" reading "$d/read"
   tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
+  fi
 
-  for arm in scratch read+dfm; do
+  for arm in $ARMS; do
     out=$d/${arm/+/-}
     echo "   $arm: $DFM_STEPS DFM steps"
-    if [ "$arm" = scratch ]; then dfm_train "$out" "$DFM_STEPS" "$seed"; else dfm_train "$out" "$DFM_STEPS" "$seed" --init-modules "$d/read/dfm_modules.safetensors"; fi
+    extra=()
+    [[ $arm == read+* ]] && extra+=(--init-modules "$d/read/dfm_modules.safetensors")
+    [[ $arm == *margin ]] && extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN")
+    [[ $arm == *content* ]] && extra+=(--content-only-fusion)
+    [[ $arm =~ ^(read\+)?(dfm|scratch|margin|content|content\+margin)$ ]] && [ "$arm" != read+scratch ] && [ "$arm" != dfm ] ||
+      { echo "bench_reading: unknown arm '$arm' (scratch, read+dfm, margin, content, content+margin; read+ before the last three)" >&2; exit 2; }
+    dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
     score "$out/dfm_modules.safetensors" "$out/score.json"
     record "$seed" "$arm" "$out"
     tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); p=r["probes"]; c=r["curve"][-1]; print("   probes (answer log-prob / EM): off %.2f / %.1f%%, target %.2f / %.1f%%, target shuffled %.2f, predicted %.2f / %.1f%%, predicted shuffled %.2f; held-out CE target %.4f vs shuffled %.4f" % (p["none"]["logprob"], 100*p["none"]["exact"], p["target"]["logprob"], 100*p["target"]["exact"], p["target_shuffled"]["logprob"], p["predicted"]["logprob"], 100*p["predicted"]["exact"], p["predicted_shuffled"]["logprob"], c["ce_target"], c["ce_target_shuffled"]))'

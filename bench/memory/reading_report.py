@@ -64,7 +64,9 @@ def main():
             out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
                                                            for c in r["curve"]))
         out.append("")
-    arms = [a for a in ("scratch", "read+dfm") if by(a)]
+    order = ("scratch", "read+dfm", "margin", "read+margin", "content", "read+content", "content+margin",
+             "read+content+margin")
+    arms = [a for a in order if by(a)]
     if arms:
         out += ["## DFM after reading against the same DFM budget from scratch: knowledge probes", "",
                 "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
@@ -81,15 +83,25 @@ def main():
                 stat([x - y for x, y in zip(P("predicted"), P("predicted_shuffled"))]), pct(P("predicted", "exact")),
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
                 secs([r.get("cpu_s") for r in rs])))
-        if len(arms) == 2:
-            sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
-            rdd = {r["seed"]: r for r in by("read+dfm") if "probes" in r}
-            common = sorted(set(sc) & set(rdd))
-            gain = [rdd[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target"]["logprob"] for s in common]
-            gainp = [rdd[s]["probes"]["predicted"]["logprob"] - sc[s]["probes"]["predicted"]["logprob"] for s in common]
-            out += ["", "Reading first against the same DFM budget without it (per seed, read+dfm − scratch, answer log-prob): "
-                    "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s)." % (
-                        stat(gain), every(gain, lambda x: x > 0), stat(gainp), every(gainp, lambda x: x > 0))]
+        sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
+        what = {"read+dfm": "Reading first", "margin": "The margin", "read+margin": "Reading first and the margin",
+                "content": "The content-only fusion", "read+content": "Reading first and the content-only fusion",
+                "content+margin": "The content-only fusion and the margin",
+                "read+content+margin": "Reading first, the content-only fusion and the margin"}
+        for a in arms[1:]:
+            lv = {r["seed"]: r for r in by(a) if "probes" in r}
+            common = sorted(set(sc) & set(lv))
+            if not common:
+                continue
+            gain = [lv[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target"]["logprob"] for s in common]
+            gainp = [lv[s]["probes"]["predicted"]["logprob"] - sc[s]["probes"]["predicted"]["logprob"] for s in common]
+            eff = [(lv[s]["probes"]["target"]["logprob"] - lv[s]["probes"]["target_shuffled"]["logprob"]) -
+                   (sc[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target_shuffled"]["logprob"]) for s in common]
+            out += ["", "%s against the same DFM steps without it (per seed %s, %s − scratch, answer log-prob): "
+                    "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s); "
+                    "target − shuffled gap %s (wider on every seed: %s)." % (
+                        what[a], ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0), stat(gainp),
+                        every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
     print("\n".join(out))
 
 

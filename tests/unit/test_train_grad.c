@@ -985,6 +985,70 @@ static void test_margin_grad(void **state) {
     run_margin_check(-100.0f, 0);
 }
 
+/* ---- the content-only fusion (DfmConfig.content_only): no path around the memory ----------------------
+ * With the projector's biases held at 0, a zero memory gives exactly the frozen LM's final states (every
+ * position, compared as values) and CE, however the other modules are set; training gives those biases no
+ * gradient. The default fusion, with the same weights, must differ on both (its biases carry a constant
+ * value into the residual stream: the capacity shortcut), so the check can fail. */
+static void test_content_only(void **state) {
+    (void)state;
+    BackboneConfig bc = tiny_backbone(1, 1);
+    const int layers[2] = {1, 2};
+    for (int co = 1; co >= 0; co--) {
+        DfmModel *m = lk_model(&bc, MEM_ALIGN_NEXT, 2, layers, 0.5f, MG_B);
+        m->dc.content_only = co;
+        dfm_rng r;
+        rng_seed(&r, 85);
+        model_init_dfm_random(m, 14);
+        int d = LK_D, H = m->dc.proj_hidden, C = LK_C;
+        rng_normal(&r, m->dp.fu_wg, 2 * 2 * LK_C, 0.3f); /* open gates */
+        rng_normal(&r, m->dp.fu_bg, 2 * 2, 0.3f);
+        rng_normal(&r, m->dp.proj_lnb, d, 0.5f); /* as trained modules' biases would be */
+        rng_normal(&r, m->dp.proj_b1, H, 0.5f);
+        rng_normal(&r, m->dp.proj_b2, C, 0.5f);
+        size_t nz = model_content_only_apply(m);
+        assert_true(co ? nz == (size_t)(d + H + C) : nz == 0);
+        int inp[MG_B * LK_T], tgt[MG_B * LK_T];
+        for (int i = 0; i < MG_B * LK_T; i++) inp[i] = rng_u32(&r) % LK_V, tgt[i] = rng_u32(&r) % LK_V;
+        uint8_t tmask[MG_S];
+        for (int i = 0; i < MG_S; i++) tmask[i] = 1; /* every chunk fuses */
+        float *zero = zerov((size_t)MG_S * LK_D), *frozen = zerov((size_t)MG_B * LK_T * LK_C);
+        assert_int_equal(model_forward(m, inp, tgt, NULL, NULL, MG_B, LK_T, MEM_NONE, 0, 1.0f), 0);
+        memcpy(frozen, m->lnf_out, (size_t)MG_B * LK_T * LK_C * sizeof(float));
+        double ce_frozen = m->ce;
+        assert_int_equal(model_forward(m, inp, tgt, zero, tmask, MG_B, LK_T, MEM_TARGET, 0, 1.0f), 0);
+        double dmax = 0.0;
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)MG_B * LK_T * LK_C; i++) {
+            double e = fabs((double)m->lnf_out[i] - frozen[i]);
+            differ += m->lnf_out[i] != frozen[i];
+            if (!(e <= dmax)) dmax = e;
+        }
+        printf("  [%s fusion] zero memory against the frozen LM: %zu of %d final-state values differ (max %.3e), "
+               "CE %.9f vs %.9f\n", co ? "content-only" : "default", differ, MG_B * LK_T * LK_C, dmax, m->ce, ce_frozen);
+        if (co) {
+            assert_true(differ == 0);
+            assert_true(m->ce == ce_frozen);
+        } else {
+            assert_true(dmax > 1e-3);
+        }
+        /* a training step: the held biases get no gradient (the default's do) */
+        float *tm = randv(&r, (size_t)MG_S * LK_D, 1);
+        model_zero_grad(m);
+        assert_int_equal(model_forward(m, inp, tgt, tm, tmask, MG_B, LK_T, MEM_TARGET, 1, 1.0f), 0);
+        assert_int_equal(model_backward(m), 0);
+        double g2 = 0.0;
+        const float *gb[3] = {m->dp_grad.proj_lnb, m->dp_grad.proj_b1, m->dp_grad.proj_b2};
+        int gn[3] = {d, H, C};
+        for (int t = 0; t < 3; t++)
+            for (int i = 0; i < gn[t]; i++) g2 += (double)gb[t][i] * gb[t][i];
+        printf("  [%s fusion] |gradient of the projector's biases| %.3e\n", co ? "content-only" : "default", sqrt(g2));
+        assert_true(co ? g2 == 0.0 : g2 > 1e-12);
+        free(zero), free(frozen), free(tm);
+        model_free(m);
+    }
+}
+
 static void test_print_worst(void **state) {
     printf("WORST relative FD error: %.3e (%s), tolerance %.0e\n", g_worst, g_worst_name, TOL);
     assert_true(g_worst < TOL);
@@ -1000,7 +1064,7 @@ int main(void) {
         cmocka_unit_test(test_model_pretrain_tied),    cmocka_unit_test(test_no_leak),
         cmocka_unit_test(test_alignment_rows),         cmocka_unit_test(test_teacher_forcing),
         cmocka_unit_test(test_target_memory_grad),     cmocka_unit_test(test_memory_mask),
-        cmocka_unit_test(test_margin_grad),
+        cmocka_unit_test(test_margin_grad),          cmocka_unit_test(test_content_only),
         cmocka_unit_test(test_print_worst),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

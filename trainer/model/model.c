@@ -509,15 +509,29 @@ static void projector_backward(DfmModel *m, int S) {
     const DfmConfig *dc = &m->dc;
     const DfmParams *p = &m->dp;
     DfmParams *g = &m->dp_grad;
-    int d = dc->d_mem, H = dc->proj_hidden, C = m->bc.dec.hidden;
+    int d = dc->d_mem, H = dc->proj_hidden, C = m->bc.dec.hidden, co = dc->content_only; /* biases held at 0 */
     vec_zero(m->d_pj_a, (size_t)S * H);
-    matmul_backward(m->d_pj_a, g->proj_w2, g->proj_b2, m->d_mem, m->pj_a, p->proj_w2, S, H, C);
+    matmul_backward(m->d_pj_a, g->proj_w2, co ? NULL : g->proj_b2, m->d_mem, m->pj_a, p->proj_w2, S, H, C);
     vec_zero(m->d_pj_h, (size_t)S * H);
     gelu_backward(m->d_pj_h, m->d_pj_a, m->pj_h, (size_t)S * H);
     vec_zero(m->d_pj_ln, (size_t)S * d);
-    matmul_backward(m->d_pj_ln, g->proj_w1, g->proj_b1, m->d_pj_h, m->pj_ln, p->proj_w1, S, d, H);
-    layernorm_backward(m->d_slots, g->proj_lnw, g->proj_lnb, m->d_pj_ln, m->mem_in, p->proj_lnw, m->pj_mean,
+    matmul_backward(m->d_pj_ln, g->proj_w1, co ? NULL : g->proj_b1, m->d_pj_h, m->pj_ln, p->proj_w1, S, d, H);
+    layernorm_backward(m->d_slots, g->proj_lnw, co ? NULL : g->proj_lnb, m->d_pj_ln, m->mem_in, p->proj_lnw, m->pj_mean,
                        m->pj_rstd, S, d);
+}
+
+size_t model_content_only_apply(DfmModel *m) {
+    if (!m->dc.enabled || !m->dc.content_only) return 0;
+    DfmParams *p = &m->dp;
+    size_t d = (size_t)m->dc.d_mem, H = (size_t)m->dc.proj_hidden, C = (size_t)m->bc.dec.hidden, nz = 0;
+    float *b[3] = {p->proj_lnb, p->proj_b1, p->proj_b2};
+    size_t n[3] = {d, H, C};
+    for (int t = 0; t < 3; t++)
+        for (size_t i = 0; i < n[t]; i++) {
+            nz += b[t][i] != 0.0f;
+            b[t][i] = 0.0f;
+        }
+    return nz;
 }
 
 FusionView model_fusion_view(const DfmModel *m, const DfmParams *p, int f) {

@@ -75,6 +75,9 @@ typedef struct {
     int pred_loss;        /* PRED_LOSS_MSE (default): squared error summed over d, mean over valid slots;
                              PRED_LOSS_MSE_ELEM: mean over the K*d elements of valid slots (~1/d smaller) */
     float init_std;       /* std of the predictor's initial matrices (projector, fusion: 1/sqrt(fan_in)) */
+    int content_only;     /* 1: no bias path around the memory: the projector's LayerNorm, fc1 and fc2 biases are
+                             held at 0 (zeroed at set-up, never given a gradient), so a zero memory slot projects
+                             to 0 and adds exactly nothing; the fusion's update comes from memory content alone */
 } DfmConfig;
 
 typedef struct {
@@ -229,6 +232,9 @@ int model_fusion_after(const DfmModel *m, int l);
  * biases, gate weight 0 and bias gate_bias). */
 void model_init_backbone_random(DfmModel *m, uint64_t seed);
 void model_init_dfm_random(DfmModel *m, uint64_t seed);
+/* DfmConfig.content_only: zero the projector's biases (LayerNorm, fc1, fc2) of the host parameters; returns
+ * how many of them were not zero (0 when content_only is off: nothing is touched). */
+size_t model_content_only_apply(DfmModel *m);
 
 /* Forward over B x T tokens (T a multiple of L when DFM is on). targets[B*T] are next tokens; -1
  * marks a position without a target (padding), left out of the CE and its mean.

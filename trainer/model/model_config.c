@@ -143,6 +143,7 @@ json_t *dfm_config_to_json(const DfmConfig *dc) {
         json_object_set_new(j, "teacher_forcing_decay", json_boolean(dc->tf_decay));
     }
     json_object_set_new(j, "pred_loss", json_string(dc->pred_loss == PRED_LOSS_MSE ? "mse" : "mse_elem"));
+    if (dc->content_only) json_object_set_new(j, "content_only_fusion", json_true()); /* absent: off */
     return j;
 }
 
@@ -194,6 +195,7 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
     if (pl && strcmp(pl, "mse") && strcmp(pl, "mse_elem"))
         return DFM_FAIL(DFM_EFORMAT, "DFM config: pred_loss \"%s\" is neither mse nor mse_elem", pl);
     dc->pred_loss = pl && !strcmp(pl, "mse") ? PRED_LOSS_MSE : PRED_LOSS_MSE_ELEM;
+    dc->content_only = json_is_true(json_object_get(j, "content_only_fusion"));
     if (!json_is_array(fl) || json_array_size(fl) > DFM_MAX_FUSION)
         return DFM_FAIL(DFM_EFORMAT, "DFM config: fusion_layers must be a list of at most %d", DFM_MAX_FUSION);
     dc->n_fusion = (int)json_array_size(fl);

@@ -51,6 +51,7 @@ static int dfm_config_from_opts(const TrainOpts *o, const BackboneConfig *bc, in
     dc->gate_bias = (float)o->gate_bias;
     dc->mse_weight = (float)o->mse_weight;
     dc->fuse_first_chunk = (int)o->fuse_first;
+    dc->content_only = (int)o->content_only;
     dc->init_std = (float)o->init_std;
     dc->pred_input_layer = (int)o->pred_input_layer;
     dc->mem_align = o->memory_align && !strcmp(o->memory_align, "same") ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
@@ -104,6 +105,7 @@ int setup_dfm_model(const TrainOpts *o, int T, int B, int K, int d, DfmModel **o
         return rc;
     }
     model_init_dfm_random(m, (uint64_t)o->seed);
+    model_content_only_apply(m); /* (the initial biases are 0 already) */
     *out = m;
     DFM_LOG_I("backbone %s from %s (frozen, %zu parameters); DFM modules %zu parameters: K=%d d=%d L=%d, "
               "predictor %d x %d, %d fusion blocks (gate per %s)",
@@ -119,7 +121,7 @@ json_t *setup_backbone_hash(const DfmModel *m) {
     return json_string(hex);
 }
 
-int setup_load_modules(DfmModel *m, const char *path) {
+static int load_modules(DfmModel *m, const char *path) {
     if (is_safetensors(path)) return dfm_modules_load(m, path);
     CkptInfo ci;
     size_t np;
@@ -140,6 +142,13 @@ int setup_load_modules(DfmModel *m, const char *path) {
     free(tm);
     free(tv);
     return rc;
+}
+
+int setup_load_modules(DfmModel *m, const char *path) {
+    DFM_TRY(load_modules(m, path));
+    size_t nz = model_content_only_apply(m);
+    if (nz) DFM_LOG_I("--content-only-fusion: %zu projector biases of %s set to 0", nz, path);
+    return DFM_OK;
 }
 
 int setup_init_modules(DfmModel *m, const char *path) {

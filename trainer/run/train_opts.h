@@ -26,7 +26,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
     int64_t chunk_len, slots, d_mem, pred_layers, pred_hidden, pred_heads, proj_hidden, xattn_heads, fuse_first,
-        pred_input_layer, cache_frozen;
+        pred_input_layer, cache_frozen, content_only;
     double gate_bias, mse_weight, init_std;
     double margin_weight, margin; /* train only: the margin against shuffled memory (trainer/run/margin.h) */
 } TrainOpts;
@@ -85,6 +85,7 @@ typedef struct {
     {"memory-align", DFM_OPT_STR, &(o)->memory_align, "next", "A", "memory a token attends: next (of the chunk holding the token it predicts) or same (of its own chunk: ablation)", 0, .choices = "next|same"}, \
     {"fusion-memory", DFM_OPT_STR, &(o)->fusion_memory, TRAIN_FUSION_MEMORY_DEFAULT, "M", "memory fusion trains on: predicted, target (teacher forcing), mixed:P (each chunk its target with probability P) or mixed:P:decay (P falls linearly to 0 by the last step)", 0}, \
     {"fuse-first-chunk", DFM_OPT_FLAG, &(o)->fuse_first, NULL, NULL, "also fuse the placeholder-based memory into chunk 0", 0}, \
+    {"content-only-fusion", DFM_OPT_FLAG, &(o)->content_only, NULL, NULL, "no capacity shortcut: the projector's biases (LayerNorm, fc1, fc2) held at 0, so a zero memory slot adds exactly nothing and the fusion's update comes from memory content alone (trainer/README.md)", 0}, \
     {"init-std", DFM_OPT_DOUBLE, &(o)->init_std, "0.02", "X", "std of the predictor's initial weights (projector, fusion: 1/sqrt(fan-in))", 0}
 
 /* OpenMP and OpenBLAS threads; n <= 0 leaves the defaults. */
