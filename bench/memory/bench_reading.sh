@@ -13,6 +13,7 @@
 #             trainer/run/margin.h); read+margin: the same after the reading stage
 #   content   (ARMS) scratch with the content-only fusion (--content-only-fusion: no bias path around the memory);
 #             read+content, content+margin, read+content+margin: the combinations
+#   zero      (ARMS) scratch trained with every slot zeroed (--memory-ablation zero): the matched-capacity control
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
 # on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
@@ -110,8 +111,10 @@ for seed in $SEEDS; do
     [[ $arm == read+* ]] && extra+=(--init-modules "$d/read/dfm_modules.safetensors")
     [[ $arm == *margin ]] && extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN")
     [[ $arm == *content* ]] && extra+=(--content-only-fusion)
+    [ "$arm" = zero ] && extra+=(--memory-ablation zero)
     [[ $arm =~ ^(read\+)?(dfm|scratch|margin|content|content\+margin)$ ]] && [ "$arm" != read+scratch ] && [ "$arm" != dfm ] ||
-      { echo "bench_reading: unknown arm '$arm' (scratch, read+dfm, margin, content, content+margin; read+ before the last three)" >&2; exit 2; }
+      [ "$arm" = zero ] ||
+      { echo "bench_reading: unknown arm '$arm' (scratch, zero, read+dfm, margin, content, content+margin; read+ before the last three)" >&2; exit 2; }
     dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
     score "$out/dfm_modules.safetensors" "$out/score.json"
     record "$seed" "$arm" "$out"

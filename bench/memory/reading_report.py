@@ -64,7 +64,7 @@ def main():
             out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
                                                            for c in r["curve"]))
         out.append("")
-    order = ("scratch", "read+dfm", "margin", "read+margin", "content", "read+content", "content+margin",
+    order = ("scratch", "zero", "read+dfm", "margin", "read+margin", "content", "read+content", "content+margin",
              "read+content+margin")
     arms = [a for a in order if by(a)]
     if arms:
@@ -84,7 +84,7 @@ def main():
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
                 secs([r.get("cpu_s") for r in rs])))
         sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
-        what = {"read+dfm": "Reading first", "margin": "The margin", "read+margin": "Reading first and the margin",
+        what = {"zero": "Training with zeroed memory (the matched-capacity control)", "read+dfm": "Reading first", "margin": "The margin", "read+margin": "Reading first and the margin",
                 "content": "The content-only fusion", "read+content": "Reading first and the content-only fusion",
                 "content+margin": "The content-only fusion and the margin",
                 "read+content+margin": "Reading first, the content-only fusion and the margin"}

@@ -274,6 +274,7 @@ typedef struct {
     uint8_t *mix;                  /* [B*NC] teacher-forcing draws of a micro-batch (--fusion-memory mixed) */
     FrozenCache fc;                /* --cache-frozen */
     int use_fc, fc_hit;
+    int zero_memory;               /* --memory-ablation zero */
     MarginConfig margin;           /* --margin-weight, --margin */
     float *shuf_mem;               /* the margin's partner memory of a micro-batch */
     uint8_t *shuf_mask;
@@ -335,6 +336,8 @@ static int stage_next(Trainer *t, double *stall) {
     PrefetchBatch *nxt = NULL;
     int rc = prefetch_next(t->pf, &nxt, &waited);
     *stall += waited;
+    if (!rc && t->zero_memory && nxt->tmem) /* --memory-ablation zero: no content, the same everything else */
+        memset(nxt->tmem, 0, (size_t)t->B * (t->T / t->L) * t->m->dc.n_slots * t->m->dc.d_mem * sizeof(float));
     if (!rc) rc = engine_stage(t->en, nxt->inputs, nxt->targets, nxt->tmem, nxt->tmask, t->B, t->T);
     t->cur = nxt;
     return rc;
@@ -571,6 +574,12 @@ static int trainer_run(Trainer *t) {
     model_trainable_params(m, &t->np);
     if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
         return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
+    t->zero_memory = o->memory_ablation && !strcmp(o->memory_ablation, "zero");
+    if (t->zero_memory) {
+        if (!t->use_t)
+            return DFM_FAIL(DFM_EARG, "--memory-ablation zero zeroes the target memory of DFM training: give --targets");
+        DFM_LOG_I("--memory-ablation zero: every training batch's target slots are 0 (the matched-capacity control)");
+    }
     if (o->margin_weight > 0) {
         if (!m->dc.enabled || !t->use_t || m->dc.fusion_memory == FUSION_MEM_PREDICTED || t->B < 2)
             return DFM_FAIL(DFM_EARG, "--margin-weight compares each sequence's target memory with another's: it "

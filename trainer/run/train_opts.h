@@ -15,7 +15,7 @@
 typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
     char *memory_align, *fusion_memory, *pred_loss, *memory_control;
-    char *objective, *reading_prompt, *init_modules; /* train only */
+    char *objective, *reading_prompt, *init_modules, *memory_ablation; /* train only */
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */

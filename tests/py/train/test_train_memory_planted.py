@@ -13,7 +13,8 @@ data the trainer reads:
   zero      every slot all zeros;
   constant  every slot one and the same vector.
 Each must remove the effect: the same assertion that passes on the real targets must fail on every
-corrupted copy (the checks are evaluated on each and must say no), so the check can fail.
+corrupted copy (the checks are evaluated on each and must say no), so the check can fail. So must the
+trainer's matched-capacity control, `--memory-ablation zero` on the real targets file.
 Exits non-zero on any failure.
 Run: $DFM_PYTHON tests/py/train/test_train_memory_planted.py   (DFM_TRAIN = path of dfm-train)
 """
@@ -91,13 +92,13 @@ def main():
         check(cl == L and mask.shape[0] * L >= SEQS * T,
               "targets file: K=%d d=%d L=%d, %d chunks" % (k, d, cl, mask.shape[0]))
 
-        def train(name, m, e):
+        def train(name, m, e, *extra):
             tg = os.path.join(w, name + ".bin")
             write_targets(tg, k, d, cl, m, e)
             out = os.path.join(w, name + "-dfm")
             run("train", "--backbone", os.path.join(pre, "model"), "--data", os.path.join(syn, "tokens.bin"),
                 "--targets", tg, "--out", out, "--steps", DFM_STEPS, "--chunk-len", L, "--lr", 5e-3, "--warmup", 20,
-                "--fusion-layers", "0,1", "--pred-hidden", 64, "--fusion-memory", "target", *common)
+                "--fusion-layers", "0,1", "--pred-hidden", 64, "--fusion-memory", "target", *common, *extra)
             ev = [r for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "eval" in r][-1]["eval"]
             ce_modes(ev, name)
             ok, why = memory_used(ev)
@@ -109,6 +110,9 @@ def main():
         for how in ("shift", "zero", "constant"):
             ok, why = train(how, *corrupt(how, mask, emb))
             check(not ok, "planted corruption '%s' removes the effect (the check fails on it): %s" % (how, why))
+        # the trainer's own matched-capacity control: the real targets file, every slot zeroed in training
+        ok, why = train("ablation-zero", mask, emb, "--memory-ablation", "zero")
+        check(not ok, "--memory-ablation zero (real targets, slots zeroed in training) has no memory effect: " + why)
     finish("memory used, and each planted corruption removes the effect (%.0f s)" % (time.time() - t0))
 
 
