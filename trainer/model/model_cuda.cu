@@ -537,7 +537,7 @@ static int projector_backward_cuda(DfmModelCuda *mc, int S) {
     cudaStream_t st = ctx->stream;
     int d = m->dc.d_mem, H = m->dc.proj_hidden, C = m->bc.dec.hidden;
     DFM_TRY(vec_zero_cuda(m->d_pj_a, (size_t)S * H, st));
-    int co = dc->content_only; /* its biases held at 0 (model.h) */
+    int co = m->dc.content_only; /* its biases held at 0 (model.h) */
     DFM_TRY(matmul_backward_cuda(m->d_pj_a, g->proj_w2, co ? NULL : g->proj_b2, m->d_mem, m->pj_a, p->proj_w2, S, H, C, ctx));
     DFM_TRY(vec_zero_cuda(m->d_pj_h, (size_t)S * H, st));
     DFM_TRY(gelu_backward_cuda(m->d_pj_h, m->d_pj_a, m->pj_h, (size_t)S * H, st));
