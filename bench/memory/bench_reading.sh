@@ -68,7 +68,9 @@ seed, arm, d = sys.argv[1:]
 r = {"seed": int(seed), "arm": arm}
 lg = [json.loads(l) for l in open(d + "/log.jsonl")]
 r["curve"] = [dict(step=e["step"], **{k: e["eval"].get(k) for k in ("ce_none", "ce_target", "ce_target_shuffled", "ce_pred",
-                                                                    "ce_pred_shuffled")}) for e in lg if "eval" in e]
+                                                                    "ce_pred_shuffled", "acc_none", "acc_target",
+                                                                    "acc_target_shuffled") if k in e["eval"]})
+              for e in lg if "eval" in e]
 r["train_steps"] = max([e.get("step", 0) for e in lg] or [0])
 if os.path.exists(d + ".cost"):
     w, c = open(d + ".cost").read().split()

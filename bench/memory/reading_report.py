@@ -51,13 +51,14 @@ def main():
     if rd:
         last = [r["curve"][-1] for r in rd if r["curve"]]
         out += ["## Reading: held-out chunks regenerated from their own embedding (nats per token)", "",
-                "| steps | own slot | shuffled slot | fusion off | shuffled − own: the memory's effect | own beats shuffled on every seed | CPU-s |",
-                "|---:|---:|---:|---:|---:|---|---:|",
-                "| %s | %s | %s | %s | %s | %s | %s |" % (
+                "| steps | own slot | shuffled slot | fusion off | shuffled − own: the memory's effect | own beats shuffled on every seed | top-1 token accuracy, own / shuffled slot | CPU-s |",
+                "|---:|---:|---:|---:|---:|---|---|---:|",
+                "| %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
                     "%d" % max(r["train_steps"] for r in rd), stat([c["ce_target"] for c in last]),
                     stat([c["ce_target_shuffled"] for c in last]), stat([c["ce_none"] for c in last]),
                     stat([c["ce_target_shuffled"] - c["ce_target"] for c in last]),
                     every([c["ce_target_shuffled"] - c["ce_target"] for c in last], lambda x: x > 0),
+                    pct([c.get("acc_target") for c in last]), pct([c.get("acc_target_shuffled") for c in last]),
                     secs([r.get("cpu_s") for r in rd]))]
         out += ["", "Learning curve (seed, step: own / shuffled):", ""]
         for r in rd:

@@ -349,8 +349,10 @@ static int check_losses(OpsCudaContext *ctx, int bf16, double tol) {
     float *d_x = dnew(x, (size_t)NR * CC), *d_w = dnew(w, (size_t)V * CC), *d_loss = dnew(NULL, NR),
           *d_dx = dnew(dx, (size_t)NR * CC), *d_dw = dnew(dw, (size_t)V * CC),
           *d_scratch = dnew(NULL, (size_t)CE_ROWS_BLOCK_CUDA * V);
-    double tot = lmhead_ce_forward_backward(loss, dx, dw, x, w, tgt.data(), NR, CC, V, dloss, scratch), gtot = 0.0;
-    GT(lmhead_ce_forward_backward_cuda(&gtot, d_loss, d_dx, d_dw, d_x, d_w, d_tgt, NR, CC, V, dloss, d_scratch, ctx));
+    float *top1 = hnew(NR), *d_top1 = dnew(NULL, NR);
+    double tot = lmhead_ce_forward_backward(loss, top1, dx, dw, x, w, tgt.data(), NR, CC, V, dloss, scratch), gtot = 0.0;
+    GT(lmhead_ce_forward_backward_cuda(&gtot, d_loss, d_top1, d_dx, d_dw, d_x, d_w, d_tgt, NR, CC, V, dloss, d_scratch, ctx));
+    if (!bf16) GT(cmp("lmhead_ce.top1[fp32]", top1, d_top1, NR, tol));  // (bf16 logits may reorder near-ties)
     snprintf(nm, sizeof nm, "lmhead_ce.total[%s]", tag);
     cmp_scalar(nm, tot, gtot, tol);
     snprintf(nm, sizeof nm, "lmhead_ce.losses[%s]", tag);
@@ -438,9 +440,9 @@ static int check_frozen_bf16(OpsCudaContext *ctx, cudaStream_t st) {
     float *scratch = hnew((size_t)CE_ROWS_BLOCK * V);
     float *d_x = dnew(x, (size_t)N * C), *d_dx = dnew(dx, (size_t)N * C), *d_loss = dnew(NULL, N),
           *d_scr = dnew(NULL, (size_t)CE_ROWS_BLOCK_CUDA * V);
-    double tot = lmhead_ce_forward_backward(loss, dx, NULL, rounded(x, (size_t)N * C), wter, tgt.data(), N, C, V,
+    double tot = lmhead_ce_forward_backward(loss, NULL, dx, NULL, rounded(x, (size_t)N * C), wter, tgt.data(), N, C, V,
                                             1.0f / N, scratch), gtot = 0.0;
-    GT(lmhead_ce_forward_backward_w16_cuda(&gtot, d_loss, d_dx, d_x, d_wte16, d_tgt, N, C, V, 1.0f / N, d_scr, ctx));
+    GT(lmhead_ce_forward_backward_w16_cuda(&gtot, d_loss, NULL, d_dx, d_x, d_wte16, d_tgt, N, C, V, 1.0f / N, d_scr, ctx));
     cmp_scalar("lmhead_ce_w16.total", tot, gtot, TOL_FP32);
     GT(cmp("lmhead_ce_w16.losses", loss, d_loss, N, TOL_FP32));
     GT(cmp("lmhead_ce_w16.dx", dx, d_dx, (size_t)N * C, TOL_BF16));
@@ -499,7 +501,7 @@ static int check_determinism(OpsCudaContext *ctx) {
         float *d_dq = dnew(NULL, nq), *d_dk = dnew(NULL, nk), *d_dv = dnew(NULL, nk), *d_dw = dnew(NULL, (size_t)V * C);
         GT(attention_forward_cuda(d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
         GT(attention_backward_cuda(d_dq, d_dk, d_dv, d_datt, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV, HD, ctx));
-        GT(lmhead_ce_forward_backward_cuda(&tot[rep], NULL, d_dq, d_dw, d_out, d_w, d_tgt, N, C, V, 1.0f / N, d_scr,
+        GT(lmhead_ce_forward_backward_cuda(&tot[rep], NULL, NULL, d_dq, d_dw, d_out, d_w, d_tgt, N, C, V, 1.0f / N, d_scr,
                                            ctx));
         CT(cudaDeviceSynchronize());
         std::vector<float> &dst = rep == 0 ? first : now;

@@ -312,7 +312,7 @@ typedef struct {
 } CeCtx;
 static double ce_loss(void *p) {
     CeCtx *c = p;
-    return lmhead_ce_forward_backward(NULL, NULL, NULL, c->x, c->w, c->targets, c->N, c->C, c->V, 0, c->scratch) /
+    return lmhead_ce_forward_backward(NULL, NULL, NULL, NULL, c->x, c->w, c->targets, c->N, c->C, c->V, 0, c->scratch) /
            c->N;
 }
 static double mse_loss(void *p) {
@@ -330,7 +330,7 @@ static void test_ce_mse(void **state) {
     for (int i = 0; i < c.N; i++) c.targets[i] = rng_u32(&r) % c.V;
     c.targets[3] = c.targets[66] = -1; /* ignored rows */
     float *dx = zerov((size_t)c.N * c.C), *dw = zerov((size_t)c.V * c.C);
-    lmhead_ce_forward_backward(NULL, dx, dw, c.x, c.w, c.targets, c.N, c.C, c.V, 1.0f / c.N, c.scratch);
+    lmhead_ce_forward_backward(NULL, NULL, dx, dw, c.x, c.w, c.targets, c.N, c.C, c.V, 1.0f / c.N, c.scratch);
     assert_true(check_grad("lmhead+ce dx", c.x, (size_t)c.N * c.C, dx, ce_loss, &c, 1e-2f, 200) < TOL);
     assert_true(check_grad("lmhead+ce dweight", c.w, (size_t)c.V * c.C, dw, ce_loss, &c, 1e-2f, 200) < TOL);
     c.pred = randv(&r, 20, 1);

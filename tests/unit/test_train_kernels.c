@@ -242,12 +242,23 @@ static void test_lmhead_ce(void **state) {
     float *scratch = malloc((size_t)CE_ROWS_BLOCK * V * 4);
     int *tg = malloc(N * sizeof(int));
     for (int i = 0; i < N; i++) tg[i] = i % 7 == 3 ? -1 : (int)(rng_u32(&r) % V);
-    float dloss = 0.01f;
-    double tot = lmhead_ce_forward_backward(losses, dx, dw, x, w, tg, N, C, V, dloss, scratch);
+    /* every 4th row's target is its argmax (top1 = 1 there; elsewhere almost always 0) */
+    for (int n = 0; n < N; n += 4) {
+        if (tg[n] < 0) continue;
+        double best = -INFINITY;
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += (double)x[(size_t)n * C + c] * w[(size_t)v * C + c];
+            if (s > best) best = s, tg[n] = v;
+        }
+    }
+    float dloss = 0.01f, *top1 = malloc(N * 4);
+    double tot = lmhead_ce_forward_backward(losses, top1, dx, dw, x, w, tg, N, C, V, dloss, scratch);
     double *rx = calloc((size_t)N * C, 8), *rw = calloc((size_t)V * C, 8), *lg = malloc(V * 8), rt = 0, lerr = 0;
+    int top1_wrong = 0, top1_set = 0;
     for (int n = 0; n < N; n++) {
         if (tg[n] < 0) {
-            assert_true(losses[n] == 0.0f);
+            assert_true(losses[n] == 0.0f && top1[n] == 0.0f);
             continue;
         }
         double mx = -INFINITY, sum = 0;
@@ -257,6 +268,8 @@ static void test_lmhead_ce(void **state) {
             lg[v] = s;
             mx = fmax(mx, s);
         }
+        top1_wrong += top1[n] != (lg[tg[n]] >= mx ? 1.0f : 0.0f);
+        top1_set += top1[n] == 1.0f;
         for (int v = 0; v < V; v++) sum += exp(lg[v] - mx);
         double loss = log(sum) + mx - lg[tg[n]];
         rt += loss;
@@ -270,9 +283,11 @@ static void test_lmhead_ce(void **state) {
         }
     }
     double e1 = rel_err(dx, rx, (size_t)N * C), e2 = rel_err(dw, rw, (size_t)V * C);
-    printf("  lmhead+CE N=%d: loss rel %.2e total rel %.2e dx %.2e dweight %.2e\n", N, lerr, fabs(tot - rt) / rt, e1, e2);
+    printf("  lmhead+CE N=%d: loss rel %.2e total rel %.2e dx %.2e dweight %.2e; top-1 flags: %d set, %d wrong\n", N,
+           lerr, fabs(tot - rt) / rt, e1, e2, top1_set, top1_wrong);
     assert_true(lerr < 1e-5 && fabs(tot - rt) / rt < 1e-6 && e1 < 1e-5 && e2 < 1e-5);
-    free(x), free(w), free(dx), free(dw), free(losses), free(scratch), free(tg), free(rx), free(rw), free(lg);
+    assert_true(top1_wrong == 0 && top1_set >= N / 5);
+    free(x), free(w), free(dx), free(dw), free(losses), free(scratch), free(tg), free(rx), free(rw), free(lg), free(top1);
 }
 
 static void test_adamw(void **state) {

@@ -47,6 +47,8 @@ int cmd_eval(int argc, char **argv) {
         {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "frozen backbone: Hugging Face folder", 0},
         {"modules", DFM_OPT_STR, &o.modules, NULL, "FILE", "trained modules: ckpt_*.bin or dfm_modules.safetensors", 0},
         {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory (for MSE, cosine and the target-memory CE)", 0},
+        {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm: the held-out sequences of --data; reconstruct: the reading set of the run --data (as dfm-train train --objective reconstruct: each held-out chunk regenerated from its own slot, no --targets)", 0, .choices = "dfm|reconstruct"},
+        {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk (as in training)", 0},
         {0},
     };
     char **pos = NULL;
@@ -72,8 +74,11 @@ int cmd_eval(int argc, char **argv) {
         rc = setup_modules_config(o.modules, &mc);
         if (!rc) o.chunk_len = mc.chunk_len, o.slots = mc.n_slots, o.d_mem = mc.d_mem;
     }
+    int reading = o.objective && !strcmp(o.objective, "reconstruct");
+    if (!rc && reading && o.targets)
+        rc = DFM_FAIL(DFM_EARG, "--objective reconstruct reads its targets from the run --data: leave out --targets");
     if (!rc) train_set_threads(o.threads);
-    if (!rc) rc = data_open(o.data, (int)o.seq_len, &ds);
+    if (!rc) rc = reading ? train_open_reading(&o, &ds) : data_open(o.data, (int)o.seq_len, &ds);
     if (!rc) rc = vocab_map_apply_backbone(o.backbone, &ds);
     if (!rc && o.targets) rc = train_open_targets(&o, &ds);
     if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);

@@ -429,7 +429,7 @@ void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C) 
 }
 
 /* ---- fused LM head + cross-entropy ----------------------------------------------------------------- */
-double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, const float *x, const float *weight,
+double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                                   const int *targets, int N, int C, int V, float dloss, float *scratch) {
     double total = 0.0;
     int need_grad = dx || dweight;
@@ -443,6 +443,7 @@ double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, cons
             float *lg = scratch + (size_t)r * V;
             if (targets[r0 + r] < 0) { /* ignored position: no loss, no gradient */
                 if (losses) losses[r0 + r] = 0.0f;
+                if (top1) top1[r0 + r] = 0.0f;
                 row_loss[r] = 0.0;
                 if (need_grad)
                     for (int v = 0; v < V; v++) lg[v] = 0.0f;
@@ -454,6 +455,7 @@ double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, cons
             double sum = vm_exp_sum(lg, (size_t)V, mx); /* one exp per logit, kept in place for the gradient */
             double loss = log(sum) + mx - lt;
             if (losses) losses[r0 + r] = (float)loss;
+            if (top1) top1[r0 + r] = lt >= mx ? 1.0f : 0.0f;
             row_loss[r] = loss;
             if (need_grad) {
                 vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss);

@@ -88,12 +88,13 @@ void gate_backward(float *dh, float *dgl, float *d_o, const float *dout, const f
 void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C);
 
 /* Fused LM head + softmax cross-entropy over N rows without materialising [N, V] logits:
- * row losses[N] (may be NULL) = logsumexp(x W^T) - logit[target]; a row whose target is negative is
- * ignored (loss 0, no gradient: padding). If dx or dweight is non-NULL the
+ * row losses[N] (may be NULL) = logsumexp(x W^T) - logit[target]; top1[N] (may be NULL) = 1 where the
+ * target's logit is the row's largest (greedy decoding would emit it; ties count), else 0; a row whose
+ * target is negative is ignored (loss 0, top1 0, no gradient: padding). If dx or dweight is non-NULL the
  * gradient of sum_r dloss * loss_r is accumulated into them. scratch is [rows_block * V] floats with
  * rows_block = CE_ROWS_BLOCK. Returns the sum of row losses (double). */
 #define CE_ROWS_BLOCK 256
-double lmhead_ce_forward_backward(float *losses, float *dx, float *dweight, const float *x, const float *weight,
+double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                                   const int *targets, int N, int C, int V, float dloss, float *scratch);
 
 /* MSE over valid slots: pred, target [S, D], mask[S]. Returns sum over valid slots and dims of

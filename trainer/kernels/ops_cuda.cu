@@ -891,12 +891,14 @@ __device__ float block_reduce(float v, bool is_max) {
     return is_max ? warp_max(r) : warp_sum(r);
 }
 // one block per row of the logits block lg[R, V]: loss into row_loss, gradient (softmax - onehot)*dloss in place
-__global__ void ce_rows_kernel(float *lg, float *row_loss, const int *targets, int V, float dloss, int need_grad) {
+__global__ void ce_rows_kernel(float *lg, float *row_loss, float *top1, const int *targets, int V, float dloss,
+                               int need_grad) {
     int r = blockIdx.x;
     float *x = lg + (size_t)r * V;
     int tgt = targets[r];
     if (tgt < 0) {  // ignored position
         if (threadIdx.x == 0) row_loss[r] = 0.0f;
+        if (threadIdx.x == 0 && top1) top1[r] = 0.0f;
         if (need_grad)
             for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = 0.0f;
         return;
@@ -909,6 +911,7 @@ __global__ void ce_rows_kernel(float *lg, float *row_loss, const int *targets, i
     for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(x[v] - mx);
     s = block_reduce(s, false);
     if (threadIdx.x == 0) row_loss[r] = logf(s) + mx - lt;
+    if (threadIdx.x == 0 && top1) top1[r] = lt >= mx ? 1.0f : 0.0f;
     if (need_grad) {
         float sc = dloss / s;
         for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = expf(x[v] - mx) * sc - (v == tgt ? dloss : 0.0f);
@@ -928,7 +931,7 @@ __global__ void sum_double_kernel(double *out, const float *x, size_t n) {
     if (threadIdx.x == 0) *out = sh[0];
 }
 // weight is fp32 (weight) or bf16 (weight16, frozen: no dweight)
-static int lmhead_ce_impl(double *total, float *losses, float *dx, float *dweight, const float *x, const float *weight,
+static int lmhead_ce_impl(double *total, float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                           const uint16_t *weight16, const int *targets, int N, int C, int V, float dloss,
                           float *scratch, OpsCudaContext *ctx) {
     cudaStream_t st = ctx->stream;
@@ -945,7 +948,8 @@ static int lmhead_ce_impl(double *total, float *losses, float *dx, float *dweigh
         rc = weight16 ? matmul_forward_w16_cuda(scratch, xb, weight16, NULL, R, C, V, ctx)
                       : matmul_forward_cuda(scratch, xb, weight, NULL, R, C, V, ctx);
         if (rc) break;
-        ce_rows_kernel<<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, targets + r0, V, dloss, need_grad);
+        ce_rows_kernel<<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, top1 ? top1 + r0 : NULL, targets + r0, V, dloss,
+                                                  need_grad);
         if ((e = cudaGetLastError()) != cudaSuccess) {
             rc = DFM_FAIL(DFM_ECUDA, "ce_rows_kernel launch failed: %s", cudaGetErrorString(e));
             break;
@@ -968,15 +972,15 @@ static int lmhead_ce_impl(double *total, float *losses, float *dx, float *dweigh
     return rc;
 }
 
-extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, float *dweight, const float *x,
-                                               const float *weight, const int *targets, int N, int C, int V,
-                                               float dloss, float *scratch, OpsCudaContext *ctx) {
-    return lmhead_ce_impl(total, losses, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, ctx);
+extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *top1, float *dx, float *dweight,
+                                               const float *x, const float *weight, const int *targets, int N, int C,
+                                               int V, float dloss, float *scratch, OpsCudaContext *ctx) {
+    return lmhead_ce_impl(total, losses, top1, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, ctx);
 }
-extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *dx, const float *x,
+extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx, const float *x,
                                                    const uint16_t *weight, const int *targets, int N, int C, int V,
                                                    float dloss, float *scratch, OpsCudaContext *ctx) {
-    return lmhead_ce_impl(total, losses, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, ctx);
+    return lmhead_ce_impl(total, losses, top1, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, ctx);
 }
 
 // ---- MSE ----------------------------------------------------------------------------------------------

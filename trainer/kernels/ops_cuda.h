@@ -122,12 +122,12 @@ int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int
 
 /* Fused LM head + softmax CE over N rows, CE_ROWS_BLOCK_CUDA rows at a time (no [N, V] logits):
  * as lmhead_ce_forward_backward, with scratch [CE_ROWS_BLOCK_CUDA * V] floats on the device, losses[N]
- * (device, may be NULL) and the sum of row losses written to *total (host; summed in double in a fixed
+ * and top1[N] (device, may be NULL) and the sum of row losses written to *total (host; summed in double in a fixed
  * order). Synchronises ctx->stream to return *total. */
 #define CE_ROWS_BLOCK_CUDA 1024
-int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *dx, float *dweight, const float *x,
-                                    const float *weight, const int *targets, int N, int C, int V, float dloss,
-                                    float *scratch, OpsCudaContext *ctx);
+int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *top1, float *dx, float *dweight,
+                                    const float *x, const float *weight, const int *targets, int N, int C, int V,
+                                    float dloss, float *scratch, OpsCudaContext *ctx);
 
 /* Frozen weights held in bf16 on the device (raw bf16 bits as uint16_t; a frozen backbone needs no fp32
  * copy, no gradient and no optimizer state). The same products as matmul_forward_cuda / the dinp part of
@@ -140,7 +140,7 @@ int matmul_forward_w16_cuda(float *out, const float *inp, const uint16_t *weight
 int matmul_backward_w16_cuda(float *dinp, const float *dout, const uint16_t *weight, int N, int C, int OC,
                              OpsCudaContext *ctx);
 int embedding_forward_w16_cuda(float *out, const int *tokens, const uint16_t *wte, int N, int C, cudaStream_t stream);
-int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *dx, const float *x,
+int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx, const float *x,
                                         const uint16_t *weight, const int *targets, int N, int C, int V, float dloss,
                                         float *scratch, OpsCudaContext *ctx);
 

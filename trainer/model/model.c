@@ -200,6 +200,7 @@ static void act_layout(DfmModel *m, ActList *al, int ce_rows, int flash) {
     al_add(al, &m->lnf_out, N * C);
     al_add(al, &m->lnf_rstd, N);
     al_add(al, &m->row_losses, N);
+    al_add(al, &m->row_top1, N);
     al_add(al, &m->tmp, N * C);
     al_add(al, &m->ce_scratch, (size_t)ce_rows * V);
     al_add(al, &m->d_x, N * C);
@@ -761,10 +762,10 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
         m->grad_scale = grad_scale;
         vec_zero(m->d_x2, NCs);
         float *dhead = dc->enabled ? NULL : m->bb_grad.lm_head;
-        ce_sum = lmhead_ce_forward_backward(m->row_losses, m->d_x2, dhead, m->lnf_out, m->bb.lm_head, targets, N, C,
+        ce_sum = lmhead_ce_forward_backward(m->row_losses, m->row_top1, m->d_x2, dhead, m->lnf_out, m->bb.lm_head, targets, N, C,
                                             V, grad_scale / denom, m->ce_scratch);
     } else {
-        ce_sum = lmhead_ce_forward_backward(m->row_losses, NULL, NULL, m->lnf_out, m->bb.lm_head, targets, N, C, V,
+        ce_sum = lmhead_ce_forward_backward(m->row_losses, m->row_top1, NULL, NULL, m->lnf_out, m->bb.lm_head, targets, N, C, V,
                                             0.0f, m->ce_scratch);
     }
     m->ce = ce_sum / denom;

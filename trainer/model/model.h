@@ -146,6 +146,7 @@ struct DfmModel {
     float *x_final;                         /* [N, C] input of the final norm */
     float *lnf_out, *lnf_rstd;              /* [N, C], [N] */
     float *row_losses;                      /* [N] */
+    float *row_top1;                        /* [N] 1: the target is the row's argmax (0 for padding) */
     float *tmp;                             /* [N, C] scratch of the CUDA stack (stack_cuda.cu) */
     float *ce_scratch;                      /* [CE_ROWS_BLOCK, V] */
     StackActs dec_acts;

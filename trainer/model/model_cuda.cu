@@ -375,6 +375,11 @@ extern "C" float *model_cuda_trainable_params(DfmModelCuda *mc, size_t *n) {
     return mc->d.dc.enabled ? mc->d.dfm_memory : mc->d.bb_memory;
 }
 extern "C" float *model_cuda_trainable_grads(DfmModelCuda *mc) { return mc->d.grad_memory; }
+extern "C" int model_cuda_row_top1(DfmModelCuda *mc, float *out) {
+    CUDA_CHECK(cudaStreamSynchronize(mc->ctx.stream));
+    CUDA_CHECK(cudaMemcpy(out, mc->d.row_top1, (size_t)mc->d.B * mc->d.T * sizeof(float), cudaMemcpyDeviceToHost));
+    return DFM_OK;
+}
 extern "C" int model_cuda_row_losses(DfmModelCuda *mc, float *out) {
     CUDA_CHECK(cudaStreamSynchronize(mc->ctx.stream));
     CUDA_CHECK(cudaMemcpy(out, mc->d.row_losses, (size_t)mc->d.B * mc->d.T * sizeof(float), cudaMemcpyDeviceToHost));
@@ -673,10 +678,10 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
         dloss = grad_scale / denom;
     }
     if (mc->frozen16)
-        DFM_TRY(lmhead_ce_forward_backward_w16_cuda(&ce_sum, m->row_losses, dx, m->lnf_out, mc->lm_head16, m->targets,
+        DFM_TRY(lmhead_ce_forward_backward_w16_cuda(&ce_sum, m->row_losses, m->row_top1, dx, m->lnf_out, mc->lm_head16, m->targets,
                                                     N, C, V, dloss, m->ce_scratch, ctx));
     else
-        DFM_TRY(lmhead_ce_forward_backward_cuda(&ce_sum, m->row_losses, dx, dhead, m->lnf_out, m->bb.lm_head,
+        DFM_TRY(lmhead_ce_forward_backward_cuda(&ce_sum, m->row_losses, m->row_top1, dx, dhead, m->lnf_out, m->bb.lm_head,
                                                 m->targets, N, C, V, dloss, m->ce_scratch, ctx));
     if (h->have_targets) {  // mean cosine over valid slots (invalid ones are 0: adding them changes nothing)
         size_t S = (size_t)B * (T / dc->chunk_len) * dc->n_slots;

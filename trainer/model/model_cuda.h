@@ -84,6 +84,8 @@ int model_zero_grad_cuda(DfmModelCuda *mc);
 
 /* The per-row CE of the last forward (B*T floats, 0 where the target is -1) into host out. */
 int model_cuda_row_losses(DfmModelCuda *mc, float *out);
+/* The per-row top-1 flags of the last forward (B*T floats: 1 where the target is the argmax) into host out. */
+int model_cuda_row_top1(DfmModelCuda *mc, float *out);
 /* The predicted slots of the last forward that ran the predictor (B*NC*K*d floats) into host out. */
 int model_cuda_pred_slots(DfmModelCuda *mc, float *out);
 

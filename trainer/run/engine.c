@@ -252,6 +252,14 @@ int engine_forward(Engine *e, const int *inputs, const int *targets, const float
     return model_forward(e->m, inputs, targets, tmem, tmask, B, T, mem_mode, train, grad_scale);
 }
 
+int engine_row_top1(Engine *e, float *out) {
+#ifdef DFM_HAVE_CUDA
+    if (e->mc) return model_cuda_row_top1(e->mc, out);
+#endif
+    memcpy(out, e->m->row_top1, (size_t)e->m->B * e->m->T * sizeof(float));
+    return DFM_OK;
+}
+
 int engine_row_losses(Engine *e, float *out) {
 #ifdef DFM_HAVE_CUDA
     if (e->mc) return model_cuda_row_losses(e->mc, out);

@@ -46,6 +46,9 @@ int engine_forward(Engine *e, const int *inputs, const int *targets, const float
                    int T, int mem_mode, int train, float grad_scale);
 /* The per-row CE of the last forward (B*T floats; 0 where the target is -1) into host out. */
 int engine_row_losses(Engine *e, float *out);
+/* The per-row top-1 flags of the last forward (B*T floats; 1 where the target is the argmax, 0 elsewhere and
+ * where the target is -1) into host out. */
+int engine_row_top1(Engine *e, float *out);
 /* The predicted slots of the last forward that ran the predictor (B*NC*K*d floats) into host out. */
 int engine_pred_slots(Engine *e, float *out);
 int engine_backward(Engine *e);

@@ -24,9 +24,11 @@ void eval_result_free(EvalResult *r) {
     for (int i = 0; i < EVAL_NMODES; i++) free(r->pos[i]), r->pos[i] = NULL;
 }
 
-/* one forward of the held-out batch; its CE into *ce and, per position, into pos[2L] (sums, counts) */
+/* one forward of the held-out batch; its CE into *ce, per position into pos[2L] (sums, counts), top-1 hits and
+ * positions into acc[2] */
 static int eval_forward(Engine *en, DfmModel *m, const int *inp, const int *tgt, const float *tmem,
-                        const uint8_t *tmask, int B, int T, int mode, float *rows, double *pos, double *ce) {
+                        const uint8_t *tmask, int B, int T, int mode, float *rows, double *pos, double *ce,
+                        double *acc) {
     DFM_TRY(engine_forward(en, inp, tgt, tmem, tmask, B, T, mode, 0, 1.0f));
     *ce += m->ce;
     if (!m->dc.enabled) return DFM_OK;
@@ -36,6 +38,9 @@ static int eval_forward(Engine *en, DfmModel *m, const int *inp, const int *tgt,
     DFM_TRY(engine_row_losses(en, rows));
     model_ce_by_position(rows, tgt, B, T, L, pos, cnt);
     for (int j = 0; j < L; j++) pos[L + j] += (double)cnt[j];
+    DFM_TRY(engine_row_top1(en, rows));
+    for (int i = 0; i < B * T; i++)
+        if (tgt[i] >= 0) acc[0] += rows[i], acc[1] += 1.0;
     return DFM_OK;
 }
 
@@ -75,14 +80,14 @@ static int eval_controls(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, s
                 memset(p->tmask + ((size_t)k * NC + c) * K, c > 0 || m->dc.fuse_first_chunk, (size_t)K);
         }
         rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows, r->pos[EVAL_PRED_SHUF],
-                          &r->ce_pred_shuf);
+                          &r->ce_pred_shuf, r->acc_n[EVAL_PRED_SHUF]);
         if (rc || !use_t) continue;
         /* another sequence's target memory and mask */
         for (int k = 0; k < B; k++) p->idx[k] = first + ((size_t)i * B + k + n / 2) % n;
         rc = eval_read(ds, pf, p->idx, B, L, p);
         if (!rc)
             rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows,
-                              r->pos[EVAL_TARGET_SHUF], &r->ce_target_shuf);
+                              r->pos[EVAL_TARGET_SHUF], &r->ce_target_shuf, r->acc_n[EVAL_TARGET_SHUF]);
     }
     return rc;
 }
@@ -138,20 +143,22 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
         rc = eval_read(ds, pf, b.idx, B, L, &b);
         if (rc) break;
         if (!m->dc.enabled) {
-            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, NULL, &r->ce_none);
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, NULL, &r->ce_none, NULL);
             continue;
         }
         float *tmem = use_t ? b.tmem : NULL;
         uint8_t *tmask = use_t ? b.tmask : NULL;
-        rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_PREDICTED, b.rows, r->pos[EVAL_PRED], &r->ce_pred);
+        rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_PREDICTED, b.rows, r->pos[EVAL_PRED], &r->ce_pred,
+                          r->acc_n[EVAL_PRED]);
         r->mse += m->mse;
         r->cos += m->cos;
         if (!rc && pred_store) rc = engine_pred_slots(en, pred_store + (size_t)i * B * NC * K * d);
         if (!rc && run[EVAL_NONE])
-            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, r->pos[EVAL_NONE], &r->ce_none);
+            rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, r->pos[EVAL_NONE], &r->ce_none,
+                              r->acc_n[EVAL_NONE]);
         if (!rc && run[EVAL_TARGET])
             rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_TARGET, b.rows, r->pos[EVAL_TARGET],
-                              &r->ce_target);
+                              &r->ce_target, r->acc_n[EVAL_TARGET]);
     }
     if (!rc && r->shuffled) rc = eval_controls(en, m, ds, pf, first, B, nb, pred_store, run[EVAL_TARGET_SHUF], &b, &p, r);
     if (nb > 0) {
@@ -161,6 +168,8 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
     for (int i = 0; i < EVAL_NMODES; i++) /* sums and counts -> means */
         for (int j = 0; r->pos[i] && j < L; j++)
             r->pos[i][j] = r->pos[i][L + j] > 0 ? r->pos[i][j] / r->pos[i][L + j] : NAN;
+    for (int i = 0; i < EVAL_NMODES; i++)
+        r->acc[i] = r->acc_n[i][1] > 0 ? r->acc_n[i][0] / r->acc_n[i][1] : NAN;
     r->n_batches = nb;
     if (!run[EVAL_TARGET_SHUF]) r->ce_target_shuf = NAN;
     if (!r->shuffled) r->ce_pred_shuf = r->ce_target_shuf = NAN;
@@ -194,8 +203,11 @@ json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t) {
     }
     const char *keys[EVAL_NMODES] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target", "ce_pos_pred_shuffled",
                                      "ce_pos_target_shuffled"};
-    for (int i = 0; i < EVAL_NMODES; i++)
+    const char *akeys[EVAL_NMODES] = {"acc_pred", "acc_none", "acc_target", "acc_pred_shuffled", "acc_target_shuffled"};
+    for (int i = 0; i < EVAL_NMODES; i++) {
         if (e->pos[i]) json_object_set_new(j, keys[i], pos_json(e, i));
+        if (isfinite(e->acc[i])) json_object_set_new(j, akeys[i], num(e->acc[i]));
+    }
     return j;
 }
 
@@ -222,6 +234,12 @@ void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, i
         }
         const char *names[EVAL_NMODES] = {"predicted", "fusion off", "target", "predicted, shuffled",
                                           "target, shuffled"};
+        char accs[512];
+        int na = snprintf(accs, sizeof accs, "eval step %ld: top-1 token accuracy:", step);
+        for (int i = 0; i < EVAL_NMODES && na < (int)sizeof accs - 48; i++)
+            if (isfinite(e->acc[i])) na += snprintf(accs + na, sizeof accs - na, " %s %.2f%%,", names[i], 100.0 * e->acc[i]);
+        accs[na - 1] = '\0';
+        DFM_LOG_I("%s", accs);
         for (int i = 0; i < EVAL_NMODES; i++) {
             if (!e->pos[i]) continue;
             char line[4096];

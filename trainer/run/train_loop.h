@@ -28,6 +28,9 @@ typedef struct {
     long n_batches;
     int L, shuffled; /* shuffled: the controls ran */
     double *pos[EVAL_NMODES];
+    double acc[EVAL_NMODES]; /* top-1 token accuracy of each mode that ran (NaN otherwise): the share of
+                                positions with a target where it is the argmax, i.e. what greedy decoding emits */
+    double acc_n[EVAL_NMODES][2]; /* its sums while evaluating: correct positions, positions */
 } EvalResult;
 void eval_result_free(EvalResult *r);
 
@@ -48,8 +51,8 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
 void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, int has_t);
 /* The evaluation as a JSON object: ce_pred, ce_none, ce_target (NaN without targets), mse, cos, batches,
  * trained_with_target (the modules saw target memory in training), ce_pos_pred / ce_pos_none /
- * ce_pos_target (per-position CE lists); with the controls also ce_pred_shuffled, ce_target_shuffled,
- * memory_effect_pred (ce_pred_shuffled - ce_pred), memory_effect_target and their ce_pos_* lists; a
+ * ce_pos_target (per-position CE lists), acc_pred / acc_none / acc_target (top-1 token accuracy); with the controls also ce_pred_shuffled, ce_target_shuffled,
+ * memory_effect_pred (ce_pred_shuffled - ce_pred), memory_effect_target, their ce_pos_* lists and acc_*; a
  * pretraining model: ce, batches. */
 json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t);
 

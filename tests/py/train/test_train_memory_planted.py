@@ -102,16 +102,22 @@ def main():
             ev = [r for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "eval" in r][-1]["eval"]
             ce_modes(ev, name)
             ok, why = memory_used(ev)
-            print("%s targets: %s -> %s" % (name, why, "memory used" if ok else "no memory effect"))
-            return ok, why
+            print("%s targets: %s -> %s; top-1 token accuracy target %.4f, shuffled %.4f, fusion off %.4f"
+                  % (name, why, "memory used" if ok else "no memory effect", ev["acc_target"],
+                     ev["acc_target_shuffled"], ev["acc_none"]))
+            return ok, why, ev
 
-        ok, why = train("real", mask, emb)
+        ok, why, ev = train("real", mask, emb)
         check(ok, "real targets: " + why)
+        check(all(0 <= ev[k] <= 1 for k in ("acc_target", "acc_target_shuffled", "acc_none", "acc_pred")) and
+              ev["acc_target"] >= ev["acc_target_shuffled"] + 0.01,
+              "real targets: top-1 token accuracy with own memory %.4f, at least 0.01 above the shuffled control's %.4f"
+              % (ev["acc_target"], ev["acc_target_shuffled"]))
         for how in ("shift", "zero", "constant"):
-            ok, why = train(how, *corrupt(how, mask, emb))
+            ok, why, _ = train(how, *corrupt(how, mask, emb))
             check(not ok, "planted corruption '%s' removes the effect (the check fails on it): %s" % (how, why))
         # the trainer's own matched-capacity control: the real targets file, every slot zeroed in training
-        ok, why = train("ablation-zero", mask, emb, "--memory-ablation", "zero")
+        ok, why, _ = train("ablation-zero", mask, emb, "--memory-ablation", "zero")
         check(not ok, "--memory-ablation zero (real targets, slots zeroed in training) has no memory effect: " + why)
     finish("memory used, and each planted corruption removes the effect (%.0f s)" % (time.time() - t0))
 

@@ -6,7 +6,8 @@
   chunk 0, and for chunk 1 exactly one slot, the chunk's own row of the encode stage's embedding shards
   (schemas/embedding_shard.md, read here with NumPy), the other slots masked;
 - a planted off-by-one (the next chunk's embedding in place of the chunk's own) is caught by the same comparison;
-- a short reconstruct run trains and evaluates own slot against the shuffled control (finite CE, both reported);
+- a short reconstruct run trains and evaluates own slot against the shuffled control (finite CE and top-1 token
+  accuracy, both reported); `dfm-train eval --objective reconstruct` of its modules gives the same evaluation;
 - `train --init-modules` starts DFM training from those modules: with --lr 0 the exported modules equal them.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM, DFM_MODEL (tests/run.sh sets them).
 """
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dfm.data import read_dump  # noqa: E402
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import check, finish, run, worst_diff  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
@@ -157,6 +158,16 @@ def main():
           "reconstruct evaluates own slot %.4f, shuffled slot %.4f, fusion off %.4f" %
           (ev.get("ce_target", float("nan")), ev.get("ce_target_shuffled", float("nan")), ev.get("ce_none", float("nan"))))
     check(ev.get("trained_with_target") is True, "reconstruct trains on the target slot")
+    check(all(0 <= ev.get(k, -1) <= 1 for k in ("acc_target", "acc_target_shuffled", "acc_none")),
+          "reconstruct reports top-1 token accuracy: own slot %s, shuffled slot %s, fusion off %s" %
+          (ev.get("acc_target"), ev.get("acc_target_shuffled"), ev.get("acc_none")))
+    # `dfm-train eval --objective reconstruct` of the exported modules: the training run's final evaluation
+    p = run("eval", "--objective", "reconstruct", "--backbone", LM, "--modules", os.path.join(out, "dfm_modules.safetensors"),
+            "--data", run_dir, "--batch", 2, "--val-seqs", 2, "--threads", 2)
+    ev2 = json.loads(p.stdout.strip().splitlines()[-1])
+    keys = ("ce_none", "ce_target", "ce_target_shuffled", "acc_target", "acc_target_shuffled", "acc_none")
+    check(worst_diff([ev2.get(k) for k in keys], [ev.get(k) for k in keys]) <= 1e-6,
+          "eval --objective reconstruct gives the training's final evaluation: %s" % {k: ev2.get(k) for k in keys})
 
     # DFM training from the reading modules: with lr 0 they come out unchanged
     mods = os.path.join(out, "dfm_modules.safetensors")
