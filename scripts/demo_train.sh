@@ -76,6 +76,8 @@ e = [json.loads(l)["eval"] for l in open(sys.argv[1]) if '"eval"' in l][-1]
 print("   memory read: held-out chunks regenerated with their own slot %.3f nats/token, with another chunk's slot %.3f,"
       " fusion off %.3f: the memory itself gives %+.3f nats/token" % (e["ce_target"], e["ce_target_shuffled"], e["ce_none"],
                                                                      e["ce_target_shuffled"] - e["ce_target"]))
+print("   tokens regenerated exactly (top-1): %.1f %% with their own slot, %.1f %% with another chunk's, %.1f %% with fusion off"
+      % (100 * e["acc_target"], 100 * e["acc_target_shuffled"], 100 * e["acc_none"]))
 PY
   # READ_INIT=1: the DFM training starts from the reading modules. Off by default: on this corpus it left the
   # DFM memory effect where it was and the held-out CE 0.01 higher (bench/results/report-demo.md); on the
