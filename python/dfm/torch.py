@@ -348,13 +348,17 @@ class Predictor(nn.Module):
 
 
 class Projector(nn.Module):
-    """Slots [.., d] -> LayerNorm -> Linear d->H -> GELU (erf) -> Linear H->C."""
+    """Slots [.., d] (minus the memory centre when the modules were trained with --centre-memory) -> LayerNorm ->
+    Linear d->H -> GELU (erf) -> Linear H->C. (--content-only-fusion keeps the three biases at 0 in the file.)"""
 
-    def __init__(self, d: int, H: int, C: int) -> None:
+    def __init__(self, d: int, H: int, C: int, centre: Optional[list] = None) -> None:
         super().__init__()
         self.norm, self.fc1, self.fc2 = nn.LayerNorm(d, eps=1e-5), nn.Linear(d, H), nn.Linear(H, C)
+        self.register_buffer("centre", torch.tensor(centre, dtype=torch.float32) if centre else None, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.centre is not None:
+            x = x - self.centre.to(x.dtype)
         return self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
@@ -405,7 +409,7 @@ class DFMModules(nn.Module):
         sc = stack_config(backbone_config)
         C = sc["hidden"]
         self.predictor = Predictor(config, C)
-        self.projector = Projector(config["d_mem"], config["proj_hidden"], C)
+        self.projector = Projector(config["d_mem"], config["proj_hidden"], C, config.get("memory_centre"))
         G = C if config.get("gate") == "channel" else config["xattn_heads"]
         self.fusion = nn.ModuleList(FusionBlock(C, config["xattn_heads"], G, sc["eps"])
                                     for _ in config["fusion_layers"])

@@ -42,7 +42,7 @@ struct Variant {
     const char *name;
     int dfm, qwen3, tied, per_channel, fuse_first, pred_input_layer, flash, bf16;
     int quick;  // in the quick set (MODEL_CHECK_SET=quick: CI's emulated run, which is slow)
-    int content_only;  // DfmConfig.content_only: the projector's biases held at 0 (no gradient on either side)
+    int content_only;  // DfmConfig.content_only (the projector's biases held at 0) and centred memory
 };
 
 static void check_scalar(const char *v, const char *what, double gpu, double cpu, double tol) {
@@ -113,6 +113,10 @@ static int run_variant(const Variant *va) {
         dc.pred_loss = va->per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;  // both loss scales
         dc.mse_weight = 0.7f;
         dc.content_only = va->content_only;
+        if (va->content_only) {  // with centred memory (--centre-memory): the device subtracts the same centre
+            dc.n_centre = dc.d_mem;
+            for (int i = 0; i < dc.d_mem; i++) dc.mem_centre[i] = 0.1f * (float)((i * 7) % 11 - 5);
+        }
     }
     DfmModel *h = NULL;
     GT(model_create(&bc, &dc, B, T, &h));

@@ -1029,6 +1029,24 @@ static void test_content_only(void **state) {
         if (co) {
             assert_true(differ == 0);
             assert_true(m->ce == ce_frozen);
+            /* centred memory (--centre-memory): a slot equal to the centre adds exactly nothing, zero now does */
+            m->dc.n_centre = LK_D;
+            rng_normal(&r, m->dc.mem_centre, LK_D, 0.5f);
+            for (int i = 0; i < MG_S; i++) memcpy(zero + (size_t)i * LK_D, m->dc.mem_centre, LK_D * sizeof(float));
+            assert_int_equal(model_forward(m, inp, tgt, zero, tmask, MG_B, LK_T, MEM_TARGET, 0, 1.0f), 0);
+            size_t cdiffer = 0;
+            for (size_t i = 0; i < (size_t)MG_B * LK_T * LK_C; i++) cdiffer += m->lnf_out[i] != frozen[i];
+            memset(zero, 0, (size_t)MG_S * LK_D * sizeof(float));
+            assert_int_equal(model_forward(m, inp, tgt, zero, tmask, MG_B, LK_T, MEM_TARGET, 0, 1.0f), 0);
+            double zd = 0.0;
+            for (size_t i = 0; i < (size_t)MG_B * LK_T * LK_C; i++) {
+                double e = fabs((double)m->lnf_out[i] - frozen[i]);
+                if (!(e <= zd)) zd = e;
+            }
+            printf("  [content-only fusion, centred memory] memory at the centre: %zu values differ from the frozen "
+                   "LM; zero memory: max difference %.3e\n", cdiffer, zd);
+            assert_true(cdiffer == 0 && zd > 1e-3);
+            m->dc.n_centre = 0;
         } else {
             assert_true(dmax > 1e-3);
         }

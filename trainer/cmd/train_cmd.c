@@ -96,6 +96,7 @@ int cmd_train(int argc, char **argv) {
         {"init-modules", DFM_OPT_STR, &o.init_modules, NULL, "FILE", "start the DFM modules from trained ones (dfm_modules.safetensors or a checkpoint; same backbone and shape), with a fresh optimizer", 0},
         {"margin-weight", DFM_OPT_DOUBLE, &o.margin_weight, "0", "W", "margin against shuffled memory: loss + W * relu(M + CE(own memory) - CE(another sequence's target memory)), so that CE falls only through the memory's content (trainer/run/margin.h; 0 = off; costs 2-3 more forwards per micro-batch)", 0, .min = "0"},
         {"margin", DFM_OPT_DOUBLE, &o.margin, "0.5", "M", "with --margin-weight: the nats per token by which own memory must beat the partner's", 0, .min = "0"},
+        {"centre-memory", DFM_OPT_FLAG, &o.centre_memory, NULL, NULL, "every slot enters the projector minus the training targets' mean slot (of the first 4096 training sequences; stored with the modules), so what all memories share is no constant the fusion can use; with --content-only-fusion a slot equal to that mean adds exactly nothing", 0},
         {"memory-ablation", DFM_OPT_STR, &o.memory_ablation, "none", "KIND", "zero: train with every target slot set to 0 (masks kept; the predictor learns 0): the matched-capacity control, the same modules and steps with no memory content; its predicted-memory CE is what the modules' capacity alone gives", 0, .choices = "none|zero"},
         {"cache-frozen", DFM_OPT_FLAG, &o.cache_frozen, NULL, NULL, "keep each training sequence's frozen layers (up to the first fusion layer) and the predictor's input after its first forward: later epochs start at the first fusion layer (same bytes; CPU; (T+T/L) x C floats per sequence)", 1},
         {0},
@@ -130,6 +131,7 @@ int cmd_train(int argc, char **argv) {
     if (!rc && !reading) rc = train_open_targets(&o, &ds);
     if (!rc) rc = setup_dfm_model(&o, (int)o.seq_len, (int)o.batch, ds.K, ds.d, &m);
     if (!rc && o.init_modules) rc = setup_init_modules(m, o.init_modules);
+    if (!rc && o.centre_memory) rc = setup_memory_centre(m, &ds, ds.n_seq - train_held_out(&o, &ds), (int)o.batch);
     if (!rc && (uint32_t)m->bc.vocab_size <= ds.max_token)
         rc = DFM_FAIL(DFM_EMISMATCH, "token id %u is outside the backbone's vocabulary of %d", ds.max_token,
                       m->bc.vocab_size);

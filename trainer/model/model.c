@@ -675,6 +675,9 @@ static void prepare_memory(DfmModel *m, int B, int T, int mem_mode) {
                 memset(m->slot_mask + r0, (i % NCc > 0 || dc->fuse_first_chunk) ? 1 : 0, K);
             }
         }
+        if (dc->n_centre == d) /* centred memory (the projector's input only: the MSE compares the raw slots) */
+            for (size_t s = 0; s < (size_t)S; s++)
+                for (int k = 0; k < d; k++) m->mem_in[s * d + k] -= dc->mem_centre[k];
         projector_forward(m, S);
     }
     if (!m->have_targets) return;

@@ -41,6 +41,8 @@ extern "C" {
 #endif
 
 #define DFM_MAX_FUSION 32
+#define DFM_MAX_CENTRE 4096 /* the widest memory --centre-memory takes (d_mem) */
+#define DFM_MAX_CENTRE 4096 /* the widest memory --centre-memory takes (d_mem) */
 
 typedef struct {
     char arch[40];      /* "Qwen3ForCausalLM" or "LlamaForCausalLM" */
@@ -78,6 +80,10 @@ typedef struct {
     int content_only;     /* 1: no bias path around the memory: the projector's LayerNorm, fc1 and fc2 biases are
                              held at 0 (zeroed at set-up, never given a gradient), so a zero memory slot projects
                              to 0 and adds exactly nothing; the fusion's update comes from memory content alone */
+    int n_centre;         /* d_mem, or 0 (off): every slot enters the projector minus mem_centre (the training
+                             targets' mean slot), so what all memories share is not a constant the fusion can use;
+                             with content_only a slot equal to the centre then adds exactly nothing */
+    float mem_centre[DFM_MAX_CENTRE];
 } DfmConfig;
 
 typedef struct {

@@ -144,6 +144,11 @@ json_t *dfm_config_to_json(const DfmConfig *dc) {
     }
     json_object_set_new(j, "pred_loss", json_string(dc->pred_loss == PRED_LOSS_MSE ? "mse" : "mse_elem"));
     if (dc->content_only) json_object_set_new(j, "content_only_fusion", json_true()); /* absent: off */
+    if (dc->n_centre > 0) { /* absent: no centring (floats as doubles: exact) */
+        json_t *c = json_array();
+        for (int i = 0; i < dc->n_centre; i++) json_array_append_new(c, json_real(dc->mem_centre[i]));
+        json_object_set_new(j, "memory_centre", c);
+    }
     return j;
 }
 
@@ -196,6 +201,20 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
         return DFM_FAIL(DFM_EFORMAT, "DFM config: pred_loss \"%s\" is neither mse nor mse_elem", pl);
     dc->pred_loss = pl && !strcmp(pl, "mse") ? PRED_LOSS_MSE : PRED_LOSS_MSE_ELEM;
     dc->content_only = json_is_true(json_object_get(j, "content_only_fusion"));
+    json_t *mc = json_object_get(j, "memory_centre");
+    if (mc) {
+        size_t n = json_is_array(mc) ? json_array_size(mc) : 0;
+        if (n == 0 || n != (size_t)dc->d_mem || n > DFM_MAX_CENTRE)
+            return DFM_FAIL(DFM_EFORMAT, "DFM config: memory_centre must be a list of d_mem = %d numbers (at most %d)",
+                            dc->d_mem, DFM_MAX_CENTRE);
+        for (size_t i = 0; i < n; i++) {
+            json_t *v = json_array_get(mc, i);
+            if (!json_is_number(v) || !isfinite(json_number_value(v)))
+                return DFM_FAIL(DFM_EFORMAT, "DFM config: memory_centre[%zu] is not a finite number", i);
+            dc->mem_centre[i] = (float)json_number_value(v);
+        }
+        dc->n_centre = (int)n;
+    }
     if (!json_is_array(fl) || json_array_size(fl) > DFM_MAX_FUSION)
         return DFM_FAIL(DFM_EFORMAT, "DFM config: fusion_layers must be a list of at most %d", DFM_MAX_FUSION);
     dc->n_fusion = (int)json_array_size(fl);

@@ -47,6 +47,7 @@ struct DfmModelCuda {
     float *cos_dev;                  // [S] per-slot cosine
     float *cos_host;                 // pinned [S]
     uint8_t *src_host;               // pinned [maxB*NC]: the host model's mem_src of the forward, copied up
+    float *centre;                   // [d] DfmConfig.mem_centre (NULL: no centring), copied at creation
     int n_target_chunks;             // chunks of the last forward that fused their target memory
     int n_tvalid;                    // valid target slots of the batch in the model
     ModelCudaMemory mem;
@@ -57,14 +58,15 @@ namespace {
 // ---- small model-specific kernels ---------------------------------------------------------------------
 // model.c's prepare_memory loop: each chunk's slots (predicted, or its target when src says so) and slot mask
 // (predicted: chunk c attends its K slots iff c > 0 or fuse_first; target: the target mask)
+// (centre: DfmConfig.mem_centre on the device, subtracted from every slot; NULL: none)
 __global__ void memory_in_kernel(float *mem_in, uint8_t *slot_mask, const float *slots, const float *tgt,
-                                 const uint8_t *tgt_mask, const uint8_t *src, int NC, int K, int d, int fuse_first,
-                                 size_t n) {
+                                 const uint8_t *tgt_mask, const uint8_t *src, const float *centre, int NC, int K, int d,
+                                 int fuse_first, size_t n) {
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= n) return;
     size_t s = idx / d, chunk = s / K;
     int t = src[chunk];
-    mem_in[idx] = t ? tgt[idx] : slots[idx];
+    mem_in[idx] = (t ? tgt[idx] : slots[idx]) - (centre ? centre[idx % d] : 0.0f);
     if (idx % d == 0) slot_mask[s] = t ? tgt_mask[s] : (uint8_t)((chunk % NC) > 0 || fuse_first);
 }
 // no gradient to the predictor through a chunk that fused its target: d_slots rows of those chunks = 0
@@ -268,6 +270,10 @@ extern "C" int model_cuda_create(DfmModel *host, const ModelCudaOptions *o, DfmM
             R(dmalloc((void **)&d->mem_src, nch, "memory sources", &mc->mem.staging));
             R(DFM_CUDA_STATUS(cudaMallocHost((void **)&mc->src_host, nch)));
         }
+        if (S && host->dc.n_centre == host->dc.d_mem) {
+            R(dmalloc((void **)&mc->centre, dm * sizeof(float), "memory centre", &mc->mem.staging));
+            R(DFM_CUDA_STATUS(cudaMemcpy(mc->centre, host->dc.mem_centre, dm * sizeof(float), cudaMemcpyHostToDevice)));
+        }
     }
     R(model_cuda_upload_params(mc));
 #undef R
@@ -300,6 +306,7 @@ extern "C" void model_cuda_free(DfmModelCuda *mc) {
         if (s->consumed) cudaEventDestroy(s->consumed);
     }
     cudaFree(mc->cos_dev);
+    cudaFree(mc->centre);
     if (mc->cos_host) cudaFreeHost(mc->cos_host);
     cudaFree(d->mem_src);
     if (mc->src_host) cudaFreeHost(mc->src_host);
@@ -612,8 +619,8 @@ static int prepare_memory_cuda(DfmModelCuda *mc, int B, int T, int mem_mode) {
         memcpy(mc->src_host, h->mem_src, (size_t)B * NCc);
         CUDA_CHECK(cudaMemcpyAsync(m->mem_src, mc->src_host, (size_t)B * NCc, cudaMemcpyHostToDevice, st));
         memory_in_kernel<<<blocks_for((size_t)S * d, 256), 256, 0, st>>>(m->mem_in, m->slot_mask, m->slots, m->tgt_mem,
-                                                                         m->tgt_mask, m->mem_src, NCc, K, d,
-                                                                         dc->fuse_first_chunk, (size_t)S * d);
+                                                                         m->tgt_mask, m->mem_src, mc->centre, NCc, K,
+                                                                         d, dc->fuse_first_chunk, (size_t)S * d);
         LAUNCH_CHECK("memory_in_kernel");
         DFM_TRY(projector_forward_cuda(mc, S));
     }

@@ -1,4 +1,5 @@
 /* model_setup.c — a DfmModel from dfm-train's flags (see model_setup.h). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -177,4 +178,41 @@ int setup_init_modules(DfmModel *m, const char *path) {
     DFM_TRY(setup_load_modules(m, path));
     DFM_LOG_I("DFM modules start from %s", path);
     return DFM_OK;
+}
+
+int setup_memory_centre(DfmModel *m, DataSet *ds, size_t n_train, int B) {
+    DfmConfig *dc = &m->dc;
+    int T = ds->T, L = dc->chunk_len, K = dc->n_slots, d = dc->d_mem, NC = T / L;
+    if (!ds->tgt) return DFM_FAIL(DFM_EARG, "--centre-memory takes the mean of the training targets: give --targets");
+    if (d > DFM_MAX_CENTRE)
+        return DFM_FAIL(DFM_EARG, "--centre-memory: the memory is %d wide, at most %d is supported", d, DFM_MAX_CENTRE);
+    size_t n = n_train < SETUP_CENTRE_SEQS ? n_train : SETUP_CENTRE_SEQS, S = (size_t)B * NC * K;
+    int *inp = malloc((size_t)B * T * sizeof(int)), *tgt = malloc((size_t)B * T * sizeof(int));
+    float *tmem = malloc(S * d * sizeof(float));
+    uint8_t *tmask = malloc(S);
+    size_t *idx = malloc((size_t)B * sizeof(size_t));
+    double *sum = calloc((size_t)d, sizeof(double));
+    int rc = inp && tgt && tmem && tmask && idx && sum ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "--centre-memory buffers");
+    size_t valid = 0;
+    for (size_t i = 0; i < n && !rc; i += (size_t)B) {
+        int nb = n - i < (size_t)B ? (int)(n - i) : B;
+        for (int k = 0; k < nb; k++) idx[k] = i + (size_t)k;
+        rc = data_batch(ds, idx, nb, L, inp, tgt, tmem, tmask);
+        for (size_t s = 0; !rc && s < (size_t)nb * NC * K; s++) {
+            if (!tmask[s]) continue;
+            valid++;
+            for (int k = 0; k < d; k++) sum[k] += tmem[s * d + k];
+        }
+    }
+    if (!rc && !valid) rc = DFM_FAIL(DFM_EARG, "--centre-memory: the first %zu training sequences have no valid target slot", n);
+    if (!rc) {
+        for (int k = 0; k < d; k++) dc->mem_centre[k] = (float)(sum[k] / (double)valid);
+        dc->n_centre = d;
+        double nn = 0.0;
+        for (int k = 0; k < d; k++) nn += (double)dc->mem_centre[k] * dc->mem_centre[k];
+        DFM_LOG_I("--centre-memory: every slot enters the projector minus the mean of %zu target slots of the first %zu "
+                  "training sequences (its norm %.4f)", valid, n, sqrt(nn));
+    }
+    free(inp), free(tgt), free(tmem), free(tmask), free(idx), free(sum);
+    return rc;
 }

@@ -34,6 +34,12 @@ int setup_load_modules(DfmModel *m, const char *path);
  * trained on another backbone. Training choices (teacher forcing, losses) may differ. */
 int setup_init_modules(DfmModel *m, const char *path);
 
+/* --centre-memory: m's memory centre (DfmConfig.mem_centre) = the mean valid target slot of the first
+ * min(n_train, SETUP_CENTRE_SEQS) sequences of ds (read in order, B at a time, summed in double: the same for
+ * any rank count and thread count). DFM_EARG without targets or with d_mem > DFM_MAX_CENTRE. */
+#define SETUP_CENTRE_SEQS 4096
+int setup_memory_centre(DfmModel *m, DataSet *ds, size_t n_train, int B);
+
 /* XXH3-64 of the frozen backbone's weights as 16 hex digits (new reference), so DFM checkpoints refuse
  * another backbone of the same shape. */
 json_t *setup_backbone_hash(const DfmModel *m);

@@ -26,7 +26,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
     int64_t chunk_len, slots, d_mem, pred_layers, pred_hidden, pred_heads, proj_hidden, xattn_heads, fuse_first,
-        pred_input_layer, cache_frozen, content_only;
+        pred_input_layer, cache_frozen, content_only, centre_memory;
     double gate_bias, mse_weight, init_std;
     double margin_weight, margin; /* train only: the margin against shuffled memory (trainer/run/margin.h) */
 } TrainOpts;

@@ -6,7 +6,7 @@ Two small set-ups made in seconds (dfm-train synth, pretrain, train), covering t
 read: a tied Qwen3 backbone, fusion after layers 0 and 1, memory_align next, the predictor on the input
 embeddings, per-head gates, targets from a targets file; and an untied Llama backbone, fusion after layer
 1 only, memory_align same, the predictor on layer 0's output, per-channel gates, the first chunk fused,
-targets from a target run read through libdfm. The backbone is dfm.torch's plain PyTorch decoder over
+the content-only fusion with centred memory, targets from a target run read through libdfm. The backbone is dfm.torch's plain PyTorch decoder over
 the Hugging Face folder (transformers is not importable with the project venv's torch 1.13; see
 bench/results/python_loader.md for the transformers run). Exits non-zero on failure.
 """
@@ -80,7 +80,8 @@ def main():
         distinct = compare(w, "qwen3/next/file", bb, mods, tfile)
         bb, mods = setup(w, "llama", ["--arch", "llama", "--untied"],
                          ["--fusion-layers", "1", "--memory-align", "same", "--pred-input-layer", 1, "--gate", "channel",
-                          "--fuse-first-chunk", "--fusion-memory", "target"], trun)
+                          "--fuse-first-chunk", "--fusion-memory", "target", "--content-only-fusion", "--centre-memory"],
+                         trun)
         distinct = max(distinct, compare(w, "llama/same/run", bb, mods, trun))
         check(distinct > 1, "a generation that is not one repeated token (the check can tell orders apart)")
     print("%.1f s" % (time.time() - t0))
