@@ -12,8 +12,9 @@
 #   margin    (ARMS) scratch with the margin against shuffled memory (--margin-weight MARGIN_W --margin MARGIN:
 #             trainer/run/margin.h); read+margin: the same after the reading stage
 #   content   (ARMS) scratch with the content-only fusion (--content-only-fusion: no bias path around the memory);
-#             read+content, content+margin, read+content+margin: the combinations
+#             centre: --centre-memory (slots minus the training targets' mean)
 #   zero      (ARMS) scratch trained with every slot zeroed (--memory-ablation zero): the matched-capacity control
+#   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
 # on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
@@ -110,13 +111,18 @@ for seed in $SEEDS; do
     out=$d/${arm/+/-}
     echo "   $arm: $DFM_STEPS DFM steps"
     extra=()
-    [[ $arm == read+* ]] && extra+=(--init-modules "$d/read/dfm_modules.safetensors")
-    [[ $arm == *margin ]] && extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN")
-    [[ $arm == *content* ]] && extra+=(--content-only-fusion)
-    [ "$arm" = zero ] && extra+=(--memory-ablation zero)
-    [[ $arm =~ ^(read\+)?(dfm|scratch|margin|content|content\+margin)$ ]] && [ "$arm" != read+scratch ] && [ "$arm" != dfm ] ||
-      [ "$arm" = zero ] ||
-      { echo "bench_reading: unknown arm '$arm' (scratch, zero, read+dfm, margin, content, content+margin; read+ before the last three)" >&2; exit 2; }
+    IFS=+ read -ra levers <<< "$arm"
+    for lv in "${levers[@]}"; do
+      case $lv in
+        scratch|dfm) ;;
+        read) extra+=(--init-modules "$d/read/dfm_modules.safetensors") ;;
+        margin) extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN") ;;
+        content) extra+=(--content-only-fusion) ;;
+        centre) extra+=(--centre-memory) ;;
+        zero) extra+=(--memory-ablation zero) ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero)" >&2; exit 2 ;;
+      esac
+    done
     dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
     score "$out/dfm_modules.safetensors" "$out/score.json"
     record "$seed" "$arm" "$out"

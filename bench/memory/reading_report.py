@@ -65,9 +65,8 @@ def main():
             out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
                                                            for c in r["curve"]))
         out.append("")
-    order = ("scratch", "zero", "read+dfm", "margin", "read+margin", "content", "read+content", "content+margin",
-             "read+content+margin")
-    arms = [a for a in order if by(a)]
+    arms = ["scratch"] if by("scratch") else []  # then every other arm in the order the file first has it
+    arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("reading", "scratch")]
     if arms:
         out += ["## DFM after reading against the same DFM budget from scratch: knowledge probes", "",
                 "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
@@ -85,10 +84,13 @@ def main():
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
                 secs([r.get("cpu_s") for r in rs])))
         sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
-        what = {"zero": "Training with zeroed memory (the matched-capacity control)", "read+dfm": "Reading first", "margin": "The margin", "read+margin": "Reading first and the margin",
-                "content": "The content-only fusion", "read+content": "Reading first and the content-only fusion",
-                "content+margin": "The content-only fusion and the margin",
-                "read+content+margin": "Reading first, the content-only fusion and the margin"}
+        names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
+                 "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)"}
+
+        def what(arm):
+            parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]
+            s = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+            return s[0].upper() + s[1:]
         for a in arms[1:]:
             lv = {r["seed"]: r for r in by(a) if "probes" in r}
             common = sorted(set(sc) & set(lv))
@@ -101,7 +103,7 @@ def main():
             out += ["", "%s against the same DFM steps without it (per seed %s, %s − scratch, answer log-prob): "
                     "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s); "
                     "target − shuffled gap %s (wider on every seed: %s)." % (
-                        what[a], ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0), stat(gainp),
+                        what(a), ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0), stat(gainp),
                         every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
     print("\n".join(out))
 
