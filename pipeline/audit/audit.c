@@ -237,6 +237,14 @@ const char *dfm_audit_human(double v, char *buf, size_t n) {
     return buf;
 }
 
+const char *dfm_audit_saving_words(double saving, int digits, const char *less, char *b, size_t n) {
+    if (isnan(saving)) snprintf(b, n, "not measured");
+    else if (saving > 0) snprintf(b, n, "%.*f %% %s", digits, 100 * saving, less);
+    else if (saving < 0) snprintf(b, n, "%.*f %% more", digits, -100 * saving);
+    else snprintf(b, n, "the same");
+    return b;
+}
+
 /* ---- helpers ---------------------------------------------------------------------------------------- */
 
 const char *const dfm_audit_stages[DFM_AUDIT_N_STAGES] = {"chunk", "encode", "index", "retrieve", "targets"};

@@ -1,5 +1,5 @@
 /* audit_scale_run.c — both datastores over growing prefixes of the same text, measured one after the
- * other at each size, then the growth fits (audit_scale.h). */
+ * other at each size, then the cost model (audit_scale.h). */
 #include "pipeline/audit/audit_scale.h"
 
 #include "common/error.h"
@@ -65,11 +65,11 @@ static int chunk_keys(const char *run, uint64_t n, uint64_t seed, float **out, u
     return rc;
 }
 
-const dfm_audit_point *dfm_audit_side_point(const dfm_audit_size *z, int side) {
-    return side == 1 ? &z->tok : side == 2 ? &z->chk_pq : &z->chk;
-}
-
 static void log_point(const char *side, const dfm_audit_point *p) {
+    if (p->skipped) {
+        DFM_LOG_I("audit:   %s %llu keys: not measured (%s)", side, (unsigned long long)p->keys, p->why);
+        return;
+    }
     DFM_LOG_I("audit:   %s %llu keys (%s, nprobe %lld): build %.3f s (CPU %.3f s), %.3g ms/query (CPU %.3g ms; medians of %d), %llu bytes, "
               "recall@k %.3f", side, (unsigned long long)p->keys, p->factory, (long long)p->nprobe, p->build_s.med, p->build_cpu.med,
               p->query_s.med * 1e3, p->query_cpu.med * 1e3, p->query_s.n,
@@ -158,20 +158,9 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if ((rc = dfm_audit_measure_point(&cq, ck, nc, qidx, nqc, &z->chk_pq))) goto done;
         log_point("chunk level, IVF-PQ", &z->chk_pq);
     }
-    /* growth in tokens of text, both sides on the same axis */
-    for (int side = 0; side < DFM_AUDIT_SIDES && !rc; side++) {
-        double x[DFM_AUDIT_MAX_SIZES], yq[DFM_AUDIT_MAX_SIZES], yb[DFM_AUDIT_MAX_SIZES], yt[DFM_AUDIT_MAX_SIZES];
-        for (int i = 0; i < s->n; i++) {
-            const dfm_audit_point *p = dfm_audit_side_point(&s->s[i], side);
-            x[i] = (double)s->s[i].tokens;
-            yq[i] = p->query_cpu.med;
-            yb[i] = (double)p->index_bytes;
-            yt[i] = p->build_cpu.med;
-        }
-        rc = dfm_audit_fit_power(x, yq, s->n, &s->fit_q[side]);
-        if (!rc) rc = dfm_audit_fit_power(x, yb, s->n, &s->fit_bytes[side]);
-        if (!rc) rc = dfm_audit_fit_power(x, yt, s->n, &s->fit_build[side]);
-    }
+    s->token_dim = tdim;
+    s->chunk_dim = cdim;
+    if (!rc) dfm_audit_scale_model(s);
 done:
     s->wall_s = dfm_now() - t_start;
     getloadavg(s->load_after, 3);

@@ -1,0 +1,46 @@
+/* audit_model.h — the audit's cost model: seconds = Σ operations × rate, with the operations counted from the
+ * index's layout (audit_layout.h) and two rates per side fitted on the measured sizes; validated by fitting
+ * the smaller sizes only and predicting the largest one; extrapolated with a band that widens with the
+ * distance from the measurements.
+ *
+ *   search, per query  = r_flop · flops + r_code · codes              (dfm_audit_search_ops)
+ *   build              = r_train · train flops + r_add · add flops    (dfm_audit_build_ops)
+ *
+ * Rates are fitted by non-negative least squares on relative residuals (each size weighs the same, whatever its
+ * time). Two sizes fit two rates exactly; a validation needs three sizes or more.
+ */
+#ifndef DFM_AUDIT_MODEL_H
+#define DFM_AUDIT_MODEL_H
+
+#include <stdint.h>
+
+/* a validated prediction may miss the measurement by this much (the goal: 25 %) */
+#define DFM_AUDIT_VALID_MAX 0.25
+/* extrapolating further than this factor past the largest measured size is shown as a model only */
+#define DFM_AUDIT_DEFENSIBLE 100.0
+/* the smallest error a band is drawn with: timing noise between repeats on a shared machine */
+#define DFM_AUDIT_BAND_FLOOR 0.05
+
+typedef struct {
+    double rate[2]; /* seconds per operation of each kind */
+    int points;     /* sizes fitted */
+    double max_rel; /* largest |fit / measured - 1| over them */
+} dfm_audit_rates;
+
+/* Fit rate[0], rate[1] >= 0 to n points: y[i] ≈ rate[0]·x[i][0] + rate[1]·x[i][1] (relative residuals).
+ * Points with y <= 0 or no operations are skipped. DFM_EARG when none is left. */
+int dfm_audit_fit_rates(const double (*x)[2], const double *y, int n, dfm_audit_rates *r);
+double dfm_audit_rates_eval(const dfm_audit_rates *r, const double x[2]);
+
+/* The validation: rates fitted on the n - 1 smaller points (x sorted by size, the last the largest) predict
+ * the last: *err = prediction / measured - 1. With `planted` (not NULL) those rates are used instead of fitted
+ * ones (tests plant a wrong rate and check that the validation catches it). Returns 1 when |err| <=
+ * DFM_AUDIT_VALID_MAX, 0 when not, -1 when it cannot be done (fewer than 3 points: *err NAN). */
+int dfm_audit_validate(const double (*x)[2], const double *y, int n, const dfm_audit_rates *planted, double *err);
+
+/* The band factor at `beyond` times the largest measured size, whose sizes step by `step` (x4): the one-step
+ * validation error compounded per step, (1 + max(|err|, floor))^max(1, log(beyond) / log(step)). An err of
+ * NAN (not validated) counts as 100 % per step. */
+double dfm_audit_band(double err, double beyond, double step);
+
+#endif
