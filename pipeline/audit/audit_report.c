@@ -389,7 +389,7 @@ static void audit_environment(audit_ctx *x) {
 static json_t *json_run(const audit_ctx *x) {
     json_t *chunk_stage = dfm_manifest_stage(x->m, "chunk");
     json_t *tgt_fmt = x->have_targets ? json_object_get(dfm_manifest_stage(x->m, "targets"), "format") : NULL;
-    json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 1, "dfm_version", DFM_VERSION, "created_utc",
+    json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 2, "dfm_version", DFM_VERSION, "created_utc",
                   x->when, "run", x->a->run, "config_hash", x->chash, "inputs",
                   json_object_get(chunk_stage, "inputs") ? json_object_get(chunk_stage, "inputs") : json_null(), "upstream",
                   tgt_fmt && json_object_get(tgt_fmt, "upstream") ? json_object_get(tgt_fmt, "upstream") : json_null());
