@@ -218,7 +218,7 @@ const char *dfm_audit_secs(double s, char *b, size_t n) {
 const char *dfm_audit_bytes(double v, char *b, size_t n) {
     static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     int i = 0;
-    while (v >= 1024 && i < 6) v /= 1024, i++;
+    while (v >= 1000 && i < 6) v /= 1024, i++; /* "1000 KiB" reads better as "0.977 MiB" than as "1e+03 KiB" */
     snprintf(b, n, i ? "%.3g %s" : "%.0f %s", v, u[i]);
     return b;
 }

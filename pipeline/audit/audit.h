@@ -108,6 +108,7 @@ typedef struct {
     const char *label;       /* "queries", "items", ... */
     const char *unit;        /* shown after the numbers */
     double chunk, token;     /* values (> 0 to be drawn) */
+    const char *less;        /* the word of a positive saving: NULL "fewer" (counts), "less" (times, bytes) */
 } dfm_audit_bar;
 
 #define DFM_AUDIT_CURVE 48 /* model samples per curve */

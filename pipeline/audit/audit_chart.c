@@ -257,7 +257,7 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
         }
         if (vals[0] > 0 && vals[1] > 0) {
             char pc[48];
-            dfm_audit_saving_words(1.0 - vals[0] / vals[1], 3, "fewer", pc, sizeof pc);
+            dfm_audit_saving_words(1.0 - vals[0] / vals[1], 3, bars[i].less ? bars[i].less : "fewer", pc, sizeof pc);
             text_el(&b, W - M, y + bar_h + 4, "end", fs, 1, "#2f855a", pc);
         }
     }

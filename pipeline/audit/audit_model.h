@@ -1,13 +1,17 @@
-/* audit_model.h — the audit's cost model: seconds = Σ operations × rate, with the operations counted from the
- * index's layout (audit_layout.h) and two rates per side fitted on the measured sizes; validated by fitting
+/* audit_model.h — the audit's cost model: seconds = a fixed cost + operations × a rate, with the operations
+ * counted from the index's layout (audit_layout.h) and the two fitted on the measured sizes; validated by fitting
  * the smaller sizes only and predicting the largest one; extrapolated with a band that widens with the
  * distance from the measurements.
  *
- *   search, per query  = r_flop · flops + r_code · codes              (dfm_audit_search_ops)
- *   build              = r_train · train flops + r_add · add flops    (dfm_audit_build_ops)
+ *   search, per query  = fixed + r · (flops + codes)           (dfm_audit_search_ops)
+ *   build              = fixed + r · (train flops + add flops)  (dfm_audit_build_ops)
  *
- * Rates are fitted by non-negative least squares on relative residuals (each size weighs the same, whatever its
- * time). Two sizes fit two rates exactly; a validation needs three sizes or more.
+ * One rate for every operation: at the sizes a demo measures the kinds of operation grow together (flops and
+ * code look-ups are nearly proportional from one size to the next), so separate rates per kind cannot be told
+ * apart by a fit, while a fixed cost (the k-selection's sort, call overheads, start-up) and one rate can. The
+ * generic fit below takes any two columns: x[i] = {1, operations}. Rates are fitted by non-negative least
+ * squares on relative residuals (each size weighs the same, whatever its time). Two sizes fit both exactly; a
+ * validation needs three sizes or more.
  */
 #ifndef DFM_AUDIT_MODEL_H
 #define DFM_AUDIT_MODEL_H

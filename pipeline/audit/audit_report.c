@@ -490,8 +490,8 @@ static int render_svg(const audit_ctx *x, const char *path) {
     dfm_audit_bar bars[4] = {
         {"queries", "whole corpus", (double)x->queries, (double)x->tokens},
         {"items", "kept, whole corpus", (double)x->kept, (double)x->ct.token_items},
-        {"search time", "not measured", 0, 0},
-        {"index storage", "not measured", 0, 0},
+        {"search time", "not measured", 0, 0, "less"},
+        {"index storage", "not measured", 0, 0, "less"},
     };
     dfm_audit_panel panels[3];
     dfm_audit_range range = {0, 0, 0, 0};
@@ -500,15 +500,15 @@ static int render_svg(const audit_ctx *x, const char *path) {
         /* the corpus from the cost model */
         dfm_audit_extrap e;
         dfm_audit_scale_extrapolate(&x->sc, (double)x->tokens, &e);
-        bars[2] = (dfm_audit_bar){"search time", "CPU s, all queries, model", e.search_s[0], e.search_s[1]};
-        bars[3] = (dfm_audit_bar){"index storage", "bytes, layout", e.index_bytes[0], e.index_bytes[1]};
+        bars[2] = (dfm_audit_bar){"search time", "CPU s, all queries, model", e.search_s[0], e.search_s[1], "less"};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, layout", e.index_bytes[0], e.index_bytes[1], "less"};
         dfm_audit_scale_panels(&x->sc, x->a->large, panels, &range);
         snprintf(note, sizeof note, "dots: measured (medians of %d); line: cost model, dashed past the measured (shaded) range; band shaded; "
                  "past the dotted rule (%.0fx) a model only. Token keys: %s.", x->sc.cfg.repeats,
                  DFM_AUDIT_DEFENSIBLE, strcmp(x->sc.cfg.token_keys, "random") ? "a decoder's hidden states" : "RANDOM (not hidden states)");
     } else if (x->measured) {
-        bars[2] = (dfm_audit_bar){"search time", "s, corpus, sample rate", x->ex[0].t_chunk_const, x->ex[0].t_token_const};
-        bars[3] = (dfm_audit_bar){"index storage", "bytes, corpus", x->ex[0].bytes_chunk, x->ex[0].bytes_token};
+        bars[2] = (dfm_audit_bar){"search time", "s, corpus, sample rate", x->ex[0].t_chunk_const, x->ex[0].t_token_const, "less"};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, corpus", x->ex[0].bytes_chunk, x->ex[0].bytes_token, "less"};
     }
     char title[256];
     snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", x->L, x->K,

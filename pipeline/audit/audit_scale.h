@@ -111,8 +111,8 @@ typedef struct {
     int ok;                  /* the side was measured at 2 sizes or more in a family the model knows */
     dfm_audit_family family; /* of the measured sizes (the largest's) */
     int sizes;               /* sizes measured (a skipped size is not one) */
-    dfm_audit_rates search;  /* seconds per query: rate[0] per flop, rate[1] per code / candidate */
-    dfm_audit_rates build;   /* build seconds: rate[0] per training flop, rate[1] per add flop */
+    dfm_audit_rates search;  /* seconds per query: rate[0] fixed, rate[1] per operation (flop, code, candidate) */
+    dfm_audit_rates build;   /* build seconds: rate[0] fixed, rate[1] per operation (training and adding flops) */
     double search_err, build_err; /* validation: the smaller sizes' rates predict the largest: prediction / measured - 1 (NAN: < 3 sizes) */
     int search_valid, build_valid; /* dfm_audit_validate: 1 within DFM_AUDIT_VALID_MAX, 0 not, -1 not done */
     double bytes_err;        /* largest |layout arithmetic / serialised - 1| over the sizes */

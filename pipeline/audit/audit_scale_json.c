@@ -44,8 +44,8 @@ static json_t *model_json(const dfm_audit_side_model *m) {
     json_t *o = json_pack("{s:b, s:s, s:i, s:f}", "ok", 1, "family", dfm_audit_family_name(m->family), "sizes", m->sizes,
                           "layout_max_rel_error", m->bytes_err);
     if (o) {
-        json_object_set_new(o, "search", rates_json(&m->search, "s_per_flop", "s_per_code", m->search_err, m->search_valid));
-        json_object_set_new(o, "build", rates_json(&m->build, "s_per_train_flop", "s_per_add_flop", m->build_err, m->build_valid));
+        json_object_set_new(o, "search", rates_json(&m->search, "fixed_s_per_query", "s_per_operation", m->search_err, m->search_valid));
+        json_object_set_new(o, "build", rates_json(&m->build, "fixed_s", "s_per_operation", m->build_err, m->build_valid));
     }
     return o;
 }

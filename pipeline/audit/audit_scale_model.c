@@ -17,7 +17,8 @@ static uint32_t side_dim(const dfm_audit_scale *s, int side) { return side == 1 
 static uint32_t side_metric(const dfm_audit_scale *s, int side) { return side == 1 ? DFM_METRIC_L2 : s->cfg.chunk_metric; }
 static double side_k(const dfm_audit_scale *s, int side) { return side == 1 ? s->cfg.k_token : s->cfg.k_chunk; }
 
-/* the operations of a measured point: search per query {flops, codes}, build {train, add}; 0 when its family has no model */
+/* the operations of a measured point as the model's columns: search per query {1, flops + codes}, build {1, train + add};
+ * 0 when its family has no model */
 static int point_ops(const dfm_audit_scale *s, int side, const dfm_audit_point *p, double xs[2], double xb[2], dfm_audit_family *fam) {
     dfm_audit_layout l;
     if (p->skipped || dfm_audit_layout_parse(p->factory, side_dim(s, side), side_metric(s, side), &l)) {
@@ -28,7 +29,7 @@ static int point_ops(const dfm_audit_scale *s, int side, const dfm_audit_point *
     dfm_audit_build_ops bo;
     dfm_audit_search_ops_of(&l, (double)p->keys, (double)p->nprobe, side_k(s, side), &so);
     dfm_audit_build_ops_of(&l, (double)p->keys, (double)p->train_n, &bo);
-    xs[0] = so.flops, xs[1] = so.codes, xb[0] = bo.train, xb[1] = bo.add;
+    xs[0] = 1, xs[1] = so.flops + so.codes, xb[0] = 1, xb[1] = bo.train + bo.add;
     *fam = l.family;
     return 1;
 }
@@ -116,7 +117,7 @@ void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double T, dfm_audit_e
         dfm_audit_build_ops bo;
         dfm_audit_search_ops_of(&l, (double)keys, (double)np, side_k(s, i), &so);
         dfm_audit_build_ops_of(&l, (double)keys, (double)c.train_n, &bo);
-        const double xs[2] = {so.flops, so.codes}, xb[2] = {bo.train, bo.add};
+        const double xs[2] = {1, so.flops + so.codes}, xb[2] = {1, bo.train + bo.add};
         e->s_per_query[i] = dfm_audit_rates_eval(&m->search, xs);
         e->search_s[i] = e->queries[i] * e->s_per_query[i];
         e->build_s[i] = dfm_audit_rates_eval(&m->build, xb);

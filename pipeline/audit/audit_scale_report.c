@@ -44,14 +44,14 @@ static const char *verdict(int valid) { return valid > 0 ? "within 25 %" : valid
 static void md_model_rows(FILE *mf, const dfm_audit_scale *s) {
     fprintf(mf, "\n### The cost model, and its validation\n\n"
                 "Index bytes are the index's layout (codes, ids, centroids, PQ codebooks, list sizes: `pipeline/audit/audit_layout.h`), "
-                "exact arithmetic over FAISS's serialisation. Search CPU seconds per query = r_flop · flops + r_code · codes, where the "
+                "exact arithmetic over FAISS's serialisation. Search CPU seconds per query = a fixed cost + r · operations, where the "
                 "operations are counted from the layout (coarse distances to the lists' centroids, the codes scanned in nprobe lists of "
-                "n/nlist, the PQ distance tables, full-vector distances for Flat, the k-selection); build CPU seconds = r_train · "
-                "k-means flops on the training keys + r_add · flops of assigning and encoding every key. The two rates of each are fitted "
-                "by non-negative least squares on the measured sizes. *Validation*: the rates fitted on the smaller sizes alone predict "
+                "n/nlist, the PQ distance tables, full-vector distances for Flat, the k-selection); build CPU seconds = a fixed cost + r · "
+                "(k-means flops on the training keys + flops of assigning and encoding every key). The fixed cost and the rate of each are "
+                "fitted by non-negative least squares on the measured sizes. *Validation*: the rates fitted on the smaller sizes alone predict "
                 "the largest measured size; the error is printed, and a model is called validated within %.0f %%.\n\n"
-                "| side | family | sizes | layout vs serialised bytes | search rates (s per flop; per code) | search: largest predicted | "
-                "build rates (s per train flop; per add flop) | build: largest predicted |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+                "| side | family | sizes | layout vs serialised bytes | search: fixed s per query; s per operation | search: largest predicted | "
+                "build: fixed s; s per operation | build: largest predicted |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
             100 * DFM_AUDIT_VALID_MAX);
     static const int order[DFM_AUDIT_SIDES] = {1, 0, 2};
     for (int o = 0; o < DFM_AUDIT_SIDES; o++) {
@@ -102,6 +102,11 @@ static void md_extrapolated(FILE *mf, const dfm_audit_scale *s, const double *ta
                 saving(e.search_s[2], e.search_s[1], w2));
         fprintf(mf, "| | build, CPU | %s | %s | %s | %s | %s |\n", banded(e.build_s[1], e.build_band[1], 0, v1), banded(e.build_s[0], e.build_band[0], 0, v2),
                 saving(e.build_s[0], e.build_s[1], w1), banded(e.build_s[2], e.build_band[2], 0, v3), saving(e.build_s[2], e.build_s[1], w2));
+    }
+    fprintf(mf, "\n");
+    for (int t = 0; t < n; t++) {
+        dfm_audit_extrap e;
+        dfm_audit_scale_extrapolate(s, targets[t], &e);
         for (int c = 0; c <= 2; c += 2) {
             if (!e.ok[c] || !e.ok[1]) continue;
             if (e.carried[c])

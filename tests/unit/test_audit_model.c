@@ -124,8 +124,8 @@ static void synth_scale(dfm_audit_scale *s, const double rate_s[2], const double
             dfm_audit_build_ops bo;
             dfm_audit_search_ops_of(&l, (double)n, (double)p->nprobe, side == 1 ? 1024 : 32, &so);
             dfm_audit_build_ops_of(&l, (double)n, (double)c.train_n, &bo);
-            p->query_cpu.med = rate_s[0] * so.flops + rate_s[1] * so.codes;
-            p->build_cpu.med = rate_b[0] * bo.train + rate_b[1] * bo.add;
+            p->query_cpu.med = rate_s[0] + rate_s[1] * (so.flops + so.codes);
+            p->build_cpu.med = rate_b[0] + rate_b[1] * (bo.train + bo.add);
             p->index_bytes = (uint64_t)dfm_audit_layout_bytes(&l, n, c.nlist);
             p->layout_bytes = (double)p->index_bytes;
         }
@@ -134,7 +134,7 @@ static void synth_scale(dfm_audit_scale *s, const double rate_s[2], const double
 
 static void test_extrapolation(void **state) {
     (void)state;
-    const double rs[2] = {3e-10, 2e-9}, rb[2] = {1e-10, 4e-10};
+    const double rs[2] = {2e-5, 1e-9}, rb[2] = {0.01, 2e-10};
     dfm_audit_scale s;
     synth_scale(&s, rs, rb);
     dfm_audit_scale_model(&s);
@@ -167,7 +167,7 @@ static void test_extrapolation(void **state) {
     assert_int_equal(dfm_audit_layout_parse(e.factory[1], 576, DFM_METRIC_L2, &l), DFM_OK);
     dfm_audit_search_ops so;
     dfm_audit_search_ops_of(&l, 5e9, 32, 1024, &so);
-    assert_true(fabs(e.s_per_query[1] / (rs[0] * so.flops + rs[1] * so.codes) - 1) < 1e-6);
+    assert_true(fabs(e.s_per_query[1] / (rs[0] + rs[1] * (so.flops + so.codes)) - 1) < 1e-6);
     assert_true(e.beyond > DFM_AUDIT_DEFENSIBLE && fabs(e.search_band[1] - pow(1.05, log(e.beyond) / log(4))) < 1e-9);
     assert_true(fabs(e.search_s[1] - 5e9 * e.s_per_query[1]) < 1e-6 * e.search_s[1]);
     /* a planted wrong rate in the measurement (token level's largest size 2x slower than its operations say): the
