@@ -81,8 +81,9 @@ static void md_extrapolated(FILE *mf, const dfm_audit_scale *s, const double *ta
                 "At each corpus size every side gets the index it would have there (token level and *chunk, IVF-PQ*: the IVF-PQ "
                 "rule; *run's index*: `dfm index`'s choice on one rank with its default --index-memory), its bytes from the layout, "
                 "and its times from its operation counts times the rates of a side measured in the same family. Times are given with "
-                "their band: the validated one-step (×%.0f) error compounded per step beyond the largest measured size (at least "
-                "%.0f %% a step; 100 %% a step where the rates were not validated or were carried to a family nobody measured). "
+                "their band: the one-step (×%.0f) validation error, but at least %.0f %% (what a validated model is trusted to), "
+                "compounded per step beyond the largest measured size; 100 %% a step where no validation could be done (fewer than "
+                "three sizes) or the rates were carried to a family nobody measured. "
                 "Beyond %.0f× the largest measured size (%s tokens) the figures are a model only, never a measurement.\n\n"
                 "| corpus | | token level | chunk, run's index | saving | chunk, IVF-PQ | saving (like for like) |\n"
                 "|---|---|---:|---:|---:|---:|---:|\n",

@@ -73,11 +73,12 @@ static void test_fit_and_validate(void **state) {
 
 static void test_band(void **state) {
     (void)state;
-    assert_true(fabs(dfm_audit_band(0.1, 4, 4) - 1.1) < 1e-12);        /* one step: the validated error */
-    assert_true(fabs(dfm_audit_band(-0.1, 64, 4) - pow(1.1, 3)) < 1e-12); /* three steps of x4 */
-    assert_true(fabs(dfm_audit_band(0.001, 16, 4) - pow(1.05, 2)) < 1e-12); /* never tighter than the floor */
-    assert_true(fabs(dfm_audit_band(NAN, 16, 4) - 4.0) < 1e-12);         /* not validated: 100 % a step */
-    assert_true(fabs(dfm_audit_band(0.2, 0.5, 4) - 1.2) < 1e-12);        /* inside the measured range: one step */
+    const double f = DFM_AUDIT_BAND_FLOOR;
+    assert_true(fabs(dfm_audit_band(0.4, 4, 4) - 1.4) < 1e-12);          /* one step: the validated error */
+    assert_true(fabs(dfm_audit_band(-0.4, 64, 4) - pow(1.4, 3)) < 1e-12); /* three steps of x4 */
+    assert_true(fabs(dfm_audit_band(0.001, 16, 4) - pow(1 + f, 2)) < 1e-12); /* never tighter than the floor */
+    assert_true(fabs(dfm_audit_band(NAN, 16, 4) - 4.0) < 1e-12);          /* not validated: 100 % a step */
+    assert_true(fabs(dfm_audit_band(0.5, 0.5, 4) - 1.5) < 1e-12);         /* inside the measured range: one step */
 }
 
 static void test_saving_words(void **state) {
@@ -168,7 +169,7 @@ static void test_extrapolation(void **state) {
     dfm_audit_search_ops so;
     dfm_audit_search_ops_of(&l, 5e9, 32, 1024, &so);
     assert_true(fabs(e.s_per_query[1] / (rs[0] + rs[1] * (so.flops + so.codes)) - 1) < 1e-6);
-    assert_true(e.beyond > DFM_AUDIT_DEFENSIBLE && fabs(e.search_band[1] - pow(1.05, log(e.beyond) / log(4))) < 1e-9);
+    assert_true(e.beyond > DFM_AUDIT_DEFENSIBLE && fabs(e.search_band[1] - pow(1 + DFM_AUDIT_BAND_FLOOR, log(e.beyond) / log(4))) < 1e-9);
     assert_true(fabs(e.search_s[1] - 5e9 * e.s_per_query[1]) < 1e-6 * e.search_s[1]);
     /* a planted wrong rate in the measurement (token level's largest size 2x slower than its operations say): the
      * validation catches it, and the band at 5e9 widens */
