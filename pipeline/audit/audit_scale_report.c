@@ -3,7 +3,6 @@
 #include "pipeline/audit/audit_scale.h"
 
 #include "pipeline/audit/audit.h"
-#include "retriever/index.h"
 
 #include <math.h>
 #include <string.h>
@@ -169,7 +168,8 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
                 "labelled IVF-PQ).\n",
             (unsigned long long)s->run_chunks, c->chunk_keys_per_token, c->chunk_queries_per_token, c->chunk_index, c->k_chunk,
             (long long)c->chunk_nprobe);
-    fprintf(mf, "- Queries: %llu per size and side (all keys when fewer), drawn evenly over the datastore; recall@k is the share "
+    fprintf(mf, "- Queries: %llu per size and side in one batch, drawn evenly over the datastore (repeated in order when it holds fewer keys: "
+                "a search's cost per query depends on how many one call holds); recall@k is the share "
                 "of the exact top-k (Flat search) that the index returns, over %llu of them.\n\n",
             (unsigned long long)c->queries, (unsigned long long)c->recall_queries);
     fprintf(mf, "| tokens | side | keys (real) | index | build, CPU s (min / med / max) | build, wall s (med) | per query, CPU ms (min / med / max) "

@@ -76,6 +76,16 @@ static void log_point(const char *side, const dfm_audit_point *p) {
               (unsigned long long)p->index_bytes, p->recall);
 }
 
+/* the timed queries of a datastore of n keys: `want` of them (every size times the same batch: a search's cost
+ * per query depends on how many queries one call holds), drawn evenly over the keys, the draw repeated in order
+ * when the datastore holds fewer keys than that */
+static uint64_t queries_of(uint64_t n, uint64_t want, uint64_t seed, uint64_t *qidx) {
+    uint64_t m = want < n ? want : n;
+    dfm_sample_ids(n, m, seed, qidx);
+    for (uint64_t q = m; q < want; q++) qidx[q] = qidx[q % m];
+    return want;
+}
+
 int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
     memset(s, 0, sizeof *s);
     s->cfg = *c;
@@ -140,8 +150,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         uint64_t n = z->tokens;
         DFM_LOG_I("audit: size %d/%d: %llu tokens", i + 1, s->n, (unsigned long long)n);
         dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
-        uint64_t nq = c->queries < n ? c->queries : n;
-        dfm_sample_ids(n, nq, c->seed, qidx);
+        uint64_t nq = queries_of(n, c->queries, c->seed, qidx);
         if ((rc = dfm_audit_measure_point(&to, tk, n, qidx, nq, &z->tok))) goto done;
         log_point("token level", &z->tok);
         uint64_t nc = (uint64_t)llround((double)n * c->chunk_keys_per_token);
@@ -149,8 +158,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if (nc > nc_max) nc = nc_max;
         z->chunk_real_keys = nc < s->run_chunks ? nc : s->run_chunks;
         dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->build_repeats, c->recall_queries};
-        uint64_t nqc = c->queries < nc ? c->queries : nc;
-        dfm_sample_ids(nc, nqc, c->seed ^ 0xc4u, qidx);
+        uint64_t nqc = queries_of(nc, c->queries, c->seed ^ 0xc4u, qidx);
         if ((rc = dfm_audit_measure_point(&co, ck, nc, qidx, nqc, &z->chk))) goto done;
         log_point("chunk level", &z->chk);
         /* like for like: the same keys in the token level's index family and rule */

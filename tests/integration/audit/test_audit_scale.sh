@@ -74,7 +74,7 @@ for x in z:
     for side in (t, c):
         for f in ("build_s", "s_per_query", "build_cpu_s", "cpu_s_per_query"):
             sp = side[f]; assert sp["n"] == 2 and 0 < sp["min"] <= sp["median"] <= sp["max"], (f, sp)
-        assert side["index_bytes"] > 0 and side["queries"] == min(40, side["keys"])
+        assert side["index_bytes"] > 0 and side["queries"] == 40  # the same batch at every size, keys repeated when fewer
         assert side["layout_bytes"] == side["index_bytes"], side  # the layout arithmetic is FAISS's serialisation
 M = s["model"]
 assert M["valid_max_rel_error"] == 0.25 and M["defensible_factor"] == 100
