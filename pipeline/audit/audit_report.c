@@ -693,6 +693,20 @@ static void print_summary(const audit_ctx *x, char *const paths[3]) {
                (unsigned long long)z->tokens, strcmp(x->sc.cfg.token_keys, "random") ? "hidden states" : "RANDOM keys", z->tok.factory,
                z->tok.query_cpu.med * 1e3, z->tok.query_cpu.n, bytes((double)z->tok.index_bytes, b1), x->sc.cfg.k_token, z->tok.recall,
                z->chk.factory, z->chk.query_cpu.med * 1e3, bytes((double)z->chk.index_bytes, b2));
+        {
+            /* measured like for like at the largest size, all queries of its text */
+            double qt = (double)z->tokens, qc = qt * x->sc.cfg.chunk_queries_per_token;
+            double st = qt * z->tok.query_cpu.med, sp = qc * z->chk_pq.query_cpu.med;
+            char w[48];
+            if (z->chk_pq.skipped)
+                printf("  measured at %llu tokens, like for like: the chunk level's %llu keys are too few for IVF-PQ (not measured; priced "
+                       "with the token level's IVF-PQ rates below)\n", (unsigned long long)z->tokens, (unsigned long long)z->chk_pq.keys);
+            else
+                printf("  measured at %llu tokens, like for like (IVF-PQ both): search CPU, all queries, token level %s, chunk level %s: %s "
+                       "(the model predicts these from the smaller sizes %+.1f %% and %+.1f %%)\n", (unsigned long long)z->tokens, secs(st, b1),
+                       secs(sp, b2), dfm_audit_saving_words(1 - sp / st, 3, "less", w, sizeof w), 100 * x->sc.model[1].search_err,
+                       100 * x->sc.model[2].search_err);
+        }
         static const char *side_name[DFM_AUDIT_SIDES] = {"chunk level, run's index", "token level", "chunk level, IVF-PQ"};
         for (int i = 0; i < DFM_AUDIT_SIDES; i++) {
             const dfm_audit_side_model *m = &x->sc.model[i];
