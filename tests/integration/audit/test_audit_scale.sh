@@ -114,6 +114,8 @@ grep -q "model only" "$WORK/a/audit/audit.md" || fail "audit.md does not say tha
 # words that cannot contradict themselves: never a negative number before "less" / "fewer"
 if grep -nE -- '-[0-9.]+ % (less|fewer)' "$WORK/a/audit/audit.md" "$WORK/audit.log" "$WORK/a/audit/audit.svg"; then fail "a negative saving written as less"; fi
 grep -q "model, token level (IVF-PQ, 2 sizes)" "$WORK/audit.log" || fail "the summary lacks the model's validation line: $(cat "$WORK/audit.log")"
+grep -q "like for like: the chunk level's [0-9]* keys are too few for IVF-PQ (not measured" "$WORK/audit.log" \
+  || fail "the summary does not say why the chunk level was not measured in IVF-PQ: $(cat "$WORK/audit.log")"
 grep -q "load average" "$WORK/a/audit/audit.md" || fail "audit.md lacks the conditions"
 grep -q "min / med / max" "$WORK/a/audit/audit.md" || fail "audit.md lacks the spreads"
 ok "scale: two sizes of real hidden states, IVF-PQ vs the run's index, the cost model and its extrapolation"
