@@ -218,7 +218,7 @@ const char *dfm_audit_secs(double s, char *b, size_t n) {
 const char *dfm_audit_bytes(double v, char *b, size_t n) {
     static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
     int i = 0;
-    while (v >= 1024 && i < 6) v /= 1024, i++;
+    while (v >= 1000 && i < 6) v /= 1024, i++; /* "1000 KiB" reads better as "0.977 MiB" than as "1e+03 KiB" */
     snprintf(b, n, i ? "%.3g %s" : "%.0f %s", v, u[i]);
     return b;
 }
@@ -235,6 +235,14 @@ const char *dfm_audit_human(double v, char *buf, size_t n) {
     if (i == 0 && v == floor(v)) snprintf(buf, n, "%.0f", v);
     else snprintf(buf, n, "%.3g%s", v, pre[i]);
     return buf;
+}
+
+const char *dfm_audit_saving_words(double saving, int digits, const char *less, char *b, size_t n) {
+    if (isnan(saving)) snprintf(b, n, "not measured");
+    else if (saving > 0) snprintf(b, n, "%.*f %% %s", digits, 100 * saving, less);
+    else if (saving < 0) snprintf(b, n, "%.*f %% more", digits, -100 * saving);
+    else snprintf(b, n, "the same");
+    return b;
 }
 
 /* ---- helpers ---------------------------------------------------------------------------------------- */

@@ -108,28 +108,42 @@ typedef struct {
     const char *label;       /* "queries", "items", ... */
     const char *unit;        /* shown after the numbers */
     double chunk, token;     /* values (> 0 to be drawn) */
+    const char *less;        /* the word of a positive saving: NULL "fewer" (counts), "less" (times, bytes) */
 } dfm_audit_bar;
 
-/* One side's growth in a panel: measured (x = corpus tokens, y) and, with has_fit, its power law. */
+#define DFM_AUDIT_CURVE 48 /* model samples per curve */
+
+/* One side's growth in a panel: measured (x = corpus tokens, y) and the cost model sampled at m sizes (mx, my)
+ * with its band (lo, hi). n 0 and m 0: not drawn. */
 typedef struct {
     int n;
     double x[DFM_AUDIT_MAX_SIZES], y[DFM_AUDIT_MAX_SIZES];
-    int has_fit;
-    dfm_audit_fit fit;
+    int m;
+    double mx[DFM_AUDIT_CURVE], my[DFM_AUDIT_CURVE], lo[DFM_AUDIT_CURVE], hi[DFM_AUDIT_CURVE];
 } dfm_audit_series;
 
 typedef struct {
     const char *title, *unit;
-    dfm_audit_series side[DFM_AUDIT_SIDES]; /* chunk level (the run's index), token level, chunk level (IVF-PQ); n 0: not drawn */
+    dfm_audit_series side[DFM_AUDIT_SIDES]; /* chunk level (the run's index), token level, chunk level (IVF-PQ) */
 } dfm_audit_panel;
 
+/* The x range the chart marks: [lo, hi] measured (the model is validated on its largest size), and beyond
+ * `defensible` the model alone (its band widening). */
+typedef struct {
+    double measured_lo, measured_hi, defensible, x_hi;
+} dfm_audit_range;
+
 /* Write audit.svg atomically to path (audit_chart.c): the title and legend, n_panels growth panels side
- * by side (log-log, measured points, the fit solid over the measured range and dashed up to x_hi), then
- * the savings bars (log10 scale, chunk- vs token-level bars per group, the saving in %), then note
- * (NULL: none). The canvas is sized from estimated text widths (dfm_audit_text_width) so every label
- * lies inside it. DFM_ENOMEM, DFM_EIO. */
-int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_panel *panels, int n_panels, double x_hi,
+ * by side (log-log; the measured range shaded, the defensible limit a dashed rule; measured points as dots,
+ * the model as a line, solid over the measured range and dashed beyond, its band shaded), then the savings
+ * bars (log10 scale, chunk- vs token-level bars per group, the saving in words), then note (NULL: none). The
+ * canvas is sized from estimated text widths (dfm_audit_text_width) so every label lies inside it.
+ * DFM_ENOMEM, DFM_EIO. */
+int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_panel *panels, int n_panels, const dfm_audit_range *range,
                           const char *note, const dfm_audit_bar *bars, int n_bars);
+/* The scale measurement's three panels (search, build, index bytes; audit_scale_report.c): measured points and the
+ * cost model (dfm_audit_scale_extrapolate) sampled from the smallest measured size to x_hi, with the range. */
+void dfm_audit_scale_panels(const dfm_audit_scale *s, double x_hi, dfm_audit_panel panels[3], dfm_audit_range *r);
 /* The bars alone. */
 int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars);
 /* Estimated width in pixels of UTF-8 text s at font size `size` in DejaVu Sans (bold: 1), rounded up per
@@ -144,6 +158,11 @@ const char *dfm_audit_human(double v, char *buf, size_t n);
 const char *dfm_audit_secs(double s, char *buf, size_t n);
 /* A size in bytes with binary prefixes ("512 B", "23.2 MiB") into buf. */
 const char *dfm_audit_bytes(double v, char *buf, size_t n);
+
+/* A saving (1 − chunk / token) in words that cannot contradict themselves: "51.596 % less" (less: the word for
+ * a positive saving, "less" or "fewer"), "77.034 % more" for a negative one, "the same" for 0, "not measured"
+ * for NAN; digits after the point. The caller says why when it is more. Into b. */
+const char *dfm_audit_saving_words(double saving, int digits, const char *less, char *b, size_t n);
 
 /* The stages an audit reads, in pipeline order: chunk, encode, index, retrieve, targets. */
 #define DFM_AUDIT_N_STAGES 5

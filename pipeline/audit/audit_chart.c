@@ -1,5 +1,5 @@
-/* audit_chart.c — audit.svg: growth panels (log-log, measured points and the fitted power law carried to
- * the extrapolation) above the savings bars. Every position is computed from an estimate of the text's
+/* audit_chart.c — audit.svg: growth panels (log-log: measured points, the cost model with its band, the measured
+ * range and the limit past which the model stands alone) above the savings bars. Every position is computed from an estimate of the text's
  * width, so no label leaves the canvas (tests/integration/audit/test_audit_scale.sh renders it and checks). */
 #include "pipeline/audit/audit.h"
 
@@ -82,18 +82,18 @@ static void decade(int d, char *buf, size_t n) { snprintf(buf, n, "1e%d", d); }
 
 static double panel_height(void) { return 250; }
 
-/* one growth panel at (x0, y0), w wide */
-static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, double w, double x_lo, double x_hi) {
+/* one growth panel at (x0, y0), w wide: the measured range shaded, the defensible limit, each side's band, model and points */
+static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, double w, double x_lo, const dfm_audit_range *r) {
     const double fs = 11, H = panel_height();
+    double x_hi = r->x_hi;
     double y_lo = INFINITY, y_hi = -INFINITY;
     for (int s = 0; s < DFM_AUDIT_SIDES; s++) {
         const dfm_audit_series *sr = &p->side[s];
         for (int i = 0; i < sr->n; i++)
             if (sr->y[i] > 0) y_lo = fmin(y_lo, sr->y[i]), y_hi = fmax(y_hi, sr->y[i]);
-        if (sr->has_fit) {
-            double a = dfm_audit_fit_eval(&sr->fit, x_lo), c = dfm_audit_fit_eval(&sr->fit, x_hi);
-            if (a > 0) y_lo = fmin(y_lo, a), y_hi = fmax(y_hi, a);
-            if (c > 0) y_lo = fmin(y_lo, c), y_hi = fmax(y_hi, c);
+        for (int i = 0; i < sr->m; i++) {
+            if (sr->lo[i] > 0) y_lo = fmin(y_lo, sr->lo[i]);
+            if (sr->hi[i] > 0) y_hi = fmax(y_hi, sr->hi[i]);
         }
     }
     if (!(y_lo < INFINITY)) y_lo = 1, y_hi = 10;
@@ -109,6 +109,11 @@ static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, 
     text_el(b, x0 + w / 2, y0 + 28, "middle", fs, 0, "#555", p->unit);
 #define PX(v) (pl + (pr - pl) * (log10(v) - dx0) / (double)(dx1 - dx0))
 #define PY(v) (pb - (pb - pt) * (log10(v) - dy0) / (double)(dy1 - dy0))
+    /* the measured (validated) range, and the limit past which the model stands alone */
+    if (r->measured_hi > 0 && r->measured_lo > 0)
+        sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#f1f5e9\"><title>measured: the model is validated on "
+                     "the largest size</title></rect>\n",
+                  PX(r->measured_lo), pt, PX(r->measured_hi) - PX(r->measured_lo), pb - pt);
     int ystep = (dy1 - dy0) > 8 ? 2 : 1, xstep = (dx1 - dx0) > 6 ? 2 : 1;
     for (int d = dy0; d <= dy1; d += ystep) {
         double y = PY(pow(10, d));
@@ -123,31 +128,44 @@ static void draw_panel(sbuf *b, const dfm_audit_panel *p, double x0, double y0, 
         text_el(b, x, pb + 14, "middle", fs, 0, "#555", lab);
     }
     text_el(b, (pl + pr) / 2, pb + 28, "middle", fs, 0, "#555", "corpus tokens");
+    if (r->defensible > x_lo && r->defensible < x_hi) {
+        double xd = PX(r->defensible);
+        sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\" stroke-dasharray=\"2,3\"><title>beyond: the model "
+                     "only</title></line>\n",
+                  xd, pt, xd, pb);
+        if (xd + 4 + dfm_audit_text_width("model only", 10, 0) < pr) text_el(b, xd + 4, pt + 12, "start", 10, 0, "#777", "model only");
+    }
+    if (r->measured_hi > 0) text_el(b, PX(r->measured_lo) + 3, pt + 12, "start", 10, 0, "#5a7d2a", "measured");
     sb_printf(b, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n", pl, pt, pr - pl, pb - pt);
     for (int s = 0; s < DFM_AUDIT_SIDES; s++) {
         const dfm_audit_series *sr = &p->side[s];
-        if (sr->has_fit && sr->n) {
-            /* the fit: solid over the measured range, dashed beyond it (the extrapolation) */
-            double mx = 0;
-            for (int i = 0; i < sr->n; i++) mx = fmax(mx, sr->x[i]);
-            double mn = mx;
-            for (int i = 0; i < sr->n; i++) mn = fmin(mn, sr->x[i]);
-            sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\"/>\n", PX(mn),
-                      PY(dfm_audit_fit_eval(&sr->fit, mn)), PX(mx), PY(dfm_audit_fit_eval(&sr->fit, mx)), COL[s]);
-            if (x_hi > mx)
-                sb_printf(b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"1.5\" stroke-dasharray=\"5,4\"/>\n",
-                          PX(mx), PY(dfm_audit_fit_eval(&sr->fit, mx)), PX(x_hi), PY(dfm_audit_fit_eval(&sr->fit, x_hi)), COL[s]);
+        if (sr->m >= 2) {
+            /* the band: a polygon along hi, back along lo */
+            sb_printf(b, "<polygon fill=\"%s\" fill-opacity=\"0.12\" stroke=\"none\" points=\"", COL[s]);
+            for (int i = 0; i < sr->m; i++) sb_printf(b, "%.1f,%.1f ", PX(sr->mx[i]), PY(sr->hi[i]));
+            for (int i = sr->m - 1; i >= 0; i--) sb_printf(b, "%.1f,%.1f ", PX(sr->mx[i]), PY(sr->lo[i]));
+            sb_printf(b, "\"><title>uncertainty band of the model</title></polygon>\n");
+            /* the model: solid up to the largest measured size, dashed beyond */
+            for (int pass = 0; pass < 2; pass++) {
+                sb_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\"%s points=\"", COL[s], pass ? " stroke-dasharray=\"5,4\"" : "");
+                double lim = r->measured_hi * (1 + 1e-9);
+                for (int i = 0; i < sr->m; i++) {
+                    int beyond = sr->mx[i] > lim, next_beyond = i + 1 < sr->m && sr->mx[i + 1] > lim;
+                    if (pass ? beyond || next_beyond : !beyond) sb_printf(b, "%.1f,%.1f ", PX(sr->mx[i]), PY(sr->my[i]));
+                }
+                sb_printf(b, "\"/>\n");
+            }
         }
         for (int i = 0; i < sr->n; i++)
             if (sr->y[i] > 0 && sr->x[i] > 0)
-                sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"%s\"><title>%.6g at %.6g tokens</title></circle>\n", PX(sr->x[i]),
+                sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.2\" fill=\"%s\"><title>measured: %.6g at %.6g tokens</title></circle>\n", PX(sr->x[i]),
                           PY(sr->y[i]), COL[s], sr->y[i], sr->x[i]);
     }
 #undef PX
 #undef PY
 }
 
-int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_panel *panels, int n_panels, double x_hi,
+int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_panel *panels, int n_panels, const dfm_audit_range *range,
                           const char *note, const dfm_audit_bar *bars, int n_bars) {
     const double M = 16, fs = 12;
     char h[64];
@@ -161,7 +179,7 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
     }
     val_w = fmax(val_w, dfm_audit_text_width("n/a", fs, 0));
     double legend_w = dfm_audit_text_width("chunk level (DFM)", fs, 0) + dfm_audit_text_width("token level (one query per token, k per query)", fs, 0) +
-                      dfm_audit_text_width("chunk level in IVF-PQ (curves)", fs, 0) + 120;
+                      dfm_audit_text_width("chunk level in IVF-PQ (curves; like for like)", fs, 0) + 120;
     double W = fmax(960, M + lab_w + 12 + 380 + 8 + val_w + 16 + pct_w + M);
     W = fmax(W, 2 * M + dfm_audit_text_width(title, 15, 1));
     W = fmax(W, 2 * M + legend_w);
@@ -189,7 +207,7 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
     if (n_panels > 0) {
         lx += 16 + dfm_audit_text_width("token level (one query per token, k per query)", fs, 0) + 24;
         sb_printf(&b, "<rect x=\"%.1f\" y=\"34\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx, COL[2]);
-        text_el(&b, lx + 16, 45, "start", fs, 0, "#222", "chunk level in IVF-PQ (curves)");
+        text_el(&b, lx + 16, 45, "start", fs, 0, "#222", "chunk level in IVF-PQ (curves; like for like)");
     }
 
     if (n_panels > 0) {
@@ -198,9 +216,10 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
             for (int s = 0; s < DFM_AUDIT_SIDES; s++)
                 for (int j = 0; j < panels[i].side[s].n; j++) x_lo = fmin(x_lo, panels[i].side[s].x[j]);
         if (!(x_lo < INFINITY) || x_lo <= 0) x_lo = 1;
-        if (!(x_hi > x_lo)) x_hi = x_lo * 10;
+        dfm_audit_range r = range ? *range : (dfm_audit_range){0, 0, 0, 0};
+        if (!(r.x_hi > x_lo)) r.x_hi = x_lo * 10;
         double gap = 14, pw = (W - 2 * M - gap * (n_panels - 1)) / n_panels;
-        for (int i = 0; i < n_panels; i++) draw_panel(&b, &panels[i], M + i * (pw + gap), panels_top, pw, x_lo, x_hi);
+        for (int i = 0; i < n_panels; i++) draw_panel(&b, &panels[i], M + i * (pw + gap), panels_top, pw, x_lo, &r);
     }
 
     /* savings bars on a shared log10 axis */
@@ -238,9 +257,7 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
         }
         if (vals[0] > 0 && vals[1] > 0) {
             char pc[48];
-            double sv = 1.0 - vals[0] / vals[1];
-            if (sv >= 0) snprintf(pc, sizeof pc, "%.3f %% fewer", 100.0 * sv);
-            else snprintf(pc, sizeof pc, "%.3f %% more", -100.0 * sv);
+            dfm_audit_saving_words(1.0 - vals[0] / vals[1], 3, bars[i].less ? bars[i].less : "fewer", pc, sizeof pc);
             text_el(&b, W - M, y + bar_h + 4, "end", fs, 1, "#2f855a", pc);
         }
     }
@@ -256,5 +273,5 @@ int dfm_audit_write_chart(const char *path, const char *title, const dfm_audit_p
 }
 
 int dfm_audit_write_svg(const char *path, const char *title, const dfm_audit_bar *bars, int n_bars) {
-    return dfm_audit_write_chart(path, title, NULL, 0, 0, NULL, bars, n_bars);
+    return dfm_audit_write_chart(path, title, NULL, 0, NULL, NULL, bars, n_bars);
 }

@@ -24,7 +24,7 @@ int dfm_cmd_audit(int argc, char **argv) {
         {"seed", DFM_OPT_INT, &a.seed, "1234", "S", "seed of the sample and of the keys", 0},
         {"measure-tokens", DFM_OPT_INT, &a.measure_tokens, "0", "N",
          "build and search both datastores over the first n tokens of the same text at --measure-sizes sizes up to N (token level: "
-         "--token-keys, IVF-PQ; chunk level: the run's embeddings and index), fit the growth and extrapolate (0: skip)", 0, .min = "0"},
+         "--token-keys, IVF-PQ; chunk level: the run's embeddings and index), fit the cost model, validate it on the largest size and extrapolate (0: skip)", 0, .min = "0"},
         {"token-keys", DFM_OPT_STR, &token_keys, NULL, "FILE",
          "token-level keys for --measure-tokens: a hidden-states file of `dfm-train hidden` (default RUN/audit/hidden_states.bin), "
          "or 'random' for seeded random keys of width --token-key-dim (labelled as such)", 0},

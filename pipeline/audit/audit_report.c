@@ -227,6 +227,8 @@ static const char *H(double v, char *b) { return dfm_audit_human(v, b, 32); }
 static const char *secs(double s, char *b) { return dfm_audit_secs(s, b, 32); }
 static const char *bytes(double v, char *b) { return dfm_audit_bytes(v, b, 32); }
 static double pct(double x) { return 100.0 * x; }
+/* a saving in words: "N % less" / "N % more" (4 decimals) */
+static const char *W(double saving, char *b) { return dfm_audit_saving_words(saving, 4, "less", b, 48); }
 
 
 /* ---- one report's figures -------------------------------------------------------------------- */
@@ -387,7 +389,7 @@ static void audit_environment(audit_ctx *x) {
 static json_t *json_run(const audit_ctx *x) {
     json_t *chunk_stage = dfm_manifest_stage(x->m, "chunk");
     json_t *tgt_fmt = x->have_targets ? json_object_get(dfm_manifest_stage(x->m, "targets"), "format") : NULL;
-    json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 1, "dfm_version", DFM_VERSION, "created_utc",
+    json_t *J = json_pack("{s:s, s:i, s:s, s:s, s:s, s:s, s:O, s:O}", "format", "dfm-audit", "version", 2, "dfm_version", DFM_VERSION, "created_utc",
                   x->when, "run", x->a->run, "config_hash", x->chash, "inputs",
                   json_object_get(chunk_stage, "inputs") ? json_object_get(chunk_stage, "inputs") : json_null(), "upstream",
                   tgt_fmt && json_object_get(tgt_fmt, "upstream") ? json_object_get(tgt_fmt, "upstream") : json_null());
@@ -488,51 +490,30 @@ static int render_svg(const audit_ctx *x, const char *path) {
     dfm_audit_bar bars[4] = {
         {"queries", "whole corpus", (double)x->queries, (double)x->tokens},
         {"items", "kept, whole corpus", (double)x->kept, (double)x->ct.token_items},
-        {"search time", "not measured", 0, 0},
-        {"index storage", "not measured", 0, 0},
+        {"search time", "not measured", 0, 0, "less"},
+        {"index storage", "not measured", 0, 0, "less"},
     };
     dfm_audit_panel panels[3];
-    memset(panels, 0, sizeof panels);
-    char note[300] = "";
+    dfm_audit_range range = {0, 0, 0, 0};
+    char note[400] = "";
     if (x->scaled) {
-        /* the corpus from the growth fits */
+        /* the corpus from the cost model */
         dfm_audit_extrap e;
         dfm_audit_scale_extrapolate(&x->sc, (double)x->tokens, &e);
-        bars[2] = (dfm_audit_bar){"search time", "CPU s, all queries, fit", e.search_s[0], e.search_s[1]};
-        bars[3] = (dfm_audit_bar){"index storage", "bytes, fit", e.index_bytes[0], e.index_bytes[1]};
-        panels[0] = (dfm_audit_panel){"search time, all queries", "CPU seconds (a query per token / per chunk)", {{0}}};
-        panels[1] = (dfm_audit_panel){"build time (train + add)", "CPU seconds", {{0}}};
-        panels[2] = (dfm_audit_panel){"index size", "bytes", {{0}}};
-        /* the bars below are the run's index at this corpus; the curves add the IVF-PQ chunk level */
-        for (int side = 0; side < DFM_AUDIT_SIDES; side++) {
-            double rate = side == 1 ? 1.0 : x->sc.cfg.chunk_queries_per_token;
-            for (int p = 0; p < 3; p++) panels[p].side[side].n = x->sc.n, panels[p].side[side].has_fit = 1;
-            for (int i = 0; i < x->sc.n; i++) {
-                const dfm_audit_point *pt = dfm_audit_side_point(&x->sc.s[i], side);
-                double n = (double)x->sc.s[i].tokens;
-                for (int p = 0; p < 3; p++) panels[p].side[side].x[i] = n;
-                panels[0].side[side].y[i] = n * rate * pt->query_cpu.med;
-                panels[1].side[side].y[i] = pt->build_cpu.med;
-                panels[2].side[side].y[i] = (double)pt->index_bytes;
-            }
-            /* all queries of n tokens: rate·n queries of a·n^b seconds */
-            panels[0].side[side].fit = x->sc.fit_q[side];
-            panels[0].side[side].fit.a *= rate;
-            panels[0].side[side].fit.b += 1;
-            panels[1].side[side].fit = x->sc.fit_build[side];
-            panels[2].side[side].fit = x->sc.fit_bytes[side];
-        }
-        snprintf(note, sizeof note, "dots: measured (median of %d); solid: power-law fit; dashed: the fit extrapolated to %s tokens. "
-                 "Token keys: %s.", x->sc.cfg.repeats, H(x->a->large, (char[32]){0}),
-                 strcmp(x->sc.cfg.token_keys, "random") ? "a decoder's hidden states" : "RANDOM (not hidden states)");
+        bars[2] = (dfm_audit_bar){"search time", "CPU s, all queries, model", e.search_s[0], e.search_s[1], "less"};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, layout", e.index_bytes[0], e.index_bytes[1], "less"};
+        dfm_audit_scale_panels(&x->sc, x->a->large, panels, &range);
+        snprintf(note, sizeof note, "dots: measured (medians of %d); line: cost model, dashed past the measured (shaded) range; band shaded; "
+                 "past the dotted rule (%.0fx) a model only. Token keys: %s.", x->sc.cfg.repeats,
+                 DFM_AUDIT_DEFENSIBLE, strcmp(x->sc.cfg.token_keys, "random") ? "a decoder's hidden states" : "RANDOM (not hidden states)");
     } else if (x->measured) {
-        bars[2] = (dfm_audit_bar){"search time", "s, corpus, sample rate", x->ex[0].t_chunk_const, x->ex[0].t_token_const};
-        bars[3] = (dfm_audit_bar){"index storage", "bytes, corpus", x->ex[0].bytes_chunk, x->ex[0].bytes_token};
+        bars[2] = (dfm_audit_bar){"search time", "s, corpus, sample rate", x->ex[0].t_chunk_const, x->ex[0].t_token_const, "less"};
+        bars[3] = (dfm_audit_bar){"index storage", "bytes, corpus", x->ex[0].bytes_chunk, x->ex[0].bytes_token, "less"};
     }
     char title[256];
     snprintf(title, sizeof title, "dfm audit: chunk level (L=%u, K=%u) vs token level (k=%lld), %s tokens", x->L, x->K,
              (long long)x->a->k_token, H((double)x->tokens, (char[32]){0}));
-    return dfm_audit_write_chart(path, title, panels, x->scaled ? 3 : 0, x->a->large, note[0] ? note : NULL, bars, 4);
+    return dfm_audit_write_chart(path, title, panels, x->scaled ? 3 : 0, &range, note[0] ? note : NULL, bars, 4);
 }
 
 /* render, audit.md: title, inputs, chart, the claim counted */
@@ -633,8 +614,8 @@ static void md_measured(FILE *mf, const audit_ctx *x) {
         fprintf(mf, "| queries | %.4f %% | %.4f %% |\n", pct(x->ct.query_saving_formula), pct(1 - (double)x->cs.queries / (double)x->ts.queries));
         fprintf(mf, "| items (fetched per query × queries) | %.4f %% | %.4f %% |\n", pct(x->ct.item_saving_formula),
                 pct(1 - (double)x->cs.queries * x->cs.k / ((double)x->ts.queries * x->ts.k)));
-        fprintf(mf, "| search time | — | %.4f %% |\n", pct(x->ts.search_s > 0 ? 1 - x->cs.search_s / x->ts.search_s : 0));
-        fprintf(mf, "| index bytes | — | %.4f %% |\n\n", pct(1 - (double)x->cs.index_bytes / (double)x->ts.index_bytes));
+        fprintf(mf, "| search time | — | %s |\n", W(x->ts.search_s > 0 ? 1 - x->cs.search_s / x->ts.search_s : NAN, (char[48]){0}));
+        fprintf(mf, "| index bytes | — | %s |\n\n", W(1 - (double)x->cs.index_bytes / (double)x->ts.index_bytes, (char[48]){0}));
         fprintf(mf, "Chunk-level items here are the K + margin candidates each query fetches, so the measured item saving is "
                     "below the formula's K-per-chunk figure by that margin. Index choice: chunk level — %s; token level — %s.\n\n",
                 x->cs.why, x->ts.why);
@@ -665,12 +646,12 @@ static void md_extrapolated(FILE *mf, const audit_ctx *x) {
         fprintf(mf, "| | items | %s | %s | %.4f %% |\n", H(e->items_chunk, b1), H(e->items_token, b2),
                 pct(1 - e->items_chunk / e->items_token));
         if (x->measured) {
-            fprintf(mf, "| | index size | %s | %s | %.4f %% |\n", bytes(e->bytes_chunk, b1), bytes(e->bytes_token, b2),
-                    pct(1 - e->bytes_chunk / e->bytes_token));
-            fprintf(mf, "| | search time, constant | %s | %s | %.4f %% |\n", secs(e->t_chunk_const, b1), secs(e->t_token_const, b2),
-                    pct(1 - e->t_chunk_const / e->t_token_const));
-            fprintf(mf, "| | search time, scaled | %s | %s | %.4f %% |\n", secs(e->t_chunk_scaled, b1), secs(e->t_token_scaled, b2),
-                    pct(1 - e->t_chunk_scaled / e->t_token_scaled));
+            fprintf(mf, "| | index size | %s | %s | %s |\n", bytes(e->bytes_chunk, b1), bytes(e->bytes_token, b2),
+                    W(1 - e->bytes_chunk / e->bytes_token, (char[48]){0}));
+            fprintf(mf, "| | search time, constant | %s | %s | %s |\n", secs(e->t_chunk_const, b1), secs(e->t_token_const, b2),
+                    W(1 - e->t_chunk_const / e->t_token_const, (char[48]){0}));
+            fprintf(mf, "| | search time, scaled | %s | %s | %s |\n", secs(e->t_chunk_scaled, b1), secs(e->t_token_scaled, b2),
+                    W(1 - e->t_chunk_scaled / e->t_token_scaled, (char[48]){0}));
         }
     }
     if (x->measured && (cost_exponent(x->cs.factory) >= 1 || cost_exponent(x->ts.factory) >= 1))
@@ -712,13 +693,44 @@ static void print_summary(const audit_ctx *x, char *const paths[3]) {
                (unsigned long long)z->tokens, strcmp(x->sc.cfg.token_keys, "random") ? "hidden states" : "RANDOM keys", z->tok.factory,
                z->tok.query_cpu.med * 1e3, z->tok.query_cpu.n, bytes((double)z->tok.index_bytes, b1), x->sc.cfg.k_token, z->tok.recall,
                z->chk.factory, z->chk.query_cpu.med * 1e3, bytes((double)z->chk.index_bytes, b2));
-        printf("  fit s/query ~ n^%.2f (token, ±%.0f %%), n^%.2f (chunk, run's index, ±%.0f %%), n^%.2f (chunk, IVF-PQ, ±%.0f %%)\n",
-               x->sc.fit_q[1].b, 100 * (pow(10, x->sc.fit_q[1].rms_log10) - 1), x->sc.fit_q[0].b, 100 * (pow(10, x->sc.fit_q[0].rms_log10) - 1),
-               x->sc.fit_q[2].b, 100 * (pow(10, x->sc.fit_q[2].rms_log10) - 1));
-        printf("  at %s tokens from the fits: search, all queries: token level %s; chunk level %s with the run's index (%.3f %% less), "
-               "%s in IVF-PQ (%.3f %% less)\n",
-               H(x->a->large, b3), secs(e.search_s[1], b4), secs(e.search_s[0], (char[32]){0}), 100 * (1 - e.search_s[0] / e.search_s[1]),
-               secs(e.search_s[2], (char[32]){0}), 100 * (1 - e.search_s[2] / e.search_s[1]));
+        {
+            /* measured like for like at the largest size, all queries of its text */
+            double qt = (double)z->tokens, qc = qt * x->sc.cfg.chunk_queries_per_token;
+            double st = qt * z->tok.query_cpu.med, sp = qc * z->chk_pq.query_cpu.med;
+            char w[48];
+            if (z->chk_pq.skipped)
+                printf("  measured at %llu tokens, like for like: the chunk level's %llu keys are too few for IVF-PQ (not measured; priced "
+                       "with the token level's IVF-PQ rates below)\n", (unsigned long long)z->tokens, (unsigned long long)z->chk_pq.keys);
+            else
+                printf("  measured at %llu tokens, like for like (IVF-PQ both): search CPU, all queries, token level %s, chunk level %s: %s "
+                       "(the model predicts these from the smaller sizes %+.1f %% and %+.1f %%)\n", (unsigned long long)z->tokens, secs(st, b1),
+                       secs(sp, b2), dfm_audit_saving_words(1 - sp / st, 3, "less", w, sizeof w), 100 * x->sc.model[1].search_err,
+                       100 * x->sc.model[2].search_err);
+        }
+        static const char *side_name[DFM_AUDIT_SIDES] = {"chunk level, run's index", "token level", "chunk level, IVF-PQ"};
+        for (int i = 0; i < DFM_AUDIT_SIDES; i++) {
+            const dfm_audit_side_model *m = &x->sc.model[i];
+            if (!m->ok) printf("  model, %s: none (%s)\n", side_name[i], m->why);
+            else
+                printf("  model, %s (%s, %d sizes): the smaller sizes predict the largest's search %+.1f %%, build %+.1f %%; layout = serialised "
+                       "bytes within %.2g %%\n", side_name[i], dfm_audit_family_name(m->family), m->sizes, 100 * m->search_err,
+                       100 * m->build_err, 100 * m->bytes_err);
+        }
+        char w0[48], w2[48], lo[3][32], hi[3][32];
+        for (int i = 0; i < DFM_AUDIT_SIDES; i++) {
+            secs(e.search_s[i] / e.search_band[i], lo[i]);
+            secs(e.search_s[i] * e.search_band[i], hi[i]);
+        }
+        printf("  at %s tokens (%.3g× the largest measured%s), search CPU, all queries: token level %s (%s – %s); chunk level %s "
+               "(%s – %s) with the run's index at that size, %s; %s in IVF-PQ, %s\n",
+               H(x->a->large, b3), e.beyond, e.beyond > DFM_AUDIT_DEFENSIBLE ? ": a model, not a measurement" : "", secs(e.search_s[1], b4),
+               lo[1], hi[1], secs(e.search_s[0], (char[32]){0}), lo[0], hi[0],
+               e.ok[0] && e.ok[1] ? dfm_audit_saving_words(1 - e.search_s[0] / e.search_s[1], 3, "less", w0, sizeof w0) : "no model",
+               e.ok[2] ? secs(e.search_s[2], (char[32]){0}) : "nothing",
+               e.ok[2] && e.ok[1] ? dfm_audit_saving_words(1 - e.search_s[2] / e.search_s[1], 3, "less", w2, sizeof w2) : "no model");
+        printf("  index bytes there (layout): token level %s, chunk level %s (run's index), %s (IVF-PQ)%s\n", bytes(e.index_bytes[1], b1),
+               bytes(e.index_bytes[0], b2), bytes(e.index_bytes[2], (char[32]){0}),
+               (e.ok[0] && e.search_s[0] > e.search_s[1]) || (e.ok[2] && e.search_s[2] > e.search_s[1]) ? "; where a saving is \"more\", audit.md says why" : "");
         printf("  conditions: %s, %d thread(s), load average %.2f before / %.2f after, %s\n", x->cpu, x->threads_used, x->sc.load_before[0],
                x->sc.load_after[0], secs(x->sc.wall_s, b1));
     }

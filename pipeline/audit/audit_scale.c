@@ -1,4 +1,4 @@
-/* audit_scale.c — one datastore measured at one size, and the power-law growth fit (audit_scale.h). */
+/* audit_scale.c — one datastore measured at one size (audit_scale.h). */
 #include "pipeline/audit/audit_scale.h"
 
 #include "common/error.h"
@@ -19,50 +19,6 @@ static double cpu_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* ---- growth fit --------------------------------------------------------------------------------- */
-
-static int fit_points(const double *x, const double *y, int n, int skip, dfm_audit_fit *f) {
-    double sx = 0, sy = 0, sxx = 0, sxy = 0;
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        if (i == skip || !(x[i] > 0) || !(y[i] > 0)) continue;
-        double lx = log10(x[i]), ly = log10(y[i]);
-        sx += lx, sy += ly, sxx += lx * lx, sxy += lx * ly;
-        m++;
-    }
-    double den = m * sxx - sx * sx;
-    if (m < 2 || !(fabs(den) > 1e-12 * (m * sxx + 1))) return DFM_FAIL(DFM_EARG, "audit: a growth fit needs two sizes or more (%d usable)", m);
-    f->n = m;
-    f->b = (m * sxy - sx * sy) / den;
-    f->a = pow(10.0, (sy - f->b * sx) / m);
-    return DFM_OK;
-}
-
-double dfm_audit_fit_eval(const dfm_audit_fit *f, double x) { return f->a * pow(x, f->b); }
-
-int dfm_audit_fit_power(const double *x, const double *y, int n, dfm_audit_fit *f) {
-    memset(f, 0, sizeof *f);
-    DFM_TRY(fit_points(x, y, n, -1, f));
-    double ss = 0;
-    int big = -1;
-    for (int i = 0; i < n; i++) {
-        if (!(x[i] > 0) || !(y[i] > 0)) continue;
-        double r = log10(dfm_audit_fit_eval(f, x[i])) - log10(y[i]);
-        ss += r * r;
-        double rel = fabs(dfm_audit_fit_eval(f, x[i]) / y[i] - 1);
-        if (rel > f->max_rel) f->max_rel = rel;
-        if (big < 0 || x[i] > x[big]) big = i;
-    }
-    f->rms_log10 = sqrt(ss / f->n);
-    f->loo_rel = NAN;
-    if (f->n >= 3) {
-        dfm_audit_fit g;
-        if (!fit_points(x, y, n, big, &g)) f->loo_rel = dfm_audit_fit_eval(&g, x[big]) / y[big] - 1;
-        else dfm_error_clear();
-    }
-    return DFM_OK;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -112,41 +68,40 @@ void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, 
 
 /* ---- one datastore at one size ---------------------------------------------------------------------- */
 
-typedef struct {
-    char factory[256];
-    uint32_t metric;
-    uint64_t nlist, train_n;
-} plan_t;
-
-static int point_plan(const dfm_audit_point_opts *o, uint64_t n, plan_t *pl, char *why, size_t n_why) {
-    memset(pl, 0, sizeof *pl);
-    pl->metric = o->metric;
-    if (o->factory && !strcmp(o->factory, "ivfpq")) {
-        dfm_audit_ivfpq_factory(n, o->dim, pl->factory, sizeof pl->factory, why, n_why);
-        const char *ivf = strstr(pl->factory, "IVF");
-        pl->nlist = ivf ? strtoull(ivf + 3, NULL, 10) : 0;
+int dfm_audit_choose(const char *factory, uint32_t metric, uint32_t dim, uint64_t n, dfm_audit_choice *c, char *why, size_t n_why) {
+    memset(c, 0, sizeof *c);
+    c->metric = metric;
+    if (factory && !strcmp(factory, "ivfpq")) {
+        dfm_audit_ivfpq_factory(n, dim, c->factory, sizeof c->factory, why, n_why);
+        if (!strncmp(c->factory, "Flat", 4)) {
+            /* an exact Flat index is not IVF-PQ: nothing is built under that name */
+            c->factory[0] = 0;
+            c->too_small = 1;
+            snprintf(why, n_why, "%llu keys are too few for IVF-PQ (its PQ codebooks need 256 points per sub-quantizer; the audit's "
+                                 "rule starts at 1000 keys): not measured, and no Flat index is labelled IVF-PQ",
+                     (unsigned long long)n);
+            return DFM_OK;
+        }
+        const char *ivf = strstr(c->factory, "IVF");
+        c->nlist = ivf ? strtoull(ivf + 3, NULL, 10) : 0;
         /* FAISS's minimum, 39 points per list (its k-means would keep up to 256): training is a one-off cost
          * that grows with the lists, not with the datastore, and dominates small builds */
-        uint64_t t = pl->nlist ? 39 * pl->nlist : 0;
+        uint64_t t = c->nlist ? 39 * c->nlist : 0;
         if (t && t < 9984) t = 9984; /* 39 * 256: a PQ codebook's minimum */
-        pl->train_n = t > n ? n : t;
-        if (!strncmp(pl->factory, "Flat", 4)) {
-            snprintf(pl->factory, sizeof pl->factory, "IDMap,Flat");
-            pl->train_n = 0;
-        }
+        c->train_n = t > n ? n : t;
         return DFM_OK;
     }
     dfm_index_plan plan;
-    DFM_TRY(dfm_audit_plan(o->factory, o->metric, o->dim, n, &plan, why, n_why));
-    snprintf(pl->factory, sizeof pl->factory, "%s", plan.factory);
-    pl->metric = plan.metric;
-    pl->nlist = plan.nlist;
-    pl->train_n = plan.train_n > n ? n : plan.train_n;
+    DFM_TRY(dfm_audit_plan(factory, metric, dim, n, &plan, why, n_why));
+    snprintf(c->factory, sizeof c->factory, "%s", plan.factory);
+    c->metric = plan.metric;
+    c->nlist = plan.nlist;
+    c->train_n = plan.train_n > n ? n : plan.train_n;
     return DFM_OK;
 }
 
 /* one build: create, train on the sample, add every key (ids 0..n-1) */
-static int build_once(const plan_t *pl, uint32_t dim, const float *keys, uint64_t n, const float *train, uint64_t train_n,
+static int build_once(const dfm_audit_choice *pl, uint32_t dim, const float *keys, uint64_t n, const float *train, uint64_t train_n,
                       const int64_t *ids, FaissIndex **out) {
     FaissIndex *idx = NULL;
     int rc = DFM_FAISS_CHECK(faiss_index_factory(&idx, (int)dim, pl->factory, pl->metric == DFM_METRIC_IP ? METRIC_INNER_PRODUCT : METRIC_L2),
@@ -191,10 +146,15 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
         return DFM_FAIL(DFM_EARG, "audit: --repeats %d / --build-repeats %d outside 1..%d", o->repeats, o->build_repeats, DFM_AUDIT_MAX_REPEATS);
     for (uint64_t q = 0; q < nq; q++)
         if (qidx[q] >= n) return DFM_FAIL(DFM_EINTERNAL, "audit: query %llu is key %llu of %llu", (unsigned long long)q, (unsigned long long)qidx[q], (unsigned long long)n);
-    plan_t pl;
-    DFM_TRY(point_plan(o, n, &pl, p->why, sizeof p->why));
-    snprintf(p->factory, sizeof p->factory, "%s", pl.factory);
+    dfm_audit_choice pl;
+    DFM_TRY(dfm_audit_choose(o->factory, o->metric, o->dim, n, &pl, p->why, sizeof p->why));
     p->keys = n;
+    p->layout_bytes = NAN;
+    if (pl.too_small) {
+        p->skipped = 1;
+        return DFM_OK;
+    }
+    snprintf(p->factory, sizeof p->factory, "%s", pl.factory);
     p->queries = nq;
     p->nlist = pl.nlist;
     p->train_n = pl.train_n;
@@ -257,7 +217,7 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
         if (!strcmp(pl.factory, "IDMap,Flat") || !strcmp(pl.factory, "Flat")) {
             p->recall = 1.0; /* the index is the exact search */
         } else {
-            plan_t fl = pl;
+            dfm_audit_choice fl = pl;
             snprintf(fl.factory, sizeof fl.factory, "IDMap,Flat");
             if ((rc = build_once(&fl, d, keys, n, NULL, 0, ids, &flat))) goto done;
             float *ed = malloc(sizeof(float) * k * rq);
@@ -274,6 +234,9 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
     }
     if ((rc = dfm_index_to_buffer(idx, &ser, &ser_n))) goto done;
     p->index_bytes = ser_n;
+    dfm_audit_layout lay;
+    if (!dfm_audit_layout_parse(pl.factory, d, pl.metric, &lay)) p->layout_bytes = dfm_audit_layout_bytes(&lay, n, dfm_audit_nonempty_lists(idx));
+    else dfm_error_clear(); /* a family without a model (the run's own HNSW, say): the report says so */
 done:
     if (idx) faiss_Index_free(idx);
     if (flat) faiss_Index_free(flat);

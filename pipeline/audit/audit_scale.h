@@ -1,5 +1,6 @@
 /* audit_scale.h — `dfm audit --measure-tokens N`: both datastores built and searched at several sizes of the
- * same text, growth fitted on log-log axes and extrapolated from the fit with its error.
+ * same text, and a cost model (audit_layout.h, audit_model.h) fitted to them, validated on the largest size and
+ * extrapolated with its band.
  *
  * Token level: one key per token (a decoder's hidden states, schemas/hidden_states.h, or seeded random
  * keys when asked), IVF-PQ as kNN-LM and Memory Decoder use (lists scaled to the size, PQ codes, k =
@@ -15,24 +16,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "pipeline/audit/audit_layout.h"
+#include "pipeline/audit/audit_model.h"
+
 #define DFM_AUDIT_MAX_REPEATS 15
 #define DFM_AUDIT_MAX_SIZES 12
 #define DFM_AUDIT_SIDES 3 /* chunk level with the run's index, token level, chunk level with IVF-PQ */
-
-/* ---- growth fit --------------------------------------------------------------------------------- */
-
-/* y = a * x^b fitted by least squares on (log10 x, log10 y). */
-typedef struct {
-    int n;              /* points used */
-    double a, b;
-    double rms_log10;   /* RMS residual in log10 units (0.0414 = ±10 %) */
-    double max_rel;     /* largest |y_fit / y - 1| over the points */
-    double loo_rel;     /* fitted without the largest x, the prediction of that point: y_pred / y - 1 (NAN with < 3 points) */
-} dfm_audit_fit;
-
-/* Fit n points (x, y > 0; others skipped). DFM_EARG with fewer than 2 usable points or one x only. */
-int dfm_audit_fit_power(const double *x, const double *y, int n, dfm_audit_fit *f);
-double dfm_audit_fit_eval(const dfm_audit_fit *f, double x);
 
 /* ---- one datastore at one size ---------------------------------------------------------------------- */
 
@@ -55,6 +44,7 @@ typedef struct {
 } dfm_audit_point_opts;
 
 typedef struct {
+    int skipped;              /* the size is too small for the family asked for: nothing built (why says so) */
     uint64_t keys, queries;
     char factory[256];
     char why[600];
@@ -65,6 +55,7 @@ typedef struct {
     dfm_audit_spread query_s; /* wall seconds per query, over `repeats` timed passes after an untimed warm-up */
     dfm_audit_spread build_cpu, query_cpu; /* the same in process CPU seconds (all threads) */
     uint64_t index_bytes;     /* serialised FAISS index */
+    double layout_bytes;      /* the same from the layout arithmetic (dfm_audit_layout_bytes; NAN: no model) */
     uint64_t results;         /* valid neighbours returned in one pass */
     double recall;            /* mean |approx top-k ∩ exact top-k| / k over recall_queries (1 for an exact index) */
     uint64_t recall_queries;
@@ -76,9 +67,21 @@ typedef struct {
  * trained). The reason into why. */
 void dfm_audit_ivfpq_factory(uint64_t n, uint32_t dim, char *out, size_t n_out, char *why, size_t n_why);
 
-/* Build o's index over keys[n_keys * dim] `repeats` times (training on a stratified sample of 39 keys per
- * list, at least 9984 for PQ codebooks), search the nq queries (rows of keys given by qidx) `repeats` times, then recall@k of
- * the first recall_queries of them against an exact Flat search. DFM_EARG, DFM_ENOMEM, DFM_EFAISS. */
+/* The index a datastore of n keys gets: for factory "ivfpq" the rule above, trained on 39 keys per list (at
+ * least 9984 for the PQ codebooks, at most n) — and below 1000 keys too_small, with no factory: the audit
+ * does not build a Flat index and call it IVF-PQ; otherwise dfm_audit_plan (as `dfm index` chooses). */
+typedef struct {
+    char factory[256];
+    uint32_t metric;
+    uint64_t nlist, train_n;
+    int too_small;
+} dfm_audit_choice;
+int dfm_audit_choose(const char *factory, uint32_t metric, uint32_t dim, uint64_t n, dfm_audit_choice *c, char *why, size_t n_why);
+
+/* Build o's index (dfm_audit_choose) over keys[n_keys * dim] `repeats` times, search the nq queries (rows of keys
+ * given by qidx) `repeats` times, then recall@k of the first recall_queries of them against an exact Flat search;
+ * the serialised bytes beside the layout arithmetic. A size too small for the family: p->skipped, DFM_OK.
+ * DFM_EARG, DFM_ENOMEM, DFM_EFAISS. */
 int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, uint64_t n_keys, const uint64_t *qidx, uint64_t nq,
                             dfm_audit_point *p);
 
@@ -102,10 +105,25 @@ typedef struct {
     uint64_t seed;
 } dfm_audit_scale_cfg;
 
+/* One side's cost model, fitted on the sizes where that side was measured (CPU medians: on a shared machine wall
+ * time carries other processes' load; with one thread they agree when idle). */
+typedef struct {
+    int ok;                  /* the side was measured at 2 sizes or more in a family the model knows */
+    dfm_audit_family family; /* of the measured sizes (the largest's) */
+    int sizes;               /* sizes measured (a skipped size is not one) */
+    dfm_audit_rates search;  /* seconds per query: rate[0] fixed, rate[1] per operation (flop, code, candidate) */
+    dfm_audit_rates build;   /* build seconds: rate[0] fixed, rate[1] per operation (training and adding flops) */
+    double search_err, build_err; /* validation: the smaller sizes' rates predict the largest: prediction / measured - 1 (NAN: < 3 sizes) */
+    int search_valid, build_valid; /* dfm_audit_validate: 1 within DFM_AUDIT_VALID_MAX, 0 not, -1 not done */
+    double bytes_err;        /* largest |layout arithmetic / serialised - 1| over the sizes */
+    char why[300];           /* when not ok: why */
+} dfm_audit_side_model;
+
 typedef struct {
     uint64_t tokens;          /* the size: tokens of the text's prefix */
     dfm_audit_point tok, chk;
-    dfm_audit_point chk_pq;   /* the chunk-level keys in the token level's family (IVF-PQ, same rule): like for like */
+    dfm_audit_point chk_pq;   /* the chunk-level keys in the token level's family (IVF-PQ, same rule): like for like
+                               * (skipped below 1000 chunk keys) */
     uint64_t chunk_real_keys; /* chunk-level keys that are the run's embeddings (the rest: seeded random) */
 } dfm_audit_size;
 
@@ -116,11 +134,11 @@ typedef struct {
     uint64_t run_chunks;      /* chunk embeddings the run holds */
     uint64_t text_agree;      /* tokens over which the hidden states' text equals the run's (next-token values) */
     int64_t text_differs_at;  /* first differing token, -1 when none */
+    uint32_t token_dim, chunk_dim;
     int n;
     dfm_audit_size s[DFM_AUDIT_MAX_SIZES];
-    /* fits in tokens: [side 0 chunk (run's index), 1 token, 2 chunk (IVF-PQ)] of s/query, index bytes, build s (medians of CPU seconds:
-     * on a shared machine wall time carries other processes' load; with one thread they agree when idle) */
-    dfm_audit_fit fit_q[DFM_AUDIT_SIDES], fit_bytes[DFM_AUDIT_SIDES], fit_build[DFM_AUDIT_SIDES];
+    /* the cost model of each side [0 chunk (run's index), 1 token, 2 chunk (IVF-PQ)] (dfm_audit_scale_model) */
+    dfm_audit_side_model model[DFM_AUDIT_SIDES];
     double wall_s;
     double load_before[3], load_after[3];
 } dfm_audit_scale;
@@ -132,13 +150,26 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *cfg, dfm_audit_scale *out);
 
 /* ---- extrapolation and the report's scale section (audit_scale_report.c) --------------------------- */
 
-/* The sides at a corpus of `tokens` tokens from the fits: [0] chunk level (the run's index), [1] token
- * level, [2] chunk level in IVF-PQ. */
+/* Fit each side's model on the measured sizes, validate it (dfm_audit_validate on search and build) and check
+ * the layout arithmetic against the serialised bytes. A side without two measured sizes or whose family has no
+ * model gets ok 0 and why. Called by dfm_audit_scale_run; exposed for tests. */
+void dfm_audit_scale_model(dfm_audit_scale *s);
+
+/* The sides at a corpus of `tokens` tokens from the cost model: [0] chunk level (the run's index, chosen for
+ * that size as `dfm index` would on one rank with its default memory), [1] token level (the IVF-PQ rule),
+ * [2] chunk level in IVF-PQ. Index bytes are the layout arithmetic of that index; times are its operation
+ * counts times the rates of a side measured in the same family (the side's own, else the token level's IVF-PQ
+ * rates, else the side's own rates carried to the new family: rates_side and carried say which), with the band
+ * dfm_audit_band(validation error of those rates, tokens / largest measured, the size step). */
 typedef struct {
-    double tokens;
+    double tokens, beyond;    /* beyond: tokens / the largest measured size */
+    int ok[DFM_AUDIT_SIDES];  /* a model for this side */
+    char factory[DFM_AUDIT_SIDES][256];
+    int rates_side[DFM_AUDIT_SIDES], carried[DFM_AUDIT_SIDES];
     double keys[DFM_AUDIT_SIDES], queries[DFM_AUDIT_SIDES];
-    double s_per_query[DFM_AUDIT_SIDES], search_s[DFM_AUDIT_SIDES]; /* fit of s/query at this size; x queries */
-    double index_bytes[DFM_AUDIT_SIDES], build_s[DFM_AUDIT_SIDES];
+    double s_per_query[DFM_AUDIT_SIDES], search_s[DFM_AUDIT_SIDES], search_band[DFM_AUDIT_SIDES]; /* band: a factor, low = s / band, high = s·band */
+    double index_bytes[DFM_AUDIT_SIDES];
+    double build_s[DFM_AUDIT_SIDES], build_band[DFM_AUDIT_SIDES];
 } dfm_audit_extrap;
 
 /* A size's point of side 0, 1 or 2. */

@@ -1,5 +1,5 @@
-/* audit_scale_report.c — the scale measurement in audit.json and audit.md, and its extrapolation from the
- * fits (audit_scale.h). */
+/* audit_scale_report.c — the "Measured at scale" section of audit.md: the sizes measured, the cost model with its
+ * validation, and the extrapolations with their bands, in words that cannot contradict themselves (audit_scale.h). */
 #include "pipeline/audit/audit_scale.h"
 
 #include "pipeline/audit/audit.h"
@@ -7,101 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-static const char *SIDE[DFM_AUDIT_SIDES] = {"chunk_level", "token_level", "chunk_level_ivfpq"};
-
-void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double T, dfm_audit_extrap *e) {
-    memset(e, 0, sizeof *e);
-    e->tokens = T;
-    const dfm_audit_size *big = &s->s[s->n - 1];
-    for (int i = 0; i < DFM_AUDIT_SIDES; i++) {
-        const dfm_audit_point *p = dfm_audit_side_point(big, i);
-        e->keys[i] = i == 1 ? T : T * s->cfg.chunk_keys_per_token;
-        e->queries[i] = i == 1 ? T : T * s->cfg.chunk_queries_per_token;
-        /* a fit that falls with n is noise around a constant: held at the largest measurement */
-        e->s_per_query[i] = s->fit_q[i].b < 0 ? p->query_cpu.med : dfm_audit_fit_eval(&s->fit_q[i], T);
-        e->search_s[i] = e->queries[i] * e->s_per_query[i];
-        /* an index is a fixed part (centroids, codebooks) plus bytes per key: linear from the two largest sizes, which a
-         * power law whose exponent is pulled below 1 by the fixed part would understate */
-        if (s->n >= 2) {
-            const dfm_audit_point *q = dfm_audit_side_point(&s->s[s->n - 2], i);
-            double slope = ((double)p->index_bytes - (double)q->index_bytes) / (double)(big->tokens - s->s[s->n - 2].tokens);
-            e->index_bytes[i] = (double)p->index_bytes + slope * (T - (double)big->tokens);
-            if (e->index_bytes[i] < 1) e->index_bytes[i] = 1;
-        } else {
-            e->index_bytes[i] = s->fit_bytes[i].b < 0 ? (double)p->index_bytes : dfm_audit_fit_eval(&s->fit_bytes[i], T);
-        }
-        e->build_s[i] = s->fit_build[i].b < 0 ? p->build_cpu.med : dfm_audit_fit_eval(&s->fit_build[i], T);
-    }
-}
-
-static json_t *spread_json(const dfm_audit_spread *p) {
-    return json_pack("{s:f, s:f, s:f, s:i}", "min", p->min, "median", p->med, "max", p->max, "n", p->n);
-}
-
-static json_t *point_json(const dfm_audit_point *p) {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I}", "factory", p->factory, "index_choice", p->why, "keys",
-                          (json_int_t)p->keys, "queries", (json_int_t)p->queries, "nlist", (json_int_t)p->nlist, "nprobe", (json_int_t)p->nprobe,
-                          "train_keys", (json_int_t)p->train_n, "index_bytes", (json_int_t)p->index_bytes, "results", (json_int_t)p->results,
-                          "recall_at_k", p->recall, "recall_queries", (json_int_t)p->recall_queries);
-    if (o) {
-        json_object_set_new(o, "build_s", spread_json(&p->build_s));
-        json_object_set_new(o, "s_per_query", spread_json(&p->query_s));
-        json_object_set_new(o, "build_cpu_s", spread_json(&p->build_cpu));
-        json_object_set_new(o, "cpu_s_per_query", spread_json(&p->query_cpu));
-    }
-    return o;
-}
-
-static json_t *fit_json(const dfm_audit_fit *f) {
-    return json_pack("{s:f, s:f, s:i, s:f, s:f, s:o}", "a", f->a, "b", f->b, "points", f->n, "rms_log10", f->rms_log10, "max_rel_error",
-                     f->max_rel, "largest_predicted_rel_error", isnan(f->loo_rel) ? json_null() : json_real(f->loo_rel));
-}
-
-json_t *dfm_audit_scale_json(const dfm_audit_scale *s, const double *targets, const char *const *names, int n) {
-    const dfm_audit_scale_cfg *c = &s->cfg;
-    json_t *J = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:[f,f,f], s:[f,f,f]}",
-                          "token_keys", c->token_keys, "token_keys_are", s->token_keys_desc, "text_keys", (json_int_t)s->text_keys,
-                          "run_chunk_embeddings", (json_int_t)s->run_chunks, "text_agrees_with_run_tokens", (json_int_t)s->text_agree,
-                          "text_differs_at", (json_int_t)s->text_differs_at, "repeats", c->repeats, "build_repeats", c->build_repeats, "queries_per_size", (json_int_t)c->queries,
-                          "recall_queries", (json_int_t)c->recall_queries, "token_k", (json_int_t)c->k_token, "chunk_k", (json_int_t)c->k_chunk,
-                          "token_nprobe", (json_int_t)c->token_nprobe, "chunk_nprobe", (json_int_t)c->chunk_nprobe, "wall_s", s->wall_s,
-                          "chunk_keys_per_token", c->chunk_keys_per_token, "load_average_before", s->load_before[0], s->load_before[1],
-                          s->load_before[2], "load_average_after", s->load_after[0], s->load_after[1], s->load_after[2]);
-    if (!J) return NULL;
-    json_object_set_new(J, "chunk_queries_per_token", json_real(c->chunk_queries_per_token));
-    json_t *sizes = json_array();
-    for (int i = 0; i < s->n; i++) {
-        json_t *z = json_pack("{s:I, s:I}", "tokens", (json_int_t)s->s[i].tokens, "chunk_real_keys", (json_int_t)s->s[i].chunk_real_keys);
-        json_object_set_new(z, "chunk_level", point_json(&s->s[i].chk));
-        json_object_set_new(z, "token_level", point_json(&s->s[i].tok));
-        json_object_set_new(z, "chunk_level_ivfpq", point_json(&s->s[i].chk_pq));
-        json_array_append_new(sizes, z);
-    }
-    json_object_set_new(J, "sizes", sizes);
-    json_t *fits = json_object();
-    for (int i = 0; i < DFM_AUDIT_SIDES; i++)
-        json_object_set_new(fits, SIDE[i], json_pack("{s:o, s:o, s:o}", "s_per_query", fit_json(&s->fit_q[i]), "index_bytes",
-                                                     fit_json(&s->fit_bytes[i]), "build_s", fit_json(&s->fit_build[i])));
-    json_object_set_new(J, "fits", fits);
-    json_t *ex = json_array();
-    for (int t = 0; t < n; t++) {
-        dfm_audit_extrap e;
-        dfm_audit_scale_extrapolate(s, targets[t], &e);
-        json_t *o = json_pack("{s:s, s:f, s:f}", "name", names[t], "tokens", e.tokens, "beyond_largest_measured",
-                              e.tokens / (double)s->s[s->n - 1].tokens);
-        for (int i = 0; i < DFM_AUDIT_SIDES; i++)
-            json_object_set_new(o, SIDE[i], json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "keys", e.keys[i], "queries", e.queries[i], "s_per_query",
-                                                      e.s_per_query[i], "search_s", e.search_s[i], "index_bytes", e.index_bytes[i], "build_s",
-                                                      e.build_s[i]));
-        json_object_set_new(o, "savings", json_pack("{s:f, s:f, s:f}", "search_s", 1 - e.search_s[0] / e.search_s[1], "index_bytes",
-                                                    1 - e.index_bytes[0] / e.index_bytes[1], "build_s", 1 - e.build_s[0] / e.build_s[1]));
-        json_object_set_new(o, "savings_ivfpq", json_pack("{s:f, s:f, s:f}", "search_s", 1 - e.search_s[2] / e.search_s[1], "index_bytes",
-                                                          1 - e.index_bytes[2] / e.index_bytes[1], "build_s", 1 - e.build_s[2] / e.build_s[1]));
-        json_array_append_new(ex, o);
-    }
-    json_object_set_new(J, "extrapolated", ex);
-    return J;
-}
+static const char *NAME[DFM_AUDIT_SIDES] = {"chunk, run's index", "token", "chunk, IVF-PQ"};
 
 /* ---- audit.md ------------------------------------------------------------------------------------ */
 
@@ -116,22 +22,118 @@ static const char *spread_s(const dfm_audit_spread *p, char *b) {
     snprintf(b, 96, "%.3g / %.3g / %.3g", p->min, p->med, p->max);
     return b;
 }
-static const char *pct_err(double r, char *b) {
-    if (isnan(r)) snprintf(b, 32, "—");
-    else snprintf(b, 32, "%+.0f %%", 100 * r);
+/* a saving in words, "—" when a side has no figure */
+static const char *saving(double chunk, double token, char *b) {
+    if (!(chunk > 0) || !(token > 0)) snprintf(b, 48, "—");
+    else dfm_audit_saving_words(1 - chunk / token, 3, "less", b, 48);
     return b;
 }
 
-static void md_fit_row(FILE *mf, const char *what, const char *side, const dfm_audit_fit *f, const char *unit) {
-    char e1[32];
-    fprintf(mf, "| %s | %s | %.3g · n^%.3f %s%s | ±%.0f %% | %.0f %% | %s |\n", what, side, f->a, f->b, unit,
-            f->b < 0 ? " (falls with n: noise; extrapolated as constant)" : "", 100 * (pow(10, f->rms_log10) - 1), 100 * f->max_rel, pct_err(f->loo_rel, e1));
+/* a model figure with its band: "527 days (69 days – 11 years)"; "—" without a model */
+static const char *banded(double v, double band, int is_bytes, char *b) {
+    char x[32], lo[32], hi[32];
+    if (!isfinite(v)) snprintf(b, 112, "—");
+    else if (is_bytes) snprintf(b, 112, "%s", dfm_audit_bytes(v, x, 32));
+    else snprintf(b, 112, "%s (%s – %s)", dfm_audit_secs(v, x, 32), dfm_audit_secs(v / band, lo, 32), dfm_audit_secs(v * band, hi, 32));
+    return b;
+}
+
+static const char *verdict(int valid) { return valid > 0 ? "within 25 %" : valid == 0 ? "**outside 25 %: not validated**" : "not done (fewer than 3 sizes)"; }
+
+static void md_model_rows(FILE *mf, const dfm_audit_scale *s) {
+    fprintf(mf, "\n### The cost model, and its validation\n\n"
+                "Index bytes are the index's layout (codes, ids, centroids, PQ codebooks, list sizes: `pipeline/audit/audit_layout.h`), "
+                "exact arithmetic over FAISS's serialisation. Search CPU seconds per query = a fixed cost + r · operations, where the "
+                "operations are counted from the layout (coarse distances to the lists' centroids, the codes scanned in nprobe lists of "
+                "n/nlist, the PQ distance tables, full-vector distances for Flat, the k-selection); build CPU seconds = a fixed cost + r · "
+                "(k-means flops on the training keys + flops of assigning and encoding every key). The fixed cost and the rate of each are "
+                "fitted by non-negative least squares on the measured sizes. *Validation*: the rates fitted on the smaller sizes alone predict "
+                "the largest measured size; the error is printed, and a model is called validated within %.0f %%.\n\n"
+                "| side | family | sizes | layout vs serialised bytes | search: fixed s per query; s per operation | search: largest predicted | "
+                "build: fixed s; s per operation | build: largest predicted |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+            100 * DFM_AUDIT_VALID_MAX);
+    static const int order[DFM_AUDIT_SIDES] = {1, 0, 2};
+    for (int o = 0; o < DFM_AUDIT_SIDES; o++) {
+        const dfm_audit_side_model *m = &s->model[order[o]];
+        if (!m->ok) {
+            fprintf(mf, "| %s | — | %d | — | no model: %s | | | |\n", NAME[order[o]], m->sizes, m->why);
+            continue;
+        }
+        fprintf(mf, "| %s | %s | %d | max %.2g %% off | %.3g; %.3g | %+.1f %%, %s | %.3g; %.3g | %+.1f %%, %s |\n", NAME[order[o]],
+                dfm_audit_family_name(m->family), m->sizes, 100 * m->bytes_err, m->search.rate[0], m->search.rate[1], 100 * m->search_err,
+                verdict(m->search_valid), m->build.rate[0], m->build.rate[1], 100 * m->build_err, verdict(m->build_valid));
+    }
+}
+
+/* why a chunk-level figure exceeds the token level's: fewer items, each dearer */
+static void why_more(FILE *mf, const char *what, const char *items, double nc, double nt, double per_c, double per_t, const char *unit,
+                     const char *fc, const char *ft) {
+    fprintf(mf, "- *%s is more* at chunk level: it has %.3g× fewer %s than the token level, but each costs %.3g× as much (%.3g against %.3g %s; "
+                "`%s` against `%s`).\n",
+            what, nt / nc, items, per_c / per_t, per_c, per_t, unit, fc, ft);
+}
+
+static void md_extrapolated(FILE *mf, const dfm_audit_scale *s, const double *targets, const char *const *names, int n) {
+    char nm[160], h[32], v1[112], v2[112], v3[112], w1[48], w2[48];
+    uint64_t big = s->s[s->n - 1].tokens;
+    fprintf(mf, "\n### Extrapolated from the cost model\n\n"
+                "At each corpus size every side gets the index it would have there (token level and *chunk, IVF-PQ*: the IVF-PQ "
+                "rule; *run's index*: `dfm index`'s choice on one rank with its default --index-memory), its bytes from the layout, "
+                "and its times from its operation counts times the rates of a side measured in the same family. Times are given with "
+                "their band: the one-step (×%.0f) validation error, but at least %.0f %% (what a validated model is trusted to), "
+                "compounded per step beyond the largest measured size; 100 %% a step where no validation could be done (fewer than "
+                "three sizes) or the rates were carried to a family nobody measured. "
+                "Beyond %.0f× the largest measured size (%s tokens) the figures are a model only, never a measurement.\n\n"
+                "| corpus | | token level | chunk, run's index | saving | chunk, IVF-PQ | saving (like for like) |\n"
+                "|---|---|---:|---:|---:|---:|---:|\n",
+            s->n >= 2 ? (double)big / (double)s->s[s->n - 2].tokens : 4.0, 100 * DFM_AUDIT_BAND_FLOOR, DFM_AUDIT_DEFENSIBLE,
+            dfm_audit_human((double)big, h, sizeof h));
+    for (int t = 0; t < n; t++) {
+        dfm_audit_extrap e;
+        dfm_audit_scale_extrapolate(s, targets[t], &e);
+        snprintf(nm, sizeof nm, "%s (%s tokens, %.3g× the largest measured%s)", names[t], dfm_audit_human(e.tokens, h, sizeof h), e.beyond,
+                 e.beyond > DFM_AUDIT_DEFENSIBLE ? ": **model only**" : "");
+        fprintf(mf, "| %s | index | `%s` | `%s` | | `%s` | |\n", nm, e.factory[1][0] ? e.factory[1] : "—", e.factory[0][0] ? e.factory[0] : "—",
+                e.factory[2][0] ? e.factory[2] : "— (too few keys for IVF-PQ)");
+        fprintf(mf, "| | index size (layout) | %s | %s | %s | %s | %s |\n", banded(e.index_bytes[1], 1, 1, v1), banded(e.index_bytes[0], 1, 1, v2),
+                saving(e.index_bytes[0], e.index_bytes[1], w1), banded(e.index_bytes[2], 1, 1, v3), saving(e.index_bytes[2], e.index_bytes[1], w2));
+        fprintf(mf, "| | search, all queries, CPU | %s | %s | %s | %s | %s |\n", banded(e.search_s[1], e.search_band[1], 0, v1),
+                banded(e.search_s[0], e.search_band[0], 0, v2), saving(e.search_s[0], e.search_s[1], w1), banded(e.search_s[2], e.search_band[2], 0, v3),
+                saving(e.search_s[2], e.search_s[1], w2));
+        fprintf(mf, "| | build, CPU | %s | %s | %s | %s | %s |\n", banded(e.build_s[1], e.build_band[1], 0, v1), banded(e.build_s[0], e.build_band[0], 0, v2),
+                saving(e.build_s[0], e.build_s[1], w1), banded(e.build_s[2], e.build_band[2], 0, v3), saving(e.build_s[2], e.build_s[1], w2));
+    }
+    fprintf(mf, "\n");
+    for (int t = 0; t < n; t++) {
+        dfm_audit_extrap e;
+        dfm_audit_scale_extrapolate(s, targets[t], &e);
+        for (int c = 0; c <= 2; c += 2) {
+            if (!e.ok[c] || !e.ok[1]) continue;
+            if (e.carried[c])
+                fprintf(mf, "- %s, *%s*: no side was measured in `%s`'s family; the rates of the %s side's `%s` were carried over, not "
+                            "validated for it (band: 100 %% a step).\n",
+                        names[t], NAME[c], e.factory[c], NAME[e.rates_side[c]], s->s[s->n - 1].chk.factory);
+            else if (e.rates_side[c] != c)
+                fprintf(mf, "- %s, *%s*: `%s` was not measured on this side; priced with the rates the %s side measured in the same family.\n",
+                        names[t], NAME[c], e.factory[c], NAME[e.rates_side[c]]);
+            if (e.index_bytes[c] > e.index_bytes[1])
+                why_more(mf, "Index size", "keys", e.keys[c], e.keys[1], e.index_bytes[c] / e.keys[c], e.index_bytes[1] / e.keys[1], "bytes a key",
+                         e.factory[c], e.factory[1]);
+            if (e.search_s[c] > e.search_s[1])
+                why_more(mf, "Search time", "queries", e.queries[c], e.queries[1], e.s_per_query[c], e.s_per_query[1], "s a query", e.factory[c],
+                         e.factory[1]);
+            if (e.build_s[c] > e.build_s[1])
+                why_more(mf, "Build time", "keys", e.keys[c], e.keys[1], e.build_s[c] / e.keys[c], e.build_s[1] / e.keys[1], "s a key",
+                         e.factory[c], e.factory[1]);
+        }
+    }
+    fprintf(mf, "\nThe token-level figures leave out the decoder's forward pass over the whole corpus that computes its keys.\n\n");
 }
 
 void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int threads, const double *targets, const char *const *names,
                         int n) {
     const dfm_audit_scale_cfg *c = &s->cfg;
-    char b1[96], b2[96], b3[96], b4[96];
+    char b1[96], b2[96], b3[96], b4[96], b5[96];
     uint64_t big = s->s[s->n - 1].tokens;
     fprintf(mf, "## Measured at scale\n\n");
     fprintf(mf, "Both datastores over the first n tokens of the same text, n from %llu to %llu (×4 apart), built and searched one "
@@ -139,7 +141,7 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
                 "load average %.2f / %.2f / %.2f (1/5/15 min) before and %.2f / %.2f / %.2f after; %s in all. Each build is repeated %d "
                 "time(s) and each pass over the queries %d times: figures are min / median / max. Times are given as process CPU seconds "
                 "(the work done: with one thread it equals the wall time on an idle machine) and as wall seconds (which include waiting "
-                "for other processes on a loaded machine); the fits and extrapolations use the CPU medians.\n\n",
+                "for other processes on a loaded machine); the cost model uses the CPU medians.\n\n",
             (unsigned long long)s->s[0].tokens, (unsigned long long)big, (unsigned long long)c->max_tokens, cpu, threads, s->load_before[0],
             s->load_before[1], s->load_before[2], s->load_after[0], s->load_after[1], s->load_after[2], secs(s->wall_s, b1), c->build_repeats, c->repeats);
     if (c->max_tokens > big * 4 / 3 + 1 || c->max_tokens > s->text_keys)
@@ -161,15 +163,17 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
     fprintf(mf, "- **Chunk-level keys**: the run's encoder embeddings (%llu, one per chunk; %.5f keys and %.5f queries per token as in "
                 "the run); where a size needs more chunks than the run holds, the rest are seeded random unit vectors (the *real* "
                 "column). Index: the run's (`%s`, chosen for each size as `dfm index` would), k = K + margin = %u, nprobe %lld; and, like "
-                "for like, the same keys in the token level's family and rule (IVF-PQ, lists ~√keys, 4 dims per code byte, nprobe as the "
-                "token level): *chunk, IVF-PQ*.\n",
+                "for like, the same keys in the token level's family and rule (IVF-PQ, lists ~√keys, nprobe as the token level): "
+                "*chunk, IVF-PQ* — not measured at a size with fewer than 1000 chunk keys, too few to train it (no Flat index is "
+                "labelled IVF-PQ).\n",
             (unsigned long long)s->run_chunks, c->chunk_keys_per_token, c->chunk_queries_per_token, c->chunk_index, c->k_chunk,
             (long long)c->chunk_nprobe);
-    fprintf(mf, "- Queries: %llu per size and side (all keys when fewer), drawn evenly over the datastore; recall@k is the share "
+    fprintf(mf, "- Queries: %llu per size and side in one batch, drawn evenly over the datastore (repeated in order when it holds fewer keys: "
+                "a search's cost per query depends on how many one call holds); recall@k is the share "
                 "of the exact top-k (Flat search) that the index returns, over %llu of them.\n\n",
             (unsigned long long)c->queries, (unsigned long long)c->recall_queries);
     fprintf(mf, "| tokens | side | keys (real) | index | build, CPU s (min / med / max) | build, wall s (med) | per query, CPU ms (min / med / max) "
-                "| per query, wall ms (med) | index size | recall@k |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
+                "| per query, wall ms (med) | index size (layout) | recall@k |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---:|\n");
     for (int i = 0; i < s->n; i++) {
         const dfm_audit_size *z = &s->s[i];
         static const int order[DFM_AUDIT_SIDES] = {1, 0, 2};
@@ -179,12 +183,18 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
             char keys[64];
             if (side == 1) snprintf(keys, sizeof keys, "%llu", (unsigned long long)p->keys);
             else snprintf(keys, sizeof keys, "%llu (%llu)", (unsigned long long)p->keys, (unsigned long long)z->chunk_real_keys);
+            const char *tok = side == 1 ? dfm_audit_human((double)z->tokens, b4, 32) : "";
+            if (p->skipped) {
+                fprintf(mf, "| %s | %s | %s | not measured: %s | | | | | | |\n", tok, NAME[side], keys, p->why);
+                continue;
+            }
             char idx[300];
-            snprintf(idx, sizeof idx, "`%s`%s", p->factory, p->nlist ? "" : "");
+            snprintf(idx, sizeof idx, "`%s`", p->factory);
             if (p->nlist) snprintf(idx + strlen(idx), sizeof idx - strlen(idx), " nprobe %lld", (long long)p->nprobe);
-            fprintf(mf, "| %s | %s | %s | %s | %s | %.3g | %s | %.3g | %s | %.3f |\n", side == 1 ? dfm_audit_human((double)z->tokens, b4, 32) : "",
-                    side == 1 ? "token" : side ? "chunk, IVF-PQ" : "chunk, run's index", keys, idx, spread_s(&p->build_cpu, b1), p->build_s.med, spread_ms(&p->query_cpu, b2),
-                    p->query_s.med * 1e3, bytes((double)p->index_bytes, b3), p->recall);
+            snprintf(b5, sizeof b5, "%s", bytes((double)p->index_bytes, b3));
+            if (isfinite(p->layout_bytes)) snprintf(b5 + strlen(b5), sizeof b5 - strlen(b5), " (%s)", p->layout_bytes == (double)p->index_bytes ? "exact" : "differs");
+            fprintf(mf, "| %s | %s | %s | %s | %s | %.3g | %s | %.3g | %s | %.3f |\n", tok, NAME[side], keys, idx, spread_s(&p->build_cpu, b1),
+                    p->build_s.med, spread_ms(&p->query_cpu, b2), p->query_s.med * 1e3, b5, p->recall);
         }
     }
     fprintf(mf, "\nAt each size, for all queries of that text (token level: one per token; chunk level: the run's rate), CPU seconds:\n\n"
@@ -193,53 +203,52 @@ void dfm_audit_scale_md(FILE *mf, const dfm_audit_scale *s, const char *cpu, int
     for (int i = 0; i < s->n; i++) {
         const dfm_audit_size *z = &s->s[i];
         double qc = (double)z->tokens * c->chunk_queries_per_token, qt = (double)z->tokens;
-        double sc = qc * z->chk.query_cpu.med, st = qt * z->tok.query_cpu.med, sp = qc * z->chk_pq.query_cpu.med;
-        double bc = (double)z->chk.index_bytes, bt = (double)z->tok.index_bytes, bp = (double)z->chk_pq.index_bytes;
-        char e1[32], e2[32], e3[32], f1[32], f2[32], f3[32];
-        fprintf(mf, "| %s | %s | %s | %.3f %% | %s | %.3f %% | %s | %s | %.3f %% | %s | %.3f %% |\n", dfm_audit_human((double)z->tokens, b4, 32),
-                secs(st, e1), secs(sc, e2), 100 * (1 - sc / st), secs(sp, e3), 100 * (1 - sp / st), bytes(bt, f1), bytes(bc, f2), 100 * (1 - bc / bt),
-                bytes(bp, f3), 100 * (1 - bp / bt));
+        double sc = qc * z->chk.query_cpu.med, st = qt * z->tok.query_cpu.med, sp = z->chk_pq.skipped ? NAN : qc * z->chk_pq.query_cpu.med;
+        double bc = (double)z->chk.index_bytes, bt = (double)z->tok.index_bytes, bp = z->chk_pq.skipped ? NAN : (double)z->chk_pq.index_bytes;
+        char e1[32], e2[32], e3[32], f1[32], f2[32], f3[32], w[4][48];
+        fprintf(mf, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", dfm_audit_human((double)z->tokens, b4, 32), secs(st, e1), secs(sc, e2),
+                saving(sc, st, w[0]), isfinite(sp) ? secs(sp, e3) : "not measured", saving(sp, st, w[1]), bytes(bt, f1), bytes(bc, f2),
+                saving(bc, bt, w[2]), isfinite(bp) ? bytes(bp, f3) : "not measured", saving(bp, bt, w[3]));
     }
-    fprintf(mf, "\n### Growth fits\n\nEach quantity fitted as a·n^b by least squares on log-log axes over the %d sizes (n in tokens). "
-                "*Fit error* is the RMS residual as a factor; *worst point* the largest deviation of the fit from a measurement; "
-                "*largest predicted* fits the smaller sizes only and predicts the largest measurement: an honest test of "
-                "extrapolating one step (×4).\n\n"
-                "| quantity | side | fit | fit error | worst point | largest predicted |\n|---|---|---|---:|---:|---:|\n",
-            s->n);
-    md_fit_row(mf, "CPU seconds per query (median)", "token", &s->fit_q[1], "s");
-    md_fit_row(mf, "CPU seconds per query (median)", "chunk, run's index", &s->fit_q[0], "s");
-    md_fit_row(mf, "CPU seconds per query (median)", "chunk, IVF-PQ", &s->fit_q[2], "s");
-    md_fit_row(mf, "index bytes", "token", &s->fit_bytes[1], "B");
-    md_fit_row(mf, "index bytes", "chunk, run's index", &s->fit_bytes[0], "B");
-    md_fit_row(mf, "index bytes", "chunk, IVF-PQ", &s->fit_bytes[2], "B");
-    md_fit_row(mf, "build CPU seconds (median)", "token", &s->fit_build[1], "s");
-    md_fit_row(mf, "build CPU seconds (median)", "chunk, run's index", &s->fit_build[0], "s");
-    md_fit_row(mf, "build CPU seconds (median)", "chunk, IVF-PQ", &s->fit_build[2], "s");
-    fprintf(mf, "\n### Extrapolated from the fits\n\nTimes from the power-law fits; index sizes linearly from the two largest "
-                "sizes (an index is a fixed part, centroids and codebooks, plus bytes per key: where the fixed part still weighs, the "
-                "power law's exponent falls below 1 and would understate a large index). The savings compare each chunk-level column with the token level. *Run's index* "
-                "is the family the run used, carried on as if kept at any size; *IVF-PQ* is the chunk-level keys in the token level's "
-                "own family and rule: like for like.\n\n"
-                "| corpus | | token level | chunk, run's index | saving | chunk, IVF-PQ | saving |\n|---|---|---:|---:|---:|---:|---:|\n");
-    for (int t = 0; t < n; t++) {
-        dfm_audit_extrap e;
-        dfm_audit_scale_extrapolate(s, targets[t], &e);
-        char nm[96], c1[32], c2[32], c3[32];
-        snprintf(nm, sizeof nm, "%s (%s tokens, %.3g× the largest measured)", names[t], dfm_audit_human(e.tokens, b4, 32), e.tokens / (double)big);
-        fprintf(mf, "| %s | per query | %s | %s | | %s | |\n", nm, secs(e.s_per_query[1], c1), secs(e.s_per_query[0], c2), secs(e.s_per_query[2], c3));
-        fprintf(mf, "| | search, all queries | %s | %s | %.3f %% | %s | %.3f %% |\n", secs(e.search_s[1], c1), secs(e.search_s[0], c2),
-                100 * (1 - e.search_s[0] / e.search_s[1]), secs(e.search_s[2], c3), 100 * (1 - e.search_s[2] / e.search_s[1]));
-        fprintf(mf, "| | index size | %s | %s | %.3f %% | %s | %.3f %% |\n", bytes(e.index_bytes[1], c1), bytes(e.index_bytes[0], c2),
-                100 * (1 - e.index_bytes[0] / e.index_bytes[1]), bytes(e.index_bytes[2], c3), 100 * (1 - e.index_bytes[2] / e.index_bytes[1]));
-        fprintf(mf, "| | build | %s | %s | %.3f %% | %s | %.3f %% |\n", secs(e.build_s[1], c1), secs(e.build_s[0], c2),
-                100 * (1 - e.build_s[0] / e.build_s[1]), secs(e.build_s[2], c3), 100 * (1 - e.build_s[2] / e.build_s[1]));
-        (void)b1, (void)b2, (void)b3;
+    md_model_rows(mf, s);
+    md_extrapolated(mf, s, targets, names, n);
+}
+
+/* ---- audit.svg's growth panels ---------------------------------------------------------------------- */
+
+void dfm_audit_scale_panels(const dfm_audit_scale *s, double x_hi, dfm_audit_panel panels[3], dfm_audit_range *r) {
+    memset(panels, 0, 3 * sizeof *panels);
+    panels[0] = (dfm_audit_panel){"search time, all queries", "CPU seconds (a query per token / per chunk)", {{0}}};
+    panels[1] = (dfm_audit_panel){"build time (train + add)", "CPU seconds", {{0}}};
+    panels[2] = (dfm_audit_panel){"index size", "bytes (layout arithmetic)", {{0}}};
+    double lo = (double)s->s[0].tokens, big = (double)s->s[s->n - 1].tokens;
+    if (!(x_hi > big)) x_hi = big * 10;
+    *r = (dfm_audit_range){lo, big, big * DFM_AUDIT_DEFENSIBLE, x_hi};
+    for (int side = 0; side < DFM_AUDIT_SIDES; side++) {
+        double rate = side == 1 ? 1.0 : s->cfg.chunk_queries_per_token;
+        for (int i = 0; i < s->n; i++) {
+            const dfm_audit_point *pt = dfm_audit_side_point(&s->s[i], side);
+            if (pt->skipped) continue;
+            double n = (double)s->s[i].tokens;
+            for (int p = 0; p < 3; p++) panels[p].side[side].x[panels[p].side[side].n] = n;
+            panels[0].side[side].y[panels[0].side[side].n++] = n * rate * pt->query_cpu.med;
+            panels[1].side[side].y[panels[1].side[side].n++] = pt->build_cpu.med;
+            panels[2].side[side].y[panels[2].side[side].n++] = (double)pt->index_bytes;
+        }
+        /* the model: a quarter of the samples over the measured range, the rest beyond, log-spaced */
+        const int in = DFM_AUDIT_CURVE / 4;
+        for (int j = 0; j < DFM_AUDIT_CURVE; j++) {
+            double x = j < in ? lo * pow(big / lo, (double)j / (in - 1)) : big * pow(x_hi / big, (double)(j - in + 1) / (DFM_AUDIT_CURVE - in));
+            dfm_audit_extrap e;
+            dfm_audit_scale_extrapolate(s, x, &e);
+            if (!e.ok[side]) continue;
+            const double v[3] = {e.search_s[side], e.build_s[side], e.index_bytes[side]}, band[3] = {e.search_band[side], e.build_band[side], 1};
+            for (int p = 0; p < 3; p++) {
+                dfm_audit_series *sr = &panels[p].side[side];
+                if (!(v[p] > 0)) continue;
+                sr->mx[sr->m] = x, sr->my[sr->m] = v[p], sr->lo[sr->m] = v[p] / band[p], sr->hi[sr->m] = v[p] * band[p];
+                sr->m++;
+            }
+        }
     }
-    fprintf(mf, "\nHow far to trust this: the fit errors above hold over the measured range; beyond it they grow with the "
-                "extrapolation factor (the *largest predicted* column is the error of a single ×4 step). The index families change "
-                "with size in practice (a chunk-level Flat index becomes IVF past %llu vectors, which flattens its per-query cost; "
-                "the token-level lists grow as √n here), so extrapolating a single power law over decades is an order-of-magnitude "
-                "estimate, not a measurement. The token-level figures also leave out the decoder's forward pass over the whole corpus "
-                "that computes the keys.\n\n",
-            DFM_INDEX_FLAT_MAX);
 }

@@ -1,5 +1,5 @@
 /* audit_scale_run.c — both datastores over growing prefixes of the same text, measured one after the
- * other at each size, then the growth fits (audit_scale.h). */
+ * other at each size, then the cost model (audit_scale.h). */
 #include "pipeline/audit/audit_scale.h"
 
 #include "common/error.h"
@@ -65,15 +65,25 @@ static int chunk_keys(const char *run, uint64_t n, uint64_t seed, float **out, u
     return rc;
 }
 
-const dfm_audit_point *dfm_audit_side_point(const dfm_audit_size *z, int side) {
-    return side == 1 ? &z->tok : side == 2 ? &z->chk_pq : &z->chk;
-}
-
 static void log_point(const char *side, const dfm_audit_point *p) {
+    if (p->skipped) {
+        DFM_LOG_I("audit:   %s %llu keys: not measured (%s)", side, (unsigned long long)p->keys, p->why);
+        return;
+    }
     DFM_LOG_I("audit:   %s %llu keys (%s, nprobe %lld): build %.3f s (CPU %.3f s), %.3g ms/query (CPU %.3g ms; medians of %d), %llu bytes, "
               "recall@k %.3f", side, (unsigned long long)p->keys, p->factory, (long long)p->nprobe, p->build_s.med, p->build_cpu.med,
               p->query_s.med * 1e3, p->query_cpu.med * 1e3, p->query_s.n,
               (unsigned long long)p->index_bytes, p->recall);
+}
+
+/* the timed queries of a datastore of n keys: `want` of them (every size times the same batch: a search's cost
+ * per query depends on how many queries one call holds), drawn evenly over the keys, the draw repeated in order
+ * when the datastore holds fewer keys than that */
+static uint64_t queries_of(uint64_t n, uint64_t want, uint64_t seed, uint64_t *qidx) {
+    uint64_t m = want < n ? want : n;
+    dfm_sample_ids(n, m, seed, qidx);
+    for (uint64_t q = m; q < want; q++) qidx[q] = qidx[q % m];
+    return want;
 }
 
 int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
@@ -140,8 +150,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         uint64_t n = z->tokens;
         DFM_LOG_I("audit: size %d/%d: %llu tokens", i + 1, s->n, (unsigned long long)n);
         dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
-        uint64_t nq = c->queries < n ? c->queries : n;
-        dfm_sample_ids(n, nq, c->seed, qidx);
+        uint64_t nq = queries_of(n, c->queries, c->seed, qidx);
         if ((rc = dfm_audit_measure_point(&to, tk, n, qidx, nq, &z->tok))) goto done;
         log_point("token level", &z->tok);
         uint64_t nc = (uint64_t)llround((double)n * c->chunk_keys_per_token);
@@ -149,8 +158,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if (nc > nc_max) nc = nc_max;
         z->chunk_real_keys = nc < s->run_chunks ? nc : s->run_chunks;
         dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->build_repeats, c->recall_queries};
-        uint64_t nqc = c->queries < nc ? c->queries : nc;
-        dfm_sample_ids(nc, nqc, c->seed ^ 0xc4u, qidx);
+        uint64_t nqc = queries_of(nc, c->queries, c->seed ^ 0xc4u, qidx);
         if ((rc = dfm_audit_measure_point(&co, ck, nc, qidx, nqc, &z->chk))) goto done;
         log_point("chunk level", &z->chk);
         /* like for like: the same keys in the token level's index family and rule */
@@ -158,20 +166,9 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if ((rc = dfm_audit_measure_point(&cq, ck, nc, qidx, nqc, &z->chk_pq))) goto done;
         log_point("chunk level, IVF-PQ", &z->chk_pq);
     }
-    /* growth in tokens of text, both sides on the same axis */
-    for (int side = 0; side < DFM_AUDIT_SIDES && !rc; side++) {
-        double x[DFM_AUDIT_MAX_SIZES], yq[DFM_AUDIT_MAX_SIZES], yb[DFM_AUDIT_MAX_SIZES], yt[DFM_AUDIT_MAX_SIZES];
-        for (int i = 0; i < s->n; i++) {
-            const dfm_audit_point *p = dfm_audit_side_point(&s->s[i], side);
-            x[i] = (double)s->s[i].tokens;
-            yq[i] = p->query_cpu.med;
-            yb[i] = (double)p->index_bytes;
-            yt[i] = p->build_cpu.med;
-        }
-        rc = dfm_audit_fit_power(x, yq, s->n, &s->fit_q[side]);
-        if (!rc) rc = dfm_audit_fit_power(x, yb, s->n, &s->fit_bytes[side]);
-        if (!rc) rc = dfm_audit_fit_power(x, yt, s->n, &s->fit_build[side]);
-    }
+    s->token_dim = tdim;
+    s->chunk_dim = cdim;
+    if (!rc) dfm_audit_scale_model(s);
 done:
     s->wall_s = dfm_now() - t_start;
     getloadavg(s->load_after, 3);

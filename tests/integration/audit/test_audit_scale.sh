@@ -2,7 +2,7 @@
 # dfm audit --measure-tokens on a tiny run with real keys: a tiny backbone pretrained on the run's tokens,
 # its hidden states written by `dfm-train hidden` (the file checked and refused when damaged), both
 # datastores measured at growing sizes of the same text (IVF-PQ token level, the run's index chunk level),
-# fits and extrapolation in audit.json / audit.md; random keys are labelled; the chart renders with every
+# the cost model (layout bytes = serialised bytes, rates, validation) and its extrapolation in audit.json / audit.md; random keys are labelled; the chart renders with every
 # label inside the canvas (tests/integration/audit/audit_chart_check.py, rsvg-convert); two runs built from
 # identical inputs compare with identical counted figures.
 source "$(dirname "$0")/../lib.sh"
@@ -63,36 +63,62 @@ assert s["text_keys"] == N and s["text_differs_at"] == -1 and s["text_agrees_wit
 z = s["sizes"]; assert [x["tokens"] for x in z] == [N // 4, N], [x["tokens"] for x in z]  # capped at the text, x4 apart
 for x in z:
     t, c, cq = x["token_level"], x["chunk_level"], x["chunk_level_ivfpq"]
-    assert cq["keys"] == c["keys"] and cq["queries"] == c["queries"]  # the same chunk keys, like for like
+    # like for like, or nothing: a size with too few chunk keys for IVF-PQ is not measured, never a Flat index called IVF-PQ
+    if cq["skipped"]:
+        assert "too few for IVF-PQ" in cq["why"] and "factory" not in cq and cq["keys"] == c["keys"] < 1000, cq
+    else:
+        assert cq["factory"].startswith("IVF") and ",PQ" in cq["factory"] and cq["keys"] == c["keys"] and cq["queries"] == c["queries"]
     assert t["factory"].startswith("IVF") and ",PQ8np" in t["factory"], t["factory"]  # width 32: 8-byte codes
     assert t["keys"] == x["tokens"] and 0 < t["recall_at_k"] <= 1 and t["recall_queries"] == 10
     assert c["recall_at_k"] == 1 and c["keys"] == x["chunk_real_keys"] > 0   # the run's embeddings, exact Flat
     for side in (t, c):
         for f in ("build_s", "s_per_query", "build_cpu_s", "cpu_s_per_query"):
             sp = side[f]; assert sp["n"] == 2 and 0 < sp["min"] <= sp["median"] <= sp["max"], (f, sp)
-        assert side["index_bytes"] > 0 and side["queries"] == min(40, side["keys"])
-for side in ("token_level", "chunk_level", "chunk_level_ivfpq"):
-    for q in ("s_per_query", "index_bytes", "build_s"):
-        f = s["fits"][side][q]; assert f["points"] == 2 and math.isfinite(f["b"]) and f["rms_log10"] >= 0
-assert s["fits"]["token_level"]["index_bytes"]["b"] > 0.5  # the datastore grows with the text
+        assert side["index_bytes"] > 0 and side["queries"] == 40  # the same batch at every size, keys repeated when fewer
+        assert side["layout_bytes"] == side["index_bytes"], side  # the layout arithmetic is FAISS's serialisation
+M = s["model"]
+assert M["valid_max_rel_error"] == 0.25 and M["defensible_factor"] == 100
+for side in ("token_level", "chunk_level"):
+    m = M[side]; assert m["ok"] and m["sizes"] == 2 and m["layout_max_rel_error"] == 0, m
+    for q in ("search", "build"):
+        assert m[q]["points"] == 2 and m[q]["largest_predicted_rel_error"] is None and m[q]["validated"] is None  # 2 sizes: not validated
+assert M["token_level"]["family"] == "IVF-PQ" and M["chunk_level"]["family"] == "Flat"
 ex = {e["name"]: e for e in s["extrapolated"]}
-assert ex["large"]["tokens"] == 5e9 and ex["large"]["token_level"]["queries"] == 5e9
+assert ex["large"]["tokens"] == 5e9 and ex["large"]["token_level"]["queries"] == 5e9 and ex["large"]["model_only"]
 L = ex["large"]
 for side in ("token_level", "chunk_level", "chunk_level_ivfpq"):
-    assert L[side]["search_s"] > 0 and L[side]["index_bytes"] > 0, side
-    assert abs(L[side]["search_s"] - L[side]["queries"] * L[side]["s_per_query"]) <= 1e-9 * L[side]["search_s"]
+    x = L[side]
+    assert x["search_s"] > 0 and x["index_bytes"] > 0 and x["factory"].startswith("IVF"), (side, x)
+    assert abs(x["search_s"] - x["queries"] * x["s_per_query"]) <= 1e-9 * x["search_s"]
+    assert x["search_s_low"] < x["search_s"] < x["search_s_high"] and x["build_s_low"] < x["build_s"] < x["build_s_high"]
+    # the goal: extrapolated index bytes within 5 % of the layout arithmetic (computed here on its own: codes + ids + centroids + codebooks)
+    f = x["factory"]; nl = int(f[3:f.index(",")]); d = 32 if side == "token_level" else s["chunk_key_dim"]; keys = x["keys"]
+    per_key = (int(f.split("PQ")[1].rstrip("np")) + 8) if ",PQ" in f else 4 * d + 8
+    lay = keys * per_key + nl * d * 4 + (256 * d * 4 if ",PQ" in f else 0)
+    assert abs(x["index_bytes"] / lay - 1) < 0.05, (side, x["index_bytes"], lay)
+# 64 bytes and wider codes are at least their keys' codes: 5e9 tokens of 8-byte codes + ids
+assert L["token_level"]["index_bytes"] >= 5e9 * 16
+assert L["token_level"]["rates_from"] == "token_level" and L["chunk_level_ivfpq"]["rates_from"] in ("token_level", "chunk_level_ivfpq")
 assert abs(L["savings"]["search_s"] - (1 - L["chunk_level"]["search_s"] / L["token_level"]["search_s"])) < 1e-12
 assert abs(L["savings_ivfpq"]["index_bytes"] - (1 - L["chunk_level_ivfpq"]["index_bytes"] / L["token_level"]["index_bytes"])) < 1e-12
 # the token level issues one query per token, the chunk level the run's rate
 assert L["token_level"]["queries"] == 5e9 and abs(L["chunk_level"]["queries"] / 5e9 - s["chunk_queries_per_token"]) < 1e-12
 assert len(s["load_average_before"]) == 3 and s["threads"] == 1 and s["cpu"]
+assert a["version"] == 2
 print("scale ok")
 PY
 grep -q "## Measured at scale" "$WORK/a/audit/audit.md" || fail "audit.md lacks the scale section"
-grep -q "### Growth fits" "$WORK/a/audit/audit.md" || fail "audit.md lacks the fits"
+grep -q "### The cost model, and its validation" "$WORK/a/audit/audit.md" || fail "audit.md lacks the cost model"
+grep -q "### Extrapolated from the cost model" "$WORK/a/audit/audit.md" || fail "audit.md lacks the extrapolation"
+grep -q "model only" "$WORK/a/audit/audit.md" || fail "audit.md does not say that 5e9 tokens is a model only"
+# words that cannot contradict themselves: never a negative number before "less" / "fewer"
+if grep -nE -- '-[0-9.]+ % (less|fewer)' "$WORK/a/audit/audit.md" "$WORK/audit.log" "$WORK/a/audit/audit.svg"; then fail "a negative saving written as less"; fi
+grep -q "model, token level (IVF-PQ, 2 sizes)" "$WORK/audit.log" || fail "the summary lacks the model's validation line: $(cat "$WORK/audit.log")"
+grep -q "like for like: the chunk level's [0-9]* keys are too few for IVF-PQ (not measured" "$WORK/audit.log" \
+  || fail "the summary does not say why the chunk level was not measured in IVF-PQ: $(cat "$WORK/audit.log")"
 grep -q "load average" "$WORK/a/audit/audit.md" || fail "audit.md lacks the conditions"
 grep -q "min / med / max" "$WORK/a/audit/audit.md" || fail "audit.md lacks the spreads"
-ok "scale: two sizes of real hidden states, IVF-PQ vs the run's index, fits and extrapolation"
+ok "scale: two sizes of real hidden states, IVF-PQ vs the run's index, the cost model and its extrapolation"
 
 "$DFM" audit "$WORK/a" --token-level-sample 0 --measure-tokens 4000 --measure-sizes 2 --repeats 1 --measure-queries 20 \
   --recall-queries 5 --token-keys random --token-key-dim 16 --out "$WORK/rnd" > "$WORK/rnd.log" 2>&1 || { cat "$WORK/rnd.log"; fail "random keys"; }
