@@ -22,18 +22,19 @@
 #
 #   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 50 min a seed on 2 cores
 #   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
-#   ARMS=margin REUSE_READING=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
+#   ARMS=margin REUSE=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
 # Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
 # DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
-# ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), REUSE_READING (0: 1 keeps
-# a finished reading stage of WORK and records no line for it).
+# ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), REUSE (0: 1 keeps
+# the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
+# a reading stage kept records no line).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
 SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
 DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
-ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE_READING=${REUSE_READING:-0}
+ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE=${REUSE:-0}
 W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
 mkdir -p "$W" bench/results
@@ -95,8 +96,8 @@ for seed in $SEEDS; do
   [ -f "$d/probes/manifest.json" ] || build "$d/probes" "$d/pt/probes.bin" $(( 3 * L )) "$d/corpus" none
   nchunks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["counts"]["chunks"])' "$d/corpus/manifest.json")
 
-  if [ "$REUSE_READING" = 1 ] && [ -f "$d/read/dfm_modules.safetensors" ]; then
-    echo "   reading: the finished stage in $d/read kept (REUSE_READING=1)"
+  if [ "$REUSE" = 1 ] && [ -f "$d/read/dfm_modules.safetensors" ]; then
+    echo "   reading: the finished stage in $d/read kept (REUSE=1)"
   elif [[ " $ARMS " == *" read+"* ]]; then
   echo "   reading: $READ_STEPS steps of 16 chunks regenerated from their own slot"
   timed "$d/read.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$d/read" \
@@ -123,7 +124,11 @@ for seed in $SEEDS; do
         *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero)" >&2; exit 2 ;;
       esac
     done
-    dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
+    if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then
+      echo "   $arm: the trained modules in $out kept (REUSE=1)"
+    else
+      dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
+    fi
     score "$out/dfm_modules.safetensors" "$out/score.json"
     record "$seed" "$arm" "$out"
     tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); p=r["probes"]; c=r["curve"][-1]; print("   probes (answer log-prob / EM): off %.2f / %.1f%%, target %.2f / %.1f%%, target shuffled %.2f, predicted %.2f / %.1f%%, predicted shuffled %.2f; held-out CE target %.4f vs shuffled %.4f" % (p["none"]["logprob"], 100*p["none"]["exact"], p["target"]["logprob"], 100*p["target"]["exact"], p["target_shuffled"]["logprob"], p["predicted"]["logprob"], 100*p["predicted"]["exact"], p["predicted_shuffled"]["logprob"], c["ce_target"], c["ce_target_shuffled"]))'
