@@ -20,7 +20,7 @@
 # Results: bench/results/information.jsonl (one line per seed, variant and training corpus) and
 # bench/results/information.md.
 #
-#   bash bench/memory/bench_information.sh         # SEEDS="1 2 3": about 6 CPU-minutes in all, 10 min on 2 busy cores
+#   bash bench/memory/bench_information.sh     # SEEDS="1 2 3": about 8 CPU-minutes in all, 12 min on 2 busy cores
 #   SEEDS="1 2" VARIANTS=neighbour bash bench/memory/bench_information.sh                  # a quick look
 # Knobs: SEEDS ("1 2 3"; one seed gives no readout fitted on another corpus), VARIANTS ("neighbour continuation
 # both"), ENTITIES (240), PROBES (120 probes, each in both forms), WORK (/tmp/dfm-info), NP (2 ranks for the
