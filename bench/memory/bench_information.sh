@@ -20,11 +20,11 @@
 # Results: bench/results/information.jsonl (one line per seed, variant and training corpus) and
 # bench/results/information.md.
 #
-#   bash bench/memory/bench_information.sh     # SEEDS="1 2 3": about 8 CPU-minutes in all, 12 min on 2 busy cores
+#   bash bench/memory/bench_information.sh     # SEEDS="1 2 3": about 7 CPU-minutes, 5 min wall on 2 busy cores
 #   SEEDS="1 2" VARIANTS=neighbour bash bench/memory/bench_information.sh                  # a quick look
 # Knobs: SEEDS ("1 2 3"; one seed gives no readout fitted on another corpus), VARIANTS ("neighbour continuation
 # both"), ENTITIES (240), PROBES (120 probes, each in both forms), WORK (/tmp/dfm-info), NP (2 ranks for the
-# builds), OUT (bench/results/information.jsonl).
+# builds), OUT (bench/results/information.jsonl; the page is OUT with .md for .jsonl).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -113,6 +113,6 @@ for v in $VARIANTS; do
     fi
   done
 done
-"$PY" bench/memory/information.py --report "$OUT" > bench/results/information.md
-cat bench/results/information.md
+"$PY" bench/memory/information.py --report "$OUT" > "${OUT%.jsonl}.md"
+cat "${OUT%.jsonl}.md"
 echo "bench_information: done in $(( $(date +%s) - T0 ))s"
