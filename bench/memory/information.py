@@ -233,6 +233,8 @@ def readout_scores(model, readout, emb, mask, groups, alpha):
 
 
 def fit(readout, emb, mask, groups, Y):
+    """A Ridge fitted to chunks' bags Y from their slots: one row of mean features per chunk ("mean"), or
+    each valid slot a row in its group's block ("slotmax")."""
     if readout == "mean":
         X = mean_features(emb, mask, groups)[:, None, :]
         return Ridge(X, mask.any(1)[:, None], Y)
@@ -241,8 +243,9 @@ def fit(readout, emb, mask, groups, Y):
 
 # ---------------------------------------------------------------- metrics
 def ranking_metrics(scores, positive):
-    """Per row: (average precision, AUC) of the positives among all columns; ties ordered against the
-    positives (a positive is ranked below every negative it ties with)."""
+    """(mean average precision, mean AUC, rows counted) over the rows with both positives and negatives: each
+    row's positives ranked among all its columns, ties ordered against the positives (a positive is ranked
+    below every negative it ties with). NaN for both means when no row counts."""
     aps, aucs = [], []
     for s, p in zip(scores, positive):
         P = int(p.sum())
@@ -255,6 +258,8 @@ def ranking_metrics(scores, positive):
         aps.append(float(np.mean(np.arange(1, P + 1) / ranks)))
         neg_above = ranks - np.arange(1, P + 1)        # negatives ranked above each positive
         aucs.append(float(1 - neg_above.sum() / (P * N)))
+    if not aps:
+        return float("nan"), float("nan"), 0
     return float(np.mean(aps)), float(np.mean(aucs)), len(aps)
 
 
@@ -373,7 +378,8 @@ def measure(A, alphas=ALPHAS):
         curve = {a: ranking_metrics(readout_scores(sel, how, *train_in(rows["val"]), a), Ys["val"] > 0)[0]
                  for a in alphas}
         model = fit(how, *train_in(rows["train"]), Ys["train"])
-        best = max(alphas, key=lambda a: (curve[a], -a))   # the highest AP; the smaller strength on a tie
+        # the highest selection AP (a NaN, no row to select on, counts as the lowest); the smaller strength on a tie
+        best = max(alphas, key=lambda a: (curve[a] if curve[a] == curve[a] else -np.inf, -a))
         res = {"alpha": best, "select_ap": {str(a): curve[a] for a in alphas}}
         if ro == "selfread":  # how well a chunk's own embedding gives its own tokens (held-out chunks)
             r = has & (c_doc >= cut_val)
