@@ -1,6 +1,6 @@
-# bench/memory/runs_lib.sh — what the real-LM memory benchmarks share (sourced by bench_real_memory.sh and
-# bench_reading.sh once they have set ROOT): the cache's paths, MPI allowed as root, the programs and the LM
-# checked, and build(), which uses their L and NP.
+# bench/memory/runs_lib.sh — what the real-LM memory benchmarks share (sourced by bench_real_memory.sh,
+# bench_reading.sh and bench_information.sh once they have set ROOT): the cache's paths, MPI allowed as root, the
+# programs and the LM checked, and build(), which uses their L and NP.
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
