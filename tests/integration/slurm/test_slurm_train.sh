@@ -155,8 +155,10 @@ ok "Slurm pretrain -> train (2 tasks, --after) -> eval == direct runs, byte for 
 
 # ---- 2. scancel after the first checkpoint, resubmit
 c1=$("${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
-wait_until 120 '[ -e cancelled/ckpt_000020.bin ]' || { cat cancelled/jobs/*.out; fail "no first checkpoint"; }
+# (refused while the job is queued or running: checked first, so that the cancel follows the first checkpoint at
+# once; checked between them, the run once finished under load before the cancel came)
 expect_fail "job $c1 for $WORK/cancelled is still queued or running" "${S[@]}" train -- --out cancelled "${DFMF[@]}"
+wait_until 120 '[ -e cancelled/ckpt_000020.bin ]' || { cat cancelled/jobs/*.out; fail "no first checkpoint"; }
 scancel "$c1"
 "$WAIT" "$c1" >/dev/null && fail "a cancelled job reported success"
 [ -e cancelled/ckpt_final.bin ] && fail "the job ended before scancel stopped it: make the run longer"
