@@ -68,7 +68,9 @@ def main():
     arms = ["scratch"] if by("scratch") else []  # then every other arm in the order the file first has it
     arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("reading", "scratch")]
     if arms:
-        out += ["## DFM after reading against the same DFM budget from scratch: knowledge probes", "",
+        out += ["## DFM arms against the same DFM budget from scratch: knowledge probes", "",
+                "Each arm: the same DFM steps as scratch, with its levers (reading first, the margin, the content-only "
+                "fusion, centred memory, zeroed memory); CPU-s is the DFM training's (threads as the run's THREADS).", "",
                 "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
                 "predicted − shuffled | predicted EM | in context | held-out CE target / shuffled | CPU-s (DFM) |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
