@@ -290,6 +290,86 @@ static void test_lmhead_ce(void **state) {
     free(x), free(w), free(dx), free(dw), free(losses), free(scratch), free(tg), free(rx), free(rw), free(lg), free(top1);
 }
 
+/* Soft targets (CeSoft: distillation and gain-weighted CE) against a double-precision reference of the loss
+ * w_r·CE_r + λ·KL(p_r ‖ softmax_r) and its gradient; with soft NULL, λ = 0 and unit weights the function is
+ * the plain one bit for bit. Rows: ignored ones, rows without a teacher, and teacher ids beyond the first block. */
+static void test_lmhead_ce_soft(void **state) {
+    (void)state;
+    int N = CE_ROWS_BLOCK + 37, C = 16, V = 211, S = 5;
+    float lam = 0.7f, dloss = 0.02f;
+    dfm_rng r;
+    rng_seed(&r, 12);
+    float *x = randv(&r, (size_t)N * C, 1.0f), *w = randv(&r, (size_t)V * C, 1.0f);
+    float *scratch = malloc((size_t)CE_ROWS_BLOCK * V * 4), *losses = malloc(N * 4), *rw = malloc(N * 4);
+    float *p = malloc((size_t)N * S * 4);
+    int *tg = malloc(N * sizeof(int)), *ids = malloc((size_t)N * S * sizeof(int));
+    uint8_t *has = malloc(N);
+    for (int n = 0; n < N; n++) {
+        tg[n] = n % 11 == 5 ? -1 : (int)(rng_u32(&r) % V);
+        has[n] = n % 3 != 0;
+        rw[n] = 0.25f + rng_f32(&r);
+        double z = 0;
+        for (int i = 0; i < S; i++) { /* distinct ids */
+            ids[n * S + i] = (int)((rng_u32(&r) % (V / S)) + (unsigned)i * (V / S));
+            p[n * S + i] = 0.05f + rng_f32(&r);
+            z += p[n * S + i];
+        }
+        for (int i = 0; i < S; i++) p[n * S + i] = (float)(p[n * S + i] / z);
+    }
+    float *dx = calloc((size_t)N * C, 4), *dw = calloc((size_t)V * C, 4);
+    CeSoft soft = {.ids = ids, .p = p, .has = has, .row_w = rw, .S = S, .weight = lam};
+    double tot = lmhead_ce_soft_forward_backward(losses, NULL, dx, dw, x, w, tg, N, C, V, dloss, scratch, &soft);
+    double *rx = calloc((size_t)N * C, 8), *rdw = calloc((size_t)V * C, 8), *lg = malloc(V * 8), *g = malloc(V * 8);
+    double rt = 0, rkl = 0, rwce = 0;
+    long rn = 0;
+    for (int n = 0; n < N; n++) {
+        if (tg[n] < 0) continue;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += (double)x[(size_t)n * C + c] * w[(size_t)v * C + c];
+            lg[v] = s;
+            if (s > mx) mx = s;
+        }
+        for (int v = 0; v < V; v++) sum += exp(lg[v] - mx);
+        double lse = log(sum) + mx, ce = lse - lg[tg[n]];
+        rt += ce, rwce += rw[n] * ce;
+        double l = has[n] ? lam : 0.0;
+        for (int v = 0; v < V; v++) g[v] = (rw[n] + l) * exp(lg[v] - lse);
+        g[tg[n]] -= rw[n];
+        if (has[n]) {
+            rn++;
+            for (int i = 0; i < S; i++) {
+                rkl += p[n * S + i] * (log(p[n * S + i]) - (lg[ids[n * S + i]] - lse));
+                g[ids[n * S + i]] -= lam * p[n * S + i];
+            }
+        }
+        for (int v = 0; v < V; v++)
+            for (int c = 0; c < C; c++) {
+                rx[(size_t)n * C + c] += dloss * g[v] * w[(size_t)v * C + c];
+                rdw[(size_t)v * C + c] += dloss * g[v] * x[(size_t)n * C + c];
+            }
+    }
+    double e1 = rel_err(dx, rx, (size_t)N * C), e2 = rel_err(dw, rdw, (size_t)V * C);
+    printf("  lmhead+CE soft N=%d S=%d: CE total rel %.2e, weighted CE rel %.2e, KL %.6f vs %.6f over %ld/%ld rows, dx %.2e "
+           "dweight %.2e\n", N, S, fabs(tot - rt) / rt, fabs(soft.wce_sum - rwce) / rwce, soft.kl_sum, rkl, soft.n_teacher, rn,
+           e1, e2);
+    assert_true(fabs(tot - rt) / rt < 1e-6 && fabs(soft.wce_sum - rwce) / rwce < 1e-6);
+    assert_true(soft.n_teacher == rn && fabs(soft.kl_sum - rkl) < 1e-5 * (1 + fabs(rkl)) && rkl > 0);
+    assert_true(e1 < 1e-5 && e2 < 1e-5);
+    /* λ = 0 and unit weights: the plain kernel's gradient and loss, bit for bit */
+    float *dx0 = calloc((size_t)N * C, 4), *dx1 = calloc((size_t)N * C, 4), *l0 = malloc(N * 4);
+    for (int n = 0; n < N; n++) rw[n] = 1.0f;
+    soft.weight = 0.0f;
+    double t0 = lmhead_ce_forward_backward(l0, NULL, dx0, NULL, x, w, tg, N, C, V, dloss, scratch);
+    double t1 = lmhead_ce_soft_forward_backward(losses, NULL, dx1, NULL, x, w, tg, N, C, V, dloss, scratch, &soft);
+    assert_true(t0 == t1);
+    assert_memory_equal(dx0, dx1, (size_t)N * C * 4);
+    assert_memory_equal(l0, losses, (size_t)N * 4);
+    free(x), free(w), free(scratch), free(losses), free(rw), free(p), free(tg), free(ids), free(has), free(dx), free(dw);
+    free(rx), free(rdw), free(lg), free(g), free(dx0), free(dx1), free(l0);
+}
+
 static void test_adamw(void **state) {
     (void)state;
     size_t n = (1 << 16) + 45; /* two blocks and a tail */
@@ -325,7 +405,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_exp),      cmocka_unit_test(test_swiglu), cmocka_unit_test(test_attention_blocks),
         cmocka_unit_test(test_attention_flash),
-        cmocka_unit_test(test_lmhead_ce), cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_lmhead_ce), cmocka_unit_test(test_lmhead_ce_soft), cmocka_unit_test(test_adamw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,19 +49,6 @@ static double cpu_now(void) { /* this process's CPU-seconds, all threads */
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* The decoder over B sequences of T tokens: m->lnf_out [B*T, C] holds the final-normed hidden states. */
-static void decoder_forward(DfmModel *m, const int *inputs, int B, int T) {
-    const BackboneConfig *bc = &m->bc;
-    int C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
-    size_t NCs = (size_t)N * C;
-    embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
-    for (int l = 0; l < NL; l++)
-        stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, m->x_layer_in + (size_t)(l + 1) * NCs,
-                            m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin,
-                            model_flash(m));
-    rmsnorm_forward(m->lnf_out, m->lnf_rstd, m->x_layer_in + (size_t)NL * NCs, m->bb.lnf, N, C, bc->dec.eps);
-}
-
 typedef struct {
     char *backbone, *data, *out, *unseen;
     int64_t seq_len, batch, max_tokens, threads;
@@ -115,7 +102,7 @@ static int run_hidden(const HiddenOpts *o) {
                         base, inputs, &meta.unseen);
         if (rc) goto done;
         XXH3_64bits_update(th, ds.tokens + base, sizeof(int) * (size_t)nb * T);
-        decoder_forward(m, inputs, nb, T);
+        model_backbone_forward(m, inputs, nb, T);
         meta.tokens_read += (uint64_t)nb * T;
         /* keep the rows of real (non-padding) tokens, in stream order */
         size_t kept = 0;

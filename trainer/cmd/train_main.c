@@ -28,6 +28,7 @@ static const command commands[] = {
     {"eval", cmd_eval, "held-out CE with predicted / no / target memory, MSE and cosine of the slots"},
     {"generate", cmd_generate, "greedy decoding with memory predicted from the prompt and held fixed"},
     {"hidden", cmd_hidden, "write a frozen backbone's hidden states over a token stream: token-level datastore keys"},
+    {"teacher", cmd_teacher, "the in-context teacher: the frozen LM with the neighbours' text pasted, its top log-probs per row for train --teacher"},
     {"synth", cmd_synth, "write a synthetic token shard + targets file with informative memory (tests, demos)"},
     {"dump-batches", cmd_dump_batches, "write the micro-batches the loader gives one rank (checks of other loaders)"},
     {"debug-state", cmd_debug_state, "write a tiny model's forward/backward state for the PyTorch parity test"},

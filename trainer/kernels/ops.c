@@ -431,16 +431,25 @@ void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C) 
 /* ---- fused LM head + cross-entropy ----------------------------------------------------------------- */
 double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                                   const int *targets, int N, int C, int V, float dloss, float *scratch) {
+    return lmhead_ce_soft_forward_backward(losses, top1, dx, dweight, x, weight, targets, N, C, V, dloss, scratch, NULL);
+}
+
+double lmhead_ce_soft_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x,
+                                       const float *weight, const int *targets, int N, int C, int V, float dloss,
+                                       float *scratch, CeSoft *soft) {
     double total = 0.0;
-    int need_grad = dx || dweight;
+    int need_grad = dx || dweight, S = soft ? soft->S : 0;
+    if (soft) soft->kl_sum = soft->wce_sum = 0.0, soft->n_teacher = 0;
     for (int r0 = 0; r0 < N; r0 += CE_ROWS_BLOCK) {
         int R = N - r0 < CE_ROWS_BLOCK ? N - r0 : CE_ROWS_BLOCK;
         const float *xb = x + (size_t)r0 * C;
         matmul_forward(scratch, xb, weight, NULL, R, C, V);
-        double row_loss[CE_ROWS_BLOCK]; /* summed serially below: a fixed order, bit-reproducible */
+        /* summed serially below: a fixed order, bit-reproducible */
+        double row_loss[CE_ROWS_BLOCK], row_kl[CE_ROWS_BLOCK], row_wce[CE_ROWS_BLOCK];
 #pragma omp parallel for if ((size_t)R * V > 65536)
         for (int r = 0; r < R; r++) {
             float *lg = scratch + (size_t)r * V;
+            row_kl[r] = row_wce[r] = 0.0;
             if (targets[r0 + r] < 0) { /* ignored position: no loss, no gradient */
                 if (losses) losses[r0 + r] = 0.0f;
                 if (top1) top1[r0 + r] = 0.0f;
@@ -452,19 +461,39 @@ double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *
             float mx = vm_max(lg, (size_t)V);
             int tgt = targets[r0 + r];
             float lt = lg[tgt];
+            int has = soft && soft->has[r0 + r];
+            const int *ids = has ? soft->ids + (size_t)(r0 + r) * S : NULL;
+            const float *p = has ? soft->p + (size_t)(r0 + r) * S : NULL;
+            float zs[CE_MAX_SOFT]; /* the teacher ids' logits, read before the exps overwrite them */
+            for (int i = 0; has && i < S; i++) zs[i] = lg[ids[i]];
             double sum = vm_exp_sum(lg, (size_t)V, mx); /* one exp per logit, kept in place for the gradient */
-            double loss = log(sum) + mx - lt;
+            double lse = log(sum) + mx, loss = lse - lt;
             if (losses) losses[r0 + r] = (float)loss;
             if (top1) top1[r0 + r] = lt >= mx ? 1.0f : 0.0f;
             row_loss[r] = loss;
+            float w = soft && soft->row_w ? soft->row_w[r0 + r] : 1.0f;
+            if (soft) row_wce[r] = (double)w * loss;
+            if (has) {
+                double kl = 0.0;
+                for (int i = 0; i < S; i++)
+                    if (p[i] > 0.0f) kl += (double)p[i] * (log((double)p[i]) - ((double)zs[i] - lse));
+                row_kl[r] = kl;
+            }
             if (need_grad) {
-                vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss);
-                lg[tgt] -= dloss;
+                float lam = has ? soft->weight : 0.0f;
+                vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss * (w + lam));
+                lg[tgt] -= dloss * w;
+                for (int i = 0; has && i < S; i++) lg[ids[i]] -= dloss * lam * p[i];
             }
         }
         double block_sum = 0.0;
         for (int r = 0; r < R; r++) block_sum += row_loss[r];
         total += block_sum;
+        if (soft)
+            for (int r = 0; r < R; r++) {
+                soft->wce_sum += row_wce[r];
+                if (targets[r0 + r] >= 0 && soft->has[r0 + r]) soft->kl_sum += row_kl[r], soft->n_teacher++;
+            }
         if (need_grad) matmul_backward(dx ? dx + (size_t)r0 * C : NULL, dweight, NULL, scratch, xb, weight, R, C, V);
     }
     return total;

@@ -97,6 +97,30 @@ void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C);
 double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                                   const int *targets, int N, int C, int V, float dloss, float *scratch);
 
+/* Soft targets beside the hard ones (dfm-train train --teacher: distillation and gain-weighted CE). Row r's
+ * loss becomes  w_r · CE_r + weight · has_r · KL(p_r ‖ softmax_r),  KL(p ‖ q) = Σ_i p_i (log p_i − log q_{id_i}),
+ * over the row's S teacher ids (distinct, p renormalised to sum 1; ids outside [0, V) are refused by the
+ * caller). Its gradient with respect to the logits is  (w_r + weight·has_r)·q − w_r·onehot(target) −
+ * weight·has_r·p  (times dloss). losses[] and top1[] stay the plain CE and top-1 of each row. */
+#define CE_MAX_SOFT 256
+typedef struct {
+    const int *ids;       /* [N*S] the teacher's token ids of each row */
+    const float *p;       /* [N*S] their probabilities (sum 1 per row where has) */
+    const uint8_t *has;   /* [N] 1 = the row has a teacher distribution */
+    const float *row_w;   /* [N] the weight of each row's hard CE (NULL: 1) */
+    int S;                /* ids per row, 1..CE_MAX_SOFT */
+    float weight;         /* the KL's weight (0: the KL is computed and reported, not trained on) */
+    double kl_sum;        /* out: Σ of KL over the rows with a teacher and a target */
+    double wce_sum;       /* out: Σ of w_r · CE_r */
+    long n_teacher;       /* out: rows with a teacher and a target */
+} CeSoft;
+
+/* lmhead_ce_forward_backward with soft targets (soft NULL: exactly the plain function). The returned sum
+ * is the plain CE's; soft's outputs are set (summed in a fixed order: bit-reproducible). */
+double lmhead_ce_soft_forward_backward(float *losses, float *top1, float *dx, float *dweight, const float *x,
+                                       const float *weight, const int *targets, int N, int C, int V, float dloss,
+                                       float *scratch, CeSoft *soft);
+
 /* MSE over valid slots: pred, target [S, D], mask[S]. Returns sum over valid slots and dims of
  * (pred - target)^2 / (n_valid * D) (0 when none valid); dpred (may be NULL) += dloss * d/dpred. */
 double mse_forward_backward(float *dpred, const float *pred, const float *target, const uint8_t *mask, int S,

@@ -765,14 +765,20 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
         m->grad_scale = grad_scale;
         vec_zero(m->d_x2, NCs);
         float *dhead = dc->enabled ? NULL : m->bb_grad.lm_head;
-        ce_sum = lmhead_ce_forward_backward(m->row_losses, m->row_top1, m->d_x2, dhead, m->lnf_out, m->bb.lm_head, targets, N, C,
-                                            V, grad_scale / denom, m->ce_scratch);
+        ce_sum = lmhead_ce_soft_forward_backward(m->row_losses, m->row_top1, m->d_x2, dhead, m->lnf_out, m->bb.lm_head,
+                                                 targets, N, C, V, grad_scale / denom, m->ce_scratch, m->soft);
     } else {
         ce_sum = lmhead_ce_forward_backward(m->row_losses, m->row_top1, NULL, NULL, m->lnf_out, m->bb.lm_head, targets, N, C, V,
                                             0.0f, m->ce_scratch);
     }
     m->ce = ce_sum / denom;
-    m->loss = m->ce + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
+    double lm_loss = m->ce;
+    if (train && m->soft) {
+        lm_loss = (m->soft->wce_sum + m->soft->weight * m->soft->kl_sum) / denom;
+        m->n_teacher = m->soft->n_teacher;
+        m->kl = m->n_teacher ? m->soft->kl_sum / (double)m->n_teacher : 0.0;
+    }
+    m->loss = lm_loss + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
     return DFM_OK;
 }
 
@@ -780,6 +786,7 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
                   const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
     int rc = forward_impl(m, inputs, targets, tgt_mem, tgt_mask, B, T, mem_mode, train, grad_scale);
     m->prefix_fuse_in = m->prefix_pool = NULL; /* a frozen prefix serves one forward, whatever its outcome */
+    m->soft = NULL;                            /* and so do soft targets */
     return rc;
 }
 
@@ -789,6 +796,19 @@ void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float 
     size_t NCs = (size_t)m->B * T * C, row = (size_t)b * T * C;
     memcpy(fuse_in, m->x_fuse_in + row, (size_t)T * C * sizeof(float));
     chunk_pool_forward(pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs + row, 1, T, dc->chunk_len, C);
+}
+
+void model_set_soft_targets(DfmModel *m, CeSoft *soft) { m->soft = soft; }
+
+void model_backbone_forward(DfmModel *m, const int *inputs, int B, int T) {
+    const BackboneConfig *bc = &m->bc;
+    int C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
+    size_t NCs = (size_t)N * C;
+    embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
+    for (int l = 0; l < NL; l++)
+        stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, m->x_layer_in + (size_t)(l + 1) * NCs,
+                            m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin, model_flash(m));
+    rmsnorm_forward(m->lnf_out, m->lnf_rstd, m->x_layer_in + (size_t)NL * NCs, m->bb.lnf, N, C, bc->dec.eps);
 }
 
 void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool) {

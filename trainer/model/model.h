@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "trainer/kernels/ops.h"
 #include "trainer/kernels/stack.h"
 
 #ifdef __cplusplus
@@ -193,6 +194,11 @@ struct DfmModel {
     /* model_set_frozen_prefix: the next forward starts at the first fusion layer from these (host) */
     const float *prefix_fuse_in;            /* [B*T, C] */
     const float *prefix_pool;               /* [B*NC, C] */
+    /* model_set_soft_targets: the next training forward's soft targets (host; used once), and what the last
+     * training forward that had them measured */
+    CeSoft *soft;
+    double kl;                              /* mean KL(teacher ‖ model) over its rows with a teacher */
+    long n_teacher;                         /* those rows */
 };
 
 /* Sensible small defaults for the DFM modules given a backbone (fusion layers scaled to the depth,
@@ -260,6 +266,14 @@ int model_forward(DfmModel *m, const int *inputs, const int *targets, const floa
  * model_forward (DFM mode, the batch's B rows) take the prefix from fuse_in [B*T*C] and pool [B*NC*C]
  * instead of computing it; the pointers are used once. The CUDA model has no prefix path. */
 void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float *pool);
+/* Soft targets for the next training forward (trainer/kernels/ops.h CeSoft, rows = the batch's B*T positions;
+ * used once, like the frozen prefix). That forward's loss becomes (Σ w_r·CE_r + weight·Σ KL_r) / (rows with a
+ * target) plus the predictor's term; m->ce stays the plain CE, m->kl and m->n_teacher are set. soft's arrays
+ * stay the caller's and must live until the forward returns. The CUDA model reads them from its host model. */
+void model_set_soft_targets(DfmModel *m, CeSoft *soft);
+/* The backbone alone over B sequences of T tokens (no fusion, no LM head, nothing kept for a backward):
+ * m->lnf_out [B*T, C] holds the final-normed hidden states the LM head reads. */
+void model_backbone_forward(DfmModel *m, const int *inputs, int B, int T);
 void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool);
 
 /* Teacher forcing. model_memory_mix_draw fills src[B*NC] (1 = the chunk fuses its target memory) with

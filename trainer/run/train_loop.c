@@ -16,6 +16,7 @@
 #include "trainer/data/frozen_cache.h"
 #include "trainer/model/model_config.h"
 #include "trainer/run/margin.h"
+#include "trainer/data/teacher.h"
 #include "trainer/run/model_setup.h"
 #include "trainer/run/train_loop.h"
 
@@ -293,6 +294,12 @@ typedef struct {
     FrozenCache fc;                /* --cache-frozen */
     int use_fc, fc_hit;
     int zero_memory;               /* --memory-ablation zero */
+    TeacherSoft teacher;           /* --teacher: its rows, and a micro-batch's soft targets */
+    int use_teacher;
+    CeSoft soft;
+    int *soft_ids;
+    float *soft_p, *soft_w;
+    uint8_t *soft_has;
     MarginConfig margin;           /* --margin-weight, --margin */
     float *shuf_mem;               /* the margin's partner memory of a micro-batch */
     uint8_t *shuf_mask;
@@ -302,6 +309,7 @@ typedef struct {
 typedef struct {
     double loss, ce, mse, grad_norm, stall;
     double ce_shuf, margin_active; /* --margin-weight: CE with the partner's memory; share of active hinges */
+    double kl;                     /* --teacher: mean KL(teacher || model) over the rows it covers */
     int stop; /* a rank received SIGTERM or SIGUSR1 before this step's gradient exchange: every rank stops after it */
 } StepStats;
 
@@ -422,6 +430,10 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
             continue;
         }
         int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
+        if (t->use_teacher) { /* the batch's soft targets, for this forward only */
+            teacher_soft_fill(&t->teacher, t->cur->idx, t->B, t->soft_ids, t->soft_p, t->soft_has, t->soft_w);
+            model_set_soft_targets(m, &t->soft);
+        }
         rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
         if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
         t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
@@ -433,20 +445,22 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
         s->loss += m->loss / o->accum;
         s->ce += m->ce / o->accum;
         s->mse += m->mse / o->accum;
+        if (t->use_teacher) s->kl += m->kl / o->accum;
     }
     DFM_TRY(dfm_mpi_agree(&t->mp, rc));
     int W = t->mp.size;
     s->stop = dfm_stop_signal() != 0;
     if (W > 1) { /* the stop flag rides on the losses' sum: every rank sees the same decision, at no extra cost */
-        double parts[6] = {s->loss, s->ce, s->mse, (double)s->stop, s->ce_shuf, s->margin_active};
+        double parts[7] = {s->loss, s->ce, s->mse, (double)s->stop, s->ce_shuf, s->margin_active, s->kl};
         DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
-        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 6, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 7, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
         s->loss = parts[0] / W;
         s->ce = parts[1] / W;
         s->mse = parts[2] / W;
         s->stop = parts[3] > 0;
         s->ce_shuf = parts[4] / W;
         s->margin_active = parts[5] / W;
+        s->kl = parts[6] / W;
     }
     return DFM_OK;
 }
@@ -486,6 +500,8 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
     else
         DFM_LOG_I("step %5ld/%lld | loss %.4f | lr %.2e | norm %.3f | %.0f tok/s%s | stall %.1f%% | %.0f ms",
                   step + 1, (long long)o->steps, s->loss, lr, s->grad_norm, tps, mfus, 100.0 * s->stall / dt, dt * 1e3);
+    if (!t->mp.rank && t->use_teacher)
+        DFM_LOG_I("          teacher | KL(teacher || model) %.4f nats per covered row", s->kl);
     if (!t->mp.rank && t->margin.weight > 0)
         DFM_LOG_I("           margin | ce own %.4f, partner's memory %.4f (%+.4f) | hinge active in %.0f%% of micro-batches",
                   s->ce, s->ce_shuf, s->ce_shuf - s->ce, 100.0 * s->margin_active);
@@ -494,6 +510,7 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
         if (t->margin.weight > 0)
             snprintf(margin_json, sizeof margin_json, ", \"ce_shuffled\": %.6f, \"margin_active\": %.4f", s->ce_shuf,
                      s->margin_active);
+        if (t->use_teacher) snprintf(margin_json, sizeof margin_json, ", \"kl_teacher\": %.6f", s->kl);
         fprintf(t->logf,
                 "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
                 "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%s}\n",
@@ -586,6 +603,32 @@ static int run_steps(Trainer *t) {
 }
 
 /* Loader (and --resume), the prefetching threads, the log file; then the steps. */
+/* --teacher: the file checked against the data, and the buffers of a micro-batch's soft targets */
+static int trainer_open_teacher(Trainer *t) {
+    const TrainOpts *o = t->o;
+    if (!t->m->dc.enabled || !t->use_t || t->margin.weight > 0 || t->eo.cuda)
+        return DFM_FAIL(DFM_EARG, "--teacher trains the DFM modules on the CPU with --targets, without --margin-weight "
+                        "(each needs its own passes). HINT: drop --margin-weight, or --device cuda (the CUDA trainer "
+                        "has no soft targets yet)");
+    DFM_TRY(teacher_soft_open(o->teacher, t->ds, t->L, t->m->bc.vocab_size, t->ntrain, (float)o->gain_weighting,
+                              &t->teacher));
+    size_t rows = (size_t)t->B * t->T, S = (size_t)t->teacher.S;
+    t->soft_ids = malloc(rows * S * sizeof(int));
+    t->soft_p = malloc(rows * S * sizeof(float));
+    t->soft_w = malloc(rows * sizeof(float));
+    t->soft_has = malloc(rows);
+    if (!t->soft_ids || !t->soft_p || !t->soft_w || !t->soft_has) return DFM_FAIL(DFM_ENOMEM, "the teacher's soft targets");
+    t->soft = (CeSoft){.ids = t->soft_ids, .p = t->soft_p, .has = t->soft_has, .row_w = t->soft_w, .S = (int)S,
+                       .weight = (float)o->distill_weight};
+    t->use_teacher = 1;
+    DFM_LOG_I("--teacher %s: top %d of the teacher pasting %u slots; KL weight %g%s", o->teacher, (int)S,
+              t->teacher.f->hdr.paste, o->distill_weight, o->gain_weighting >= 0 ? "; CE weighted by the teacher's gain" : "");
+    if (o->gain_weighting >= 0)
+        DFM_LOG_I("--gain-weighting %g: row weight %g + %g * gain / %.4f (the mean gain per training row)", o->gain_weighting,
+                  o->gain_weighting, 1.0 - o->gain_weighting, t->teacher.mean_gain);
+    return DFM_OK;
+}
+
 static int trainer_run(Trainer *t) {
     const TrainOpts *o = t->o;
     DfmModel *m = t->m;
@@ -610,6 +653,7 @@ static int trainer_run(Trainer *t) {
         DFM_LOG_I("--margin-weight %g --margin %g: each micro-batch also runs with its partner's target memory",
                   o->margin_weight, o->margin);
     }
+    if (o->teacher) DFM_TRY(trainer_open_teacher(t));
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
     if (o->cache_frozen) {
         if (t->eo.cuda)
@@ -675,6 +719,8 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     free(t.mix);
     free(t.shuf_mem);
     free(t.shuf_mask);
+    if (t.use_teacher) teacher_soft_close(&t.teacher);
+    free(t.soft_ids), free(t.soft_p), free(t.soft_w), free(t.soft_has);
     if (t.use_fc)
         DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],
                   t.fc.misses);

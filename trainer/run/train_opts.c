@@ -27,6 +27,10 @@ json_t *train_opts_json(const TrainOpts *o) {
         json_object_set_new(j, "margin_weight", json_real(o->margin_weight));
         json_object_set_new(j, "margin", json_real(o->margin));
     }
+    if (j && o->teacher) { /* the file's own name is not configuration; what is taken from it is */
+        json_object_set_new(j, "distill_weight", json_real(o->distill_weight));
+        json_object_set_new(j, "gain_weighting", json_real(o->gain_weighting));
+    }
     if (j && o->memory_ablation && strcmp(o->memory_ablation, "none"))
         json_object_set_new(j, "memory_ablation", json_string(o->memory_ablation));
     return j;

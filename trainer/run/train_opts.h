@@ -29,6 +29,8 @@ typedef struct {
         pred_input_layer, cache_frozen, content_only, centre_memory;
     double gate_bias, mse_weight, init_std;
     double margin_weight, margin; /* train only: the margin against shuffled memory (trainer/run/margin.h) */
+    char *teacher;                 /* train only: the in-context teacher's file (trainer/data/teacher.h) */
+    double distill_weight, gain_weighting; /* with it: the KL's weight; the gain weights' floor (< 0: off) */
 } TrainOpts;
 
 /* Option-table rows of the data, optimisation, run and device flags (pretrain, train, eval). */
