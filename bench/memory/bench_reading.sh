@@ -14,6 +14,10 @@
 #   content   (ARMS) scratch with the content-only fusion (--content-only-fusion: no bias path around the memory);
 #             centre: --centre-memory (slots minus the training targets' mean)
 #   zero      (ARMS) scratch trained with every slot zeroed (--memory-ablation zero): the matched-capacity control
+#   distill   (ARMS) KL toward the in-context teacher (--teacher, --distill-weight DISTILL_W): the frozen LM with the
+#             text of each chunk's first PASTE neighbours pasted before the context (`dfm-train teacher`, computed
+#             once per seed into WORK/sSEED/teacher.bin; its cost is recorded as a "teacher" line)
+#   gain      (ARMS) the CE weighted by the teacher's gain over the LM alone (--gain-weighting GAIN_F)
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
@@ -25,7 +29,8 @@
 #   ARMS=margin REUSE=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
 # Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
 # DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
-# ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), REUSE (0: 1 keeps
+# ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), PASTE (4),
+# DISTILL_W (1), GAIN_F (0.2), REUSE (0: 1 keeps
 # the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
 # a reading stage kept records no line).
 set -euo pipefail
@@ -35,6 +40,7 @@ source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build
 SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
 DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
 ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE=${REUSE:-0}
+PASTE=${PASTE:-4} DISTILL_W=${DISTILL_W:-1} GAIN_F=${GAIN_F:-0.2}
 W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
 mkdir -p "$W" bench/results
@@ -108,6 +114,22 @@ for seed in $SEEDS; do
   tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
   fi
 
+  if [[ " $ARMS " == *distill* || " $ARMS " == *gain* ]] && [ ! -f "$d/teacher.bin" ]; then
+    echo "   teacher: the LM with the text of each chunk's first $PASTE neighbours pasted"
+    timed "$d/teacher.cost" "$TRAIN" teacher --backbone "$DFM_LM" --data "$d/corpus" --out "$d/teacher.bin" --seq-len $T \
+      --chunk-len $L --paste "$PASTE" --threads "$THREADS" > "$d/teacher.log" 2>&1 || { tail -20 "$d/teacher.log" >&2; exit 1; }
+    python3 - "$seed" "$d" "$PASTE" >> "$OUT" <<'PY'
+import json, re, sys
+seed, d, paste = sys.argv[1:]
+line = [l for l in open(d + "/teacher.log") if l.startswith("teacher:")][-1]
+m = re.search(r"(\d+) rows with pasted text: teacher ([\d.]+), LM alone ([\d.]+)", line)
+w, c = open(d + "/teacher.cost").read().split()
+print(json.dumps({"seed": int(seed), "arm": "teacher", "paste": int(paste), "rows": int(m.group(1)),
+                  "ce_teacher": float(m.group(2)), "ce_alone": float(m.group(3)), "wall_s": float(w), "cpu_s": float(c)}))
+PY
+    tail -1 "$OUT"
+  fi
+
   for arm in $ARMS; do
     out=$d/${arm/+/-}
     echo "   $arm: $DFM_STEPS DFM steps"
@@ -121,7 +143,9 @@ for seed in $SEEDS; do
         content) extra+=(--content-only-fusion) ;;
         centre) extra+=(--centre-memory) ;;
         zero) extra+=(--memory-ablation zero) ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero)" >&2; exit 2 ;;
+        distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
+        gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, distill, gain)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

@@ -65,12 +65,22 @@ def main():
             out.append("- seed %d: " % r["seed"] + ", ".join("%d: %.3f / %.3f" % (c["step"], c["ce_target"], c["ce_target_shuffled"])
                                                            for c in r["curve"]))
         out.append("")
+    te = by("teacher")
+    if te:
+        out += ["## The in-context teacher: the frozen LM with each chunk's first neighbours' text pasted (nats per token)", "",
+                "Over the corpus rows it covers (every chunk but each sequence's first); `dfm-train teacher`, computed once "
+                "per seed.", "",
+                "| neighbours pasted | rows | LM alone | teacher | gain | CPU-s |", "|---:|---:|---:|---:|---:|---:|",
+                "| %s | %s | %s | %s | %s | %s |" % (
+                    "/".join(sorted({str(r["paste"]) for r in te})), secs([r["rows"] for r in te]),
+                    stat([r["ce_alone"] for r in te]), stat([r["ce_teacher"] for r in te]),
+                    stat([r["ce_alone"] - r["ce_teacher"] for r in te]), secs([r.get("cpu_s") for r in te])), ""]
     arms = ["scratch"] if by("scratch") else []  # then every other arm in the order the file first has it
-    arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("reading", "scratch")]
+    arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("reading", "scratch", "teacher")]
     if arms:
         out += ["## DFM arms against the same DFM budget from scratch: knowledge probes", "",
                 "Each arm: the same DFM steps as scratch, with its levers (reading first, the margin, the content-only "
-                "fusion, centred memory, zeroed memory); CPU-s is the DFM training's (threads as the run's THREADS).", "",
+                "fusion, centred memory, zeroed memory, distillation, gain weighting); CPU-s is the DFM training's (threads as the run's THREADS).", "",
                 "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
                 "predicted − shuffled | predicted EM | in context | held-out CE target / shuffled | CPU-s (DFM) |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -87,7 +97,8 @@ def main():
                 secs([r.get("cpu_s") for r in rs])))
         sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
         names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
-                 "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)"}
+                 "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
+                 "distill": "distillation from the in-context teacher", "gain": "the teacher-gain-weighted CE"}
 
         def what(arm):
             parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]

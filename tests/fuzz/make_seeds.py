@@ -63,6 +63,18 @@ def hidden_states():
     put("hidden_states", "three_keys", bytes(h) + payload)
 
 
+def teacher_file():
+    """one sequence of 2 rows, chunk 1, top 2, paste 1, vocab 50: row 0 a target only, row 1 a teacher row."""
+    top, rb = 2, 8 * 2 + 16
+    rows = struct.pack("<2I2f2f2I", 0, 0, 0.0, 0.0, 0.0, -3.5, 1, 0)
+    rows += struct.pack("<2I2f2f2I", 7, 3, -0.5, -1.25, -1.25, -2.0, 3, 0)
+    h = bytearray(b"DFMTCHR1" + struct.pack("<IIQIIIIIIQQQQQII", 1, 128, 1, 2, 1, top, 1, 50, rb, 0xAB, 0x1234,
+                                             len(rows), h64(rows), 0, 0, 0))
+    h = h.ljust(128, b"\0")
+    h[80:88] = struct.pack("<Q", h64(bytes(h)))
+    put("teacher_file", "two_rows", bytes(h) + rows)
+
+
 def neighbor_shard():
     k, n, total = 3, 2, 10
     k2 = (k + 1) & ~1
@@ -341,6 +353,7 @@ if __name__ == "__main__":
     chunk_shard()
     embedding_shard()
     hidden_states()
+    teacher_file()
     neighbor_shard()
     target_record()
     safetensors()
