@@ -33,6 +33,9 @@
 # DISTILL_W (1), GAIN_F (0.2), REUSE (0: 1 keeps
 # the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
 # a reading stage kept records no line).
+# UNSEEN (0): facts.py --unseen UNSEEN puts that many entities' documents last, and the DFM arms' and the reading stage's
+# --val-seqs hold out exactly them (bench/memory/knowledge/held_out.py); score.json and the lines then add the probes
+# of the seen and the unseen entities apart ("seen", "unseen"; probes_seen, probes_unseen; the report's unseen table).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -45,6 +48,7 @@ W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
 mkdir -p "$W" bench/results
 OUT=${OUT:-bench/results/reading.jsonl}
+UNSEEN=${UNSEEN:-0}
 T0=$(date +%s)
 
 
@@ -59,7 +63,7 @@ dfm_train() { # OUT STEPS SEED [extra flags]
   local out=$1 steps=$2 seed=$3; shift 3
   timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$d/corpus" --out "$out" --seq-len $T \
     --chunk-len $L --batch $B --steps "$steps" --lr "$DFM_LR" --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" \
-    --val-seqs 8 --eval-batches 2 --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen "$@" > "$out.log" 2>&1 ||
+    --val-seqs "$dfm_val" --eval-batches 2 --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen "$@" > "$out.log" 2>&1 ||
     { tail -20 "$out.log" >&2; exit 1; }
 }
 
@@ -86,6 +90,7 @@ if os.path.exists(d + ".cost"):
 if os.path.exists(d + "/score.json"):
     s = json.load(open(d + "/score.json"))
     r["probes"] = s["all"]
+    r.update({"probes_" + k: s[k] for k in ("seen", "unseen") if s.get(k)})  # UNSEEN > 0
     r["probes_analysis"] = {k: s["analysis"].get(k) for k in ("retrieval_recall", "predictor_cosine_answer_chunk")}
 print(json.dumps(r))
 PY
@@ -95,12 +100,17 @@ for seed in $SEEDS; do
   d=$W/s$seed
   mkdir -p "$d"
   echo "== seed $seed: $ENTITIES invented entities; corpus, probes and their targets"
-  "$PY" bench/memory/knowledge/facts.py --out "$d" --entities "$ENTITIES" --seed "$seed" > /dev/null
+  "$PY" bench/memory/knowledge/facts.py --out "$d" --entities "$ENTITIES" --seed "$seed" --unseen "$UNSEEN" > /dev/null
   "$PY" bench/memory/knowledge/probe_tokens.py --probes "$d/probes.jsonl" --tokenizer "$TOK" --out "$d/pt" --limit "$PROBES" \
     --seed "$seed" > /dev/null
   [ -f "$d/corpus/manifest.json" ] || build "$d/corpus" "$d/corpus.jsonl" $T "" document
   [ -f "$d/probes/manifest.json" ] || build "$d/probes" "$d/pt/probes.bin" $(( 3 * L )) "$d/corpus" none
   nchunks=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stages"]["chunk"]["counts"]["chunks"])' "$d/corpus/manifest.json")
+  read_val=$(( nchunks / 16 )) dfm_val=8  # held out: the reading stage's chunks, the DFM arms' sequences
+  if [ "$UNSEEN" != 0 ]; then  # exactly the unseen tail
+    held=$("$PY" bench/memory/knowledge/held_out.py --run "$d/corpus" --split "$d/unseen.json" --seq-len $T --tokenizer "$TOK")
+    read -r dfm_val read_val <<< "$held"
+  fi
 
   if [ "$REUSE" = 1 ] && [ -f "$d/read/dfm_modules.safetensors" ]; then
     echo "   reading: the finished stage in $d/read kept (REUSE=1)"
@@ -108,7 +118,7 @@ for seed in $SEEDS; do
   echo "   reading: $READ_STEPS steps of 16 chunks regenerated from their own slot"
   timed "$d/read.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$d/read" \
     --chunk-len $L --slots 16 --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
-    --fusion-layers "$FUSION" --val-seqs $(( nchunks / 16 )) --eval-batches 4 --eval-every $(( READ_STEPS / 3 )) \
+    --fusion-layers "$FUSION" --val-seqs "$read_val" --eval-batches 4 --eval-every $(( READ_STEPS / 3 )) \
     --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen > "$d/read.log" 2>&1 || { tail -20 "$d/read.log" >&2; exit 1; }
   record "$seed" reading "$d/read"
   tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'

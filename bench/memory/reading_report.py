@@ -5,8 +5,10 @@
 
 Rows: the reading stage (held-out reconstruction CE with the chunk's own slot, another chunk's slot, fusion off),
 then each DFM arm (probe answer log-prob and exact match in every mode, held-out corpus CE of target memory and its
-control, cost). Each figure is the mean over the seeds with its range when there are several; the verdict columns
-say whether a gap holds on EVERY seed.
+control, cost); with unseen entities (bench_reading.sh UNSEEN > 0: lines with probes_seen and probes_unseen), a table
+of the probes of the entities no training read beside the seen ones, and each arm against scratch on them. Each figure
+is the mean over the seeds with its range when there are several; the verdict columns say whether a gap holds on
+EVERY seed.
 """
 import json
 import sys
@@ -95,7 +97,6 @@ def main():
                 stat([x - y for x, y in zip(P("predicted"), P("predicted_shuffled"))]), pct(P("predicted", "exact")),
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
                 secs([r.get("cpu_s") for r in rs])))
-        sc = {r["seed"]: r for r in by("scratch") if "probes" in r}
         names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
                  "distill": "distillation from the in-context teacher", "gain": "the teacher-gain-weighted CE"}
@@ -104,20 +105,48 @@ def main():
             parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]
             s = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
             return s[0].upper() + s[1:]
-        for a in arms[1:]:
-            lv = {r["seed"]: r for r in by(a) if "probes" in r}
-            common = sorted(set(sc) & set(lv))
-            if not common:
-                continue
-            gain = [lv[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target"]["logprob"] for s in common]
-            gainp = [lv[s]["probes"]["predicted"]["logprob"] - sc[s]["probes"]["predicted"]["logprob"] for s in common]
-            eff = [(lv[s]["probes"]["target"]["logprob"] - lv[s]["probes"]["target_shuffled"]["logprob"]) -
-                   (sc[s]["probes"]["target"]["logprob"] - sc[s]["probes"]["target_shuffled"]["logprob"]) for s in common]
-            out += ["", "%s against the same DFM steps without it (per seed %s, %s − scratch, answer log-prob): "
-                    "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s); "
-                    "target − shuffled gap %s (wider on every seed: %s)." % (
-                        what(a), ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0), stat(gainp),
-                        every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
+
+        def against_scratch(key, where):
+            """per arm, its probes (r[key]: all, or the unseen entities') against scratch's on the seeds both have"""
+            sc = {r["seed"]: r for r in by("scratch") if key in r}
+            lines = []
+            for a in arms[1:]:
+                lv = {r["seed"]: r for r in by(a) if key in r}
+                common = sorted(set(sc) & set(lv))
+                if not common:
+                    continue
+                gain = [lv[s][key]["target"]["logprob"] - sc[s][key]["target"]["logprob"] for s in common]
+                gainp = [lv[s][key]["predicted"]["logprob"] - sc[s][key]["predicted"]["logprob"] for s in common]
+                eff = [(lv[s][key]["target"]["logprob"] - lv[s][key]["target_shuffled"]["logprob"]) -
+                       (sc[s][key]["target"]["logprob"] - sc[s][key]["target_shuffled"]["logprob"]) for s in common]
+                lines += ["", "%s against the same DFM steps without it%s (per seed %s, %s − scratch, answer log-prob): "
+                          "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s); "
+                          "target − shuffled gap %s (wider on every seed: %s)." % (
+                              what(a), where, ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0),
+                              stat(gainp), every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
+            return lines
+        out += against_scratch("probes", "")
+        # UNSEEN > 0 (bench_reading.sh): the probes of the entities no training read, beside the seen ones
+        un = [a for a in arms if any("probes_unseen" in r for r in by(a))]
+        if un:
+            out += ["", "## Unseen entities: probes of entities whose documents no training read", "",
+                    "facts.py --unseen: their documents are the run's last sequences, held out of the reading stage and "
+                    "of DFM training; the datastore (target memory) still retrieves them. Answer log-prob; a gap is the "
+                    "mode minus its shuffled control.", "",
+                    "| arm | sequences seen / unseen | unseen: fusion off | target | target − shuffled | target EM | "
+                    "predicted | predicted − shuffled | predicted EM | in context | seen: target − shuffled | "
+                    "seen: predicted − shuffled |",
+                    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for a in un:
+                rs = [r for r in by(a) if "probes_unseen" in r and "probes_seen" in r]
+                U = lambda m, k="logprob", key="probes_unseen": [r[key][m][k] for r in rs]
+                gap = lambda m, key="probes_unseen": [x - y for x, y in zip(U(m, key=key), U(m + "_shuffled", key=key))]
+                out.append("| %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                    a, secs(U("none", "n", "probes_seen")), secs(U("none", "n")), stat(U("none")), stat(U("target")),
+                    stat(gap("target")), pct(U("target", "exact")), stat(U("predicted")), stat(gap("predicted")),
+                    pct(U("predicted", "exact")), stat(U("in_context")), stat(gap("target", "probes_seen")),
+                    stat(gap("predicted", "probes_seen"))))
+            out += against_scratch("probes_unseen", " on the unseen entities")
     print("\n".join(out))
 
 

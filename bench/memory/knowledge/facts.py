@@ -17,14 +17,30 @@ many per fact; probe templates (question form and cloze form) are a separate set
 uses, and every probe also carries the sentence of the entity's article that states the fact (the
 in-context reference pastes it before the prompt).
 
-    python3 bench/memory/knowledge/facts.py --out DIR [--entities 240] [--seed 1]
+Unseen entities (--unseen N, 5 <= N <= --entities - 5): N of the --entities have facts the training never reads,
+while the pipeline's datastore (the whole corpus) still holds them. They form a world of their own, drawn from the
+seed after the others by the same generator (the same mix of towns, people and workshops, the same value ranges,
+names unique across both; exactly N, which whole families picked from one world could not promise): every relation
+of an unseen entity (home town, founder, workshop's town) and every article that hosts its facts is unseen too, so
+no unseen name appears in a document before them. Their documents (articles and chronicles: all three statements of
+each of their facts) come after every document of the seen entities, so the last documents of the corpus -- the
+last sequences of a run built from it in order -- are exactly the unseen tail; holding those sequences out of
+training (bench/memory/knowledge/held_out.py) leaves the unseen entities unread. A seen entity keeps all three
+statements of every fact in the head (asserted): seen facts are read as often as without --unseen, so seen against
+unseen is meant to differ in whether training read the fact, not in how often. Each probe then carries "unseen":
+true/false, and DIR/unseen.json records the split ({"unseen_entities", "head_documents", "documents",
+"first_unseen_document", "head_characters", "tail_characters"}). --unseen 0 (the default) writes exactly what the
+script wrote before the option existed, with no "unseen" field and no unseen.json.
+
+    python3 bench/memory/knowledge/facts.py --out DIR [--entities 240] [--seed 1] [--unseen 0]
 writes DIR/corpus.jsonl ({"id", "text"}) and DIR/probes.jsonl ({"id", "entity", "kind", "fact", "answer",
-"question", "cloze", "evidence"}). Deterministic for a seed.
+"question", "cloze", "evidence"[, "unseen"]}). Deterministic for a seed.
 """
 import argparse
 import json
 import os
 import random
+import re
 
 ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "h", "k", "l", "m", "n", "p", "r", "s", "st", "t", "tr", "th", "v", "w",
           "z", "sh"]
@@ -117,9 +133,8 @@ class Names:
         return f"{founder_last} & {self.word(2)}"
 
 
-def build(n_entities, seed):
-    rng = random.Random(seed)
-    names = Names(rng)
+def world(names, rng, n_entities):
+    """Towns, people and workshops whose relations (home town, founder, workshop's town) stay among them."""
     n_towns = max(2, n_entities // 4)
     n_people = max(2, n_entities // 2)
     n_shops = max(1, n_entities - n_towns - n_people)
@@ -139,8 +154,20 @@ def build(n_entities, seed):
         s["facts"] = {"founded": str(int(founder["facts"]["birth_year"]) + rng.randint(22, 50)),
                       "founder": founder["name"], "town": rng.choice(towns)["name"], "product": rng.choice(PRODUCTS)}
         shops.append(s)
-    entities = towns + people + shops
-    return entities, rng
+    return towns + people + shops
+
+
+def build(n_entities, seed, unseen=0):
+    """(seen entities, unseen entities, rng): without unseen, one world of n_entities (the draws of the script
+    before --unseen existed); with it, a world of n_entities - unseen, then a world of its own of unseen."""
+    rng = random.Random(seed)
+    names = Names(rng)
+    if not unseen:
+        return world(names, rng, n_entities), [], rng
+    seen = world(names, rng, n_entities - unseen)
+    hidden = world(names, rng, unseen)
+    assert len(hidden) == unseen, (len(hidden), unseen)
+    return seen, hidden, rng
 
 
 def sentence(rng, fact, name, value, avoid=None):
@@ -149,18 +176,21 @@ def sentence(rng, fact, name, value, avoid=None):
     return t.format(n=name, v=value), t
 
 
-def documents(entities, rng):
+def documents(entities, rng, tag=""):
     """Three statements of every fact in three documents: the entity's article, a related entity's article,
-    a chronicle. Returns the documents and, per (entity, fact), the article sentence (the evidence)."""
+    a chronicle (ids chronicle-TAG0000, ...). Returns the documents, per (entity, fact) the article sentence (the
+    evidence), and per (entity, fact) its three statements."""
     articles = {e["name"]: [rng.choice(FILLER)] for e in entities}
     evidence = {}
     used = {}
+    stated = {}
     for e in entities:
         for fact, value in e["facts"].items():
             s, t = sentence(rng, fact, e["name"], value)
             articles[e["name"]].append(s)
             evidence[(e["name"], fact)] = s
             used[(e["name"], fact)] = [t]
+            stated[(e["name"], fact)] = [s]
     # the related article: a person's facts in their home town's article, a workshop's in its founder's, a town's
     # in the article of a workshop there (or of a person living there)
     for e in entities:
@@ -176,6 +206,7 @@ def documents(entities, rng):
             s, t = sentence(rng, fact, e["name"], value, avoid=used[(e["name"], fact)][0])
             articles[host].append(s)
             used[(e["name"], fact)].append(t)
+            stated[(e["name"], fact)].append(s)
     docs = []
     for name, sents in articles.items():
         body = [sents[0]] + rng.sample(sents[1:], len(sents) - 1)
@@ -188,12 +219,26 @@ def documents(entities, rng):
         for name, fact, value in pending[i:i + 8]:
             rest = [t for t in CORPUS[fact] if t not in used[(name, fact)]]
             sents.append(rng.choice(rest).format(n=name, v=value))
-        docs.append({"id": f"chronicle-{i // 8:04d}", "text": "From the chronicle: " + " ".join(sents)})
+            stated[(name, fact)].append(sents[-1])
+        docs.append({"id": f"chronicle-{tag}{i // 8:04d}", "text": "From the chronicle: " + " ".join(sents)})
     rng.shuffle(docs)
-    return docs, evidence
+    return docs, evidence, stated
 
 
-def probes(entities, evidence):
+def check_split(seen, hidden, head, tail, stated):
+    """The unseen tail holds every statement of the unseen entities' facts and the head none of their names; the
+    head holds all three statements of every seen entity's fact. Raises AssertionError otherwise."""
+    head_text, tail_text = " ".join(d["text"] for d in head), " ".join(d["text"] for d in tail)
+    for e in hidden:
+        assert not re.search(r"\b%s\b" % re.escape(e["name"]), head_text), "unseen %s named before the tail" % e["name"]
+    for es, text in ((hidden, tail_text), (seen, head_text)):
+        for e in es:
+            for fact in e["facts"]:
+                st = stated[(e["name"], fact)]
+                assert len(st) == 3 and all(s in text for s in st), (e["name"], fact, st)
+
+
+def probes(entities, evidence, hidden=None):
     out = []
     for e in entities:
         for fact, value in e["facts"].items():
@@ -205,6 +250,8 @@ def probes(entities, evidence):
             out.append({"id": f"{len(out):05d}", "entity": e["name"], "kind": e["kind"], "fact": fact, "answer": answer,
                         "question": q.format(n=e["name"]), "cloze": c.format(n=e["name"]),
                         "evidence": evidence[(e["name"], fact)]})
+            if hidden is not None:  # only with --unseen: without it the probes are as before the option
+                out[-1]["unseen"] = e["name"] in hidden
     return out
 
 
@@ -213,10 +260,22 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--entities", type=int, default=240)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--unseen", type=int, default=0, help="entities whose documents all come last (0, or 5 to "
+                    "--entities - 5): a run's last sequences, held out of training")
     a = ap.parse_args()
-    entities, rng = build(a.entities, a.seed)
-    docs, evidence = documents(entities, rng)
-    pr = probes(entities, evidence)
+    if a.unseen and not 5 <= a.unseen <= a.entities - 5:
+        ap.error("--unseen %d: 0, or 5 to --entities - 5 (%d); the unseen and the seen entities are each a world of "
+                 "towns, people and workshops" % (a.unseen, a.entities - 5))
+    seen, hidden, rng = build(a.entities, a.seed, a.unseen)
+    entities = seen + hidden
+    docs, evidence, stated = documents(seen, rng)
+    head = len(docs)
+    if hidden:
+        tail, ev, st = documents(hidden, rng, "unseen-")
+        check_split(seen, hidden, docs, tail, {**stated, **st})
+        docs += tail
+        evidence.update(ev)
+    pr = probes(entities, evidence, {e["name"] for e in hidden} if hidden else None)
     corpus_text = " ".join(d["text"] for d in docs)
     for p in pr:  # no probe wording appears in the corpus
         assert p["question"].split(" Answer:")[0] not in corpus_text and p["cloze"] not in corpus_text, p
@@ -227,8 +286,18 @@ def main():
     with open(os.path.join(a.out, "probes.jsonl"), "w") as f:
         for p in pr:
             f.write(json.dumps(p) + "\n")
+    note = ""
+    if hidden:
+        split = {"unseen_entities": [e["name"] for e in hidden], "head_documents": head, "documents": len(docs),
+                 "first_unseen_document": docs[head]["id"],
+                 "head_characters": len(" ".join(d["text"] for d in docs[:head])),
+                 "tail_characters": len(" ".join(d["text"] for d in docs[head:]))}
+        with open(os.path.join(a.out, "unseen.json"), "w") as f:
+            json.dump(split, f, indent=1)
+        note = (f"; unseen: {len(hidden)} entities, the last {len(docs) - head} documents "
+                f"({split['tail_characters']} characters)")
     print(f"facts: {len(entities)} entities, {len(docs)} documents ({len(corpus_text)} characters), {len(pr)} probes "
-          f"-> {a.out}")
+          f"-> {a.out}{note}")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,12 @@ short last document follows them, so that the last probe's final token has a suc
     python3 bench/memory/knowledge/probe_tokens.py --probes P.jsonl --tokenizer tokenizer.json --out DIR [--chunk-len 32]
         [--limit N] [--seed S]
 writes DIR/probes.bin (u32 llm.c shard) and DIR/spans.jsonl: one line per sequence, in shard order:
-{"seq", "probe", "form", "start", "end", "entity", "fact", "answer"}; start/end index the answer's tokens in
-the sequence. --limit N keeps N probes, the same number of each fact, drawn with --seed.
+{"seq", "probe", "form", "start", "end", "entity", "fact", "answer"[, "unseen"]}; start/end index the answer's
+tokens in the sequence; "unseen" is the probe's (facts.py --unseen), when it has one. --limit N keeps N probes, the
+same number of each fact, drawn with --seed. With unseen probes, both subsets are kept, each with the same number of
+each fact, and the subsets share the N per fact in proportion to their probes: P = N // facts per fact, of which
+the unseen subset takes max(1, round(P x unseen share)) and the seen subset the rest, at least 1 (so N is exceeded
+when P < 2), each capped at the probes the subset has of its rarest fact.
 """
 import argparse
 import json
@@ -50,7 +54,17 @@ def main():
         rng = random.Random(a.seed)
         facts = sorted({p["fact"] for p in probes})
         per = max(1, a.limit // len(facts))
-        probes = [p for f in facts for p in rng.sample([q for q in probes if q["fact"] == f], per)]
+        subsets = (False, True) if any(p.get("unseen") for p in probes) else (False,)
+        pool = {u: {f: [q for q in probes if q["fact"] == f and bool(q.get("unseen")) == u] for f in facts}
+                for u in subsets}
+        take = {False: per}
+        if len(subsets) == 2:  # the subsets share each fact's per in proportion to their probes
+            if not all(all(pool[u].values()) for u in subsets):
+                raise SystemExit("probe_tokens: the seen and the unseen probes must each hold every fact")
+            take[True] = max(1, round(per * sum(p["unseen"] for p in probes) / len(probes)))
+            take[False] = max(1, per - take[True])
+            take = {u: min(k, min(len(v) for v in pool[u].values())) for u, k in take.items()}
+        probes = [p for f in facts for u in subsets for p in rng.sample(pool[u][f], take[u])]
         probes.sort(key=lambda p: p["id"])
     filler = enc(FILLER)
     tokens, spans = [], []
@@ -66,6 +80,8 @@ def main():
             seq = len(spans)
             spans.append({"seq": seq, "probe": p["id"], "form": form, "start": 2 * L, "end": 2 * L + len(answer),
                           "entity": p["entity"], "fact": p["fact"], "answer": p["answer"]})
+            if "unseen" in p:
+                spans[-1]["unseen"] = p["unseen"]
             tokens += doc + answer + stop + [eos]
     # a last short document: every probe sequence's last token then has a next token, as a loader needs
     tokens += filler[:8] + [eos]
@@ -77,7 +93,8 @@ def main():
     with open(os.path.join(a.out, "spans.jsonl"), "w") as f:
         for s in spans:
             f.write(json.dumps(s) + "\n")
-    print(f"probe_tokens: {len(spans)} sequences of {3 * L} ({len(probes)} probes x 2 forms) -> {a.out}")
+    note = ", %d of them unseen" % sum(p["unseen"] for p in probes) if any("unseen" in p for p in probes) else ""
+    print(f"probe_tokens: {len(spans)} sequences of {3 * L} ({len(probes)} probes x 2 forms{note}) -> {a.out}")
 
 
 if __name__ == "__main__":

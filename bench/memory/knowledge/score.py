@@ -11,8 +11,10 @@ For each probe sequence of probe_tokens.py (answer at the start of chunk 2) and 
                 in the scored set, always of another entity): the controls for the modules' added capacity
     in_context  the frozen LM with the fact's sentence of the corpus pasted before the prompt (RAG)
 it records the answer's log-probability (summed over its tokens) and greedy exact match (every answer token
-is the argmax given the gold prefix: what greedy decoding would produce). Analysis, per probe: the
-predictor's cosine to the target slots of chunk 2, whether chunk 2's retrieved neighbours hold the answer
+is the argmax given the gold prefix: what greedy decoding would produce), summarised over all probe sequences
+("all"), by form, by fact, and, when the spans carry facts.py's "unseen" flag, over the seen and the unseen
+entities' probes ("seen", "unseen": the keys of "all", null for a subset the scored set lacks). Analysis, per
+probe: the predictor's cosine to the target slots of chunk 2, whether chunk 2's retrieved neighbours hold the answer
 (retrieval recall, with the corpus run's chunk texts), the fusion gates where the answer is predicted, and the
 CE of answer tokens against the other tokens of the sequence.
 
@@ -223,10 +225,18 @@ def main():
     forms = {f: [i for i, s in enumerate(spans) if s["form"] == f] for f in ("question", "cloze")}
     facts = sorted({s["fact"] for s in spans})
     ans_tokens = sum(s["end"] - s["start"] for s in spans)
+    # spans of facts.py --unseen carry the flag: "all"'s summary over the probes of entities the training read and
+    # over those it never read (null when the scored set has none)
+    subsets = {}
+    if any("unseen" in s for s in spans):
+        for name, flag in (("seen", False), ("unseen", True)):
+            sel = [i for i, s in enumerate(spans) if s.get("unseen", False) == flag]
+            subsets[name] = summary(sel) if sel else None
     result = {
         "probes": len({s["probe"] for s in spans}), "sequences": n,
         "by_form": {f: summary(ix) for f, ix in forms.items()},
         "all": summary(range(n)),
+        **subsets,
         "by_fact": {f: summary([i for i, s in enumerate(spans) if s["fact"] == f]) for f in facts},
         "analysis": {
             "predictor_cosine_answer_chunk": float(np.nanmean(cos)) if cos else None,
@@ -242,10 +252,12 @@ def main():
     }
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
-    al = result["all"]
+    line = lambda sm: ", ".join("%s %.2f / %.1f%%" % (m, sm[m]["logprob"], 100 * sm[m]["exact"]) for m in modes)
     print("score: %d sequences in %.0f s; answer log-prob / exact match: %s; retrieval recall %s, predictor cosine %s"
-          % (n, result["seconds"], ", ".join("%s %.2f / %.1f%%" % (m, al[m]["logprob"], 100 * al[m]["exact"]) for m in modes),
-             result["analysis"]["retrieval_recall"], result["analysis"]["predictor_cosine_answer_chunk"]))
+          % (n, result["seconds"], line(result["all"]), result["analysis"]["retrieval_recall"],
+             result["analysis"]["predictor_cosine_answer_chunk"]))
+    for name, sm in subsets.items():
+        print("score: %s entities: %s" % (name, "no probe" if sm is None else "%d sequences, %s" % (sm["none"]["n"], line(sm))))
 
 
 if __name__ == "__main__":
