@@ -6,7 +6,8 @@
 // tests/py/cuda/test_train_cuda_model_emu.py against the host emulation of CUDA (no GPU: CI).
 // Variants: DFM with per-head and per-channel gates (Qwen3 and Llama backbones, predictor fed from a
 // hidden layer, first chunk fused), pretraining with tied and untied heads; each with the reference
-// attention and with flash attention; DFM with the frozen backbone in bf16.
+// attention and with flash attention; DFM with the frozen backbone in bf16; soft targets (--teacher: the KL
+// toward a teacher's distribution and row weights, CeSoft set on the host model) in fp32 and with the bf16 backbone.
 // Per tensor: rel = max|gpu - cpu| / max|cpu| and the cosine between the two gradient tensors.
 // Bounds: fp32 rel <= 1e-4 for gradients and 1e-5 (relative) for the loss terms; bf16 (GEMM operands
 // and frozen weights rounded to bf16) rel <= 5e-2 and cosine >= 0.999 for gradients, 1e-2 for losses.
@@ -43,6 +44,7 @@ struct Variant {
     int dfm, qwen3, tied, per_channel, fuse_first, pred_input_layer, flash, bf16;
     int quick;  // in the quick set (MODEL_CHECK_SET=quick: CI's emulated run, which is slow)
     int content_only;  // DfmConfig.content_only (the projector's biases held at 0) and centred memory
+    int soft;          // soft targets (model_set_soft_targets) before every training forward, CPU and GPU
 };
 
 static void check_scalar(const char *v, const char *what, double gpu, double cpu, double tol) {
@@ -155,11 +157,37 @@ static int run_variant(const Variant *va) {
         GT(model_set_memory_mix(h, src.data(), B * NC));
     }
     double lt = va->bf16 ? 1e-2 : 1e-5;
+    // soft targets: S distinct ids per row (one in each band of V / S), on two rows in three, row weights off 1,
+    // KL weight 0.6; set on the host model before each training forward, which resets them (its own RNG: the
+    // batch above is every variant's)
+    const int SS = 6, band = bc.vocab_size / SS;
+    std::vector<int> sids((size_t)N * SS);
+    std::vector<float> sp((size_t)N * SS), sw(N);
+    std::vector<uint8_t> shas(N);
+    dfm_rng rs;
+    rng_seed(&rs, 23);
+    for (int n = 0; n < N; n++) {
+        shas[n] = n % 3 != 2;
+        sw[n] = 0.5f + (float)(rng_u32(&rs) % 100) / 100.0f;
+        double z = 0.0;
+        for (int i = 0; i < SS; i++) {
+            sids[(size_t)n * SS + i] = i * band + (int)(rng_u32(&rs) % band);
+            sp[(size_t)n * SS + i] = 0.1f + (float)(rng_u32(&rs) % 100) / 100.0f;
+            z += sp[(size_t)n * SS + i];
+        }
+        for (int i = 0; i < SS; i++) sp[(size_t)n * SS + i] = (float)(sp[(size_t)n * SS + i] / z);
+    }
+    CeSoft soft = {sids.data(), sp.data(), shas.data(), sw.data(), SS, 0.6f, 0.0, 0.0, 0};
+    auto set_soft = [&]() {
+        if (va->soft) model_set_soft_targets(h, &soft);
+    };
 
     // CPU: one training forward/backward (grad_scale 0.5), eval modes
     model_zero_grad(h);
+    set_soft();
     GT(model_forward(h, inp.data(), tgt.data(), tm, tk, B, T, mode, 1, 0.5f));
-    double c_loss = h->loss, c_ce = h->ce, c_mse = h->mse, c_cos = h->cos;
+    double c_loss = h->loss, c_ce = h->ce, c_mse = h->mse, c_cos = h->cos, c_kl = h->kl, c_wce = soft.wce_sum;
+    long c_nt = h->n_teacher;
     GT(model_backward(h));
     std::vector<float> cpu_grads(h->grad_memory, h->grad_memory + h->grad_num);
     double c_none = 0, c_target = 0;
@@ -177,9 +205,20 @@ static int run_variant(const Variant *va) {
     if (va->flash && !mm->flash_decoder) printf("note %-34s flash attention not supported for this shape\n", va->name);
     std::vector<float> g1(h->grad_num), g2(h->grad_num);
     GT(model_zero_grad_cuda(mc));
+    set_soft();
+    soft.kl_sum = soft.wce_sum = 0.0, soft.n_teacher = 0, h->kl = 0.0, h->n_teacher = 0;
     GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, mode, 1, 0.5f));
     check_scalar(va->name, "loss", h->loss, c_loss, lt);
     check_scalar(va->name, "ce", h->ce, c_ce, lt);
+    if (va->soft) {  // the KL and the weighted CE are in the loss above; the rows they cover are counted exactly
+        check_scalar(va->name, "kl (soft targets)", h->kl, c_kl, va->bf16 ? 5e-2 : 1e-5);
+        check_scalar(va->name, "w*ce sum (soft targets)", soft.wce_sum, c_wce, lt);
+        int ok = h->n_teacher == c_nt && soft.n_teacher == c_nt && c_nt > 0 && !h->soft;
+        g_checks++;
+        if (!ok) g_fail++;
+        printf("%-4s %-34s soft targets: %ld rows with a teacher (cpu %ld), reset after the forward: %s\n",
+               ok ? "PASS" : "FAIL", va->name, h->n_teacher, c_nt, h->soft ? "NO" : "yes");
+    }
     if (va->dfm) {
         check_scalar(va->name, "mse", h->mse, c_mse, va->bf16 ? 5e-2 : 1e-5);
         check_scalar(va->name, "cos", h->cos, c_cos, va->bf16 ? 5e-2 : 1e-5);
@@ -193,6 +232,7 @@ static int run_variant(const Variant *va) {
     // determinism and the staged path: stage first, then forward without inputs
     GT(model_zero_grad_cuda(mc));
     GT(model_cuda_stage(mc, inp.data(), tgt.data(), tm, tk, B, T));
+    set_soft();
     GT(model_forward_cuda(mc, NULL, NULL, NULL, NULL, B, T, mode, 1, 0.5f));
     GT(model_backward_cuda(mc));
     GT(model_cuda_download_grads(mc, g2.data()));
@@ -226,10 +266,12 @@ static int run_variant(const Variant *va) {
         AdamWConfig ac = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
         for (int t = 1; t <= 3; t++) {
             model_zero_grad(h);
+            set_soft();
             GT(model_forward(h, inp.data(), tgt.data(), tm, tk, B, T, mode, 1, 1.0f));
             GT(model_backward(h));
             adamw_update(hp, h->grad_memory, mh.data(), vh.data(), NULL, np, &ac, t);
             GT(model_zero_grad_cuda(mc));
+            set_soft();
             GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, mode, 1, 1.0f));
             GT(model_backward_cuda(mc));
             GT(adamw_update_cuda(dp, dg, dm, dv, NULL, np, &ac, t, ctx->stream));
@@ -275,13 +317,13 @@ int main(void) {
         return 2;
     }
     const Variant vs[] = {
-        {"dfm qwen3 head-gate", 1, 1, 1, 0, 0, 0, 0, 0, 0},
+        {"dfm qwen3 head-gate soft targets", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1},
         {"dfm qwen3 head-gate flash", 1, 1, 1, 0, 0, 0, 1, 0, 1},
         {"dfm llama channel-gate first layer1", 1, 0, 0, 1, 1, 1, 0, 0, 1},
         {"dfm llama channel-gate flash content-only", 1, 0, 0, 1, 1, 1, 1, 0, 0, 1},
         {"pretrain qwen3 tied", 0, 1, 1, 0, 0, 0, 0, 0, 1},
         {"pretrain llama untied flash", 0, 0, 0, 0, 0, 0, 1, 0, 1},
-        {"dfm qwen3 bf16 backbone", 1, 1, 1, 0, 0, 0, 0, 1, 0},
+        {"dfm qwen3 bf16 backbone soft targets", 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1},
         {"dfm qwen3 bf16 backbone flash", 1, 1, 1, 0, 0, 0, 1, 1, 1},
         {"pretrain qwen3 bf16", 0, 1, 1, 0, 0, 0, 1, 1, 1},
     };

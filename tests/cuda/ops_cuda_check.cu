@@ -449,6 +449,97 @@ static int check_frozen_bf16(OpsCudaContext *ctx, cudaStream_t st) {
     return DFM_OK;
 }
 
+// ---- soft targets (CeSoft: dfm-train train --teacher) ----
+// lmhead_ce_soft_forward_backward_cuda and its w16 twin against the CPU function, on rows that are ignored (target
+// -1; some with a teacher, which must not count), rows without a teacher, zero probabilities, teacher ids that hold
+// the target, row weights off 1, and more rows than one CE block; then, with weight 0 and no row weights, the soft
+// kernel must give the plain kernel's bits (as the CPU function does)
+static int check_soft(OpsCudaContext *ctx, cudaStream_t st) {
+    const int NR = CE_ROWS_BLOCK_CUDA + 76, CC = 48, V = 400, S = 12, band = V / S;
+    const float lam = 0.7f, dloss = 1.0f / NR;
+    std::vector<int> tgt(NR), ids((size_t)NR * S);
+    std::vector<uint8_t> has(NR);
+    float *p = hnew((size_t)NR * S), *rw = hnew(NR);
+    for (int r = 0; r < NR; r++) {
+        tgt[r] = r % 17 == 5 ? -1 : (int)((frand() + 1.0f) * 0.5f * V) % V;
+        has[r] = r % 3 != 0;
+        rw[r] = 0.75f + 0.5f * frand();
+        double z = 0.0;
+        for (int i = 0; i < S; i++) {  // distinct: one id in each band of V / S ids
+            ids[(size_t)r * S + i] = i * band + (int)((frand() + 1.0f) * 0.5f * band) % band;
+            p[(size_t)r * S + i] = r % 5 == 0 && i == S - 1 ? 0.0f : 1.05f + frand();
+            z += p[(size_t)r * S + i];
+        }
+        if (r % 7 == 1 && tgt[r] >= 0 && tgt[r] / band < S) ids[(size_t)r * S + tgt[r] / band] = tgt[r];
+        for (int i = 0; i < S; i++) p[(size_t)r * S + i] = (float)(p[(size_t)r * S + i] / z);
+    }
+    int *d_tgt = (int *)dnew_bytes(tgt.data(), NR * sizeof(int)), *d_ids = (int *)dnew_bytes(ids.data(), ids.size() * sizeof(int));
+    uint8_t *d_has = (uint8_t *)dnew_bytes(has.data(), NR);
+    float *d_p = dnew(p, (size_t)NR * S), *d_rw = dnew(rw, NR);
+    float *x = hrand((size_t)NR * CC, 1.0f), *w = hrand((size_t)V * CC, 0.5f), *scratch = hnew((size_t)CE_ROWS_BLOCK * V);
+    float *d_x = dnew(x, (size_t)NR * CC), *d_w = dnew(w, (size_t)V * CC), *d_scr = dnew(NULL, (size_t)CE_ROWS_BLOCK_CUDA * V);
+    for (int w16 = 0; w16 < 2; w16++) {
+        const char *tag = w16 ? "w16" : "fp32";
+        char nm[64];
+        float *loss = hnew(NR), *top1 = hnew(NR), *dx = hrand((size_t)NR * CC, 0.01f), *dw = hrand((size_t)V * CC, 0.01f);
+        float *d_loss = dnew(NULL, NR), *d_top1 = dnew(NULL, NR), *d_dx = dnew(dx, (size_t)NR * CC),
+              *d_dw = dnew(dw, (size_t)V * CC);
+        CeSoft cs = {ids.data(), p, has.data(), rw, S, lam, 0.0, 0.0, 0}, gs = {d_ids, d_p, d_has, d_rw, S, lam, 0.0, 0.0, 0};
+        double tot, gtot = 0.0;
+        if (!w16) {
+            tot = lmhead_ce_soft_forward_backward(loss, top1, dx, dw, x, w, tgt.data(), NR, CC, V, dloss, scratch, &cs);
+            GT(lmhead_ce_soft_forward_backward_cuda(&gtot, d_loss, d_top1, d_dx, d_dw, d_x, d_w, d_tgt, NR, CC, V, dloss,
+                                                    d_scr, &gs, ctx));
+            GT(cmp("lmhead_ce_soft.top1[fp32]", top1, d_top1, NR, TOL_FP32));
+            GT(cmp("lmhead_ce_soft.dweight[fp32]", dw, d_dw, (size_t)V * CC, TOL_FP32));
+        } else {  // the CPU on bf16-rounded operands (check_frozen_bf16)
+            uint16_t *d_w16 = (uint16_t *)dnew_bytes(NULL, (size_t)V * CC * 2);
+            GT(to_bf16_cuda(d_w16, d_w, (size_t)V * CC, st));
+            tot = lmhead_ce_soft_forward_backward(loss, NULL, dx, NULL, rounded(x, (size_t)NR * CC),
+                                                  rounded(w, (size_t)V * CC), tgt.data(), NR, CC, V, dloss, scratch, &cs);
+            GT(lmhead_ce_soft_forward_backward_w16_cuda(&gtot, d_loss, NULL, d_dx, d_x, d_w16, d_tgt, NR, CC, V, dloss,
+                                                        d_scr, &gs, ctx));
+        }
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.total[%s]", tag);
+        cmp_scalar(nm, tot, gtot, TOL_FP32);
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.losses[%s]", tag);
+        GT(cmp(nm, loss, d_loss, NR, TOL_FP32));
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.dx[%s]", tag);
+        GT(cmp(nm, dx, d_dx, (size_t)NR * CC, w16 ? TOL_BF16 : TOL_FP32));
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.kl_sum[%s]", tag);
+        cmp_scalar(nm, cs.kl_sum, gs.kl_sum, TOL_FP32);
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.wce_sum[%s]", tag);
+        cmp_scalar(nm, cs.wce_sum, gs.wce_sum, TOL_FP32);
+        snprintf(nm, sizeof nm, "lmhead_ce_soft.n_teacher[%s]", tag);
+        cmp_scalar(nm, (double)cs.n_teacher, (double)gs.n_teacher, 0.0);
+        printf("     %-34s cpu KL %.6f, w*CE %.6f over %ld rows with a teacher; gpu %.6f, %.6f, %ld\n", "", cs.kl_sum,
+               cs.wce_sum, cs.n_teacher, gs.kl_sum, gs.wce_sum, gs.n_teacher);
+    }
+    // weight 0, no row weights: the plain kernel's bits (losses, dx, dweight, total)
+    float *d_l0 = dnew(NULL, NR), *d_l1 = dnew(NULL, NR), *d_dx0 = dnew(NULL, (size_t)NR * CC),
+          *d_dx1 = dnew(NULL, (size_t)NR * CC), *d_dw0 = dnew(NULL, (size_t)V * CC), *d_dw1 = dnew(NULL, (size_t)V * CC);
+    CeSoft g0 = {d_ids, d_p, d_has, NULL, S, 0.0f, 0.0, 0.0, 0};
+    double t0 = 0.0, t1 = 0.0;
+    GT(lmhead_ce_forward_backward_cuda(&t0, d_l0, NULL, d_dx0, d_dw0, d_x, d_w, d_tgt, NR, CC, V, dloss, d_scr, ctx));
+    GT(lmhead_ce_soft_forward_backward_cuda(&t1, d_l1, NULL, d_dx1, d_dw1, d_x, d_w, d_tgt, NR, CC, V, dloss, d_scr, &g0,
+                                            ctx));
+    std::vector<float> a((size_t)NR + 2 * ((size_t)NR * CC) + (size_t)V * CC), b(a.size());
+    const float *srcs[2][3] = {{d_l0, d_dx0, d_dw0}, {d_l1, d_dx1, d_dw1}};
+    size_t ns[3] = {(size_t)NR, (size_t)NR * CC, (size_t)V * CC};
+    CT(cudaDeviceSynchronize());
+    for (int k = 0; k < 2; k++) {
+        size_t off = 0;
+        for (int j = 0; j < 3; off += ns[j], j++)
+            CT(cudaMemcpy((k ? b : a).data() + off, srcs[k][j], ns[j] * 4, cudaMemcpyDeviceToHost));
+    }
+    int same = t0 == t1 && !memcmp(a.data(), b.data(), a.size() * sizeof(float)) && g0.n_teacher > 0;
+    g_checks++;
+    if (!same) g_fail++;
+    printf("%s %-34s weight 0, unit row weights: the plain kernel's %s\n", same ? "PASS" : "FAIL",
+           "lmhead_ce_soft == plain (bits)", same ? "bits (loss, losses, dx, dweight)" : "RESULTS DIFFER");
+    return DFM_OK;
+}
+
 static int check_optimizer(OpsCudaContext *ctx) {
     const size_t n = 100003;
     float *p = hrand(n, 1.0f), *g = hrand(n, 0.1f), *m = hrand(n, 0.01f), *v = hnew(n);
@@ -558,11 +649,12 @@ int main(void) {
     if (!rc && want("losses")) rc = check_losses(&ctx, 0, TOL_FP32);
     if (!rc && want("losses")) rc = check_losses(&ctx, 1, TOL_BF16);
     if (!rc && want("frozen")) rc = check_frozen_bf16(&ctx, ctx.stream);
+    if (!rc && want("soft")) rc = check_soft(&ctx, ctx.stream);
     if (!rc && want("optimizer")) rc = check_optimizer(&ctx);
     if (!rc && want("determinism")) rc = check_determinism(&ctx);
     if (!rc && g_checks == 0) {
         fprintf(stderr, "ops_cuda_check: OPS_CHECK_ONLY=%s selects no group (matmul norms attention elementwise "
-                "fusion losses frozen optimizer determinism)\n", only);
+                "fusion losses frozen soft optimizer determinism)\n", only);
         rc = DFM_EARG;
     }
     if (!rc) {

@@ -890,31 +890,72 @@ __device__ float block_reduce(float v, bool is_max) {
     float r = lane < nw ? sh[lane] : (is_max ? -INFINITY : 0.0f);
     return is_max ? warp_max(r) : warp_sum(r);
 }
-// one block per row of the logits block lg[R, V]: loss into row_loss, gradient (softmax - onehot)*dloss in place
+// with soft targets (CeSoft): a row block's slice of the device arrays and each row's outputs, summed afterwards
+struct CeSoftRows {
+    const int *ids;       // [R*S]
+    const float *p;       // [R*S]
+    const uint8_t *has;   // [R]
+    const float *row_w;   // [R] or NULL (1)
+    int S;
+    float weight;
+    float *kl, *wce, *n;  // [R] out: KL (rows with a teacher and a target), w*CE, 1 where the KL counts
+};
+static_assert(CE_MAX_SOFT <= CE_THREADS, "thread i < S holds teacher id i");
+// one block per row of the logits block lg[R, V]: loss into row_loss, gradient (softmax - onehot)*dloss in place.
+// SOFT: lmhead_ce_soft_forward_backward's row (ops.h); thread i < S owns the row's teacher id i, whose logit it
+// reads before the gradient overwrites it and whose -weight*p_i it adds after a barrier (the ids of a row are
+// distinct: no two threads write one element). SOFT = 0 is the plain kernel, unchanged.
+template <int SOFT>
 __global__ void ce_rows_kernel(float *lg, float *row_loss, float *top1, const int *targets, int V, float dloss,
-                               int need_grad) {
+                               int need_grad, CeSoftRows so) {
+    __shared__ double kl_terms[SOFT ? CE_MAX_SOFT : 1];
     int r = blockIdx.x;
     float *x = lg + (size_t)r * V;
     int tgt = targets[r];
     if (tgt < 0) {  // ignored position
         if (threadIdx.x == 0) row_loss[r] = 0.0f;
         if (threadIdx.x == 0 && top1) top1[r] = 0.0f;
+        if (SOFT && threadIdx.x == 0) so.kl[r] = so.wce[r] = so.n[r] = 0.0f;
         if (need_grad)
             for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = 0.0f;
         return;
     }
+    int has = SOFT && so.has[r];  // uniform across the block
+    int id = has && (int)threadIdx.x < so.S ? so.ids[(size_t)r * so.S + threadIdx.x] : -1;
     float mx = -INFINITY;
     for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, x[v]);
     mx = block_reduce(mx, true);
     float lt = x[tgt];  // read before anyone overwrites it below
+    float z = id >= 0 ? x[id] : 0.0f;  // so is the teacher id's logit
     float s = 0.0f;
     for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(x[v] - mx);
     s = block_reduce(s, false);
     if (threadIdx.x == 0) row_loss[r] = logf(s) + mx - lt;
     if (threadIdx.x == 0 && top1) top1[r] = lt >= mx ? 1.0f : 0.0f;
+    float w = SOFT && so.row_w ? so.row_w[r] : 1.0f, lam = has ? so.weight : 0.0f, pi = 0.0f;
+    if (id >= 0) {  // p_i (log p_i - log q_id), in double like the CPU
+        pi = so.p[(size_t)r * so.S + threadIdx.x];
+        double lse = log((double)s) + (double)mx;
+        kl_terms[threadIdx.x] = pi > 0.0f ? (double)pi * (log((double)pi) - ((double)z - lse)) : 0.0;
+    }
     if (need_grad) {
-        float sc = dloss / s;
-        for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = expf(x[v] - mx) * sc - (v == tgt ? dloss : 0.0f);
+        float sc = dloss / s, dt = dloss;
+        if (SOFT) {
+            sc = dloss * (w + lam) / s;
+            dt = dloss * w;
+        }
+        for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = expf(x[v] - mx) * sc - (v == tgt ? dt : 0.0f);
+    }
+    if (SOFT) {
+        __syncthreads();  // the KL terms are written, the row's gradient complete
+        if (threadIdx.x == 0) {
+            double kl = 0.0;
+            for (int i = 0; has && i < so.S; i++) kl += kl_terms[i];  // in id order, as the CPU
+            so.kl[r] = (float)kl;
+            so.wce[r] = (float)((double)w * (logf(s) + mx - lt));
+            so.n[r] = has ? 1.0f : 0.0f;
+        }
+        if (need_grad && id >= 0) x[id] -= dloss * lam * pi;
     }
 }
 // single block: sum of n floats in double, fixed order (thread-strided partials, then a tree)
@@ -930,17 +971,20 @@ __global__ void sum_double_kernel(double *out, const float *x, size_t n) {
     }
     if (threadIdx.x == 0) *out = sh[0];
 }
-// weight is fp32 (weight) or bf16 (weight16, frozen: no dweight)
+// weight is fp32 (weight) or bf16 (weight16, frozen: no dweight); soft NULL: the plain CE
 static int lmhead_ce_impl(double *total, float *losses, float *top1, float *dx, float *dweight, const float *x, const float *weight,
                           const uint16_t *weight16, const int *targets, int N, int C, int V, float dloss,
-                          float *scratch, OpsCudaContext *ctx) {
+                          float *scratch, CeSoft *soft, OpsCudaContext *ctx) {
     cudaStream_t st = ctx->stream;
-    int need_grad = dx || dweight;
-    float *rl = losses;
-    double *dsum = NULL;
-    int rc = DFM_OK;
+    int need_grad = dx || dweight, S = soft ? soft->S : 0;
+    if (soft && (S < 1 || S > CE_MAX_SOFT || !soft->ids || !soft->p || !soft->has))
+        return DFM_FAIL(DFM_EARG, "soft targets need ids, p and has and 1..%d ids per row (S = %d)", CE_MAX_SOFT, S);
+    float *rl = losses, *soft_rows = NULL;  // soft_rows: [3N] the rows' KL, w*CE and counts
+    double *dsum = NULL, sums[4] = {0, 0, 0, 0};  // the plain CE; KL, w*CE, rows with a teacher
+    int rc = DFM_OK, nsum = soft ? 4 : 1;
     if (!rl) CUDA_CHECK(cudaMallocAsync((void **)&rl, (N ? N : 1) * sizeof(float), st));
-    cudaError_t e = cudaMallocAsync((void **)&dsum, sizeof(double), st);
+    cudaError_t e = cudaMallocAsync((void **)&dsum, nsum * sizeof(double), st);
+    if (e == cudaSuccess && soft) e = cudaMallocAsync((void **)&soft_rows, (size_t)3 * (N ? N : 1) * sizeof(float), st);
     if (e != cudaSuccess) rc = DFM_FAIL(DFM_ECUDA, "cudaMallocAsync failed: %s", cudaGetErrorString(e));
     for (int r0 = 0; rc == DFM_OK && r0 < N; r0 += CE_ROWS_BLOCK_CUDA) {
         int R = N - r0 < CE_ROWS_BLOCK_CUDA ? N - r0 : CE_ROWS_BLOCK_CUDA;
@@ -948,8 +992,16 @@ static int lmhead_ce_impl(double *total, float *losses, float *top1, float *dx, 
         rc = weight16 ? matmul_forward_w16_cuda(scratch, xb, weight16, NULL, R, C, V, ctx)
                       : matmul_forward_cuda(scratch, xb, weight, NULL, R, C, V, ctx);
         if (rc) break;
-        ce_rows_kernel<<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, top1 ? top1 + r0 : NULL, targets + r0, V, dloss,
-                                                  need_grad);
+        if (soft) {
+            CeSoftRows so = {soft->ids + (size_t)r0 * S, soft->p + (size_t)r0 * S, soft->has + r0,
+                             soft->row_w ? soft->row_w + r0 : NULL, S, soft->weight,
+                             soft_rows + r0, soft_rows + N + r0, soft_rows + 2 * (size_t)N + r0};
+            ce_rows_kernel<1><<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, top1 ? top1 + r0 : NULL, targets + r0, V,
+                                                        dloss, need_grad, so);
+        } else {
+            ce_rows_kernel<0><<<R, CE_THREADS, 0, st>>>(scratch, rl + r0, top1 ? top1 + r0 : NULL, targets + r0, V,
+                                                        dloss, need_grad, CeSoftRows{});
+        }
         if ((e = cudaGetLastError()) != cudaSuccess) {
             rc = DFM_FAIL(DFM_ECUDA, "ce_rows_kernel launch failed: %s", cudaGetErrorString(e));
             break;
@@ -962,12 +1014,19 @@ static int lmhead_ce_impl(double *total, float *losses, float *top1, float *dx, 
     }
     if (rc == DFM_OK) {
         sum_double_kernel<<<1, 256, 0, st>>>(dsum, rl, (size_t)N);
-        if ((e = cudaGetLastError()) == cudaSuccess) e = cudaMemcpyAsync(total, dsum, sizeof(double),
-                                                                         cudaMemcpyDeviceToHost, st);
+        for (int k = 1; k < nsum && (e = cudaGetLastError()) == cudaSuccess; k++)
+            sum_double_kernel<<<1, 256, 0, st>>>(dsum + k, soft_rows + (size_t)(k - 1) * N, (size_t)N);
+        if ((e = cudaGetLastError()) == cudaSuccess)
+            e = cudaMemcpyAsync(sums, dsum, nsum * sizeof(double), cudaMemcpyDeviceToHost, st);
         if (e == cudaSuccess) e = cudaStreamSynchronize(st);
         if (e != cudaSuccess) rc = DFM_FAIL(DFM_ECUDA, "CE loss reduction failed: %s", cudaGetErrorString(e));
     }
+    if (rc == DFM_OK) {
+        *total = sums[0];
+        if (soft) soft->kl_sum = sums[1], soft->wce_sum = sums[2], soft->n_teacher = (long)sums[3];
+    }
     if (dsum) cudaFreeAsync(dsum, st);
+    if (soft_rows) cudaFreeAsync(soft_rows, st);
     if (!losses && rl) cudaFreeAsync(rl, st);
     return rc;
 }
@@ -975,12 +1034,26 @@ static int lmhead_ce_impl(double *total, float *losses, float *top1, float *dx, 
 extern "C" int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *top1, float *dx, float *dweight,
                                                const float *x, const float *weight, const int *targets, int N, int C,
                                                int V, float dloss, float *scratch, OpsCudaContext *ctx) {
-    return lmhead_ce_impl(total, losses, top1, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, ctx);
+    return lmhead_ce_impl(total, losses, top1, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, NULL,
+                          ctx);
 }
 extern "C" int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx, const float *x,
                                                    const uint16_t *weight, const int *targets, int N, int C, int V,
                                                    float dloss, float *scratch, OpsCudaContext *ctx) {
-    return lmhead_ce_impl(total, losses, top1, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, ctx);
+    return lmhead_ce_impl(total, losses, top1, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, NULL, ctx);
+}
+extern "C" int lmhead_ce_soft_forward_backward_cuda(double *total, float *losses, float *top1, float *dx,
+                                                    float *dweight, const float *x, const float *weight,
+                                                    const int *targets, int N, int C, int V, float dloss,
+                                                    float *scratch, CeSoft *soft, OpsCudaContext *ctx) {
+    return lmhead_ce_impl(total, losses, top1, dx, dweight, x, weight, NULL, targets, N, C, V, dloss, scratch, soft,
+                          ctx);
+}
+extern "C" int lmhead_ce_soft_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx,
+                                                        const float *x, const uint16_t *weight, const int *targets,
+                                                        int N, int C, int V, float dloss, float *scratch,
+                                                        CeSoft *soft, OpsCudaContext *ctx) {
+    return lmhead_ce_impl(total, losses, top1, dx, NULL, x, NULL, weight, targets, N, C, V, dloss, scratch, soft, ctx);
 }
 
 // ---- MSE ----------------------------------------------------------------------------------------------

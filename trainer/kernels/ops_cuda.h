@@ -2,7 +2,8 @@
  *
  * Same names with a `_cuda` suffix, same argument order, same layouts and the same ACCUMULATE (+=)
  * convention for every *_backward; a NULL gradient pointer still means "not needed". Differences:
- *   - every pointer is DEVICE memory, except the AdamWConfig and the host `double *` results;
+ *   - every pointer is DEVICE memory, except the AdamWConfig, the CeSoft struct (its arrays are device
+ *     memory) and the host `double *` results;
  *   - every function returns DFM_OK or DFM_ECUDA (common/error.h) with a message naming
  *     the failing call and its file:line; nothing exits;
  *   - the last argument is the stream (cudaStream_t), or an OpsCudaContext for anything that calls
@@ -28,6 +29,7 @@ extern "C" {
 #endif
 
 #include "trainer/kernels/adamw.h" /* AdamWConfig; C linkage for C++ includers */
+#include "trainer/kernels/ops.h"   /* CeSoft, CE_MAX_SOFT */
 
 /* One per GPU stream of work: the cuBLAS handle bound to `stream`, the matmul precision and a scratch
  * buffer for bf16 copies of matmul operands (grown on demand, stream-ordered). */
@@ -128,10 +130,19 @@ int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int
 int lmhead_ce_forward_backward_cuda(double *total, float *losses, float *top1, float *dx, float *dweight,
                                     const float *x, const float *weight, const int *targets, int N, int C, int V,
                                     float dloss, float *scratch, OpsCudaContext *ctx);
+/* Soft targets beside the hard ones (as lmhead_ce_soft_forward_backward; soft NULL: exactly
+ * lmhead_ce_forward_backward_cuda). soft is a host struct whose arrays ids [N*S], p [N*S], has [N] and row_w [N]
+ * (or NULL) are DEVICE memory; S (1..CE_MAX_SOFT) and weight are read on the host, and its outputs kl_sum,
+ * wce_sum and n_teacher are set on the host, each summed in double in a fixed order (bit-reproducible, not
+ * the CPU's order). A row's teacher ids must be distinct and in [0, V): not checked here (an id out of range
+ * writes outside the logits). *total stays the plain CE's sum; losses[] and top1[] the plain CE and top-1. */
+int lmhead_ce_soft_forward_backward_cuda(double *total, float *losses, float *top1, float *dx, float *dweight,
+                                         const float *x, const float *weight, const int *targets, int N, int C,
+                                         int V, float dloss, float *scratch, CeSoft *soft, OpsCudaContext *ctx);
 
 /* Frozen weights held in bf16 on the device (raw bf16 bits as uint16_t; a frozen backbone needs no fp32
  * copy, no gradient and no optimizer state). The same products as matmul_forward_cuda / the dinp part of
- * matmul_backward_cuda / embedding_forward_cuda / lmhead_ce_forward_backward_cuda (dx only), with the
+ * matmul_backward_cuda / embedding_forward_cuda / lmhead_ce_(soft_)forward_backward_cuda (dx only), with the
  * activation operand rounded to bf16, fp32 accumulation and fp32 outputs. to_bf16_cuda rounds n floats
  * to nearest even (the same rounding as schemas/half.h). */
 int to_bf16_cuda(uint16_t *out, const float *in, size_t n, cudaStream_t stream);
@@ -143,6 +154,9 @@ int embedding_forward_w16_cuda(float *out, const int *tokens, const uint16_t *wt
 int lmhead_ce_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx, const float *x,
                                         const uint16_t *weight, const int *targets, int N, int C, int V, float dloss,
                                         float *scratch, OpsCudaContext *ctx);
+int lmhead_ce_soft_forward_backward_w16_cuda(double *total, float *losses, float *top1, float *dx, const float *x,
+                                             const uint16_t *weight, const int *targets, int N, int C, int V,
+                                             float dloss, float *scratch, CeSoft *soft, OpsCudaContext *ctx);
 
 /* Masked MSE (as mse_forward_backward): *result (host) = sum over valid slots of (pred-target)^2 /
  * (n_valid * D); dpred (may be NULL) += dloss * gradient. Synchronises ctx->stream. */

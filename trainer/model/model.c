@@ -645,6 +645,18 @@ int model_memory_sources(DfmModel *m, int B, int NC, int mem_mode) {
 
 double model_pred_loss_scale(const DfmConfig *dc) { return dc->pred_loss == PRED_LOSS_MSE ? (double)dc->d_mem : 1.0; }
 
+void model_set_losses(DfmModel *m, double ce_sum, int denom, const CeSoft *soft) {
+    const DfmConfig *dc = &m->dc;
+    m->ce = ce_sum / denom;
+    double lm_loss = m->ce;
+    if (soft) {
+        lm_loss = (soft->wce_sum + soft->weight * soft->kl_sum) / denom;
+        m->n_teacher = soft->n_teacher;
+        m->kl = m->n_teacher ? soft->kl_sum / (double)m->n_teacher : 0.0;
+    }
+    m->loss = lm_loss + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
+}
+
 void model_ce_by_position(const float *row_losses, const int *targets, int B, int T, int L, double *sum,
                           long *count) {
     for (int i = 0; i < B * T; i++) {
@@ -771,14 +783,7 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
         ce_sum = lmhead_ce_forward_backward(m->row_losses, m->row_top1, NULL, NULL, m->lnf_out, m->bb.lm_head, targets, N, C, V,
                                             0.0f, m->ce_scratch);
     }
-    m->ce = ce_sum / denom;
-    double lm_loss = m->ce;
-    if (train && m->soft) {
-        lm_loss = (m->soft->wce_sum + m->soft->weight * m->soft->kl_sum) / denom;
-        m->n_teacher = m->soft->n_teacher;
-        m->kl = m->n_teacher ? m->soft->kl_sum / (double)m->n_teacher : 0.0;
-    }
-    m->loss = lm_loss + (dc->enabled && m->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * m->mse : 0.0);
+    model_set_losses(m, ce_sum, denom, train ? m->soft : NULL);
     return DFM_OK;
 }
 

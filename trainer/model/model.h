@@ -269,7 +269,8 @@ void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float 
 /* Soft targets for the next training forward (trainer/kernels/ops.h CeSoft, rows = the batch's B*T positions;
  * used once, like the frozen prefix). That forward's loss becomes (Σ w_r·CE_r + weight·Σ KL_r) / (rows with a
  * target) plus the predictor's term; m->ce stays the plain CE, m->kl and m->n_teacher are set. soft's arrays
- * stay the caller's and must live until the forward returns. The CUDA model reads them from its host model. */
+ * stay the caller's and must live until the forward returns. The CUDA model reads them from its host model
+ * (model_forward_cuda: copied to the device for that forward, outputs set here as well, reset after it). */
 void model_set_soft_targets(DfmModel *m, CeSoft *soft);
 /* The backbone alone over B sequences of T tokens (no fusion, no LM head, nothing kept for a backward):
  * m->lnf_out [B*T, C] holds the final-normed hidden states the LM head reads. */
@@ -286,6 +287,10 @@ int model_set_memory_mix(DfmModel *m, const uint8_t *src, int n);
 int model_memory_sources(DfmModel *m, int B, int NC, int mem_mode);
 /* The weight of the per-element MSE in the predictor loss: d_mem (PRED_LOSS_MSE) or 1. */
 double model_pred_loss_scale(const DfmConfig *dc);
+/* A forward's loss terms from its LM head's sums: m->ce = ce_sum / denom (denom: the rows with a target) and
+ * m->loss, that CE (with soft targets, the training forward's: (wce_sum + weight * kl_sum) / denom) plus the
+ * predictor's term from m->mse; with soft also m->kl and m->n_teacher. model_forward's and the CUDA model's. */
+void model_set_losses(DfmModel *m, double ce_sum, int denom, const CeSoft *soft);
 /* Per-position CE: adds row_losses[B*T] of rows with a target to sum[j] / count[j], j = the position of the
  * predicted token inside its chunk ((s + 1) % L for row s; j = 0 is a chunk's first token). */
 void model_ce_by_position(const float *row_losses, const int *targets, int B, int T, int L, double *sum,

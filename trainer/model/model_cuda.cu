@@ -50,6 +50,11 @@ struct DfmModelCuda {
     float *centre;                   // [d] DfmConfig.mem_centre (NULL: no centring), copied at creation
     int n_target_chunks;             // chunks of the last forward that fused their target memory
     int n_tvalid;                    // valid target slots of the batch in the model
+    CeSoft soft;                     // the host model's soft targets (h->soft) of a training forward, on the device
+    int *soft_ids;                   // [maxB*maxT*soft_cap] the device arrays soft points to (grown on first use)
+    float *soft_p, *soft_w;          // [maxB*maxT*soft_cap], [maxB*maxT]
+    uint8_t *soft_has;               // [maxB*maxT]
+    int soft_cap;                    // ids per row they hold (0: none yet)
     ModelCudaMemory mem;
 };
 
@@ -307,6 +312,10 @@ extern "C" void model_cuda_free(DfmModelCuda *mc) {
     }
     cudaFree(mc->cos_dev);
     cudaFree(mc->centre);
+    cudaFree(mc->soft_ids);
+    cudaFree(mc->soft_p);
+    cudaFree(mc->soft_w);
+    cudaFree(mc->soft_has);
     if (mc->cos_host) cudaFreeHost(mc->cos_host);
     cudaFree(d->mem_src);
     if (mc->src_host) cudaFreeHost(mc->src_host);
@@ -633,8 +642,40 @@ static int prepare_memory_cuda(DfmModelCuda *mc, int B, int T, int mem_mode) {
     return DFM_OK;
 }
 
-extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
-                                  const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
+// the host model's soft targets (model_set_soft_targets) of a training forward over N rows to the device, as
+// mc->soft; the ids are checked first (on the GPU one out of [0, V) would write outside the logits)
+static int upload_soft_targets(DfmModelCuda *mc, const CeSoft *hs, int N, int V) {
+    DfmModel *h = mc->host;
+    int S = hs->S;
+    if (S < 1 || S > CE_MAX_SOFT || !hs->ids || !hs->p || !hs->has)
+        return DFM_FAIL(DFM_EARG, "soft targets need ids, p and has and 1..%d ids per row (S = %d)", CE_MAX_SOFT, S);
+    for (int r = 0; r < N; r++)
+        for (int i = 0; hs->has[r] && i < S; i++)
+            if (hs->ids[(size_t)r * S + i] < 0 || hs->ids[(size_t)r * S + i] >= V)
+                return DFM_FAIL(DFM_ERANGE, "soft target id %d of row %d outside the vocabulary of %d",
+                                hs->ids[(size_t)r * S + i], r, V);
+    size_t rows = (size_t)h->maxB * h->maxT;
+    if (S > mc->soft_cap) {  // once per run: the teacher's S is fixed (cudaFree waits for the last forward's use)
+        cudaFree(mc->soft_ids), cudaFree(mc->soft_p), cudaFree(mc->soft_w), cudaFree(mc->soft_has);
+        mc->soft_ids = NULL, mc->soft_p = mc->soft_w = NULL, mc->soft_has = NULL, mc->soft_cap = 0;
+        DFM_TRY(dmalloc((void **)&mc->soft_ids, rows * S * sizeof(int), "soft target ids", &mc->mem.staging));
+        DFM_TRY(dmalloc((void **)&mc->soft_p, rows * S * sizeof(float), "soft target probabilities", &mc->mem.staging));
+        DFM_TRY(dmalloc((void **)&mc->soft_w, rows * sizeof(float), "soft target row weights", &mc->mem.staging));
+        DFM_TRY(dmalloc((void **)&mc->soft_has, rows, "soft target rows", &mc->mem.staging));
+        mc->soft_cap = S;
+    }
+    // from the caller's (pageable) arrays, which live until the forward returns; the CE synchronises before that
+    cudaStream_t st = mc->ctx.stream;
+    CUDA_CHECK(cudaMemcpyAsync(mc->soft_ids, hs->ids, (size_t)N * S * sizeof(int), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(mc->soft_p, hs->p, (size_t)N * S * sizeof(float), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(mc->soft_has, hs->has, (size_t)N, cudaMemcpyHostToDevice, st));
+    if (hs->row_w) CUDA_CHECK(cudaMemcpyAsync(mc->soft_w, hs->row_w, (size_t)N * sizeof(float), cudaMemcpyHostToDevice, st));
+    mc->soft = CeSoft{mc->soft_ids, mc->soft_p, mc->soft_has, hs->row_w ? mc->soft_w : NULL, S, hs->weight, 0.0, 0.0, 0};
+    return DFM_OK;
+}
+
+static int forward_cuda_impl(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
+                             const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
     DfmModel *h = mc->host, *m = &mc->d;
     const BackboneConfig *bc = &h->bc;
     const DfmConfig *dc = &h->dc;
@@ -684,12 +725,21 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
         dhead = dc->enabled ? NULL : m->bb_grad.lm_head;
         dloss = grad_scale / denom;
     }
+    CeSoft *soft = NULL;  // a training forward's soft targets (model_forward: the plain CE otherwise)
+    if (train && h->soft) {
+        DFM_TRY(upload_soft_targets(mc, h->soft, N, V));
+        soft = &mc->soft;
+    }
     if (mc->frozen16)
-        DFM_TRY(lmhead_ce_forward_backward_w16_cuda(&ce_sum, m->row_losses, m->row_top1, dx, m->lnf_out, mc->lm_head16, m->targets,
-                                                    N, C, V, dloss, m->ce_scratch, ctx));
+        DFM_TRY(lmhead_ce_soft_forward_backward_w16_cuda(&ce_sum, m->row_losses, m->row_top1, dx, m->lnf_out,
+                                                         mc->lm_head16, m->targets, N, C, V, dloss, m->ce_scratch,
+                                                         soft, ctx));
     else
-        DFM_TRY(lmhead_ce_forward_backward_cuda(&ce_sum, m->row_losses, m->row_top1, dx, dhead, m->lnf_out, m->bb.lm_head,
-                                                m->targets, N, C, V, dloss, m->ce_scratch, ctx));
+        DFM_TRY(lmhead_ce_soft_forward_backward_cuda(&ce_sum, m->row_losses, m->row_top1, dx, dhead, m->lnf_out,
+                                                     m->bb.lm_head, m->targets, N, C, V, dloss, m->ce_scratch, soft,
+                                                     ctx));
+    if (soft)  // the outputs in the caller's struct, as on the CPU
+        h->soft->kl_sum = soft->kl_sum, h->soft->wce_sum = soft->wce_sum, h->soft->n_teacher = soft->n_teacher;
     if (h->have_targets) {  // mean cosine over valid slots (invalid ones are 0: adding them changes nothing)
         size_t S = (size_t)B * (T / dc->chunk_len) * dc->n_slots;
         // the CE above synchronised the stream: the cosines copied in prepare_memory_cuda are here
@@ -697,10 +747,16 @@ extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int
         for (size_t s = 0; s < S; s++) cs += mc->cos_host[s];
         h->cos = mc->n_tvalid ? cs / mc->n_tvalid : 0.0;
     }
-    h->ce = ce_sum / denom;
-    h->loss = h->ce + (dc->enabled && h->have_targets ? dc->mse_weight * model_pred_loss_scale(dc) * h->mse : 0.0);
+    model_set_losses(h, ce_sum, denom, soft ? h->soft : NULL);
     m->have_targets = h->have_targets;
     return DFM_OK;
+}
+
+extern "C" int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
+                                  const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
+    int rc = forward_cuda_impl(mc, inputs, targets, tgt_mem, tgt_mask, B, T, mem_mode, train, grad_scale);
+    mc->host->soft = NULL;  // soft targets serve one forward, whatever its outcome (model_forward)
+    return rc;
 }
 
 extern "C" int model_backward_cuda(DfmModelCuda *mc) {

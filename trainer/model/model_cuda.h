@@ -76,7 +76,10 @@ int model_cuda_stage(DfmModelCuda *mc, const int *inputs, const int *targets, co
                      const uint8_t *tgt_mask, int B, int T);
 
 /* As model_forward (results in mc->host: ce, mse, cos, loss, n_valid). inputs == NULL: the oldest staged
- * batch (B and T must match it); inputs != NULL: this batch, refused (DFM_EARG) while one is staged. */
+ * batch (B and T must match it); inputs != NULL: this batch, refused (DFM_EARG) while one is staged.
+ * Soft targets: a training forward takes the host model's (model_set_soft_targets; host arrays, copied to
+ * the device, ids checked against the vocabulary: DFM_ERANGE) and sets kl, n_teacher and the loss as
+ * model_forward does; mc->host->soft is reset after every forward, whatever its outcome. */
 int model_forward_cuda(DfmModelCuda *mc, const int *inputs, const int *targets, const float *tgt_mem,
                        const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale);
 int model_backward_cuda(DfmModelCuda *mc);

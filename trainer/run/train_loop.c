@@ -602,14 +602,13 @@ static int run_steps(Trainer *t) {
     return rc;
 }
 
-/* Loader (and --resume), the prefetching threads, the log file; then the steps. */
-/* --teacher: the file checked against the data, and the buffers of a micro-batch's soft targets */
+/* --teacher: the file checked against the data, and the buffers of a micro-batch's soft targets (host memory,
+ * on either device: the CUDA model copies them up in its forward) */
 static int trainer_open_teacher(Trainer *t) {
     const TrainOpts *o = t->o;
-    if (!t->m->dc.enabled || !t->use_t || t->margin.weight > 0 || t->eo.cuda)
-        return DFM_FAIL(DFM_EARG, "--teacher trains the DFM modules on the CPU with --targets, without --margin-weight "
-                        "(each needs its own passes). HINT: drop --margin-weight, or --device cuda (the CUDA trainer "
-                        "has no soft targets yet)");
+    if (!t->m->dc.enabled || !t->use_t || t->margin.weight > 0)
+        return DFM_FAIL(DFM_EARG, "--teacher trains the DFM modules with --targets, without --margin-weight "
+                        "(each needs its own passes). HINT: drop --margin-weight");
     DFM_TRY(teacher_soft_open(o->teacher, t->ds, t->L, t->m->bc.vocab_size, t->ntrain, (float)o->gain_weighting,
                               &t->teacher));
     size_t rows = (size_t)t->B * t->T, S = (size_t)t->teacher.S;
@@ -629,6 +628,7 @@ static int trainer_open_teacher(Trainer *t) {
     return DFM_OK;
 }
 
+/* Loader (and --resume), the prefetching threads, the log file; then the steps. */
 static int trainer_run(Trainer *t) {
     const TrainOpts *o = t->o;
     DfmModel *m = t->m;

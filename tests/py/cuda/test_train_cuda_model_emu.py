@@ -1,7 +1,7 @@
 """Whole training steps of the CUDA model (trainer/model/model_cuda.cu) equal the CPU model's, on the host.
 
 tests/cuda/model_cuda_check.cu (DFM and pretraining variants, reference and flash attention, fp32 and the
-bf16 frozen backbone) is built by `make SAN=1 emu-checks` with the CUDA model, stack, kernels and flash
+bf16 frozen backbone, soft targets) is built by `make SAN=1 emu-checks` with the CUDA model, stack, kernels and flash
 attention against the host emulation of CUDA, under ASan+UBSan, and linked with the CPU model; it must
 print "RESULT: PASS" with blocks and threads in a seeded random order: loss terms and every trainable
 gradient tensor within the stated bounds (no value that is not finite), bit-identical repeated steps,
