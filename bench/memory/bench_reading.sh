@@ -14,6 +14,8 @@
 #   content   (ARMS) scratch with the content-only fusion (--content-only-fusion: no bias path around the memory);
 #             centre: --centre-memory (slots minus the training targets' mean)
 #   zero      (ARMS) scratch trained with every slot zeroed (--memory-ablation zero): the matched-capacity control
+#   random    (ARMS) scratch trained on random-vector targets (--memory-ablation random: a fixed random direction per
+#             chunk and slot): the value of the real targets, evaluated predicted
 #   distill   (ARMS) KL toward the in-context teacher (--teacher, --distill-weight DISTILL_W): the frozen LM with the
 #             text of each chunk's first PASTE neighbours pasted before the context (`dfm-train teacher`, computed
 #             once per seed into WORK/sSEED/teacher.bin; its cost is recorded as a "teacher" line)
@@ -153,9 +155,10 @@ PY
         content) extra+=(--content-only-fusion) ;;
         centre) extra+=(--centre-memory) ;;
         zero) extra+=(--memory-ablation zero) ;;
+        random) extra+=(--memory-ablation random) ;;
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, distill, gain)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, gain)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

@@ -15,6 +15,7 @@
 #include "trainer/model/flops.h"
 #include "trainer/data/frozen_cache.h"
 #include "trainer/model/model_config.h"
+#include "trainer/kernels/rng.h"
 #include "trainer/run/margin.h"
 #include "trainer/data/teacher.h"
 #include "trainer/run/model_setup.h"
@@ -294,6 +295,7 @@ typedef struct {
     FrozenCache fc;                /* --cache-frozen */
     int use_fc, fc_hit;
     int zero_memory;               /* --memory-ablation zero */
+    int random_memory;             /* --memory-ablation random */
     TeacherSoft teacher;           /* --teacher: its rows, and a micro-batch's soft targets */
     int use_teacher;
     CeSoft soft;
@@ -356,6 +358,28 @@ static int trainer_resume(Trainer *t) {
     return DFM_OK;
 }
 
+/* --memory-ablation random: every valid target slot of the batch replaced by a random direction of the same norm,
+ * a pure function of (--seed, chunk id, slot): the same chunk gets the same vector in every epoch and on any rank
+ * split. The targets then carry no information about the text, only a fixed code per chunk. */
+static void random_memory(Trainer *t, PrefetchBatch *b) {
+    int NC = t->T / t->L, K = t->m->dc.n_slots, d = t->m->dc.d_mem;
+    for (int i = 0; i < t->B; i++)
+        for (int c = 0; c < NC; c++)
+            for (int j = 0; j < K; j++) {
+                size_t s = ((size_t)i * NC + c) * K + j;
+                if (!b->tmask[s]) continue;
+                float *v = b->tmem + s * d;
+                double norm = 0.0, rn = 0.0;
+                for (int e = 0; e < d; e++) norm += (double)v[e] * v[e];
+                dfm_rng r;
+                rng_seed(&r, ((uint64_t)t->o->seed << 40) ^ (((uint64_t)b->idx[i] * NC + c) * 4099u + (uint64_t)j));
+                rng_normal(&r, v, (size_t)d, 1.0f);
+                for (int e = 0; e < d; e++) rn += (double)v[e] * v[e];
+                float sc = rn > 0.0 ? (float)sqrt(norm / rn) : 0.0f;
+                for (int e = 0; e < d; e++) v[e] *= sc;
+            }
+}
+
 /* Stage the next prefetched micro-batch on the device; its wait for data is added to *stall. */
 static int stage_next(Trainer *t, double *stall) {
     double waited = 0.0;
@@ -364,6 +388,7 @@ static int stage_next(Trainer *t, double *stall) {
     *stall += waited;
     if (!rc && t->zero_memory && nxt->tmem) /* --memory-ablation zero: no content, the same everything else */
         memset(nxt->tmem, 0, (size_t)t->B * (t->T / t->L) * t->m->dc.n_slots * t->m->dc.d_mem * sizeof(float));
+    if (!rc && t->random_memory && nxt->tmem) random_memory(t, nxt);
     if (!rc) rc = engine_stage(t->en, nxt->inputs, nxt->targets, nxt->tmem, nxt->tmask, t->B, t->T);
     t->cur = nxt;
     return rc;
@@ -636,10 +661,16 @@ static int trainer_run(Trainer *t) {
     if (m->dc.enabled && !(t->mix = calloc((size_t)t->B * (t->T / t->L), 1)))
         return DFM_FAIL(DFM_ENOMEM, "teacher-forcing draws");
     t->zero_memory = o->memory_ablation && !strcmp(o->memory_ablation, "zero");
-    if (t->zero_memory) {
+    t->random_memory = o->memory_ablation && !strcmp(o->memory_ablation, "random");
+    if (t->zero_memory || t->random_memory) {
         if (!t->use_t)
-            return DFM_FAIL(DFM_EARG, "--memory-ablation zero zeroes the target memory of DFM training: give --targets");
-        DFM_LOG_I("--memory-ablation zero: every training batch's target slots are 0 (the matched-capacity control)");
+            return DFM_FAIL(DFM_EARG, "--memory-ablation %s replaces the target memory of DFM training: give --targets",
+                            o->memory_ablation);
+        if (t->zero_memory)
+            DFM_LOG_I("--memory-ablation zero: every training batch's target slots are 0 (the matched-capacity control)");
+        else
+            DFM_LOG_I("--memory-ablation random: every valid target slot is a fixed random direction of its norm per "
+                      "(chunk, slot): the value of the real targets is predicted-memory CE against this run's");
     }
     if (o->margin_weight > 0) {
         if (!m->dc.enabled || !t->use_t || m->dc.fusion_memory == FUSION_MEM_PREDICTED || t->B < 2)

@@ -14,7 +14,8 @@ data the trainer reads:
   constant  every slot one and the same vector.
 Each must remove the effect: the same assertion that passes on the real targets must fail on every
 corrupted copy (the checks are evaluated on each and must say no), so the check can fail. So must the
-trainer's matched-capacity control, `--memory-ablation zero` on the real targets file.
+trainer's matched-capacity control, `--memory-ablation zero` on the real targets file, and its random-vector
+targets, `--memory-ablation random` (a fixed random direction per chunk and slot in place of each real slot).
 Exits non-zero on any failure.
 Run: $DFM_PYTHON tests/py/train/test_train_memory_planted.py   (DFM_TRAIN = path of dfm-train)
 """
@@ -119,6 +120,11 @@ def main():
         # the trainer's own matched-capacity control: the real targets file, every slot zeroed in training
         ok, why, _ = train("ablation-zero", mask, emb, "--memory-ablation", "zero")
         check(not ok, "--memory-ablation zero (real targets, slots zeroed in training) has no memory effect: " + why)
+        # random-vector targets: a fixed random code per (chunk, slot) in training says nothing about the text, so
+        # the modules cannot read the real held-out memory either
+        ok, why, _ = train("ablation-random", mask, emb, "--memory-ablation", "random")
+        check(not ok, "--memory-ablation random (real targets replaced by fixed random directions in training) has no "
+              "memory effect: " + why)
     finish("memory used, and each planted corruption removes the effect (%.0f s)" % (time.time() - t0))
 
 
