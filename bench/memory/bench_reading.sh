@@ -19,6 +19,7 @@
 #   distill   (ARMS) KL toward the in-context teacher (--teacher, --distill-weight DISTILL_W): the frozen LM with the
 #             text of each chunk's first PASTE neighbours pasted before the context (`dfm-train teacher`, computed
 #             once per seed into WORK/sSEED/teacher.bin; its cost is recorded as a "teacher" line)
+#   kd        (ARMS) the teacher's KL alone (--distill-weight DISTILL_W --ce-weight 0): no hard next-token CE
 #   gain      (ARMS) the CE weighted by the teacher's gain over the LM alone (--gain-weighting GAIN_F)
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
@@ -126,7 +127,7 @@ for seed in $SEEDS; do
   tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
   fi
 
-  if [[ " $ARMS " == *distill* || " $ARMS " == *gain* ]] && [ ! -f "$d/teacher.bin" ]; then
+  if [[ " $ARMS " == *distill* || " $ARMS " == *gain* || " $ARMS " == *kd* ]] && [ ! -f "$d/teacher.bin" ]; then
     echo "   teacher: the LM with the text of each chunk's first $PASTE neighbours pasted"
     timed "$d/teacher.cost" "$TRAIN" teacher --backbone "$DFM_LM" --data "$d/corpus" --out "$d/teacher.bin" --seq-len $T \
       --chunk-len $L --paste "$PASTE" --threads "$THREADS" > "$d/teacher.log" 2>&1 || { tail -20 "$d/teacher.log" >&2; exit 1; }
@@ -157,8 +158,9 @@ PY
         zero) extra+=(--memory-ablation zero) ;;
         random) extra+=(--memory-ablation random) ;;
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
+        kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, gain)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

@@ -99,7 +99,8 @@ def main():
                 secs([r.get("cpu_s") for r in rs])))
         names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
-                 "random": "training on random-vector targets", "distill": "distillation from the in-context teacher", "gain": "the teacher-gain-weighted CE"}
+                 "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
+                 "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE"}
 
         def what(arm):
             parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]

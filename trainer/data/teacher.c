@@ -212,6 +212,7 @@ int teacher_soft_open(const char *path, const DataSet *ds, int L, int V, size_t 
     ts->S = (int)h->top;
     ts->T = ds->T;
     ts->gain_floor = gain_floor;
+    ts->ce_weight = 1.0f;
     double g = 0.0;
     uint64_t n = 0;
     for (uint64_t i = 0; i < (uint64_t)ntrain * h->seq_len && i < h->n_seq * h->seq_len; i++) {
@@ -257,6 +258,6 @@ void teacher_soft_fill(const TeacherSoft *ts, const size_t *idx, int B, int *ids
                 double g = has[o] && t.lp_teacher > t.lp_alone ? (double)t.lp_teacher - t.lp_alone : 0.0;
                 w = (float)(ts->gain_floor + (1.0 - ts->gain_floor) * g / ts->mean_gain);
             }
-            row_w[o] = w;
+            row_w[o] = w * ts->ce_weight;
         }
 }

@@ -56,6 +56,7 @@ typedef struct {
     dfm_teacher_file *f;
     int S, T;
     float gain_floor;  /* --gain-weighting F (< 0: off): row weight F + (1 - F) * gain / mean_gain */
+    float ce_weight;   /* --ce-weight X: every row's weight times X (0: the teacher's KL alone) */
     double mean_gain;  /* mean of max(0, lp_teacher - lp_alone) over the training sequences' rows with a target */
 } TeacherSoft;
 
@@ -66,7 +67,8 @@ int teacher_soft_open(const char *path, const DataSet *ds, int L, int V, size_t 
                       TeacherSoft *ts);
 void teacher_soft_close(TeacherSoft *ts);
 /* Soft targets of the B sequences idx (rows b*T + r): ids [B*T*S], p [B*T*S] (the teacher's top-S
- * probabilities renormalised to sum 1), has [B*T] (F_TEACHER), row_w [B*T] (the gain weights; 1 when off). */
+ * probabilities renormalised to sum 1), has [B*T] (F_TEACHER), row_w [B*T] (ce_weight times the gain weight, 1 when
+ * gain weighting is off). */
 void teacher_soft_fill(const TeacherSoft *ts, const size_t *idx, int B, int *ids, float *p, uint8_t *has, float *row_w);
 
 #endif

@@ -636,6 +636,7 @@ static int trainer_open_teacher(Trainer *t) {
                         "(each needs its own passes). HINT: drop --margin-weight");
     DFM_TRY(teacher_soft_open(o->teacher, t->ds, t->L, t->m->bc.vocab_size, t->ntrain, (float)o->gain_weighting,
                               &t->teacher));
+    t->teacher.ce_weight = (float)o->ce_weight;
     size_t rows = (size_t)t->B * t->T, S = (size_t)t->teacher.S;
     t->soft_ids = malloc(rows * S * sizeof(int));
     t->soft_p = malloc(rows * S * sizeof(float));

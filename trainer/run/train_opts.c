@@ -30,6 +30,7 @@ json_t *train_opts_json(const TrainOpts *o) {
     if (j && o->teacher) { /* the file's own name is not configuration; what is taken from it is */
         json_object_set_new(j, "distill_weight", json_real(o->distill_weight));
         json_object_set_new(j, "gain_weighting", json_real(o->gain_weighting));
+        json_object_set_new(j, "ce_weight", json_real(o->ce_weight));
     }
     if (j && o->memory_ablation && strcmp(o->memory_ablation, "none"))
         json_object_set_new(j, "memory_ablation", json_string(o->memory_ablation));

@@ -30,7 +30,8 @@ typedef struct {
     double gate_bias, mse_weight, init_std;
     double margin_weight, margin; /* train only: the margin against shuffled memory (trainer/run/margin.h) */
     char *teacher;                 /* train only: the in-context teacher's file (trainer/data/teacher.h) */
-    double distill_weight, gain_weighting; /* with it: the KL's weight; the gain weights' floor (< 0: off) */
+    double distill_weight, gain_weighting, ce_weight; /* with it: the KL's weight; the gain weights' floor (< 0:
+                                                       * off); the hard CE's weight */
 } TrainOpts;
 
 /* Option-table rows of the data, optimisation, run and device flags (pretrain, train, eval). */
