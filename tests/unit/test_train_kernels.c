@@ -314,7 +314,8 @@ static void test_lmhead_ce_soft(void **state) {
             p[n * S + i] = 0.05f + rng_f32(&r);
             z += p[n * S + i];
         }
-        for (int i = 0; i < S; i++) p[n * S + i] = (float)(p[n * S + i] / z);
+        double mass = n % 4 == 1 ? 1.0 : 0.5 + 0.45 * rng_f32(&r); /* some rows all mass on the ids, most with a tail */
+        for (int i = 0; i < S; i++) p[n * S + i] = (float)(mass * p[n * S + i] / z);
     }
     float *dx = calloc((size_t)N * C, 4), *dw = calloc((size_t)V * C, 4);
     CeSoft soft = {.ids = ids, .p = p, .has = has, .row_w = rw, .S = S, .weight = lam};
@@ -337,12 +338,21 @@ static void test_lmhead_ce_soft(void **state) {
         double l = has[n] ? lam : 0.0;
         for (int v = 0; v < V; v++) g[v] = (rw[n] + l) * exp(lg[v] - lse);
         g[tg[n]] -= rw[n];
-        if (has[n]) {
+        if (has[n]) { /* KL with the tail bucket: its gradient by the formula of ops.h, written out independently */
             rn++;
+            double ps = 0, qs = 0;
             for (int i = 0; i < S; i++) {
                 rkl += p[n * S + i] * (log(p[n * S + i]) - (lg[ids[n * S + i]] - lse));
-                g[ids[n * S + i]] -= lam * p[n * S + i];
+                ps += p[n * S + i], qs += exp(lg[ids[n * S + i]] - lse);
             }
+            double pr = 1 - ps > 0 ? 1 - ps : 0, qr = 1 - qs;
+            if (pr > 0) rkl += pr * (log(pr) - log(qr));
+            uint8_t *in_s = calloc(V, 1);
+            for (int i = 0; i < S; i++) in_s[ids[n * S + i]] = 1;
+            for (int v = 0; v < V; v++) /* λ·(q − p) on the ids, λ·q·(1 − p_rest/q_rest) elsewhere; w·q added above */
+                g[v] += in_s[v] ? 0 : -lam * exp(lg[v] - lse) * (pr / qr);
+            for (int i = 0; i < S; i++) g[ids[n * S + i]] -= lam * p[n * S + i];
+            free(in_s);
         }
         for (int v = 0; v < V; v++)
             for (int c = 0; c < C; c++) {

@@ -246,13 +246,10 @@ void teacher_soft_fill(const TeacherSoft *ts, const size_t *idx, int B, int *ids
             dfm_teacher_row_tail t;
             dfm_teacher_row(ts->f, (uint64_t)idx[b] * T + r, u, lp, &t);
             has[o] = (t.flags & DFM_TEACHER_F_TEACHER) != 0;
-            double z = 0.0;
-            for (int i = 0; i < S; i++) {
+            for (int i = 0; i < S; i++) { /* the teacher's own probabilities: the rest of 1 is its tail (ops.h) */
                 ids[o * S + i] = (int)u[i];
-                p[o * S + i] = has[o] ? (float)exp((double)lp[i] - lp[0]) : 0.0f;
-                z += p[o * S + i];
+                p[o * S + i] = has[o] ? (float)exp((double)lp[i]) : 0.0f;
             }
-            for (int i = 0; has[o] && i < S; i++) p[o * S + i] = (float)(p[o * S + i] / z);
             float w = 1.0f;
             if (ts->gain_floor >= 0.0f) {
                 double g = has[o] && t.lp_teacher > t.lp_alone ? (double)t.lp_teacher - t.lp_alone : 0.0;

@@ -67,7 +67,7 @@ int teacher_soft_open(const char *path, const DataSet *ds, int L, int V, size_t 
                       TeacherSoft *ts);
 void teacher_soft_close(TeacherSoft *ts);
 /* Soft targets of the B sequences idx (rows b*T + r): ids [B*T*S], p [B*T*S] (the teacher's top-S
- * probabilities renormalised to sum 1), has [B*T] (F_TEACHER), row_w [B*T] (ce_weight times the gain weight, 1 when
+ * probabilities, their rest of 1 the tail bucket of ops.h's CeSoft), has [B*T] (F_TEACHER), row_w [B*T] (ce_weight times the gain weight, 1 when
  * gain weighting is off). */
 void teacher_soft_fill(const TeacherSoft *ts, const size_t *idx, int B, int *ids, float *p, uint8_t *has, float *row_w);
 

@@ -473,17 +473,27 @@ double lmhead_ce_soft_forward_backward(float *losses, float *top1, float *dx, fl
             row_loss[r] = loss;
             float w = soft && soft->row_w ? soft->row_w[r0 + r] : 1.0f;
             if (soft) row_wce[r] = (double)w * loss;
+            double tail = 1.0; /* the teacher's tail over the student's: p_rest / q_rest (1 without a teacher) */
             if (has) {
-                double kl = 0.0;
-                for (int i = 0; i < S; i++)
+                double kl = 0.0, ps = 0.0, es = 0.0;
+                for (int i = 0; i < S; i++) {
                     if (p[i] > 0.0f) kl += (double)p[i] * (log((double)p[i]) - ((double)zs[i] - lse));
+                    ps += p[i];
+                    es += exp((double)zs[i] - mx);
+                }
+                double pr = ps < 1.0 ? 1.0 - ps : 0.0, qr = (sum - es) / sum;
+                if (qr < 1e-6) qr = 1e-6; /* the difference of two sums: below this it is rounding */
+                if (pr > 0.0) kl += pr * (log(pr) - log(qr));
+                tail = pr / qr;
                 row_kl[r] = kl;
             }
             if (need_grad) {
+                /* (w + λ)q − w·onehot − λ·p on the teacher's ids, and λ·q·(1 − p_rest/q_rest) on the others */
                 float lam = has ? soft->weight : 0.0f;
-                vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss * (w + lam));
+                vm_scale(lg, (size_t)V, (float)(1.0 / sum) * dloss * (float)(w + lam * (1.0 - tail)));
                 lg[tgt] -= dloss * w;
-                for (int i = 0; has && i < S; i++) lg[ids[i]] -= dloss * lam * p[i];
+                for (int i = 0; has && i < S; i++)
+                    lg[ids[i]] += dloss * lam * (float)(tail * exp((double)zs[i] - lse) - p[i]);
             }
         }
         double block_sum = 0.0;

@@ -98,14 +98,17 @@ double lmhead_ce_forward_backward(float *losses, float *top1, float *dx, float *
                                   const int *targets, int N, int C, int V, float dloss, float *scratch);
 
 /* Soft targets beside the hard ones (dfm-train train --teacher: distillation and gain-weighted CE). Row r's
- * loss becomes  w_r · CE_r + weight · has_r · KL(p_r ‖ softmax_r),  KL(p ‖ q) = Σ_i p_i (log p_i − log q_{id_i}),
- * over the row's S teacher ids (distinct, p renormalised to sum 1; ids outside [0, V) are refused by the
- * caller). Its gradient with respect to the logits is  (w_r + weight·has_r)·q − w_r·onehot(target) −
- * weight·has_r·p  (times dloss). losses[] and top1[] stay the plain CE and top-1 of each row. */
+ * loss becomes  w_r · CE_r + weight · has_r · KL(p_r ‖ softmax_r)  where the teacher's distribution is known on
+ * the row's S ids (distinct; p_i its probabilities, Σ p_i <= 1) and as one bucket for the rest of the vocabulary,
+ * p_rest = 1 − Σ p_i:  KL = Σ_i p_i (log p_i − log q_i) + p_rest (log p_rest − log q_rest), q_rest = 1 − Σ_i q_i
+ * (the top-S ids renormalised alone would push every other token's probability to 0). Gradient with respect to
+ * the logits, times dloss: (w_r + λ)q − w_r·onehot(target) − λ·p on the teacher's ids, and λ·q·(1 − p_rest/q_rest)
+ * on the others (λ = weight · has_r); q_rest below 1e-6 counts as 1e-6. losses[] and top1[] stay the plain CE and
+ * top-1 of each row. */
 #define CE_MAX_SOFT 256
 typedef struct {
     const int *ids;       /* [N*S] the teacher's token ids of each row */
-    const float *p;       /* [N*S] their probabilities (sum 1 per row where has) */
+    const float *p;       /* [N*S] their probabilities (the teacher's own: the rest of 1 is the tail bucket) */
     const uint8_t *has;   /* [N] 1 = the row has a teacher distribution */
     const float *row_w;   /* [N] the weight of each row's hard CE (NULL: 1) */
     int S;                /* ids per row, 1..CE_MAX_SOFT */
