@@ -157,9 +157,9 @@ static int run_variant(const Variant *va) {
         GT(model_set_memory_mix(h, src.data(), B * NC));
     }
     double lt = va->bf16 ? 1e-2 : 1e-5;
-    // soft targets: S distinct ids per row (one in each band of V / S), on two rows in three, row weights off 1,
-    // KL weight 0.6; set on the host model before each training forward, which resets them (its own RNG: the
-    // batch above is every variant's)
+    // soft targets: S distinct ids per row (one in each band of V / S), on two rows in three, a tail bucket (their
+    // probabilities summing below 1) on most of them, row weights off 1, KL weight 0.6; set on the host model
+    // before each training forward, which resets them (its own RNG: the batch above is every variant's)
     const int SS = 6, band = bc.vocab_size / SS;
     std::vector<int> sids((size_t)N * SS);
     std::vector<float> sp((size_t)N * SS), sw(N);
@@ -175,7 +175,9 @@ static int run_variant(const Variant *va) {
             sp[(size_t)n * SS + i] = 0.1f + (float)(rng_u32(&rs) % 100) / 100.0f;
             z += sp[(size_t)n * SS + i];
         }
-        for (int i = 0; i < SS; i++) sp[(size_t)n * SS + i] = (float)(sp[(size_t)n * SS + i] / z);
+        // the teacher's own probabilities: their rest of 1 is the tail bucket (ops.h), none on every fourth row
+        double mass = n % 4 == 1 ? 1.0 : 0.5 + 0.45 * (double)(rng_u32(&rs) % 1000) / 1000.0;
+        for (int i = 0; i < SS; i++) sp[(size_t)n * SS + i] = (float)(mass * sp[(size_t)n * SS + i] / z);
     }
     CeSoft soft = {sids.data(), sp.data(), shas.data(), sw.data(), SS, 0.6f, 0.0, 0.0, 0};
     auto set_soft = [&]() {

@@ -452,8 +452,9 @@ static int check_frozen_bf16(OpsCudaContext *ctx, cudaStream_t st) {
 // ---- soft targets (CeSoft: dfm-train train --teacher) ----
 // lmhead_ce_soft_forward_backward_cuda and its w16 twin against the CPU function, on rows that are ignored (target
 // -1; some with a teacher, which must not count), rows without a teacher, zero probabilities, teacher ids that hold
-// the target, row weights off 1, and more rows than one CE block; then, with weight 0 and no row weights, the soft
-// kernel must give the plain kernel's bits (as the CPU function does)
+// the target, a tail bucket (sum p < 1) on most rows and none on every fourth, row weights off 1, and more rows
+// than one CE block; then, with weight 0 and no row weights, the soft kernel must give the plain kernel's bits (as
+// the CPU function does)
 static int check_soft(OpsCudaContext *ctx, cudaStream_t st) {
     const int NR = CE_ROWS_BLOCK_CUDA + 76, CC = 48, V = 400, S = 12, band = V / S;
     const float lam = 0.7f, dloss = 1.0f / NR;
@@ -471,7 +472,15 @@ static int check_soft(OpsCudaContext *ctx, cudaStream_t st) {
             z += p[(size_t)r * S + i];
         }
         if (r % 7 == 1 && tgt[r] >= 0 && tgt[r] / band < S) ids[(size_t)r * S + tgt[r] / band] = tgt[r];
-        for (int i = 0; i < S; i++) p[(size_t)r * S + i] = (float)(p[(size_t)r * S + i] / z);
+        // the teacher's own probabilities: all the mass on the ids on some rows, a tail (the rest of 1) on most
+        double mass = r % 4 == 1 ? 1.0 : 0.5 + 0.45 * (frand() + 1.0f) * 0.5f;
+        for (int i = 0; i < S; i++) p[(size_t)r * S + i] = (float)(mass * p[(size_t)r * S + i] / z);
+    }
+    int tails = 0;  // rows whose KL counts and has a tail bucket
+    for (int r = 0; r < NR; r++) {
+        double ps = 0.0;
+        for (int i = 0; i < S; i++) ps += p[(size_t)r * S + i];
+        tails += has[r] && tgt[r] >= 0 && ps < 1.0 - 1e-6;
     }
     int *d_tgt = (int *)dnew_bytes(tgt.data(), NR * sizeof(int)), *d_ids = (int *)dnew_bytes(ids.data(), ids.size() * sizeof(int));
     uint8_t *d_has = (uint8_t *)dnew_bytes(has.data(), NR);
@@ -512,8 +521,8 @@ static int check_soft(OpsCudaContext *ctx, cudaStream_t st) {
         cmp_scalar(nm, cs.wce_sum, gs.wce_sum, TOL_FP32);
         snprintf(nm, sizeof nm, "lmhead_ce_soft.n_teacher[%s]", tag);
         cmp_scalar(nm, (double)cs.n_teacher, (double)gs.n_teacher, 0.0);
-        printf("     %-34s cpu KL %.6f, w*CE %.6f over %ld rows with a teacher; gpu %.6f, %.6f, %ld\n", "", cs.kl_sum,
-               cs.wce_sum, cs.n_teacher, gs.kl_sum, gs.wce_sum, gs.n_teacher);
+        printf("     %-34s cpu KL %.6f, w*CE %.6f over %ld rows with a teacher (%d with a tail); gpu %.6f, %.6f, %ld\n",
+               "", cs.kl_sum, cs.wce_sum, cs.n_teacher, tails, gs.kl_sum, gs.wce_sum, gs.n_teacher);
     }
     // weight 0, no row weights: the plain kernel's bits (losses, dx, dweight, total)
     float *d_l0 = dnew(NULL, NR), *d_l1 = dnew(NULL, NR), *d_dx0 = dnew(NULL, (size_t)NR * CC),

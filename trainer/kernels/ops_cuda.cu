@@ -902,13 +902,16 @@ struct CeSoftRows {
 };
 static_assert(CE_MAX_SOFT <= CE_THREADS, "thread i < S holds teacher id i");
 // one block per row of the logits block lg[R, V]: loss into row_loss, gradient (softmax - onehot)*dloss in place.
-// SOFT: lmhead_ce_soft_forward_backward's row (ops.h); thread i < S owns the row's teacher id i, whose logit it
-// reads before the gradient overwrites it and whose -weight*p_i it adds after a barrier (the ids of a row are
-// distinct: no two threads write one element). SOFT = 0 is the plain kernel, unchanged.
+// SOFT: lmhead_ce_soft_forward_backward's row (ops.h): the teacher's top-S ids plus its tail bucket. Thread i < S
+// owns the row's teacher id i: it reads the id's logit before the gradient overwrites it, writes its KL term and
+// exp(z_i - mx); thread 0 adds them (and the p_i) in id order, in double like the CPU, and gives the block
+// tail = p_rest / q_rest through shared memory before the logits are scaled by (w + weight*(1 - tail)) q; after a
+// barrier each id's thread adds weight*(tail*q_i - p_i) (the ids of a row are distinct: no two threads write one
+// element). SOFT = 0 is the plain kernel, unchanged.
 template <int SOFT>
 __global__ void ce_rows_kernel(float *lg, float *row_loss, float *top1, const int *targets, int V, float dloss,
                                int need_grad, CeSoftRows so) {
-    __shared__ double kl_terms[SOFT ? CE_MAX_SOFT : 1];
+    __shared__ double kl_terms[SOFT ? CE_MAX_SOFT : 1], e_terms[SOFT ? CE_MAX_SOFT : 1], tail_sh[1];
     int r = blockIdx.x;
     float *x = lg + (size_t)r * V;
     int tgt = targets[r];
@@ -933,29 +936,46 @@ __global__ void ce_rows_kernel(float *lg, float *row_loss, float *top1, const in
     if (threadIdx.x == 0) row_loss[r] = logf(s) + mx - lt;
     if (threadIdx.x == 0 && top1) top1[r] = lt >= mx ? 1.0f : 0.0f;
     float w = SOFT && so.row_w ? so.row_w[r] : 1.0f, lam = has ? so.weight : 0.0f, pi = 0.0f;
-    if (id >= 0) {  // p_i (log p_i - log q_id), in double like the CPU
-        pi = so.p[(size_t)r * so.S + threadIdx.x];
-        double lse = log((double)s) + (double)mx;
-        kl_terms[threadIdx.x] = pi > 0.0f ? (double)pi * (log((double)pi) - ((double)z - lse)) : 0.0;
+    double lse = log((double)s) + (double)mx, tail = 1.0;  // tail: p_rest / q_rest (1 without a teacher)
+    if (SOFT) {
+        if (id >= 0) {  // p_i (log p_i - log q_i) and exp(z_i - mx), in double like the CPU
+            pi = so.p[(size_t)r * so.S + threadIdx.x];
+            kl_terms[threadIdx.x] = pi > 0.0f ? (double)pi * (log((double)pi) - ((double)z - lse)) : 0.0;
+            e_terms[threadIdx.x] = exp((double)z - (double)mx);
+        }
+        __syncthreads();  // the ids' terms are written
+        if (threadIdx.x == 0) {
+            double kl = 0.0, ps = 0.0, es = 0.0, t = 1.0;
+            for (int i = 0; has && i < so.S; i++) {  // in id order, as the CPU
+                kl += kl_terms[i];
+                ps += so.p[(size_t)r * so.S + i];
+                es += e_terms[i];
+            }
+            if (has) {  // the tail bucket: p_rest (log p_rest - log q_rest)
+                double pr = ps < 1.0 ? 1.0 - ps : 0.0, qr = ((double)s - es) / (double)s;
+                if (qr < 1e-6) qr = 1e-6;  // the difference of two sums: below this it is rounding
+                if (pr > 0.0) kl += pr * (log(pr) - log(qr));
+                t = pr / qr;
+            }
+            tail_sh[0] = t;
+            so.kl[r] = (float)kl;
+            so.wce[r] = (float)((double)w * (logf(s) + mx - lt));
+            so.n[r] = has ? 1.0f : 0.0f;
+        }
+        __syncthreads();  // tail is set
+        tail = tail_sh[0];
     }
     if (need_grad) {
         float sc = dloss / s, dt = dloss;
         if (SOFT) {
-            sc = dloss * (w + lam) / s;
+            sc = dloss * (float)(w + lam * (1.0 - tail)) / s;
             dt = dloss * w;
         }
         for (int v = threadIdx.x; v < V; v += blockDim.x) x[v] = expf(x[v] - mx) * sc - (v == tgt ? dt : 0.0f);
     }
     if (SOFT) {
-        __syncthreads();  // the KL terms are written, the row's gradient complete
-        if (threadIdx.x == 0) {
-            double kl = 0.0;
-            for (int i = 0; has && i < so.S; i++) kl += kl_terms[i];  // in id order, as the CPU
-            so.kl[r] = (float)kl;
-            so.wce[r] = (float)((double)w * (logf(s) + mx - lt));
-            so.n[r] = has ? 1.0f : 0.0f;
-        }
-        if (need_grad && id >= 0) x[id] -= dloss * lam * pi;
+        __syncthreads();  // the row's gradient is complete
+        if (need_grad && id >= 0) x[id] += dloss * lam * (float)(tail * exp((double)z - lse) - pi);
     }
 }
 // single block: sum of n floats in double, fixed order (thread-strided partials, then a tree)
