@@ -28,7 +28,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from train_cli import check, finish  # noqa: E402
+from train_cli import check, finish, worst_diff  # noqa: E402
 
 KNOW = os.path.join(ROOT, "bench", "memory", "knowledge")
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
@@ -203,8 +203,9 @@ def scores(w, read_val, spans):
     bad = [m for m in al if se[m]["n"] + un[m]["n"] != al[m]["n"] or un[m]["n"] != n_un]
     check(not bad, "seen n + unseen n = all n in every mode (%d + %d = %d)" % (se["none"]["n"], un["none"]["n"],
                                                                              al["none"]["n"]))
-    off = max(abs(al[m][k] - (se[m]["n"] * se[m][k] + un[m]["n"] * un[m][k]) / al[m]["n"]) for m in al
-              for k in ("logprob", "exact"))
+    pairs = [(al[m][k], (se[m]["n"] * se[m][k] + un[m]["n"] * un[m][k]) / al[m]["n"]) for m in al
+             for k in ("logprob", "exact")]
+    off = worst_diff([a for a, _ in pairs], [b for _, b in pairs])  # NaN-safe: a NaN counts as inf
     check(off < 1e-9, "all's log-prob and exact match are the n-weighted means of seen and unseen (worst %.2g)" % off)
 
 
