@@ -18,15 +18,20 @@ uint64_t teacher_tokens_hash(const DataSet *ds, uint64_t n_seq) {
     return XXH3_64bits(ds->tokens, n * sizeof(int));
 }
 
-/* Row r of logits lg [V]: its log-sum-exp, the top S ids by logit (ties: the smaller id first) with their
- * log-probabilities, largest first. */
-static double row_top(const float *lg, int V, int S, uint32_t *ids, float *lp) {
+/* log-sum-exp of logits lg [V] */
+static double row_lse(const float *lg, int V) {
     float mx = lg[0];
     for (int v = 1; v < V; v++)
         if (lg[v] > mx) mx = lg[v];
     double sum = 0.0;
     for (int v = 0; v < V; v++) sum += exp((double)lg[v] - mx);
-    double lse = mx + log(sum);
+    return mx + log(sum);
+}
+
+/* Row r of logits lg [V]: its log-sum-exp, the top S ids by logit (ties: the smaller id first) with their
+ * log-probabilities, largest first. */
+static double row_top(const float *lg, int V, int S, uint32_t *ids, float *lp) {
+    double lse = row_lse(lg, V);
     int n = 0; /* a sorted list, largest first, of the best n seen */
     for (int v = 0; v < V; v++) {
         float z = lg[v];
@@ -101,12 +106,7 @@ int teacher_build(DfmModel *m, const DataSet *ds, dfm_target_reader *tr, const D
             for (int r = r0; r < r0 + L; r++) {
                 if (tg[r] < 0) continue;
                 const float *z = lg + (size_t)(r - r0) * V;
-                float mx = z[0];
-                for (int v = 1; v < V; v++)
-                    if (z[v] > mx) mx = z[v];
-                double sum = 0.0;
-                for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
-                double l = (double)z[tg[r]] - mx - log(sum);
+                double l = (double)z[tg[r]] - row_lse(z, V);
                 tail[r].lp_alone = (float)(l < 0.0 ? l : 0.0);
                 tail[r].flags = DFM_TEACHER_F_TARGET;
             }

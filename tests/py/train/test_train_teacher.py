@@ -15,7 +15,6 @@ Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM (tests/run.sh
 import json
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -29,22 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.targets import open_run  # noqa: E402
 from dfm.torch import Backbone  # noqa: E402
-from test_train_reading import chunks  # noqa: E402  (the chunk shards' tokens, read from their bytes)
+from test_train_reading import chunks, sh  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
 from train_cli import check, finish, run  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", DFM_LOG_LEVEL="warn")
 L, T, K, P, S = 16, 64, 4, 2, 8
-
-
-def sh(*args):
-    p = subprocess.run([str(a) for a in args], env=ENV, capture_output=True, text=True)
-    if p.returncode:
-        print(p.stdout[-2000:], p.stderr[-2000:])
-        raise SystemExit("failed: " + " ".join(str(a) for a in args[:3]))
-    return p.stdout
 
 
 def parse_teacher(path):
