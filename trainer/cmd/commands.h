@@ -12,6 +12,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_dump_batches(int argc, char **argv);
 int cmd_hidden(int argc, char **argv);
 int cmd_teacher(int argc, char **argv);
+int cmd_slots(int argc, char **argv);
 int cmd_import_gguf(int argc, char **argv);
 
 #endif

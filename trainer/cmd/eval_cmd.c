@@ -49,6 +49,7 @@ int cmd_eval(int argc, char **argv) {
         {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory (for MSE, cosine and the target-memory CE)", 0},
         {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm: the held-out sequences of --data; reconstruct: the reading set of the run --data (as dfm-train train --objective reconstruct: each held-out chunk regenerated from its own slot, no --targets)", 0, .choices = "dfm|reconstruct"},
         {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk (as in training)", 0},
+        {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct: each chunk's own slots from this targets file (as in training)", 0},
         {0},
     };
     char **pos = NULL;

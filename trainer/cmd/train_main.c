@@ -29,6 +29,7 @@ static const command commands[] = {
     {"generate", cmd_generate, "greedy decoding with memory predicted from the prompt and held fixed"},
     {"hidden", cmd_hidden, "write a frozen backbone's hidden states over a token stream: token-level datastore keys"},
     {"teacher", cmd_teacher, "the in-context teacher: the frozen LM with the neighbours' text pasted, its top log-probs per row for train --teacher"},
+    {"slots", cmd_slots, "memory slots in the frozen LM's own space: each neighbour's hidden states, token by token or pooled, as a targets file"},
     {"synth", cmd_synth, "write a synthetic token shard + targets file with informative memory (tests, demos)"},
     {"dump-batches", cmd_dump_batches, "write the micro-batches the loader gives one rank (checks of other loaders)"},
     {"debug-state", cmd_debug_state, "write a tiny model's forward/backward state for the PyTorch parity test"},

@@ -340,6 +340,19 @@ void data_close(DataSet *ds) {
     memset(ds, 0, sizeof *ds);
 }
 
+/* One chunk's K slots (d values each) and masks from a target source, as stored. */
+static int read_row(TargetReader *ts, int K, int d, uint64_t chunk, float *emb, uint8_t *mask) {
+    if (ts->reader) {
+        dfm_trec rec = {.ids = ts->ids, .scores = ts->scores, .emb = emb};
+        DFM_TRY(dfm_target_reader_get(ts->reader, chunk, &rec));
+        for (int j = 0; j < K; j++) mask[j] = (rec.mask >> j) & 1;
+    } else {
+        memcpy(mask, ts->mask + chunk * K, K);
+        memcpy(emb, (const uint8_t *)ts->emb + chunk * K * d * sizeof(float), (size_t)K * d * sizeof(float));
+    }
+    return DFM_OK;
+}
+
 int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *targets, float *tmem,
                uint8_t *tmask) {
     return data_batch_from(ds, ds->tgt, idx, B, L, inputs, targets, tmem, tmask);
@@ -363,20 +376,19 @@ int data_batch_from(const DataSet *ds, TargetReader *ts, const size_t *idx, int 
     int NC = T / L, K = ds->K, d = ds->d;
     for (int b = 0; b < B; b++)
         for (int c = 0; c < NC; c++) {
-            uint64_t chunk = (uint64_t)idx[b] * NC + c;
             size_t row = ((size_t)b * NC + c) * K;
-            if (ts->reader) {
-                dfm_trec rec = {.ids = ts->ids, .scores = ts->scores, .emb = tmem + row * d};
-                DFM_TRY(dfm_target_reader_get(ts->reader, chunk, &rec));
-                for (int j = 0; j < K; j++) tmask[row + j] = (rec.mask >> j) & 1;
-            } else {
-                memcpy(tmask + row, ts->mask + chunk * K, K);
-                memcpy(tmem + row * d, (const uint8_t *)ts->emb + chunk * K * d * sizeof(float),
-                       (size_t)K * d * sizeof(float));
-            }
+            DFM_TRY(read_row(ts, K, d, (uint64_t)idx[b] * NC + c, tmem + row * d, tmask + row));
             if (c == 0) memset(tmask + row, 0, K); /* the first chunk of a sequence has no target */
         }
     return DFM_OK;
+}
+
+int data_target_row(const DataSet *ds, uint64_t chunk, float *emb, uint8_t *mask) {
+    if (!ds->tgt) return DFM_FAIL(DFM_ESTATE, "no targets attached");
+    if (chunk >= ds->tgt->n_chunks)
+        return DFM_FAIL(DFM_ERANGE, "chunk %llu of targets for %llu", (unsigned long long)chunk,
+                        (unsigned long long)ds->tgt->n_chunks);
+    return read_row(ds->tgt, ds->K, ds->d, chunk, emb, mask);
 }
 
 int targets_file_write(const char *path, uint32_t k, uint32_t d, uint32_t chunk_len, uint64_t n_chunks,

@@ -59,6 +59,9 @@ int data_batch(DataSet *ds, const size_t *idx, int B, int L, int *inputs, int *t
  * its own source (a run's LMDB reader keeps one read transaction and may not be shared). */
 int data_batch_from(const DataSet *ds, TargetReader *ts, const size_t *idx, int B, int L, int *inputs, int *targets,
                     float *tmem, uint8_t *tmask);
+/* Chunk `chunk`'s stored target slots: emb [K*d], mask [K], without the first-chunk rule of data_batch (the
+ * reading set's own slots, trainer/data/reading.h). DFM_ERANGE past the targets' chunks. */
+int data_target_row(const DataSet *ds, uint64_t chunk, float *emb, uint8_t *mask);
 /* A second source of ds's targets (a run folder: its own reader; a simple file: the same memory), or NULL
  * without targets. Free with data_targets_free (NULL is a no-op); the clone must not outlive ds. */
 int data_targets_clone(const DataSet *ds, TargetReader **out);

@@ -10,12 +10,15 @@
 #include "schemas/embedding_shard.h"
 
 /* the sequences and their target table, from open chunk and embedding sets */
-static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, int L, int K, const int *prompt, int n_prompt,
-                 DataSet *ds) {
+static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *own, int L, int K, const int *prompt,
+                 int n_prompt, DataSet *ds) {
     if ((int)cs->chunk_len != L)
         return DFM_FAIL(DFM_EARG, "its chunks are %u tokens long, the model's %d. HINT: --chunk-len %u", cs->chunk_len, L,
                         cs->chunk_len);
-    if (es->n_rows != cs->n_chunks)
+    if (own && own->K > K)
+        return DFM_FAIL(DFM_EARG, "its own-slots file holds %d slots per chunk, more than the %d memory slots. HINT: --slots %d",
+                        own->K, K, own->K);
+    if (es && es->n_rows != cs->n_chunks)
         return DFM_FAIL(DFM_EMISMATCH, "%llu embeddings for %llu chunks. HINT: run dfm encode again",
                         (unsigned long long)es->n_rows, (unsigned long long)cs->n_chunks);
     size_t n = 0; /* chunks that hold a token */
@@ -26,7 +29,7 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, int L, int K, c
         n += meta->n_valid > 0;
     }
     if (n < 2) return DFM_FAIL(DFM_EARG, "%zu chunks hold tokens: fewer than 2 sequences", n);
-    const int T = 2 * L, d = (int)es->dim;
+    const int T = 2 * L, d = own ? own->d : (int)es->dim;
     size_t nt = n * (size_t)T + 1; /* one filler token after the last sequence: its last token predicts nothing */
     ds->tokens = malloc(nt * sizeof(int));
     ds->pad = malloc(nt);
@@ -61,11 +64,18 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, int L, int K, c
             p[L + s] = s >= meta->n_valid;
             if (tok[s] > ds->max_token) ds->max_token = tok[s];
         }
-        rc = dfm_emb_set_rows_f32(es, c, 1, row);
-        if (!rc) { /* chunk 1 of sequence i: slot 0 is chunk c's own embedding (the table is [2n][K] masks, then [2n][K][d]) */
-            size_t chunk = 2 * i + 1;
-            mask[chunk * K] = 1;
-            memcpy(tab + nchunks * K + chunk * (size_t)K * d * sizeof(float), row, (size_t)d * sizeof(float));
+        /* chunk 1 of sequence i: slot 0 is chunk c's own embedding, or slots 0..k-1 its own slots of the file
+         * (the table is [2n][K] masks, then [2n][K][d]) */
+        size_t chunk = 2 * i + 1;
+        float *dst = (float *)(void *)(tab + nchunks * K + chunk * (size_t)K * d * sizeof(float));
+        if (own) {
+            rc = data_target_row(own, c, dst, mask + chunk * K);
+        } else {
+            rc = dfm_emb_set_rows_f32(es, c, 1, row);
+            if (!rc) {
+                mask[chunk * K] = 1;
+                memcpy(dst, row, (size_t)d * sizeof(float));
+            }
         }
         i++;
     }
@@ -84,23 +94,28 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, int L, int K, c
     return rc;
 }
 
-int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, DataSet *ds) {
+int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, const char *own_slots,
+                      DataSet *ds) {
     memset(ds, 0, sizeof *ds);
     if (n_prompt < 1 || n_prompt > L)
         return DFM_FAIL(DFM_EARG, "a reading prompt of %d tokens: it must fill 1 to %d (one chunk)", n_prompt, L);
     if (K < 1) return DFM_FAIL(DFM_EARG, "reading set: %d memory slots", K);
     dfm_chunk_set *cs = NULL;
     dfm_emb_set *es = NULL;
+    DataSet own = {.T = L};
     int rc = dfm_chunk_set_open(run, &cs);
-    if (!rc) rc = dfm_emb_set_open(run, &es);
-    if (!rc) rc = build(cs, es, L, K, prompt, n_prompt, ds);
+    if (!rc && own_slots) rc = data_open_targets(&own, own_slots, NULL, L, 0, 0);
+    if (!rc && !own_slots) rc = dfm_emb_set_open(run, &es);
+    if (!rc) rc = build(cs, es, own_slots ? &own : NULL, L, K, prompt, n_prompt, ds);
+    data_close(&own);
     dfm_emb_set_close(es);
     dfm_chunk_set_close(cs);
     if (rc) {
         data_close(ds);
         return dfm_error_prefix("while building the reading set of %s", run);
     }
-    DFM_LOG_I("reading set: %zu chunks of %s, each regenerated from its own embedding (d %d, slot 0 of %d) after a "
-              "%d-token prompt", ds->n_seq, run, ds->d, K, n_prompt);
+    DFM_LOG_I("reading set: %zu chunks of %s, each regenerated from its own %s (d %d, of %d slots) after a %d-token prompt",
+              ds->n_seq, run, own_slots ? "slots" : "embedding", ds->d, K, n_prompt);
+    if (own_slots) DFM_LOG_I("reading set: the chunks' own slots from %s", own_slots);
     return DFM_OK;
 }

@@ -21,9 +21,12 @@
 #include "trainer/data/data.h"
 
 /* ds = the reading set of RUN (a run with complete chunk and encode stages) for chunks of L tokens
- * and K memory slots. prompt: n_prompt token ids (1 <= n_prompt <= L). DFM_EARG when the run's chunks
- * are not L tokens long or leave fewer than 2 sequences; the readers' errors otherwise (prefixed with
- * the run). */
-int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, DataSet *ds);
+ * and K memory slots. prompt: n_prompt token ids (1 <= n_prompt <= L). own_slots: NULL, or a targets file over
+ * RUN's chunks (`dfm-train slots --own`, trainer/data/lm_slots.h) whose chunk c row (k <= K slots, its masks)
+ * fills slots 0..k-1 instead of the encode stage's embedding (the encode stage is then not read). DFM_EARG when
+ * the run's chunks are not L tokens long or leave fewer than 2 sequences; the readers' errors otherwise
+ * (prefixed with the run). */
+int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, const char *own_slots,
+                      DataSet *ds);
 
 #endif

@@ -805,15 +805,22 @@ void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float 
 
 void model_set_soft_targets(DfmModel *m, CeSoft *soft) { m->soft = soft; }
 
-void model_backbone_forward(DfmModel *m, const int *inputs, int B, int T) {
+const float *model_backbone_states(DfmModel *m, const int *inputs, int B, int T, int n_layers) {
     const BackboneConfig *bc = &m->bc;
-    int C = bc->dec.hidden, NL = bc->dec.n_layers, N = B * T;
+    int C = bc->dec.hidden, N = B * T;
     size_t NCs = (size_t)N * C;
     embedding_forward(m->x_layer_in, inputs, m->bb.wte, N, C);
-    for (int l = 0; l < NL; l++)
+    for (int l = 0; l < n_layers; l++)
         stack_layer_forward(&bc->dec, &m->bb.dec, &m->dec_acts, l, m->x_layer_in + (size_t)(l + 1) * NCs,
                             m->x_layer_in + (size_t)l * NCs, B, T, m->rope_cos, m->rope_sin, model_flash(m));
-    rmsnorm_forward(m->lnf_out, m->lnf_rstd, m->x_layer_in + (size_t)NL * NCs, m->bb.lnf, N, C, bc->dec.eps);
+    return m->x_layer_in + (size_t)n_layers * NCs;
+}
+
+void model_backbone_forward(DfmModel *m, const int *inputs, int B, int T) {
+    const BackboneConfig *bc = &m->bc;
+    int NL = bc->dec.n_layers;
+    const float *top = model_backbone_states(m, inputs, B, T, NL);
+    rmsnorm_forward(m->lnf_out, m->lnf_rstd, top, m->bb.lnf, B * T, bc->dec.hidden, bc->dec.eps);
 }
 
 void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool) {

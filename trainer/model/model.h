@@ -275,6 +275,10 @@ void model_set_soft_targets(DfmModel *m, CeSoft *soft);
 /* The backbone alone over B sequences of T tokens (no fusion, no LM head, nothing kept for a backward):
  * m->lnf_out [B*T, C] holds the final-normed hidden states the LM head reads. */
 void model_backbone_forward(DfmModel *m, const int *inputs, int B, int T);
+/* The residual stream after the first n_layers decoder blocks (0 <= n_layers <= n_layers of the backbone; 0: the
+ * token embeddings) over B sequences of T tokens, nothing kept for a backward: [B*T, C] inside m's activations,
+ * valid until the next forward (the memory slots in the LM's own space, trainer/data/lm_slots.h). */
+const float *model_backbone_states(DfmModel *m, const int *inputs, int B, int T, int n_layers);
 void model_set_frozen_prefix(DfmModel *m, const float *fuse_in, const float *pool);
 
 /* Teacher forcing. model_memory_mix_draw fills src[B*NC] (1 = the chunk fuses its target memory) with

@@ -60,25 +60,32 @@ int train_open_targets(const TrainOpts *o, DataSet *ds) {
     return rc;
 }
 
-int train_open_reading(TrainOpts *o, DataSet *ds) {
-    int L = (int)o->chunk_len, K = o->slots > 0 ? (int)o->slots : 16;
-    char *tp = dfm_path_join(o->backbone, "tokenizer.json");
+int train_encode_prompt(const char *backbone, const char *flag, const char *text, int L, int **ids, int *n) {
+    *ids = NULL;
+    *n = 0;
+    char *tp = dfm_path_join(backbone, "tokenizer.json");
     dfm_tokenizer *tok = NULL;
     dfm_ids v = {0};
     int rc = tp ? dfm_tokenizer_load(tp, &tok) : DFM_FAIL(DFM_ENOMEM, "path");
-    if (rc) dfm_error_prefix("--objective reconstruct encodes --reading-prompt with the backbone's tokenizer");
-    if (!rc) rc = dfm_tokenizer_encode(tok, o->reading_prompt, strlen(o->reading_prompt), &v, 0);
+    if (rc) dfm_error_prefix("%s is encoded with the backbone's tokenizer", flag);
+    if (!rc) rc = dfm_tokenizer_encode(tok, text, strlen(text), &v, 0);
     if (!rc && (v.n < 1 || v.n > (size_t)L))
-        rc = DFM_FAIL(DFM_EARG, "--reading-prompt \"%s\" is %zu tokens; it must fill 1 to %d (one chunk)",
-                      o->reading_prompt, v.n, L);
-    int *ids = rc ? NULL : malloc(v.n * sizeof(int));
-    if (!rc && !ids) rc = DFM_FAIL(DFM_ENOMEM, "prompt");
-    for (size_t i = 0; !rc && i < v.n; i++) ids[i] = (int)v.ids[i];
-    if (!rc) rc = data_open_reading(o->data, L, K, ids, (int)v.n, ds);
-    free(ids);
+        rc = DFM_FAIL(DFM_EARG, "%s \"%s\" is %zu tokens; it must fill 1 to %d (one chunk)", flag, text, v.n, L);
+    if (!rc && !(*ids = malloc(v.n * sizeof(int)))) rc = DFM_FAIL(DFM_ENOMEM, "prompt");
+    for (size_t i = 0; !rc && i < v.n; i++) (*ids)[i] = (int)v.ids[i];
+    if (!rc) *n = (int)v.n;
     dfm_ids_free(&v);
     dfm_tokenizer_free(tok);
     free(tp);
+    return rc;
+}
+
+int train_open_reading(TrainOpts *o, DataSet *ds) {
+    int L = (int)o->chunk_len, K = o->slots > 0 ? (int)o->slots : 16;
+    int *ids = NULL, n = 0;
+    int rc = train_encode_prompt(o->backbone, "--reading-prompt", o->reading_prompt, L, &ids, &n);
+    if (!rc) rc = data_open_reading(o->data, L, K, ids, n, o->reading_slots, ds);
+    free(ids);
     if (rc) return rc;
     if (o->seq_len != 2 * L) DFM_LOG_I("--objective reconstruct: sequences of 2 x %d tokens (--seq-len %lld ignored)", L,
                                        (long long)o->seq_len);

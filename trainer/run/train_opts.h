@@ -15,7 +15,7 @@
 typedef struct {
     char *data, *targets, *out, *resume, *log, *backbone, *modules, *arch, *fusion, *gate, *tokens_run;
     char *memory_align, *fusion_memory, *pred_loss, *memory_control;
-    char *objective, *reading_prompt, *init_modules, *memory_ablation; /* train only */
+    char *objective, *reading_prompt, *reading_slots, *init_modules, *memory_ablation; /* train only */
     int64_t seq_len, batch, accum, steps, warmup, seed, val_seqs, eval_every, eval_batches, ckpt_every, threads;
     double lr, min_lr_frac, wd, clip, beta2;
     /* where it runs */
@@ -107,8 +107,13 @@ size_t train_held_out(const TrainOpts *o, const DataSet *ds);
  * when it is a run folder. Returns data_open_targets' code. */
 int train_open_targets(const TrainOpts *o, DataSet *ds);
 
+/* text (the value of flag) encoded by BACKBONE/tokenizer.json into *ids (malloc'd) and *n: 1 to L tokens (one chunk),
+ * DFM_EARG naming the flag otherwise. */
+int train_encode_prompt(const char *backbone, const char *flag, const char *text, int L, int **ids, int *n);
+
 /* --objective reconstruct (train): ds = the reading set of --data (trainer/data/reading.h), with
- * --reading-prompt encoded by the backbone's tokenizer.json and --slots K (default 16); o's sequence length
+ * --reading-prompt encoded by the backbone's tokenizer.json, --slots K (default 16) and the chunks' own slots from
+ * --reading-slots FILE when given (else the encode stage's embeddings); o's sequence length
  * becomes 2 L, teacher forcing "target" and the predictor's weight 0 (the predictor is not trained: reading
  * has no preceding context to predict from), each change logged where it overrides a given value. */
 int train_open_reading(TrainOpts *o, DataSet *ds);
