@@ -21,6 +21,10 @@
 #             once per seed into WORK/sSEED/teacher.bin; its cost is recorded as a "teacher" line)
 #   kd        (ARMS) the teacher's KL alone (--distill-weight DISTILL_W --ce-weight 0): no hard next-token CE
 #   gain      (ARMS) the CE weighted by the teacher's gain over the LM alone (--gain-weighting GAIN_F)
+#   lm        (ARMS) slots in the frozen LM's own space (`dfm-train slots`, trainer/data/lm_slots.h): each neighbour's
+#             states after LM_LAYER blocks in LM_POOL slots (LM_POOL = 32: one per token) of the first LM_NB
+#             neighbours, for training (--targets), the probes (score.py --targets) and, with read, a reading stage of
+#             its own on each chunk's own states (--reading-slots; WORK/sSEED/reading-lm, recorded as "reading+lm")
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
@@ -33,7 +37,7 @@
 # Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
 # DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
 # ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), PASTE (4),
-# DISTILL_W (1), GAIN_F (0.2), REUSE (0: 1 keeps
+# DISTILL_W (1), GAIN_F (0.2), LM_LAYER (16), LM_POOL (32), LM_NB (4), REUSE (0: 1 keeps
 # the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
 # a reading stage kept records no line).
 # UNSEEN (0): facts.py --unseen UNSEEN puts that many entities' documents last, and the DFM arms' and the reading stage's
@@ -47,6 +51,7 @@ SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STE
 DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
 ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE=${REUSE:-0}
 PASTE=${PASTE:-4} DISTILL_W=${DISTILL_W:-1} GAIN_F=${GAIN_F:-0.2}
+LM_LAYER=${LM_LAYER:-16} LM_POOL=${LM_POOL:-32} LM_NB=${LM_NB:-4}
 W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
 mkdir -p "$W" bench/results
@@ -64,16 +69,23 @@ timed() { # FILE CMD...
 
 dfm_train() { # OUT STEPS SEED [extra flags]
   local out=$1 steps=$2 seed=$3; shift 3
-  timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$d/corpus" --out "$out" --seq-len $T \
+  timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$targets" --out "$out" --seq-len $T \
     --chunk-len $L --batch $B --steps "$steps" --lr "$DFM_LR" --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" \
     --val-seqs "$dfm_val" --eval-batches 2 --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen "$@" > "$out.log" 2>&1 ||
     { tail -20 "$out.log" >&2; exit 1; }
 }
 
-score() { # MODULES OUT
-  "$PY" bench/memory/knowledge/score.py --backbone "$DFM_LM" --modules "$1" --run "$d/probes" --spans "$d/pt/spans.jsonl" \
-    --probes "$d/probes.jsonl" --corpus-run "$d/corpus" --tokenizer "$TOK" --out "$2" --threads "$THREADS" > "$2.log" 2>&1 ||
-    { tail -20 "$2.log" >&2; exit 1; }
+score() { # MODULES OUT [score.py flags]
+  local mods=$1 out=$2; shift 2
+  "$PY" bench/memory/knowledge/score.py --backbone "$DFM_LM" --modules "$mods" --run "$d/probes" --spans "$d/pt/spans.jsonl" \
+    --probes "$d/probes.jsonl" --corpus-run "$d/corpus" --tokenizer "$TOK" --out "$out" --threads "$THREADS" "$@" > "$out.log" 2>&1 ||
+    { tail -20 "$out.log" >&2; exit 1; }
+}
+
+lm_slots() { # OUT [dfm-train slots flags]: the LM-state slots (LM_LAYER, LM_POOL), made once per seed
+  local out=$1; shift
+  [ -f "$out" ] || timed "$out.cost" "$TRAIN" slots --backbone "$DFM_LM" --chunk-len $L --layer "$LM_LAYER" --pool "$LM_POOL" \
+    --threads "$THREADS" --out "$out" "$@" > "$out.log" 2>&1 || { tail -20 "$out.log" >&2; exit 1; }
 }
 
 record() { # SEED ARM DIR
@@ -115,17 +127,34 @@ for seed in $SEEDS; do
     read -r dfm_val read_val <<< "$held"
   fi
 
-  if [ "$REUSE" = 1 ] && [ -f "$d/read/dfm_modules.safetensors" ]; then
-    echo "   reading: the finished stage in $d/read kept (REUSE=1)"
-  elif [[ " $ARMS " == *" read+"* ]]; then
-  echo "   reading: $READ_STEPS steps of 16 chunks regenerated from their own slot"
-  timed "$d/read.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$d/read" \
-    --chunk-len $L --slots 16 --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
-    --fusion-layers "$FUSION" --val-seqs "$read_val" --eval-batches 4 --eval-every $(( READ_STEPS / 3 )) \
-    --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen > "$d/read.log" 2>&1 || { tail -20 "$d/read.log" >&2; exit 1; }
-  record "$seed" reading "$d/read"
-  tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
+  lm_k=$(( LM_NB * LM_POOL ))
+  if [[ " $ARMS " == *lm* ]]; then  # the LM-state slots: the corpus' neighbours, the probes' (from the corpus), each chunk's own
+    echo "   LM-state slots: after $LM_LAYER blocks, $LM_POOL per neighbour, $LM_NB neighbours"
+    lm_slots "$d/lm-corpus.bin" --data "$d/corpus" --neighbours "$LM_NB"
+    lm_slots "$d/lm-probes.bin" --data "$d/probes" --datastore "$d/corpus" --neighbours "$LM_NB"
+    [[ " $ARMS " == *read+* ]] && lm_slots "$d/lm-own.bin" --data "$d/corpus" --own
   fi
+  for space in "" lm; do  # a reading stage for the arms that read first, per slot space
+    dir=$d/read${space:+ing-$space} name=reading${space:++$space}
+    want=0
+    for arm in $ARMS; do
+      [[ "+$arm+" == *+read+* ]] || continue
+      if [ -n "$space" ]; then [[ "+$arm+" == *+lm+* ]] && want=1; else [[ "+$arm+" == *+lm+* ]] || want=1; fi
+    done
+    [ $want = 1 ] || continue
+    if [ "$REUSE" = 1 ] && [ -f "$dir/dfm_modules.safetensors" ]; then
+      echo "   $name: the finished stage in $dir kept (REUSE=1)"
+      continue
+    fi
+    if [ -n "$space" ]; then rflags=(--slots "$lm_k" --reading-slots "$d/lm-own.bin"); else rflags=(--slots 16); fi
+    echo "   $name: $READ_STEPS steps of 16 chunks regenerated from their own slot(s)"
+    timed "$dir.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$dir" \
+      --chunk-len $L "${rflags[@]}" --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
+      --fusion-layers "$FUSION" --val-seqs "$read_val" --eval-batches 4 --eval-every $(( READ_STEPS / 3 )) \
+      --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen > "$dir.log" 2>&1 || { tail -20 "$dir.log" >&2; exit 1; }
+    record "$seed" "$name" "$dir"
+    tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); c=r["curve"][-1]; print("   held-out reconstruction CE: own slot %.3f, shuffled slot %.3f, fusion off %.3f (%.0f CPU-s)" % (c["ce_target"], c["ce_target_shuffled"], c["ce_none"], r.get("cpu_s", 0)))'
+  done
 
   if [[ " $ARMS " == *distill* || " $ARMS " == *gain* || " $ARMS " == *kd* ]] && [ ! -f "$d/teacher.bin" ]; then
     echo "   teacher: the LM with the text of each chunk's first $PASTE neighbours pasted"
@@ -146,12 +175,14 @@ PY
   for arm in $ARMS; do
     out=$d/${arm/+/-}
     echo "   $arm: $DFM_STEPS DFM steps"
-    extra=()
+    extra=() sflags=() targets=$d/corpus rdir=$d/read
+    [[ "+$arm+" == *+lm+* ]] && rdir=$d/reading-lm
     IFS=+ read -ra levers <<< "$arm"
     for lv in "${levers[@]}"; do
       case $lv in
         scratch|dfm) ;;
-        read) extra+=(--init-modules "$d/read/dfm_modules.safetensors") ;;
+        read) extra+=(--init-modules "$rdir/dfm_modules.safetensors") ;;
+        lm) targets=$d/lm-corpus.bin; sflags=(--targets "$d/lm-probes.bin") ;;
         margin) extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN") ;;
         content) extra+=(--content-only-fusion) ;;
         centre) extra+=(--centre-memory) ;;
@@ -160,7 +191,7 @@ PY
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then
@@ -168,7 +199,7 @@ PY
     else
       dfm_train "$out" "$DFM_STEPS" "$seed" "${extra[@]}"
     fi
-    score "$out/dfm_modules.safetensors" "$out/score.json"
+    score "$out/dfm_modules.safetensors" "$out/score.json" "${sflags[@]}"
     record "$seed" "$arm" "$out"
     tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); p=r["probes"]; c=r["curve"][-1]; print("   probes (answer log-prob / EM): off %.2f / %.1f%%, target %.2f / %.1f%%, target shuffled %.2f, predicted %.2f / %.1f%%, predicted shuffled %.2f; held-out CE target %.4f vs shuffled %.4f" % (p["none"]["logprob"], 100*p["none"]["exact"], p["target"]["logprob"], 100*p["target"]["exact"], p["target_shuffled"]["logprob"], p["predicted"]["logprob"], 100*p["predicted"]["exact"], p["predicted_shuffled"]["logprob"], c["ce_target"], c["ce_target_shuffled"]))'
   done

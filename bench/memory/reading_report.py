@@ -49,10 +49,11 @@ def main():
            "when there are several. Probe answer log-prob is summed over the answer's tokens (higher is better); EM is "
            "greedy exact match. \"Shuffled\" is the same modules fusing another probe's (or sequence's) memory." %
            ", ".join(map(str, seeds)), ""]
-    rd = by("reading")
-    if rd:
+    for stage in dict.fromkeys(r["arm"] for r in rows if r["arm"].startswith("reading")):
+        rd = by(stage)
         last = [r["curve"][-1] for r in rd if r["curve"]]
-        out += ["## Reading: held-out chunks regenerated from their own embedding (nats per token)", "",
+        out += ["## Reading: held-out chunks regenerated from their own %s (nats per token)" %
+                ("LM-state slots (`dfm-train slots --own`: arms with lm)" if stage == "reading+lm" else "embedding"), "",
                 "| steps | own slot | shuffled slot | fusion off | shuffled − own: the memory's effect | own beats shuffled on every seed | top-1 token accuracy, own / shuffled slot | CPU-s |",
                 "|---:|---:|---:|---:|---:|---|---|---:|",
                 "| %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
@@ -78,7 +79,7 @@ def main():
                     stat([r["ce_alone"] for r in te]), stat([r["ce_teacher"] for r in te]),
                     stat([r["ce_alone"] - r["ce_teacher"] for r in te]), secs([r.get("cpu_s") for r in te])), ""]
     arms = ["scratch"] if by("scratch") else []  # then every other arm in the order the file first has it
-    arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("reading", "scratch", "teacher")]
+    arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("scratch", "teacher") and not a.startswith("reading")]
     if arms:
         out += ["## DFM arms against the same DFM budget from scratch: knowledge probes", "",
                 "Each arm: the same DFM steps as scratch, with its levers (reading first, the margin, the content-only "
@@ -100,7 +101,8 @@ def main():
         names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
                  "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
-                 "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE"}
+                 "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE",
+                 "lm": "slots in the LM's own space"}
 
         def what(arm):
             parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]

@@ -78,6 +78,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--limit", type=int, default=0, help="score only the first N probe sequences (0: all)")
+    ap.add_argument("--targets", help="the probe run's target memory from this targets file (`dfm-train slots` over "
+                    "the probe run: slots in the LM's own space) instead of the run's targets stage")
     a = ap.parse_args()
     import torch
     import dfm
@@ -109,7 +111,9 @@ def main():
 
     with open(os.path.join(a.run, "manifest.json")) as f:
         staged = json.load(f)["stages"]
-    if "targets" in staged and staged["targets"].get("state") == "complete":
+    if a.targets:
+        bt = dfm.Batches(None, T, 1, data=a.run, targets=a.targets, val_seqs=1, format="torch")
+    elif "targets" in staged and staged["targets"].get("state") == "complete":
         bt = dfm.Batches(a.run, T, 1, val_seqs=1, format="torch")
     else:  # tokens only: the target modes are not scored
         bt = dfm.Batches(None, T, 1, data=a.run, val_seqs=1, format="torch")
