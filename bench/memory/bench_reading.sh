@@ -71,7 +71,8 @@ dfm_train() { # OUT STEPS SEED [extra flags]
   local out=$1 steps=$2 seed=$3; shift 3
   timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$targets" --out "$out" --seq-len $T \
     --chunk-len $L --batch $B --steps "$steps" --lr "$DFM_LR" --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" \
-    --val-seqs "$dfm_val" --eval-batches 2 --seed "$seed" --threads "$THREADS" --no-ckpt --cache-frozen "$@" > "$out.log" 2>&1 ||
+    --val-seqs "$dfm_val" --eval-batches 2 --eval-every $(( steps / 3 )) --seed "$seed" --threads "$THREADS" --no-ckpt \
+    --cache-frozen "$@" > "$out.log" 2>&1 ||
     { tail -20 "$out.log" >&2; exit 1; }
 }
 

@@ -128,6 +128,12 @@ def main():
                               what(a), where, ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0),
                               stat(gainp), every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
             return lines
+        curves = [(a, r) for a in arms for r in by(a) if len(r.get("curve") or []) > 1]
+        if curves:
+            out += ["", "Learning curves of the DFM arms (held-out corpus CE, target memory / its shuffled control, by "
+                    "step; seed):", ""]
+            out += ["- %s, seed %d: %s" % (a, r["seed"], ", ".join("%d: %.3f / %.3f" % (
+                c["step"], c["ce_target"], c["ce_target_shuffled"]) for c in r["curve"])) for a, r in curves]
         out += against_scratch("probes", "")
         # UNSEEN > 0 (bench_reading.sh): the probes of the entities no training read, beside the seen ones
         un = [a for a in arms if any("probes_unseen" in r for r in by(a))]

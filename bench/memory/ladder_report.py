@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""ladder_report.py — the memory ladder of #37/#44 in one table: each variant against each rung, the memory's own
+effect (own memory minus its shuffled control) with its spread over the seeds, read from the benchmarks' result
+lines. Nothing is measured here.
+
+    python3 bench/memory/ladder_report.py [RESULTS_DIR] > bench/results/ladder.md
+
+Rungs (columns):
+    2 information   information.jsonl: the copy readout (`selfread`, fitted on another seed's entities) ranks the
+                    probe answer's first token first: own memory against shuffled, percentage points
+    3 reading       reading*.jsonl "reading" lines: held-out chunks regenerated from their own slot(s), nats per
+                    token, shuffled slot minus own
+    4 target        reading*.jsonl DFM arms: the probe answer's log-prob with target memory minus its shuffled
+                    control, nats per answer; beside it the arm against scratch (the same DFM budget without the
+                    lever) with target memory
+    4 predicted     the same with predicted memory (no retrieval at inference)
+    EM              target / predicted exact match
+    held-out text   the arm's held-out corpus CE, shuffled minus target (nats per token)
+    unseen          reading-unseen.jsonl: target minus shuffled on the probes of entities no training read
+A cell is "mean [min, max] (n seeds)"; "—" where the rung does not apply or was not run.
+"""
+import glob
+import json
+import os
+import sys
+
+
+def cell(xs, fmt="%+.2f"):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "—"
+    m = sum(xs) / len(xs)
+    if len(xs) == 1:
+        return (fmt % m) + " (1)"
+    return "%s [%s, %s] (%d)" % (fmt % m, fmt % min(xs), fmt % max(xs), len(xs))
+
+
+def pct(xs):
+    xs = [x for x in xs if x is not None]
+    return "—" if not xs else "%.1f %%" % (100 * sum(xs) / len(xs))
+
+
+def lines(path):
+    return [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+
+
+def main():
+    res = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "results")
+    info = [r for r in lines(os.path.join(res, "information.jsonl")) if r.get("train") == "other"]
+    reading = []
+    for p in sorted(glob.glob(os.path.join(res, "reading*.jsonl"))):
+        if not p.endswith("reading-unseen.jsonl"):
+            reading += lines(p)
+    unseen = lines(os.path.join(res, "reading-unseen.jsonl"))
+    text = [r for r in lines(os.path.join(res, "real_memory.jsonl")) if r.get("part") == "text"]
+
+    out = ["# The memory ladder: every variant at every rung", "",
+           "Made by `bench/memory/ladder_report.py` from the result lines of `bench_information.sh`, `bench_reading.sh` "
+           "and `bench_real_memory.sh` (nothing is measured by the report). Each cell is the memory's own effect, own "
+           "memory minus its shuffled control (the same modules or readout fed another example's memory), as mean "
+           "[min, max] (seeds); positive means the memory's content helps. Knowledge probes: 240 invented entities, "
+           "frozen SmolLM2-135M, 150 DFM steps. Goals (#37): target − shuffled ≥ 3 nats per answer with ≥ 50 % EM, "
+           "predicted − shuffled ≥ 1.5 nats with ≥ 25 % EM, every seed.", ""]
+
+    out += ["## Rungs 2 and 3: what the slots hold, and whether the fusion can read them", "",
+            "| slots hold | rung 2: copy readout top-1, own − shuffled (points) | rung 3: reconstruction, shuffled − own "
+            "(nats/token) | rung 3: top-1 token accuracy own / shuffled |", "|---|---:|---:|---|"]
+    for v in ("neighbour", "continuation", "both"):
+        rs = [r for r in info if r.get("variant") == v]
+        top = [100 * (r["selfread"]["probes_lift"]["own"]["top1"] - r["selfread"]["probes_lift"]["shuffled"]["top1"])
+               for r in rs]
+        rd = [r for r in reading if r["arm"] == "reading"] if v == "neighbour" else []
+        last = [r["curve"][-1] for r in rd if r.get("curve")]
+        out.append("| %s | %s | %s | %s / %s |" % (
+            {"neighbour": "MiniLM vector of each neighbour (today)", "continuation": "MiniLM vector of each continuation",
+             "both": "MiniLM vectors of both"}[v], cell(top, "%+.1f"), cell([c["ce_target_shuffled"] - c["ce_target"] for c in last]),
+            pct([c.get("acc_target") for c in last]), pct([c.get("acc_target_shuffled") for c in last])))
+    rd = [r for r in reading if r["arm"] == "reading+lm"]
+    if rd:
+        last = [r["curve"][-1] for r in rd if r.get("curve")]
+        out.append("| LM states of each neighbour token (`lm`) | — | %s | %s / %s |" % (
+            cell([c["ce_target_shuffled"] - c["ce_target"] for c in last]), pct([c.get("acc_target") for c in last]),
+            pct([c.get("acc_target_shuffled") for c in last])))
+
+    out += ["", "## Rung 4: the DFM arms on the knowledge probes (nats per answer)", "",
+            "| arm | target − shuffled | target − scratch's target | target EM | predicted − shuffled | predicted − "
+            "scratch's predicted | predicted EM | held-out text, shuffled − target (nats/token) | unseen entities: "
+            "target − shuffled |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    arms = [a for a in dict.fromkeys(r["arm"] for r in reading if "probes" in r)]
+    sc = {r["seed"]: r for r in reading if r["arm"] == "scratch" and "probes" in r}
+    for a in arms:
+        rs = [r for r in reading if r["arm"] == a and "probes" in r]
+        P = lambda r, m, k="logprob": r["probes"][m][k]
+        gap = lambda m: [P(r, m) - P(r, m + "_shuffled") for r in rs]
+        vs = lambda m: [P(r, m) - P(sc[r["seed"]], m) for r in rs if r["seed"] in sc] if a != "scratch" else []
+        held = [r["curve"][-1]["ce_target_shuffled"] - r["curve"][-1]["ce_target"] for r in rs if r.get("curve")]
+        un = [r["probes_unseen"]["target"]["logprob"] - r["probes_unseen"]["target_shuffled"]["logprob"]
+              for r in unseen if r["arm"] == a and "probes_unseen" in r]
+        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            a, cell(gap("target")), cell(vs("target")), pct([P(r, "target", "exact") for r in rs]), cell(gap("predicted")),
+            cell(vs("predicted")), pct([P(r, "predicted", "exact") for r in rs]), cell(held, "%+.3f"), cell(un)))
+
+    if text:
+        out += ["", "## Rung 5: held-out real text (nats per token, shuffled − own)", "",
+                "| corpus | predicted | target |", "|---|---:|---:|"]
+        for c in dict.fromkeys(r["corpus"] for r in text):
+            rs = [r["eval"] for r in text if r["corpus"] == c]
+            out.append("| %s | %s | %s |" % (c, cell([e["ce_pred_shuffled"] - e["ce_pred"] for e in rs], "%+.4f"),
+                                            cell([e["ce_target_shuffled"] - e["ce_target"] for e in rs], "%+.4f")))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
