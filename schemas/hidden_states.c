@@ -3,7 +3,9 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "schemas/sealed.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,37 +129,31 @@ static int check_header(const char *path, const dfm_hidden_header *h, uint64_t f
     return DFM_OK;
 }
 
+static int check_any(const char *path, const void *h, uint64_t file_bytes) { return check_header(path, h, file_bytes); }
+
 int dfm_hidden_open(const char *path, dfm_hidden_file **out) {
     *out = NULL;
+    static const dfm_sealed_spec spec = {
+        .hint = "HINT: write it with `dfm-train hidden --backbone DIR --data TOKENS --out FILE`",
+        .damaged = "the keys or values are damaged", .header_bytes = DFM_HIDDEN_HEADER_BYTES,
+        .payload_bytes_at = offsetof(dfm_hidden_header, payload_bytes),
+        .payload_xxh64_at = offsetof(dfm_hidden_header, payload_xxh64), .check = check_any};
+    dfm_hidden_header h;
     const uint8_t *map = NULL;
     size_t n = 0;
-    DFM_TRY(dfm_map_file(path, "HINT: write it with `dfm-train hidden --backbone DIR --data TOKENS --out FILE`", &map, &n));
-    int rc = DFM_OK;
-    dfm_hidden_file *f = NULL;
-    if (n < DFM_HIDDEN_HEADER_BYTES) {
-        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, shorter than the %u-byte header", path, n, DFM_HIDDEN_HEADER_BYTES);
-        goto fail;
+    DFM_TRY(dfm_sealed_map(path, &spec, &h, &map, &n));
+    dfm_hidden_file *f = calloc(1, sizeof *f);
+    if (!f) {
+        dfm_unmap_file(map, n);
+        return DFM_FAIL(DFM_ENOMEM, "no memory");
     }
-    if (!(f = calloc(1, sizeof *f))) {
-        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        goto fail;
-    }
-    memcpy(&f->hdr, map, sizeof f->hdr);
-    if ((rc = check_header(path, &f->hdr, n))) goto fail;
-    if (dfm_checksum64(map + DFM_HIDDEN_HEADER_BYTES, f->hdr.payload_bytes) != f->hdr.payload_xxh64) {
-        rc = DFM_FAIL(DFM_ECHECKSUM, "%s: payload checksum mismatch (the keys or values are damaged)", path);
-        goto fail;
-    }
+    f->hdr = h;
     f->map = map;
     f->map_bytes = n;
     f->keys = (const float *)(map + DFM_HIDDEN_HEADER_BYTES); /* 128-byte offset in a page-aligned mapping */
     f->values = (const uint32_t *)(map + DFM_HIDDEN_HEADER_BYTES + f->hdr.n_keys * f->hdr.dim * 4);
     *out = f;
     return DFM_OK;
-fail:
-    free(f);
-    dfm_unmap_file(map, n);
-    return rc;
 }
 
 void dfm_hidden_close(dfm_hidden_file *f) {

@@ -3,8 +3,10 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "schemas/sealed.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,38 +186,35 @@ static int check_rows(const char *path, const dfm_teacher_file *f) {
     return rc;
 }
 
+static int check_any(const char *path, const void *h, uint64_t file_bytes) { return check_header(path, h, file_bytes); }
+
 int dfm_teacher_open(const char *path, dfm_teacher_file **out) {
     *out = NULL;
+    static const dfm_sealed_spec spec = {
+        .hint = "HINT: write it with `dfm-train teacher --backbone DIR --data RUN --targets RUN --out FILE`",
+        .damaged = "the rows are damaged", .header_bytes = DFM_TEACHER_HEADER_BYTES,
+        .payload_bytes_at = offsetof(dfm_teacher_header, payload_bytes),
+        .payload_xxh64_at = offsetof(dfm_teacher_header, payload_xxh64), .check = check_any};
+    dfm_teacher_header h;
     const uint8_t *map = NULL;
     size_t n = 0;
-    DFM_TRY(dfm_map_file(path, "HINT: write it with `dfm-train teacher --backbone DIR --data RUN --targets RUN --out FILE`",
-                         &map, &n));
-    int rc = DFM_OK;
-    dfm_teacher_file *f = NULL;
-    if (n < DFM_TEACHER_HEADER_BYTES) {
-        rc = DFM_FAIL(DFM_ETRUNCATED, "%s: %zu bytes, shorter than the %u-byte header", path, n, DFM_TEACHER_HEADER_BYTES);
-        goto fail;
+    DFM_TRY(dfm_sealed_map(path, &spec, &h, &map, &n));
+    dfm_teacher_file *f = calloc(1, sizeof *f);
+    int rc = f ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) {
+        f->hdr = h;
+        f->map = map;
+        f->map_bytes = n;
+        f->rows = map + DFM_TEACHER_HEADER_BYTES;
+        rc = check_rows(path, f);
     }
-    if (!(f = calloc(1, sizeof *f))) {
-        rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-        goto fail;
+    if (rc) {
+        free(f);
+        dfm_unmap_file(map, n);
+        return rc;
     }
-    memcpy(&f->hdr, map, sizeof f->hdr);
-    if ((rc = check_header(path, &f->hdr, n))) goto fail;
-    if (dfm_checksum64(map + DFM_TEACHER_HEADER_BYTES, f->hdr.payload_bytes) != f->hdr.payload_xxh64) {
-        rc = DFM_FAIL(DFM_ECHECKSUM, "%s: payload checksum mismatch (the rows are damaged)", path);
-        goto fail;
-    }
-    f->map = map;
-    f->map_bytes = n;
-    f->rows = map + DFM_TEACHER_HEADER_BYTES;
-    if ((rc = check_rows(path, f))) goto fail;
     *out = f;
     return DFM_OK;
-fail:
-    free(f);
-    dfm_unmap_file(map, n);
-    return rc;
 }
 
 void dfm_teacher_close(dfm_teacher_file *f) {
