@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void dfm_fault_point(const char *name, int rank) {
@@ -34,4 +35,17 @@ void dfm_fault_point(const char *name, int rank) {
     }
     DFM_LOG_W("fault injection: killing rank %d at '%s' (DFM_FAULT)", rank, name);
     kill(getpid(), SIGKILL);
+}
+
+void dfm_fault_delay(void) {
+    static long ms = -1;
+    if (ms < 0) {
+        const char *v = getenv("DFM_FAULT_DELAY_MS");
+        ms = v && *v ? atol(v) : 0;
+        if (ms < 0) ms = 0;
+    }
+    if (!ms) return;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && (ts.tv_sec > 0 || ts.tv_nsec > 0)) { /* a signal: sleep the rest */
+    }
 }

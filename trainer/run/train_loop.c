@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/mpiutil.h"
@@ -604,6 +605,7 @@ static int run_steps(Trainer *t) {
     const TrainOpts *o = t->o;
     int rc = DFM_OK;
     for (long step = t->step0; step < o->steps && !rc; step++) {
+        dfm_fault_delay(); /* tests only (common/fault.h): hold a job open; outside the step's time */
         double t0 = dfm_now();
         int last = step + 1 == o->steps;
         int eval_now = (o->eval_every > 0 && (step + 1) % o->eval_every == 0) || last;

@@ -138,6 +138,10 @@ export SLURM_CI_GPUS=2 # fake GPUs for check 5
 gres=$(sinfo -h -o %G)
 grep -q 'gpu:2' <<<"$gres" || fail "the cluster advertises no 2 fake GPUs (sinfo: '$gres'): tests/slurm/slurm_up.sh with SLURM_CI_GPUS=2 should have made them"
 S=("$SUB" --overcommit --time 10:00 --dfm-train "$TRAIN")
+# the jobs that are cancelled or requeued while they run sleep this long before each step (common/fault.h): the
+# 100 steps after their first checkpoint then take at least 10 s, so a loaded machine cannot finish them before the
+# test's signal (it once did); what they compute is unchanged
+HOLD_MS=100
 
 # ---- 1. through Slurm == direct
 pre=$("${S[@]}" pretrain -- --out slurm_pre "${PRE[@]}")
@@ -154,7 +158,7 @@ grep -qxF "$(cat direct_eval.json)" "slurm_eval/jobs/train-$ev.out" || fail "eva
 ok "Slurm pretrain -> train (2 tasks, --after) -> eval == direct runs, byte for byte"
 
 # ---- 2. scancel after the first checkpoint, resubmit
-c1=$("${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
+c1=$(DFM_FAULT_DELAY_MS=$HOLD_MS "${S[@]}" train --ntasks 2 -- --out cancelled "${DFMF[@]}" --backbone direct_pre/model)
 # (refused while the job is queued or running: checked first, so that the cancel follows the first checkpoint at
 # once; checked between them, the run once finished under load before the cancel came)
 expect_fail "job $c1 for $WORK/cancelled is still queued or running" "${S[@]}" train -- --out cancelled "${DFMF[@]}"
@@ -202,7 +206,7 @@ stopped_resumed() {
 }
 
 # ---- 3. USR1 before the time limit -> checkpoint -> requeue -> resume
-r=$("${S[@]}" train --ntasks 2 -- --out requeued "${DFMF[@]}" --backbone direct_pre/model)
+r=$(DFM_FAULT_DELAY_MS=$HOLD_MS "${S[@]}" train --ntasks 2 -- --out requeued "${DFMF[@]}" --backbone direct_pre/model)
 wait_until 120 '[ -e requeued/ckpt_000020.bin ]' || { cat requeued/jobs/*.out; fail "no first checkpoint"; }
 scancel --batch --signal=USR1 "$r"
 restart_requeued "$r" requeued 60 USR1
@@ -211,7 +215,7 @@ grep -q "stopped with a checkpoint" "requeued/jobs/train-$r.out" || fail "USR1: 
 ok "USR1 -> checkpoint of the current step -> requeue -> $(grep -o 'resumed from [^ ]*' "requeued/jobs/train-$r.out" | head -n 1 | sed "s|$WORK/||"), every step once, identical result"
 
 # ---- 3b. scontrol requeue of a running job: Slurm's SIGTERM stops dfm-train with a checkpoint
-q=$("${S[@]}" train --ntasks 2 -- --out adminq "${DFMF[@]}" --backbone direct_pre/model)
+q=$(DFM_FAULT_DELAY_MS=$HOLD_MS "${S[@]}" train --ntasks 2 -- --out adminq "${DFMF[@]}" --backbone direct_pre/model)
 wait_until 120 '[ -e adminq/ckpt_000020.bin ]' || { cat adminq/jobs/*.out; fail "no first checkpoint"; }
 scontrol requeue "$q"
 restart_requeued "$q" adminq 60 "scontrol requeue"
