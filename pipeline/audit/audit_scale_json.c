@@ -26,6 +26,8 @@ static json_t *point_json(const dfm_audit_point *p) {
         json_object_set_new(o, "s_per_query", spread_json(&p->query_s));
         json_object_set_new(o, "build_cpu_s", spread_json(&p->build_cpu));
         json_object_set_new(o, "cpu_s_per_query", spread_json(&p->query_cpu));
+        json_object_set_new(o, "builds_timed", json_integer((json_int_t)p->build_passes));
+        json_object_set_new(o, "search_passes_timed", json_integer((json_int_t)p->search_passes));
     }
     return o;
 }
