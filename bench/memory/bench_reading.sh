@@ -25,6 +25,8 @@
 #             states after LM_LAYER blocks in LM_POOL slots (LM_POOL = 32: one per token) of the first LM_NB
 #             neighbours, for training (--targets), the probes (score.py --targets) and, with read, a reading stage of
 #             its own on each chunk's own states (--reading-slots; WORK/sSEED/reading-lm, recorded as "reading+lm")
+#   lmM       (ARMS) the same pooled to M slots per neighbour (M dividing 32: lm1 one mean vector, lm4 four): what
+#             pooling costs; its files WORK/sSEED/lmM-*.bin, its reading stage reading-lmM ("reading+lmM")
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
@@ -83,9 +85,14 @@ score() { # MODULES OUT [score.py flags]
     { tail -20 "$out.log" >&2; exit 1; }
 }
 
-lm_slots() { # OUT [dfm-train slots flags]: the LM-state slots (LM_LAYER, LM_POOL), made once per seed
-  local out=$1; shift
-  [ -f "$out" ] || timed "$out.cost" "$TRAIN" slots --backbone "$DFM_LM" --chunk-len $L --layer "$LM_LAYER" --pool "$LM_POOL" \
+# the slots per neighbour of an LM-state lever: lmM pools to M, lm to LM_POOL
+lm_pool() { local p=${1#lm}; echo "${p:-$LM_POOL}"; }
+# the LM-state lever of an arm (lm, lm1, lm4 ...), empty when it has none
+lm_lever() { local lv; IFS=+ read -ra lvs <<< "$1"; for lv in "${lvs[@]}"; do [[ $lv =~ ^lm[0-9]*$ ]] && echo "$lv"; done; return 0; }
+
+lm_slots() { # OUT POOL [dfm-train slots flags]: the LM-state slots (LM_LAYER, POOL per neighbour), made once per seed
+  local out=$1 pool=$2; shift 2
+  [ -f "$out" ] || timed "$out.cost" "$TRAIN" slots --backbone "$DFM_LM" --chunk-len $L --layer "$LM_LAYER" --pool "$pool" \
     --threads "$THREADS" --out "$out" "$@" > "$out.log" 2>&1 || { tail -20 "$out.log" >&2; exit 1; }
 }
 
@@ -128,26 +135,26 @@ for seed in $SEEDS; do
     read -r dfm_val read_val <<< "$held"
   fi
 
-  lm_k=$(( LM_NB * LM_POOL ))
-  if [[ " $ARMS " == *lm* ]]; then  # the LM-state slots: the corpus' neighbours, the probes' (from the corpus), each chunk's own
-    echo "   LM-state slots: after $LM_LAYER blocks, $LM_POOL per neighbour, $LM_NB neighbours"
-    lm_slots "$d/lm-corpus.bin" --data "$d/corpus" --neighbours "$LM_NB"
-    lm_slots "$d/lm-probes.bin" --data "$d/probes" --datastore "$d/corpus" --neighbours "$LM_NB"
-    [[ " $ARMS " == *read+* ]] && lm_slots "$d/lm-own.bin" --data "$d/corpus" --own
-  fi
-  for space in "" lm; do  # a reading stage for the arms that read first, per slot space
+  spaces=()  # the slot spaces of the arms that read first: "" (the embeddings) or an LM-state lever
+  for arm in $ARMS; do
+    sp=$(lm_lever "$arm")
+    if [ -n "$sp" ]; then  # the LM-state slots: the corpus' neighbours, the probes' (from the corpus), each chunk's own
+      pool=$(lm_pool "$sp")
+      echo "   LM-state slots ($sp): after $LM_LAYER blocks, $pool per neighbour, $LM_NB neighbours"
+      lm_slots "$d/$sp-corpus.bin" "$pool" --data "$d/corpus" --neighbours "$LM_NB"
+      lm_slots "$d/$sp-probes.bin" "$pool" --data "$d/probes" --datastore "$d/corpus" --neighbours "$LM_NB"
+      [[ "+$arm+" == *+read+* ]] && lm_slots "$d/$sp-own.bin" "$pool" --data "$d/corpus" --own
+    fi
+    [[ "+$arm+" == *+read+* && " ${spaces[*]-} " != *" ${sp:-emb} "* ]] && spaces+=("${sp:-emb}")
+  done
+  for space in ${spaces[@]+"${spaces[@]}"}; do  # a reading stage for the arms that read first, per slot space
+    [ "$space" = emb ] && space=
     dir=$d/read${space:+ing-$space} name=reading${space:++$space}
-    want=0
-    for arm in $ARMS; do
-      [[ "+$arm+" == *+read+* ]] || continue
-      if [ -n "$space" ]; then [[ "+$arm+" == *+lm+* ]] && want=1; else [[ "+$arm+" == *+lm+* ]] || want=1; fi
-    done
-    [ $want = 1 ] || continue
     if [ "$REUSE" = 1 ] && [ -f "$dir/dfm_modules.safetensors" ]; then
       echo "   $name: the finished stage in $dir kept (REUSE=1)"
       continue
     fi
-    if [ -n "$space" ]; then rflags=(--slots "$lm_k" --reading-slots "$d/lm-own.bin"); else rflags=(--slots 16); fi
+    if [ -n "$space" ]; then rflags=(--slots $(( LM_NB * $(lm_pool "$space") )) --reading-slots "$d/$space-own.bin"); else rflags=(--slots 16); fi
     echo "   $name: $READ_STEPS steps of 16 chunks regenerated from their own slot(s)"
     timed "$dir.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$d/corpus" --out "$dir" \
       --chunk-len $L "${rflags[@]}" --batch 16 --steps "$READ_STEPS" --lr "$READ_LR" --warmup $(( READ_STEPS / 20 + 1 )) \
@@ -176,14 +183,14 @@ PY
   for arm in $ARMS; do
     out=$d/${arm/+/-}
     echo "   $arm: $DFM_STEPS DFM steps"
-    extra=() sflags=() targets=$d/corpus rdir=$d/read
-    [[ "+$arm+" == *+lm+* ]] && rdir=$d/reading-lm
+    extra=() sflags=() targets=$d/corpus rdir=$d/read sp=$(lm_lever "$arm")
+    [ -n "$sp" ] && rdir=$d/reading-$sp
     IFS=+ read -ra levers <<< "$arm"
     for lv in "${levers[@]}"; do
       case $lv in
         scratch|dfm) ;;
         read) extra+=(--init-modules "$rdir/dfm_modules.safetensors") ;;
-        lm) targets=$d/lm-corpus.bin; sflags=(--targets "$d/lm-probes.bin") ;;
+        lm|lm[0-9]*) targets=$d/$lv-corpus.bin; sflags=(--targets "$d/$lv-probes.bin") ;;
         margin) extra+=(--margin-weight "$MARGIN_W" --margin "$MARGIN") ;;
         content) extra+=(--content-only-fusion) ;;
         centre) extra+=(--centre-memory) ;;
@@ -192,7 +199,7 @@ PY
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

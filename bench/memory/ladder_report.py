@@ -75,10 +75,12 @@ def main():
             {"neighbour": "MiniLM vector of each neighbour (today)", "continuation": "MiniLM vector of each continuation",
              "both": "MiniLM vectors of both"}[v], cell(top, "%+.1f"), cell([c["ce_target_shuffled"] - c["ce_target"] for c in last]),
             pct([c.get("acc_target") for c in last]), pct([c.get("acc_target_shuffled") for c in last])))
-    rd = [r for r in reading if r["arm"] == "reading+lm"]
-    if rd:
+    for stage in dict.fromkeys(r["arm"] for r in reading if r["arm"].startswith("reading+lm")):
+        rd = [r for r in reading if r["arm"] == stage]
         last = [r["curve"][-1] for r in rd if r.get("curve")]
-        out.append("| LM states of each neighbour token (`lm`) | — | %s | %s / %s |" % (
+        lever = stage[len("reading+"):]
+        out.append("| %s (`%s`) | — | %s | %s / %s |" % (
+            "LM states of each neighbour token" if lever == "lm" else "LM states of each neighbour pooled to %s" % lever[2:], lever,
             cell([c["ce_target_shuffled"] - c["ce_target"] for c in last]), pct([c.get("acc_target") for c in last]),
             pct([c.get("acc_target_shuffled") for c in last])))
 

@@ -11,6 +11,7 @@ is the mean over the seeds with its range when there are several; the verdict co
 EVERY seed.
 """
 import json
+import re
 import sys
 
 
@@ -40,6 +41,11 @@ def every(xs, pred):
     return "yes" if xs and all(pred(x) for x in xs) else "no"
 
 
+def lm_pool(lever):
+    """slots per neighbour of an LM-state lever: lmM pools to M; lm is the bench's default, one per token (32)"""
+    return int(lever[2:]) if lever[2:].isdigit() else 32
+
+
 def main():
     rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
     seeds = sorted({r["seed"] for r in rows})
@@ -53,7 +59,8 @@ def main():
         rd = by(stage)
         last = [r["curve"][-1] for r in rd if r["curve"]]
         out += ["## Reading: held-out chunks regenerated from their own %s (nats per token)" %
-                ("LM-state slots (`dfm-train slots --own`: arms with lm)" if stage == "reading+lm" else "embedding"), "",
+                (("LM-state slots (`dfm-train slots --own`, %s per chunk: arms with %s)" % (lm_pool(stage[8:]), stage[8:]))
+                 if stage.startswith("reading+lm") else "embedding"), "",
                 "| steps | own slot | shuffled slot | fusion off | shuffled − own: the memory's effect | own beats shuffled on every seed | top-1 token accuracy, own / shuffled slot | CPU-s |",
                 "|---:|---:|---:|---:|---:|---|---|---:|",
                 "| %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
@@ -105,7 +112,8 @@ def main():
                  "lm": "slots in the LM's own space"}
 
         def what(arm):
-            parts = [names.get(t, t) for t in arm.split("+") if names.get(t, t)]
+            parts = [names.get(t, t) if not re.fullmatch(r"lm\d+", t) else
+                     "slots in the LM's own space pooled to %s a neighbour" % t[2:] for t in arm.split("+") if names.get(t, t)]
             s = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
             return s[0].upper() + s[1:]
 
