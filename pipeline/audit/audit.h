@@ -187,6 +187,7 @@ typedef struct {
     /* the measurement at several sizes (audit_scale.h; measure_tokens 0: not run) */
     int64_t measure_tokens, measure_sizes, repeats, build_repeats, measure_queries, recall_queries, token_nprobe;
     const char *token_keys; /* a hidden-states file or "random" */
+    int64_t lm_width;       /* the frozen LM's width, for the LM-state storage rows (0: none) */
 } dfm_audit_config;
 
 /* The report of cfg->run: count (the run's manifest, dfm_audit_count), measure (cfg->sample sequences,

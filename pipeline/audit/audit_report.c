@@ -2,6 +2,7 @@
  * (audit.json, audit.md, audit.svg). See audit.h. */
 #include "pipeline/audit/audit.h"
 #include "pipeline/audit/audit_scale.h"
+#include "pipeline/audit/audit_storage.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -246,6 +247,7 @@ typedef struct {
         vectors, index_bytes, nbr_bytes, records, raw_bytes, stored_bytes;
     double t_stage[DFM_AUDIT_N_STAGES], t_total, t_search;
     dfm_audit_counted ct;
+    dfm_audit_storage st; /* target memory's storage per slot layout */
     char chash[33];
     /* measured */
     int measured, threads_used;
@@ -317,6 +319,10 @@ static int audit_count(audit_ctx *x) {
     }
     x->t_search = mnum(m, "retrieve", "timings", "search_s");
 
+    const char *dtype = mstr(m, "targets", "config", "dtype"), *store = mstr(m, "targets", "config", "store");
+    uint32_t vb = dtype && !strcmp(dtype, "fp32") ? 4 : 2; /* fp16, bf16 */
+    dfm_audit_storage_of(x->K, x->L, x->enc_dim, (uint32_t)x->a->lm_width, vb, !store || strcmp(store, "ids"), x->records, x->raw_bytes,
+                         x->stored_bytes, &x->st);
     dfm_audit_counts_in in = {x->L, x->K, (uint32_t)x->a->k_token, x->chunks, x->tokens, x->queries, x->kept, x->fetched};
     DFM_TRY(dfm_audit_count(&in, &x->ct));
     return dfm_audit_config_hash(m, x->chash);
@@ -477,6 +483,12 @@ static json_t *render_json(const audit_ctx *x) {
         json_object_set_new(J, "scale", sj ? sj : json_null());
     } else {
         json_object_set_new(J, "scale", json_null());
+    }
+    {
+        const double ch[2] = {(double)x->chunks, x->a->large / x->L};
+        const char *const nm[2] = {"corpus", "large"};
+        json_t *st = dfm_audit_storage_json(&x->st, ch, nm, 2);
+        json_object_set_new(J, "storage", st ? st : json_null());
     }
     json_object_set_new(J, "scaling_model",
                         json_string("search_s_constant = queries x measured seconds per query (a lower bound: the per-query cost of "
@@ -734,6 +746,15 @@ static void print_summary(const audit_ctx *x, char *const paths[3]) {
         printf("  conditions: %s, %d thread(s), load average %.2f before / %.2f after, %s\n", x->cpu, x->threads_used, x->sc.load_before[0],
                x->sc.load_after[0], secs(x->sc.wall_s, b1));
     }
+    {
+        /* what the memory costs to store at the large size, with a table (ids in the records): the run's layout and the
+         * LM-state ones */
+        double nc = x->a->large / x->L;
+        printf("  storage  target memory at %s tokens (%s chunks, ids + one row a chunk):", H(x->a->large, b1), H(nc, b2));
+        for (int i = 0; i < x->st.n; i++)
+            printf("%s %s %s", i ? "," : "", i ? x->st.row[i].what : "the run's embeddings", bytes(nc * x->st.row[i].with_table, b3));
+        printf("%s\n", x->st.raw_matches == 0 ? "; the run's raw record bytes differ from the arithmetic" : "");
+    }
     printf("  report %s, chart %s, data %s\n", paths[1], paths[2], paths[0]);
 }
 
@@ -761,6 +782,13 @@ static int audit_render(const audit_ctx *x) {
         }
         md_measured(mf, x);
         md_extrapolated(mf, x);
+        {
+            char nl[48];
+            snprintf(nl, sizeof nl, "%s tokens", H(x->a->large, (char[32]){0}));
+            const double ch[2] = {(double)x->chunks, x->a->large / x->L};
+            const char *const nm[2] = {"this corpus", nl};
+            dfm_audit_storage_md(mf, &x->st, ch, nm, 2);
+        }
         fclose(mf);
         rc = dfm_write_file_atomic(paths[1], md, md_n);
     }

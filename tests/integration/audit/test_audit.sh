@@ -61,10 +61,28 @@ assert tl["factory"].endswith("Flat") and cl["factory"] == st["index"]["factory"
 ex = {e["name"]: e for e in a["extrapolated"]}
 eq(ex["large"]["tokens"], 5e9, "large corpus"); eq(ex["corpus"]["tokens"], rc["tokens"], "corpus tokens")
 assert ex["large"]["token_level"]["index_bytes"] > ex["large"]["chunk_level"]["index_bytes"] > 0
+# the target memory's storage, by this test's own arithmetic: mask 8 + K·(id 8 + score 4) + the slot values
+sg = a["storage"]; tc = st["targets"]; b = {"fp32": 4, "fp16": 2, "bf16": 2}[tc["config"]["dtype"]]; d = st["index"]["dim"]
+eq(sg["value_bytes"], b, "storage value bytes")
+eq([(r["per_neighbour"], r["width"]) for r in sg["layouts"]], [(1, d), (1, 576), (4, 576), (32, 576)], "storage layouts")
+for r in sg["layouts"]:
+    vals = r["per_neighbour"] * r["width"] * b
+    eq(r["bytes_per_chunk_in_records"], 8 + 12 * K + K * vals, "in-record bytes " + r["slots_hold"])
+    eq(r["bytes_per_chunk_with_table"], 8 + 12 * K + vals, "with-table bytes " + r["slots_hold"])
+    eq(r["at"]["large"]["bytes_with_table"], 5e9 / 32 * (8 + 12 * K + vals), "large-corpus bytes " + r["slots_hold"])
+    eq(r["at"]["corpus"]["chunks"], rc["chunks"], "corpus chunks")
+# the run stored embeddings: its raw bytes per record are the first layout's arithmetic, exactly
+eq(tc["config"]["store"], "embeddings", "the run's store")
+eq(sg["run_raw_bytes_per_record"], tc["counts"]["raw_bytes"] / tc["counts"]["records"], "raw bytes per record")
+eq(sg["run_raw_bytes_per_record"], sg["layouts"][0]["bytes_per_chunk_in_records"], "raw bytes = layout")
+eq(sg["run_raw_matches_layout"], True, "raw_matches")
 print("audit.json checks passed")
 PY
 }
 check_json "$WORK/a/audit/audit.json" "$WORK/a/manifest.json" 16 512 || fail "audit.json (K=16)"
+grep -q "## Target memory: what it costs to store" "$WORK/a/audit/audit.md" || fail "audit.md lacks the target memory's storage"
+grep -q "the raw bytes equal the first row's arithmetic exactly" "$WORK/a/audit/audit.md" || fail "audit.md: the run's record bytes not checked"
+grep -q "storage  target memory at 5 G tokens" "$WORK/audit.log" || fail "the summary lacks the storage line: $(cat "$WORK/audit.log")"
 ok "report: counted figures equal the formulas, measured baseline ran"
 
 "$DFM" audit "$WORK/a" --token-level-sample 0 --out "$WORK/out0" > /dev/null 2>&1 || fail "audit without a measurement"
