@@ -724,9 +724,15 @@ static void print_summary(const audit_ctx *x, char *const paths[3]) {
             const dfm_audit_side_model *m = &x->sc.model[i];
             if (!m->ok) printf("  model, %s: none (%s)\n", side_name[i], m->why);
             else
-                printf("  model, %s (%s, %d sizes): the smaller sizes predict the largest's search %+.1f %%, build %+.1f %%; layout = serialised "
-                       "bytes within %.2g %%\n", side_name[i], dfm_audit_family_name(m->family), m->sizes, 100 * m->search_err,
-                       100 * m->build_err, 100 * m->bytes_err);
+            {
+                char mix[128] = "";
+                if (!isnan(m->mix_err))
+                    snprintf(mix, sizeof mix, "; at %lld lists (look-ups %.0f %% of operations, %.0f %% at its nprobe) %+.1f %%",
+                             (long long)m->mix_nprobe, 100 * m->mix_codes_share, 100 * m->codes_share, 100 * m->mix_err);
+                printf("  model, %s (%s, %d sizes): the smaller sizes predict the largest's search %+.1f %%, build %+.1f %%%s; layout = "
+                       "serialised bytes within %.2g %%\n", side_name[i], dfm_audit_family_name(m->family), m->sizes, 100 * m->search_err,
+                       100 * m->build_err, mix, 100 * m->bytes_err);
+            }
         }
         char w0[48], w2[48], lo[3][32], hi[3][32];
         for (int i = 0; i < DFM_AUDIT_SIDES; i++) {

@@ -45,7 +45,15 @@ typedef struct {
     int repeats;          /* timed passes over the queries (1..DFM_AUDIT_MAX_REPEATS) */
     int build_repeats;    /* timed builds (1..DFM_AUDIT_MAX_REPEATS) */
     uint64_t recall_queries; /* queries also searched exactly for recall@k (0: none) */
+    int wide;             /* IVF only: also time the search at DFM_AUDIT_WIDE_PROBES x nprobe (the operation-mix check) */
 } dfm_audit_point_opts;
+
+/* The operation-mix check: the largest size of an IVF side is also searched visiting this many times the lists.
+ * That multiplies the codes scanned and the per-list tables and leaves the coarse distances as they were, so the
+ * mix of operations moves (toward code look-ups where lists hold more codes than a PQ table has entries, as at
+ * 5e9 tokens, where look-ups are most of a query); the model's one rate, fitted at the run's nprobe, must predict
+ * that time too. */
+#define DFM_AUDIT_WIDE_PROBES 4
 
 typedef struct {
     int skipped;              /* the size is too small for the family asked for: nothing built (why says so) */
@@ -59,6 +67,8 @@ typedef struct {
     dfm_audit_spread query_s; /* wall seconds per query, over `repeats` timed passes after an untimed warm-up */
     dfm_audit_spread build_cpu, query_cpu; /* the same in process CPU seconds (all threads) */
     uint64_t build_passes, search_passes; /* builds and searches of the whole batch timed in all (DFM_AUDIT_MIN_TIMED_S) */
+    int64_t wide_nprobe;      /* the operation-mix check's lists visited (0: not done) */
+    dfm_audit_spread wide_query_cpu; /* its CPU seconds per query */
     uint64_t index_bytes;     /* serialised FAISS index */
     double layout_bytes;      /* the same from the layout arithmetic (dfm_audit_layout_bytes; NAN: no model) */
     uint64_t results;         /* valid neighbours returned in one pass */
@@ -121,6 +131,11 @@ typedef struct {
     double search_err, build_err; /* validation: the smaller sizes' rates predict the largest: prediction / measured - 1 (NAN: < 3 sizes) */
     int search_valid, build_valid; /* dfm_audit_validate: 1 within DFM_AUDIT_VALID_MAX, 0 not, -1 not done */
     double bytes_err;        /* largest |layout arithmetic / serialised - 1| over the sizes */
+    /* the operation-mix check at the largest size (DFM_AUDIT_WIDE_PROBES): the rates fitted on every size predict the
+     * search at wide_nprobe lists: prediction / measured - 1 (NAN: not done); codes_share: code look-ups and
+     * comparisons over all operations of a query there, and at the run's nprobe */
+    double mix_err, mix_codes_share, codes_share;
+    int64_t mix_nprobe;
     char why[300];           /* when not ok: why */
 } dfm_audit_side_model;
 
@@ -175,6 +190,7 @@ typedef struct {
     double s_per_query[DFM_AUDIT_SIDES], search_s[DFM_AUDIT_SIDES], search_band[DFM_AUDIT_SIDES]; /* band: a factor, low = s / band, high = s·band */
     double index_bytes[DFM_AUDIT_SIDES];
     double build_s[DFM_AUDIT_SIDES], build_band[DFM_AUDIT_SIDES];
+    double codes_share[DFM_AUDIT_SIDES]; /* code look-ups and comparisons over all operations of a query there */
 } dfm_audit_extrap;
 
 /* A size's point of side 0, 1 or 2. */

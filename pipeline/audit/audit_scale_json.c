@@ -27,6 +27,10 @@ static json_t *point_json(const dfm_audit_point *p) {
         json_object_set_new(o, "build_cpu_s", spread_json(&p->build_cpu));
         json_object_set_new(o, "cpu_s_per_query", spread_json(&p->query_cpu));
         json_object_set_new(o, "builds_timed", json_integer((json_int_t)p->build_passes));
+        if (p->wide_nprobe) {
+            json_object_set_new(o, "wide_nprobe", json_integer((json_int_t)p->wide_nprobe));
+            json_object_set_new(o, "wide_cpu_s_per_query", spread_json(&p->wide_query_cpu));
+        }
         json_object_set_new(o, "search_passes_timed", json_integer((json_int_t)p->search_passes));
     }
     return o;
@@ -48,6 +52,11 @@ static json_t *model_json(const dfm_audit_side_model *m) {
     if (o) {
         json_object_set_new(o, "search", rates_json(&m->search, "fixed_s_per_query", "s_per_operation", m->search_err, m->search_valid));
         json_object_set_new(o, "build", rates_json(&m->build, "fixed_s", "s_per_operation", m->build_err, m->build_valid));
+        json_object_set_new(o, "codes_share", num(m->codes_share));
+        json_object_set_new(o, "operation_mix_check",
+                            isnan(m->mix_err) ? json_null()
+                                              : json_pack("{s:I, s:f, s:f, s:b}", "nprobe", (json_int_t)m->mix_nprobe, "codes_share", m->mix_codes_share,
+                                                          "predicted_rel_error", m->mix_err, "validated", fabs(m->mix_err) <= DFM_AUDIT_VALID_MAX));
     }
     return o;
 }
@@ -58,6 +67,7 @@ static json_t *extrap_side_json(const dfm_audit_extrap *e, int i) {
     json_object_set_new(o, "factory", e->factory[i][0] ? json_string(e->factory[i]) : json_null());
     json_object_set_new(o, "index_bytes", num(e->index_bytes[i]));
     json_object_set_new(o, "s_per_query", num(e->s_per_query[i]));
+    json_object_set_new(o, "codes_share", num(e->codes_share[i]));
     json_object_set_new(o, "search_s", num(e->search_s[i]));
     json_object_set_new(o, "search_s_low", num(e->search_s[i] / e->search_band[i]));
     json_object_set_new(o, "search_s_high", num(e->search_s[i] * e->search_band[i]));

@@ -34,11 +34,30 @@ static int point_ops(const dfm_audit_scale *s, int side, const dfm_audit_point *
     return 1;
 }
 
+/* the operation-mix check (DFM_AUDIT_WIDE_PROBES): the side's rates predict its largest size searched at more lists */
+static void mix_check(const dfm_audit_scale *s, int side, dfm_audit_side_model *m) {
+    const dfm_audit_point *p = dfm_audit_side_point(&s->s[s->n - 1], side);
+    dfm_audit_layout l;
+    if (p->skipped || !p->wide_nprobe || !(p->wide_query_cpu.med > 0) ||
+        dfm_audit_layout_parse(p->factory, side_dim(s, side), side_metric(s, side), &l)) {
+        dfm_error_clear();
+        return;
+    }
+    dfm_audit_search_ops at, wide;
+    dfm_audit_search_ops_of(&l, (double)p->keys, (double)p->nprobe, side_k(s, side), &at);
+    dfm_audit_search_ops_of(&l, (double)p->keys, (double)p->wide_nprobe, side_k(s, side), &wide);
+    const double x[2] = {1, wide.flops + wide.codes};
+    m->mix_nprobe = p->wide_nprobe;
+    m->mix_err = dfm_audit_rates_eval(&m->search, x) / p->wide_query_cpu.med - 1;
+    m->mix_codes_share = wide.codes / (wide.flops + wide.codes);
+    m->codes_share = at.codes / (at.flops + at.codes);
+}
+
 void dfm_audit_scale_model(dfm_audit_scale *s) {
     for (int side = 0; side < DFM_AUDIT_SIDES; side++) {
         dfm_audit_side_model *m = &s->model[side];
         memset(m, 0, sizeof *m);
-        m->search_err = m->build_err = NAN;
+        m->search_err = m->build_err = m->mix_err = m->mix_codes_share = m->codes_share = NAN;
         double xs[DFM_AUDIT_MAX_SIZES][2], xb[DFM_AUDIT_MAX_SIZES][2], ys[DFM_AUDIT_MAX_SIZES], yb[DFM_AUDIT_MAX_SIZES];
         const char *unmodelled = NULL;
         for (int i = 0; i < s->n; i++) {
@@ -70,6 +89,7 @@ void dfm_audit_scale_model(dfm_audit_scale *s) {
         }
         m->ok = 1;
         m->search_valid = dfm_audit_validate((const double(*)[2])xs, ys, m->sizes, NULL, &m->search_err);
+        mix_check(s, side, m);
         m->build_valid = dfm_audit_validate((const double(*)[2])xb, yb, m->sizes, NULL, &m->build_err);
     }
 }
@@ -94,7 +114,7 @@ void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double T, dfm_audit_e
     for (int i = 0; i < DFM_AUDIT_SIDES; i++) {
         e->keys[i] = i == 1 ? T : T * s->cfg.chunk_keys_per_token;
         e->queries[i] = i == 1 ? T : T * s->cfg.chunk_queries_per_token;
-        e->s_per_query[i] = e->search_s[i] = e->index_bytes[i] = e->build_s[i] = NAN;
+        e->s_per_query[i] = e->search_s[i] = e->index_bytes[i] = e->build_s[i] = e->codes_share[i] = NAN;
         e->rates_side[i] = -1;
         uint64_t keys = (uint64_t)llround(e->keys[i]);
         dfm_audit_choice c;
@@ -119,6 +139,7 @@ void dfm_audit_scale_extrapolate(const dfm_audit_scale *s, double T, dfm_audit_e
         dfm_audit_build_ops_of(&l, (double)keys, (double)c.train_n, &bo);
         const double xs[2] = {1, so.flops + so.codes}, xb[2] = {1, bo.train + bo.add};
         e->s_per_query[i] = dfm_audit_rates_eval(&m->search, xs);
+        e->codes_share[i] = so.codes / (so.flops + so.codes);
         e->search_s[i] = e->queries[i] * e->s_per_query[i];
         e->build_s[i] = dfm_audit_rates_eval(&m->build, xb);
         /* rates carried to a family no side measured: not validated for it */

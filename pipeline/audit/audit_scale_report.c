@@ -63,6 +63,28 @@ static void md_model_rows(FILE *mf, const dfm_audit_scale *s) {
                 dfm_audit_family_name(m->family), m->sizes, 100 * m->bytes_err, m->search.rate[0], m->search.rate[1], 100 * m->search_err,
                 verdict(m->search_valid), m->build.rate[0], m->build.rate[1], 100 * m->build_err, verdict(m->build_valid));
     }
+    /* the operation-mix check: one rate for flops and look-ups alike holds only if the mix does not matter */
+    int any = 0;
+    for (int o = 0; o < DFM_AUDIT_SIDES; o++) any |= !isnan(s->model[order[o]].mix_err);
+    if (!any) return;
+    fprintf(mf, "\n*The operation mix.* One rate prices a flop and a code look-up alike. At the largest size each IVF side is also "
+                "searched visiting %d× the lists, which multiplies the codes scanned and the per-list tables and leaves the coarse "
+                "distances as they were: the mix of operations moves (the table below gives the look-ups' share there; the extrapolation "
+                "table, at each corpus size), and the rates fitted at the run's nprobe must predict that search too.\n\n"
+                "| side | look-ups' share at nprobe | at %d× nprobe | predicted there |\n|---|---:|---:|---:|\n",
+            DFM_AUDIT_WIDE_PROBES, DFM_AUDIT_WIDE_PROBES);
+    for (int o = 0; o < DFM_AUDIT_SIDES; o++) {
+        const dfm_audit_side_model *m = &s->model[order[o]];
+        if (isnan(m->mix_err)) continue;
+        fprintf(mf, "| %s | %.0f %% | %.0f %% (nprobe %lld) | %+.1f %%, %s |\n", NAME[order[o]], 100 * m->codes_share, 100 * m->mix_codes_share,
+                (long long)m->mix_nprobe, 100 * m->mix_err, verdict(fabs(m->mix_err) <= DFM_AUDIT_VALID_MAX));
+    }
+}
+
+static const char *share(double v, char *b) {
+    if (isnan(v)) snprintf(b, 112, "—");
+    else snprintf(b, 112, "%.0f %%", 100 * v);
+    return b;
 }
 
 /* why a chunk-level figure exceeds the token level's: fewer items, each dearer */
@@ -102,6 +124,8 @@ static void md_extrapolated(FILE *mf, const dfm_audit_scale *s, const double *ta
                 saving(e.search_s[2], e.search_s[1], w2));
         fprintf(mf, "| | build, CPU | %s | %s | %s | %s | %s |\n", banded(e.build_s[1], e.build_band[1], 0, v1), banded(e.build_s[0], e.build_band[0], 0, v2),
                 saving(e.build_s[0], e.build_s[1], w1), banded(e.build_s[2], e.build_band[2], 0, v3), saving(e.build_s[2], e.build_s[1], w2));
+        fprintf(mf, "| | look-ups' share of a query's operations | %s | %s | | %s | |\n", share(e.codes_share[1], v1), share(e.codes_share[0], v2),
+                share(e.codes_share[2], v3));
     }
     fprintf(mf, "\n");
     for (int t = 0; t < n; t++) {

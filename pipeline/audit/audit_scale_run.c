@@ -149,7 +149,7 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         dfm_audit_size *z = &s->s[i];
         uint64_t n = z->tokens;
         DFM_LOG_I("audit: size %d/%d: %llu tokens", i + 1, s->n, (unsigned long long)n);
-        dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
+        dfm_audit_point_opts to = {"ivfpq", DFM_METRIC_L2, tdim, c->k_token, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries, i == s->n - 1};
         uint64_t nq = queries_of(n, c->queries, c->seed, qidx);
         if ((rc = dfm_audit_measure_point(&to, tk, n, qidx, nq, &z->tok))) goto done;
         log_point("token level", &z->tok);
@@ -157,12 +157,12 @@ int dfm_audit_scale_run(const dfm_audit_scale_cfg *c, dfm_audit_scale *s) {
         if (!nc) nc = 1;
         if (nc > nc_max) nc = nc_max;
         z->chunk_real_keys = nc < s->run_chunks ? nc : s->run_chunks;
-        dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->build_repeats, c->recall_queries};
+        dfm_audit_point_opts co = {c->chunk_index, c->chunk_metric, cdim, c->k_chunk, c->chunk_nprobe, c->repeats, c->build_repeats, c->recall_queries, i == s->n - 1};
         uint64_t nqc = queries_of(nc, c->queries, c->seed ^ 0xc4u, qidx);
         if ((rc = dfm_audit_measure_point(&co, ck, nc, qidx, nqc, &z->chk))) goto done;
         log_point("chunk level", &z->chk);
         /* like for like: the same keys in the token level's index family and rule */
-        dfm_audit_point_opts cq = {"ivfpq", c->chunk_metric, cdim, c->k_chunk, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries};
+        dfm_audit_point_opts cq = {"ivfpq", c->chunk_metric, cdim, c->k_chunk, c->token_nprobe, c->repeats, c->build_repeats, c->recall_queries, i == s->n - 1};
         if ((rc = dfm_audit_measure_point(&cq, ck, nc, qidx, nqc, &z->chk_pq))) goto done;
         log_point("chunk level, IVF-PQ", &z->chk_pq);
     }

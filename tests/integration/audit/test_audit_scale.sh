@@ -128,6 +128,25 @@ ok "scale: two sizes of real hidden states, IVF-PQ vs the run's index, the cost 
 "$DFM" audit "$WORK/a" --token-level-sample 0 --measure-tokens 4000 --measure-sizes 2 --repeats 1 --measure-queries 20 \
   --recall-queries 5 --token-keys random --token-key-dim 16 --out "$WORK/rnd" > "$WORK/rnd.log" 2>&1 || { cat "$WORK/rnd.log"; fail "random keys"; }
 grep -q "RANDOM: seeded pseudo-random" "$WORK/rnd/audit.md" || fail "random keys are not labelled in audit.md"
+# the operation-mix check: the largest token-level size searched again at 4x the lists, predicted by the same rates
+"$PY" - "$WORK/rnd/audit.json" <<'PY' || fail "the operation-mix check"
+import json, math, sys
+s = json.load(open(sys.argv[1]))["scale"]; big = s["sizes"][-1]["token_level"]; small = s["sizes"][0]["token_level"]
+assert "wide_nprobe" not in small, small  # the largest size only
+assert big["nprobe"] == 32 and big["wide_nprobe"] == min(4 * 32, big["nlist"]) > 32, big
+w = big["wide_cpu_s_per_query"]; assert w["n"] == 1 and w["median"] > 0, w
+m = s["model"]["token_level"]; mc = m["operation_mix_check"]
+assert mc["nprobe"] == big["wide_nprobe"] and 0 < m["codes_share"] < 1 and 0 < mc["codes_share"] < 1, (m["codes_share"], mc)
+assert abs(mc["codes_share"] - m["codes_share"]) > 0.01, (m["codes_share"], mc)  # the mix moved
+# the prediction there is the fitted rates times the operations at wide_nprobe: recomputed from the rates and the ratio
+pred = (mc["predicted_rel_error"] + 1) * w["median"]
+fixed, rate = m["search"]["fixed_s_per_query"], m["search"]["s_per_operation"]
+assert pred > fixed and rate > 0 and mc["validated"] == (abs(mc["predicted_rel_error"]) <= 0.25), mc
+for e in s["extrapolated"]:
+    assert 0 < e["token_level"]["codes_share"] < 1, e["token_level"]
+print("mix check ok:", mc)
+PY
+grep -q "The operation mix" "$WORK/rnd/audit.md" || fail "audit.md lacks the operation-mix check"
 grep -q "RANDOM (not hidden states)" "$WORK/rnd/audit.svg" || fail "random keys are not labelled in audit.svg"
 ok "random keys are labelled"
 
