@@ -15,6 +15,7 @@
 #include "common/opts.h"
 #include "schemas/hidden_states.h"
 #include "trainer/cmd/commands.h"
+#include "trainer/run/model_setup.h"
 #include "trainer/data/data.h"
 #include "trainer/lm/hf_model.h"
 #include "trainer/model/model.h"
@@ -66,17 +67,11 @@ static int run_hidden(const HiddenOpts *o) {
     XXH3_state_t *th = NULL; /* of the source ids read */
     int T = (int)o->seq_len, B = (int)o->batch;
     BackboneConfig bc;
-    memset(&bc, 0, sizeof bc);
-    bc.max_seq = T;
-    int rc = hf_read_config(o->backbone, &bc);
+    int rc = setup_frozen_backbone(o->backbone, B, T, &bc, &m);
     if (!rc) rc = data_open(o->data, T, &ds);
     if (!rc) rc = vocab_map_load(o->backbone, &vm, &have_vm);
     dfm_hidden_header meta;
     memset(&meta, 0, sizeof meta);
-    DfmConfig dc;
-    memset(&dc, 0, sizeof dc); /* the backbone alone */
-    if (!rc) rc = model_create(&bc, &dc, B, T, &m);
-    if (!rc) rc = hf_load_backbone(m, o->backbone);
     if (!rc) rc = dfm_hidden_writer_open(o->out, (uint32_t)bc.dec.hidden, &w);
     int C = bc.dec.hidden;
     if (!rc && (!(inputs = malloc(sizeof(int) * (size_t)B * T)) || !(vals = malloc(sizeof(uint32_t) * (size_t)B * T))))

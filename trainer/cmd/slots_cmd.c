@@ -9,6 +9,7 @@
 #include "common/opts.h"
 #include "shard/target_reader.h"
 #include "trainer/cmd/commands.h"
+#include "trainer/run/model_setup.h"
 #include "trainer/data/data.h"
 #include "trainer/data/lm_slots.h"
 #include "trainer/lm/hf_model.h"
@@ -31,8 +32,7 @@ static int run_slots(const SlotsOpts *o) {
     const char *targets = o->targets ? o->targets : o->data, *datastore = o->datastore ? o->datastore : targets;
     BackboneConfig bc;
     memset(&bc, 0, sizeof bc);
-    int rc = hf_read_config(o->backbone, &bc);
-    if (!rc) rc = data_open(o->data, L, &ds);
+    int rc = data_open(o->data, L, &ds);
     if (!rc && (!ds.chunk_len || ds.chunk_len != L))
         rc = DFM_FAIL(DFM_EARG, "%s: slots are made for a `dfm chunk` run of chunks of %d tokens (this one: %d). HINT: "
                       "--chunk-len", o->data, L, ds.chunk_len);
@@ -40,11 +40,7 @@ static int run_slots(const SlotsOpts *o) {
     if (!rc && !o->own) rc = dfm_target_reader_open(targets, &to, &tr);
     if (!rc && !o->own) rc = data_open(datastore, L, &store);
     if (!rc) rc = train_encode_prompt(o->backbone, "--prefix", o->prefix, L, &prefix, &n_prefix);
-    DfmConfig dc;
-    memset(&dc, 0, sizeof dc); /* the backbone alone */
-    bc.max_seq = n_prefix + L;
-    if (!rc) rc = model_create(&bc, &dc, (int)o->batch, n_prefix + L, &m);
-    if (!rc) rc = hf_load_backbone(m, o->backbone);
+    if (!rc) rc = setup_frozen_backbone(o->backbone, (int)o->batch, n_prefix + L, &bc, &m);
     if (rc) goto done;
     LmSlotOptions lo = {.layer = (int)o->layer, .pool = (int)o->pool, .neighbours = (int)o->neighbours,
                         .batch = (int)o->batch};

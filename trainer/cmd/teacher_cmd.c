@@ -10,6 +10,7 @@
 #include "common/opts.h"
 #include "shard/target_reader.h"
 #include "trainer/cmd/commands.h"
+#include "trainer/run/model_setup.h"
 #include "trainer/data/data.h"
 #include "trainer/data/teacher.h"
 #include "trainer/lm/hf_model.h"
@@ -31,8 +32,7 @@ static int run_teacher(const TeacherOpts *o) {
     const char *targets = o->targets ? o->targets : o->data, *datastore = o->datastore ? o->datastore : targets;
     BackboneConfig bc;
     memset(&bc, 0, sizeof bc);
-    int rc = hf_read_config(o->backbone, &bc);
-    if (!rc) rc = data_open(o->data, T, &ds);
+    int rc = data_open(o->data, T, &ds);
     dfm_target_open_opts to = {.tokens_run = o->data};
     if (!rc) rc = dfm_target_reader_open(targets, &to, &tr);
     if (!rc) rc = data_open(datastore, L, &store);
@@ -43,11 +43,7 @@ static int run_teacher(const TeacherOpts *o) {
     int slots_per = inf && inf->slots == DFM_TREC_SLOTS_BOTH ? 2 : 1;
     if (!rc && (uint32_t)(slots_per * P) > inf->k)
         rc = DFM_FAIL(DFM_EARG, "--paste %d: the targets of %s hold %u slots", P, targets, inf->k);
-    bc.max_seq = slots_per * P * L + T;
-    DfmConfig dc;
-    memset(&dc, 0, sizeof dc); /* the backbone alone */
-    if (!rc) rc = model_create(&bc, &dc, 1, slots_per * P * L + T, &m);
-    if (!rc) rc = hf_load_backbone(m, o->backbone);
+    if (!rc) rc = setup_frozen_backbone(o->backbone, 1, slots_per * P * L + T, &bc, &m);
     if (!rc && (int)ds.max_token >= bc.vocab_size)
         rc = DFM_FAIL(DFM_EMISMATCH, "%s holds token id %u; the backbone %s has %d", o->data, ds.max_token, o->backbone,
                       bc.vocab_size);

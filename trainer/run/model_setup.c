@@ -90,6 +90,23 @@ int setup_modules_config(const char *path, DfmConfig *dc) {
     return rc;
 }
 
+int setup_frozen_backbone(const char *dir, int B, int T, BackboneConfig *bc, DfmModel **out) {
+    memset(bc, 0, sizeof *bc);
+    DFM_TRY(hf_read_config(dir, bc));
+    bc->max_seq = T;
+    DfmConfig dc;
+    memset(&dc, 0, sizeof dc); /* the backbone alone */
+    DfmModel *m;
+    DFM_TRY(model_create(bc, &dc, B, T, &m));
+    int rc = hf_load_backbone(m, dir);
+    if (rc) {
+        model_free(m);
+        return rc;
+    }
+    *out = m;
+    return DFM_OK;
+}
+
 int setup_dfm_model(const TrainOpts *o, int T, int B, int K, int d, DfmModel **out) {
     BackboneConfig bc;
     memset(&bc, 0, sizeof bc);

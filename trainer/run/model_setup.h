@@ -20,6 +20,11 @@ int setup_pretrain_config(const TrainOpts *o, const DataSet *ds, BackboneConfig 
  * --seed; the shape is logged. */
 int setup_dfm_model(const TrainOpts *o, int T, int B, int K, int d, DfmModel **out);
 
+/* The frozen backbone alone (no DFM modules), for commands that only run it forward (`dfm-train hidden`, `slots`,
+ * `teacher`): the folder's config into *bc (its max_seq set to T), a model for batches of B sequences of T tokens,
+ * the weights loaded. The errors of hf_read_config, model_create and hf_load_backbone. */
+int setup_frozen_backbone(const char *dir, int B, int T, BackboneConfig *bc, DfmModel **out);
+
 /* The DFM config stored with trained modules (a checkpoint's "dfm" or a safetensors export's
  * "dfm_config"). DFM_EFORMAT without one, DFM_EMISMATCH for a pretraining checkpoint. */
 int setup_modules_config(const char *path, DfmConfig *dc);
