@@ -308,11 +308,13 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     char kind = 0;
     uint32_t pq_m = 0, pq_nbits = 0;
     if (plan.nlist && dfm_ivf_encoding(&plan, (uint32_t)dim, &kind, &pq_m, &pq_nbits)) dfm_error_clear();
-    double idx_disk = plan.exact_scores ? N * (4 * D + 8) : (double)plan.bytes_per_rank * P;
+    /* FAISS's L2 precomputed table is in memory only (rebuilt on every read), never on disk */
+    double l2_table = plan.l2_table_used ? (double)plan.l2_table_bytes : 0;
+    double idx_disk = plan.exact_scores ? N * (4 * D + 8) : ((double)plan.bytes_per_rank - l2_table) * P;
     if (plan.nlist) idx_disk += P * (double)plan.nlist * 4 * D;
     /* the rank's embedding blocks are mapped whole (file-backed pages: counted in RSS, reclaimable) */
     double emb_rank = emb_bytes / P;
-    double idx_mem = idx_disk / P;
+    double idx_mem = idx_disk / P + l2_table;
     double train_mem = kind ? (double)plan.train_n / P * 4 * D + (double)plan.nlist * D * 16 : (double)plan.train_n * 4 * D;
     ln[M_INDEX] = (est_line){"index", models[M_INDEX].base_rss + idx_mem + train_mem + emb_rank, idx_disk, 0, NULL, ""};
     snprintf(ln[M_INDEX].note, sizeof ln[M_INDEX].note, "%s; grows as N/P (shard + mapped embeddings) + %s", plan.factory,

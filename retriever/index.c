@@ -84,6 +84,53 @@ static int add_no_polysemous(char *f, size_t cap) {
     return added;
 }
 
+/* The first fast-scan product quantiser of f ("PQ48x4fs", "PQ32x4fsr", "PQ16fs": a PQ component whose code
+ * suffix starts with "fs"): its start, and in *len its length up to the end of the component. NULL if none. */
+static const char *find_fast_scan(const char *f, size_t *len) {
+    for (const char *p = f; (p = strstr(p, "PQ")); p += 2) {
+        const char *q = p + 2;
+        if (*q < '0' || *q > '9') continue;
+        while (*q >= '0' && *q <= '9') q++;
+        if (*q == 'x' && q[1] >= '0' && q[1] <= '9') {
+            q++;
+            while (*q >= '0' && *q <= '9') q++;
+        }
+        if (q[0] != 'f' || q[1] != 's') continue;
+        *len = strcspn(p, ",");
+        return p;
+    }
+    return NULL;
+}
+
+/* FAISS 1.7.3's fast-scan codes, refused before any work (issue 39, measured): IndexIVFFastScan has no
+ * inverted-list scanner, so search_preassigned (dfm's per-shard search, retriever/ivf.c) dereferences a
+ * null pointer; its block-packed lists ("ilbl") are not the array lists dfm moves between shards; and
+ * Debian's libfaiss has no AVX2 kernels for them, so a 4-bit code scans ~2.8x slower per byte than an
+ * 8-bit PQ code, and recalls less. */
+static int refuse_fast_scan(const char *factory, uint32_t dim) {
+    size_t len = 0;
+    const char *fs = find_fast_scan(factory, &len);
+    if (!fs) return DFM_OK;
+    char *x = memchr(fs, 'x', len);
+    uint64_t m = strtoull(fs + 2, NULL, 10), bits = x ? strtoull(x + 1, NULL, 10) : 4, bytes = (m * bits + 7) / 8;
+    char same[96] = "";
+    if (bytes && bytes < m && dim % bytes == 0)
+        snprintf(same, sizeof same, ", or PQ%llunp for the same %llu bytes a vector", (unsigned long long)bytes, (unsigned long long)bytes);
+    return DFM_FAIL(DFM_EARG,
+                    "--index %s: fast-scan PQ ('%.*s') is refused with this FAISS (1.7.3): an IVF fast-scan index crashes (SIGSEGV) when "
+                    "dfm searches a shard's probe lists with search_preassigned, its block-packed inverted lists are not the array "
+                    "lists dfm moves between shards, and this FAISS build has no AVX2 kernels for it, so it scans ~2.8x slower per "
+                    "byte than 8-bit PQ and recalls less. HINT: use 8-bit PQ without polysemous training (IVF<lists>,PQ<M>np): "
+                    "replace '%.*s' with 'PQ%llunp'%s",
+                    factory, (int)len, fs, (int)len, fs, (unsigned long long)m, same);
+}
+
+/* FAISS's precomputed table for an L2 IVF-PQ search by residual (IndexIVFPQ::precompute_table, 1.7.3): nlist x
+ * M x 2^nbits floats, built after training and on every read of the index, used only while it is at most
+ * DFM_FAISS_PRECOMPUTED_TABLE_MAX bytes (precomputed_table_max_bytes); above that FAISS silently builds a
+ * table per (query, list) instead. Inner product needs none. */
+static uint64_t l2_table_bytes(uint64_t nlist, uint64_t m, uint64_t nbits) { return nlist * m * (1ull << nbits) * 4ull; }
+
 static int needs_idmap(const char *f) {
     return !strstr(f, "IVF") && !strstr(f, "IMI") && strncmp(f, "IDMap", 5) != 0;
 }
@@ -117,7 +164,10 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
             uint32_t m = 0;
             for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
                 if (ms[i] > dim / 2 || dim % ms[i]) continue;
-                if (per_rank * (ms[i] + 8ull) + nlist * 4ull * dim <= mem_budget) {
+                /* an L2 search keeps FAISS's precomputed table while it is small enough to be built */
+                uint64_t table = metric == DFM_METRIC_L2 ? l2_table_bytes(nlist, ms[i], 8) : 0;
+                if (table > DFM_FAISS_PRECOMPUTED_TABLE_MAX) table = 0;
+                if (per_rank * (ms[i] + 8ull) + nlist * 4ull * dim + table <= mem_budget) {
                     m = ms[i];
                     break;
                 }
@@ -136,6 +186,7 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
         }
     } else {
         if (strlen(factory) + 7 >= sizeof plan->factory) return DFM_FAIL(DFM_EARG, "--index string is too long (%zu characters)", strlen(factory));
+        DFM_TRY(refuse_fast_scan(factory, dim));
         snprintf(plan->factory, sizeof plan->factory, "%s%s", needs_idmap(factory) ? "IDMap," : "", factory);
         int np = add_no_polysemous(plan->factory, sizeof plan->factory);
         snprintf(plan->why, sizeof plan->why, "given with --index%s%s", needs_idmap(factory) ? " (wrapped in IDMap for global ids)" : "",
@@ -147,9 +198,10 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
     if (find_int_after(f, "IVF", &v, NULL)) plan->nlist = v;
     else if (find_int_after(f, "IMI2x", &v, NULL) && v < 32) plan->nlist = 1ull << v; /* each half-quantiser has 2^b centroids */
     plan->min_train = plan->nlist;
-    uint64_t pq_nbits = 0;
+    uint64_t pq_nbits = 0, pq_m = 0;
     if (find_int_after(f, "PQ", &v, &after)) {
         pq_nbits = 8;
+        pq_m = v;
         if (*after == 'x' && after[1] >= '0' && after[1] <= '9') pq_nbits = strtoull(after + 1, NULL, 10);
         if (pq_nbits > 16) return DFM_FAIL(DFM_EARG, "--index %s: PQ with %llu bits per code is not supported", f, (unsigned long long)pq_nbits);
         if (v == 0 || dim % v) return DFM_FAIL(DFM_EARG, "--index %s: PQ%llu must divide the dimension %u. HINT: pick M with %u %% M == 0", f,
@@ -160,6 +212,24 @@ int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nrank
     plan->exact_scores = !strstr(f, "PQ") && !has_token(f, "SQ") && !has_token(f, "LSH") && !has_token(f, "RQ") && !has_token(f, "LSQ") &&
                          !has_token(f, "PCA") && !has_token(f, "OPQ");
     plan->bytes_per_rank = plan->exact_scores ? flat_bytes : per_rank * 40ull;
+    if (metric == DFM_METRIC_L2 && pq_nbits && find_int_after(f, "IVF", &v, NULL)) {
+        plan->l2_table_bytes = l2_table_bytes(plan->nlist, pq_m, pq_nbits);
+        plan->l2_table_used = plan->l2_table_bytes <= DFM_FAISS_PRECOMPUTED_TABLE_MAX;
+        size_t w = strlen(plan->why);
+        if (plan->l2_table_used) {
+            plan->bytes_per_rank += plan->l2_table_bytes;
+            snprintf(plan->why + w, sizeof plan->why - w, "; L2: FAISS's precomputed table, %.1f MiB per loaded shard, counted",
+                     plan->l2_table_bytes / 1048576.0);
+        } else {
+            snprintf(plan->why + w, sizeof plan->why - w, "; L2: FAISS's precomputed table (%.2f GiB) is over its 2 GiB cap and is not built",
+                     plan->l2_table_bytes / 1073741824.0);
+            DFM_LOG_W("index %s with --metric l2: FAISS's precomputed table would take %llu x %llu x %llu x 4 = %.2f GiB, over FAISS 1.7.3's "
+                      "2 GiB cap (precomputed_table_max_bytes), so FAISS silently builds a table per (query, list) instead, ~9x slower "
+                      "per list scanned (measured at d=384). HINT: use --metric ip (no table needed; the same order for unit vectors), "
+                      "fewer lists or a smaller M",
+                      f, (unsigned long long)plan->nlist, (unsigned long long)pq_m, 1ull << pq_nbits, plan->l2_table_bytes / 1073741824.0);
+        }
+    }
     if (trains) {
         if (plan->min_train < 1) plan->min_train = 1;
         uint64_t want = train_sample;

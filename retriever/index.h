@@ -20,6 +20,9 @@
 #define DFM_INDEX_FORMAT "dfm-index"
 #define DFM_INDEX_VERSION 1
 #define DFM_INDEX_FLAT_MAX 100000ull /* auto choice: exact Flat up to this many vectors */
+/* FAISS 1.7.3's precomputed_table_max_bytes: an L2 IVF-PQ builds its nlist x M x 2^nbits float table only
+ * up to this size, and above it silently computes a table per (query, list) (IndexIVFPQ.cpp:389, 450-461) */
+#define DFM_FAISS_PRECOMPUTED_TABLE_MAX (2ull << 30)
 #define DFM_INDEX_TRAINED_FILE "index/trained.faiss" /* the trained empty index (hash: trained_xxh128) */
 
 typedef struct {
@@ -29,16 +32,23 @@ typedef struct {
     uint64_t min_train;  /* fewest training points FAISS can use (lists; 2^nbits for PQ codebooks) */
     uint64_t train_n;    /* training points that will be used (0: the index needs no training) */
     int exact_scores;    /* the index ranks by exact distances (no PQ/SQ/LSH compression) */
-    uint64_t bytes_per_rank; /* estimated index memory per rank */
+    uint64_t bytes_per_rank; /* estimated index memory per rank (with l2_table_bytes when l2_table_used) */
+    uint64_t l2_table_bytes; /* L2 IVF-PQ: FAISS's precomputed table, nlist x M x 2^nbits x 4 bytes, held by every
+                                loaded copy of the index; 0 for other indexes and for inner product (needs none) */
+    int l2_table_used;       /* l2_table_bytes <= DFM_FAISS_PRECOMPUTED_TABLE_MAX: FAISS builds and uses it */
     char why[512];       /* the reason for the choice, for the log and the manifest */
 } dfm_index_plan;
 
 /* Decide the index for n vectors of dim values on nranks ranks. factory NULL or "" or "auto": choose
  * (Flat up to DFM_INDEX_FLAT_MAX vectors when it fits mem_budget per rank; IVF with ~4*sqrt(n) lists
  * and Flat storage when that fits; IVF-PQ with the largest code that fits otherwise). train_sample 0
- * means the default (100 per list, at least 39*256 for PQ codebooks, at most n). Errors, before any
- * work: DFM_EARG for an unusable string, fewer training points than lists (or than a PQ codebook
- * needs), or no index that fits the budget — each with a HINT. */
+ * means the default (100 per list, at least 39*256 for PQ codebooks, at most n). With metric L2, an IVF-PQ
+ * counts FAISS's precomputed table (l2_table_bytes) in bytes_per_rank and in the automatic choice's fit,
+ * and logs a warning when it is over DFM_FAISS_PRECOMPUTED_TABLE_MAX (FAISS then builds no table and
+ * searches slower). Errors, before any work: DFM_EARG for an unusable string, a fast-scan PQ ("x4fs":
+ * FAISS 1.7.3 crashes searching it with search_preassigned and has no AVX2 kernels for it here; the
+ * message says so and names the PQ<M>np to use), fewer training points than lists (or than a PQ
+ * codebook needs), or no index that fits the budget — each with a HINT. */
 int dfm_index_plan_make(const char *factory, uint64_t n, uint32_t dim, int nranks, uint64_t mem_budget, uint32_t metric,
                         uint64_t train_sample, dfm_index_plan *plan);
 

@@ -316,6 +316,11 @@ static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_inde
         if (!*stage) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
         else {
             json_object_set_new(*stage, "trained_xxh128", json_string(info->trained_xxh128));
+            if (plan->l2_table_bytes) { /* L2 IVF-PQ: FAISS's precomputed table, per loaded shard */
+                json_t *ch = json_object_get(*stage, "choice");
+                json_object_set_new(ch, "l2_table_bytes", json_integer((json_int_t)plan->l2_table_bytes));
+                json_object_set_new(ch, "l2_table_used", json_boolean(plan->l2_table_used));
+            }
             json_object_set_new(*stage, "trained", json_pack("{s:s, s:I, s:s}", "file", DFM_INDEX_TRAINED_FILE, "bytes", (json_int_t)tlen,
                                                               "xxh128", info->trained_xxh128));
             json_object_set(*stage, "training", training ? training : json_null());

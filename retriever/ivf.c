@@ -2,6 +2,7 @@
 #include "retriever/ivf.h"
 
 #include "common/error.h"
+#include "retriever/ivf_lists_kind.h"
 #include "retriever/topk.h"
 
 #include <faiss/c_api/IndexFlat_c.h>
@@ -15,6 +16,8 @@ int dfm_ivf_open(FaissIndex *idx, dfm_ivf *v) {
     memset(v, 0, sizeof *v);
     FaissIndexIVF *ivf = faiss_IndexIVF_cast(idx);
     if (!ivf) return DFM_OK;
+    /* never route an IVF without array lists and a list scanner to search_preassigned (fast-scan crashes there) */
+    if (!dfm_ivf_plain_lists(ivf)) return DFM_OK;
     FaissIndex *q = faiss_IndexIVF_quantizer(ivf);
     if (!q || !faiss_IndexFlat_cast(q) || faiss_IndexIVF_quantizer_trains_alone(ivf) != 0) return DFM_OK;
     uint64_t nlist = (uint64_t)faiss_IndexIVF_nlist(ivf);

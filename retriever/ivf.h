@@ -29,8 +29,10 @@ typedef struct {
 } dfm_ivf;
 
 /* v for idx: an IVF index whose coarse quantiser is a flat index (IVFn,Flat / PQ / SQ ...; not
- * wrapped in a transform, not IMI or HNSW-quantised). Otherwise DFM_OK with v->ivf = NULL: such
- * indexes are searched with faiss_Index_search and assign their queries themselves. */
+ * wrapped in a transform, not IMI or HNSW-quantised) and whose inverted lists are FAISS's plain array
+ * lists with a list scanner (dfm_ivf_plain_lists: not fast-scan, whose search_preassigned crashes in
+ * FAISS 1.7.3, nor on-disk or block lists). Otherwise DFM_OK with v->ivf = NULL: such indexes are
+ * searched with faiss_Index_search, assign their queries themselves and are sharded by id range. */
 int dfm_ivf_open(FaissIndex *idx, dfm_ivf *v);
 void dfm_ivf_close(dfm_ivf *v);
 /* Probe lists per query: min(the index's nprobe, nlist). */

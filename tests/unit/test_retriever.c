@@ -1,8 +1,8 @@
 /* Unit tests of the retriever core: ordering and merging, exclusions, queries, per-shard top-K with
- * padding and ties, index choice ('np' added to PQs), training-point errors, index files (round trip,
- * corrupted, mismatched), the neighbour block format, k-means, PQ codebooks put into a FAISS index,
- * whole lists moved through the serialisation, and search with given probe lists. One MPI rank, no run
- * directory: in-memory corpora. */
+ * padding and ties, index choice ('np' added to PQs, fast-scan refused, L2's precomputed table counted),
+ * training-point errors, index files (round trip, corrupted, mismatched), the neighbour block format,
+ * k-means, PQ codebooks put into a FAISS index, whole lists moved through the serialisation, and search
+ * with given probe lists (never routed for fast-scan). One MPI rank, no run directory: in-memory corpora. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +13,7 @@
 #include "common/fsutil.h"
 #include "retriever/index.h"
 #include "retriever/ivf.h"
+#include "retriever/ivf_lists_kind.h"
 #include "retriever/kmeans.h"
 #include "retriever/retrieve.h"
 #include "retriever/topk.h"
@@ -20,6 +21,7 @@
 
 #include <faiss/c_api/IndexIVF_c.h>
 #include <faiss/c_api/Index_c.h>
+#include <faiss/c_api/index_factory_c.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,9 +390,9 @@ static void test_index_plan(void **state) {
     assert_int_equal(dfm_index_plan_make("HNSW16", 100, 8, 1, 0, DFM_METRIC_L2, 0, &p), 0);
     assert_string_equal(p.factory, "IDMap,HNSW16");
     /* no polysemous training: 'np' after every plain PQ, other forms untouched */
-    static const char *const np_in[] = {"IVF16,PQ8", "PQ8", "IVF16,PQ8x4", "HNSW16_PQ8", "OPQ8_64,IVF16,PQ8", "IVF16,PQ8np", "IVF16,PQ8x4fs", "IVF16,PQ8+4"};
+    static const char *const np_in[] = {"IVF16,PQ8", "PQ8", "IVF16,PQ8x4", "HNSW16_PQ8", "OPQ8_64,IVF16,PQ8", "IVF16,PQ8np", "IVF16,PQ8+4"};
     static const char *const np_out[] = {"IVF16,PQ8np", "IDMap,PQ8np", "IVF16,PQ8x4np", "IDMap,HNSW16_PQ8np", "OPQ8_64,IVF16,PQ8np",
-                                          "IVF16,PQ8np", "IVF16,PQ8x4fs", "IVF16,PQ8+4"};
+                                          "IVF16,PQ8np", "IVF16,PQ8+4"};
     for (size_t i = 0; i < sizeof np_in / sizeof np_in[0]; i++) {
         assert_int_equal(dfm_index_plan_make(np_in[i], 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), 0);
         assert_string_equal(p.factory, np_out[i]);
@@ -404,6 +406,63 @@ static void test_index_plan(void **state) {
     assert_int_equal(dfm_index_create(&p, 8, &idx), DFM_EFAISS);
     assert_non_null(strstr(dfm_last_error(), "Bogus99"));
     assert_null(idx);
+}
+
+/* fast-scan PQ is refused before any work, saying why (the crash, the missing AVX2) and what to use */
+static void test_index_plan_fast_scan(void **state) {
+    (void)state;
+    dfm_index_plan p;
+    static const char *const fs[] = {"IVF16,PQ8x4fs", "IVF16,PQ16x4fsr", "PQ8x4fs", "IVF16,PQ8x4fs,RFlat", "OPQ8_64,IVF16,PQ8x4fs_64"};
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) {
+        dfm_error_clear();
+        assert_int_equal(dfm_index_plan_make(fs[i], 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), DFM_EARG);
+        const char *e = dfm_last_error();
+        assert_non_null(strstr(e, fs[i]));
+        assert_non_null(strstr(e, "fast-scan"));
+        assert_non_null(strstr(e, "search_preassigned"));
+        assert_non_null(strstr(e, "AVX2"));
+        assert_non_null(strstr(e, "HINT"));
+    }
+    /* the hint names the plain 8-bit PQ to use, and the one of the same bytes */
+    assert_int_equal(dfm_index_plan_make("IVF16,PQ16x4fs", 20000, 64, 1, 0, DFM_METRIC_L2, 0, &p), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "with 'PQ16np'"));
+    assert_non_null(strstr(dfm_last_error(), "PQ8np for the same 8 bytes"));
+    /* not fast-scan: accepted */
+    static const char *const ok[] = {"IVF16,PQ8x4", "IVF16,PQ8np", "IVF16,Flat", "IVF16,SQfp16"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) assert_int_equal(dfm_index_plan_make(ok[i], 20000, 64, 1, 0, DFM_METRIC_IP, 0, &p), 0);
+}
+
+/* L2 IVF-PQ: FAISS's precomputed table (nlist x M x 2^nbits floats) is in the memory plan while FAISS builds
+ * it (<= 2 GiB), and not above; inner product needs none; the automatic choice makes room for it */
+static void test_index_plan_l2_table(void **state) {
+    (void)state;
+    dfm_index_plan ip, l2;
+    assert_int_equal(dfm_index_plan_make("IVF1000,PQ16", 1000000, 64, 1, 0, DFM_METRIC_IP, 0, &ip), 0);
+    assert_int_equal(ip.l2_table_bytes, 0);
+    assert_int_equal(dfm_index_plan_make("IVF1000,PQ16", 1000000, 64, 1, 0, DFM_METRIC_L2, 0, &l2), 0);
+    assert_int_equal(l2.l2_table_bytes, 1000ull * 16 * 256 * 4);
+    assert_true(l2.l2_table_used);
+    assert_int_equal(l2.bytes_per_rank, ip.bytes_per_rank + l2.l2_table_bytes);
+    assert_non_null(strstr(l2.why, "precomputed table"));
+    assert_int_equal(dfm_index_plan_make("IVF1000,PQ16x6", 1000000, 64, 1, 0, DFM_METRIC_L2, 0, &l2), 0);
+    assert_int_equal(l2.l2_table_bytes, 1000ull * 16 * 64 * 4); /* 2^nbits */
+    assert_int_equal(dfm_index_plan_make("IVF1000,Flat", 1000000, 64, 1, 0, DFM_METRIC_L2, 0, &l2), 0);
+    assert_int_equal(l2.l2_table_bytes, 0);
+    /* the paper's PQ48 x 50,000 lists: 2.46 GB, over FAISS's cap: not built, not counted, said in the plan */
+    assert_int_equal(dfm_index_plan_make("IVF50000,PQ48", 100000000, 384, 64, 0, DFM_METRIC_IP, 0, &ip), 0);
+    assert_int_equal(dfm_index_plan_make("IVF50000,PQ48", 100000000, 384, 64, 0, DFM_METRIC_L2, 0, &l2), 0);
+    assert_int_equal(l2.l2_table_bytes, 50000ull * 48 * 256 * 4);
+    assert_false(l2.l2_table_used);
+    assert_int_equal(l2.bytes_per_rank, ip.bytes_per_rank);
+    assert_non_null(strstr(l2.why, "over its 2 GiB cap"));
+    assert_int_equal(dfm_index_plan_make("IVF50000,PQ32", 100000000, 384, 64, 0, DFM_METRIC_L2, 0, &l2), 0);
+    assert_true(l2.l2_table_used); /* 1.64 GB: built */
+    /* auto, 1e6 vectors of 384 in 150 MB: PQ128 for inner product; for L2 its 524 MB table does not fit */
+    assert_int_equal(dfm_index_plan_make("auto", 1000000, 384, 1, 150000000, DFM_METRIC_IP, 0, &ip), 0);
+    assert_string_equal(ip.factory, "IVF4000,PQ128np");
+    assert_int_equal(dfm_index_plan_make("auto", 1000000, 384, 1, 150000000, DFM_METRIC_L2, 0, &l2), 0);
+    assert_string_equal(l2.factory, "IVF4000,PQ24np"); /* 1e6 x 32 + 4000 x 384 x 4 + 4000 x 24 x 1024 <= 150 MB */
+    assert_int_equal(l2.l2_table_bytes, 4000ull * 24 * 256 * 4);
 }
 
 static void test_sample_ids(void **state) {
@@ -799,6 +858,40 @@ static void test_ivf_lists_and_assigned_search(void **state) {
     corpus_free(&c);
 }
 
+/* an IVF whose lists are not FAISS's plain array lists (fast-scan: block lists, no scanner) is never routed
+ * to search_preassigned, where FAISS 1.7.3 crashes on it: dfm_ivf_open leaves it to search() */
+static void test_ivf_open_fast_scan(void **state) {
+    (void)state;
+    corpus c;
+    corpus_make(&c, 2000, 16, 20, 1);
+    FaissIndex *fs = NULL, *pq = NULL;
+    assert_int_equal(faiss_index_factory(&fs, 16, "IVF4,PQ8x4fs", METRIC_INNER_PRODUCT), 0);
+    assert_int_equal(faiss_index_factory(&pq, 16, "IVF4,PQ8x4np", METRIC_INNER_PRODUCT), 0);
+    FaissIndex *both[2] = {fs, pq};
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(faiss_Index_train(both[i], c.n, c.x), 0);
+        assert_int_equal(faiss_Index_add(both[i], c.n, c.x), 0);
+    }
+    assert_non_null(faiss_IndexIVF_cast(fs)); /* an IVF to the C API ... */
+    assert_int_equal(dfm_ivf_plain_lists(faiss_IndexIVF_cast(fs)), 0); /* ... but not one dfm routes */
+    assert_int_equal(dfm_ivf_plain_lists(faiss_IndexIVF_cast(pq)), 1);
+    assert_int_equal(dfm_ivf_plain_lists(NULL), 0);
+    dfm_ivf v;
+    assert_int_equal(dfm_ivf_open(fs, &v), 0);
+    assert_null(v.ivf);
+    assert_int_equal(dfm_ivf_open(pq, &v), 0);
+    assert_non_null(v.ivf);
+    dfm_ivf_close(&v);
+    /* the fast-scan index is still searched, by FAISS's own search() */
+    float d[8 * 4];
+    int64_t l[8 * 4];
+    assert_int_equal(dfm_faiss_search(fs, 8, c.x, 4, d, l), 0);
+    for (int q = 0; q < 8; q++) assert_true(l[q * 4] >= 0);
+    faiss_Index_free(fs);
+    faiss_Index_free(pq);
+    corpus_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_and_merge),
@@ -812,6 +905,9 @@ int main(void) {
         cmocka_unit_test(test_shard_topk_ties),
         cmocka_unit_test(test_padding_tiny_corpus),
         cmocka_unit_test(test_index_plan),
+        cmocka_unit_test(test_index_plan_fast_scan),
+        cmocka_unit_test(test_index_plan_l2_table),
+        cmocka_unit_test(test_ivf_open_fast_scan),
         cmocka_unit_test(test_sample_ids),
         cmocka_unit_test(test_index_files),
         cmocka_unit_test(test_set_param),
