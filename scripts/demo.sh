@@ -41,12 +41,12 @@ if [ -x "$ROOT/build/dfm-train" ] && [ -x "$ROOT/scripts/demo_train.sh" ]; then
 fi
 if has audit; then
   # the token-level baseline's keys: the frozen LM's final hidden states over the start of the whole dictionary
-  # (the demo corpus is its first 1 MB). A forward pass of SmolLM2 costs about 3.4 ms a token here, so the
-  # datastore is measured up to AUDIT_TOKENS keys (3 sizes, 4x apart: about 80 s at 16384) and extrapolated from
+  # (the demo corpus is its first 1 MB). A forward pass of SmolLM2 costs 1.6-3.4 ms a token here, so the
+  # datastore is measured up to AUDIT_TOKENS keys (3 sizes, 4x apart: about 90 s at 16384) and extrapolated from
   # the audit's cost model, validated on the largest size. At these sizes the chunk level has fewer than 1000 keys,
   # too few for IVF-PQ: its like-for-like side is priced with the token level's IVF-PQ rates, and says so.
-  # AUDIT_TOKENS=1000000 make demo measures both sides in IVF-PQ at 62.5 k, 250 k and 10^6 tokens (about 1 h of
-  # hidden states and 10-15 min of measurement more on 2 cores); after a demo, the three commands below with that
+  # AUDIT_TOKENS=1000000 make demo measures both sides in IVF-PQ at 62.5 k, 250 k and 10^6 tokens (measured: 46 min
+  # of hidden states and 6-8 min of measurement on the shared 2 cores); after a demo, the three commands below with that
   # AUDIT_TOKENS do it alone.
   echo; echo "== retrieval-cost audit: the token-level baseline measured at up to ${AUDIT_TOKENS:=16384} SmolLM2 hidden states"
   TEXT=${AUDIT_TEXT:-$DFM_CACHE/corpus/gcide.jsonl} TA=$(date +%s)
@@ -58,6 +58,6 @@ if has audit; then
   else
     "$DFM" audit "$RUN" --token-level-sample 2
   fi
-  echo "   audit done in $(( $(date +%s) - TA ))s (the 10^6-key run: AUDIT_TOKENS=1000000 make demo, about 1 h 15 min more on 2 cores)"
+  echo "   audit done in $(( $(date +%s) - TA ))s (the 10^6-key run: AUDIT_TOKENS=1000000 make demo, about 55 min more on 2 cores)"
 fi
 echo; echo "== demo done in $(( $(date +%s) - T0 ))s; outputs under $RUN (manifest: $RUN/manifest.json)"

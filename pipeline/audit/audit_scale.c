@@ -138,6 +138,62 @@ static double recall_at_k(const int64_t *approx, int64_t *exact, uint64_t nq, ui
     return nq ? sum / (double)nq : 0;
 }
 
+/* One timed repeat: run(ctx) again and again until DFM_AUDIT_MIN_TIMED_S of CPU has passed, and keep the median
+ * run's CPU and wall seconds. A Flat build of a few keys or a search of 500 queries in a small index is microseconds,
+ * under the clock's and the scheduler's noise; other processes on a shared machine add time to some runs (evicted
+ * caches, preemption), which the median of many runs sets aside. (The fastest run would be biased: the minimum of
+ * many samples falls with their number, and a small index gets a thousand runs where a large one gets one.) */
+#define TIMED_MAX_RUNS 8192
+static int timed_median(int (*run)(void *), void *ctx, double *cpu, double *wall, int *runs) {
+    static double c[TIMED_MAX_RUNS], t[TIMED_MAX_RUNS];
+    double c_start = cpu_now();
+    int n = 0;
+    do {
+        double t0 = dfm_now(), c0 = cpu_now();
+        DFM_TRY(run(ctx));
+        c[n] = cpu_now() - c0, t[n] = dfm_now() - t0;
+        n++;
+    } while (n < TIMED_MAX_RUNS && cpu_now() - c_start < DFM_AUDIT_MIN_TIMED_S);
+    qsort(c, (size_t)n, sizeof(double), cmp_double);
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    *cpu = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    *wall = n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+    *runs = n;
+    return DFM_OK;
+}
+
+typedef struct {
+    const dfm_audit_choice *pl;
+    uint32_t d;
+    const float *keys;
+    uint64_t n;
+    const float *train;
+    uint64_t train_n;
+    const int64_t *ids;
+    FaissIndex **idx; /* the last build is kept */
+} build_ctx;
+
+static int build_run(void *p) {
+    build_ctx *b = p;
+    if (*b->idx) faiss_Index_free(*b->idx);
+    *b->idx = NULL;
+    return build_once(b->pl, b->d, b->keys, b->n, b->train, b->train_n, b->ids, b->idx);
+}
+
+typedef struct {
+    FaissIndex *idx;
+    uint64_t nq;
+    const float *q;
+    uint32_t k;
+    float *dist;
+    int64_t *lab;
+} search_ctx;
+
+static int search_run(void *p) {
+    search_ctx *x = p;
+    return DFM_FAISS_CHECK(faiss_Index_search(x->idx, (int64_t)x->nq, x->q, x->k, x->dist, x->lab), "searching the audit index");
+}
+
 int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, uint64_t n, const uint64_t *qidx, uint64_t nq,
                             dfm_audit_point *p) {
     memset(p, 0, sizeof *p);
@@ -183,20 +239,11 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
     for (uint64_t q = 0; q < nq; q++) memcpy(qbuf + q * d, keys + qidx[q] * d, sizeof(float) * d);
 
     double bt[DFM_AUDIT_MAX_REPEATS], qt[DFM_AUDIT_MAX_REPEATS], bc[DFM_AUDIT_MAX_REPEATS], qc[DFM_AUDIT_MAX_REPEATS];
+    build_ctx bx = {&pl, d, keys, n, train, pl.train_n, ids, &idx};
     for (int r = 0; r < o->build_repeats; r++) {
-        /* one timed build is as many builds as fill DFM_AUDIT_MIN_TIMED_S of CPU, averaged: a Flat build of a few
-         * thousand keys is a copy of microseconds, under the clock's noise */
-        double t0 = dfm_now(), c0 = cpu_now();
-        int builds = 0;
-        do {
-            if (idx) faiss_Index_free(idx);
-            idx = NULL;
-            if ((rc = build_once(&pl, d, keys, n, train, pl.train_n, ids, &idx))) goto done;
-            builds++;
-        } while (cpu_now() - c0 < DFM_AUDIT_MIN_TIMED_S);
-        bt[r] = (dfm_now() - t0) / builds;
-        bc[r] = (cpu_now() - c0) / builds;
-        p->build_passes += builds;
+        int runs = 0;
+        if ((rc = timed_median(build_run, &bx, &bc[r], &bt[r], &runs))) goto done;
+        p->build_passes += (uint64_t)runs;
     }
     p->build_s = dfm_audit_spread_of(bt, o->build_repeats);
     p->build_cpu = dfm_audit_spread_of(bc, o->build_repeats);
@@ -210,17 +257,12 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
         /* one untimed pass over a few queries: thread start-up and first touch are not the index's cost */
         int64_t nw = nq < 8 ? (int64_t)nq : 8;
         if ((rc = DFM_FAISS_CHECK(faiss_Index_search(idx, nw, qbuf, k, dist, lab), "searching the audit index"))) goto done;
+        search_ctx sx = {idx, nq, qbuf, k, dist, lab};
         for (int r = 0; r < o->repeats; r++) {
-            /* one timed pass is as many searches of the whole batch as fill DFM_AUDIT_MIN_TIMED_S of CPU */
-            double t0 = dfm_now(), c0 = cpu_now();
-            int passes = 0;
-            do {
-                if ((rc = DFM_FAISS_CHECK(faiss_Index_search(idx, (int64_t)nq, qbuf, k, dist, lab), "searching the audit index"))) goto done;
-                passes++;
-            } while (cpu_now() - c0 < DFM_AUDIT_MIN_TIMED_S);
-            qt[r] = (dfm_now() - t0) / ((double)nq * passes);
-            qc[r] = (cpu_now() - c0) / ((double)nq * passes);
-            p->search_passes += passes;
+            int runs = 0;
+            if ((rc = timed_median(search_run, &sx, &qc[r], &qt[r], &runs))) goto done;
+            qc[r] /= (double)nq, qt[r] /= (double)nq;
+            p->search_passes += (uint64_t)runs;
         }
         p->query_s = dfm_audit_spread_of(qt, o->repeats);
         p->query_cpu = dfm_audit_spread_of(qc, o->repeats);
@@ -232,14 +274,12 @@ int dfm_audit_measure_point(const dfm_audit_point_opts *o, const float *keys, ui
             int64_t *wl = malloc(sizeof(int64_t) * k * nq);
             if (!wd || !wl) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
             if (!rc) rc = dfm_index_set_param(idx, "nprobe", (double)wide);
+            search_ctx wx = {idx, nq, qbuf, k, wd, wl};
             for (int r = 0; !rc && r < o->repeats; r++) {
-                double c0 = cpu_now();
-                int passes = 0;
-                do {
-                    if ((rc = DFM_FAISS_CHECK(faiss_Index_search(idx, (int64_t)nq, qbuf, k, wd, wl), "searching the audit index"))) break;
-                    passes++;
-                } while (cpu_now() - c0 < DFM_AUDIT_MIN_TIMED_S);
-                qc[r] = (cpu_now() - c0) / ((double)nq * passes);
+                int runs = 0;
+                double wall;
+                rc = timed_median(search_run, &wx, &qc[r], &wall, &runs);
+                qc[r] /= (double)nq;
             }
             if (!rc) rc = dfm_index_set_param(idx, "nprobe", (double)p->nprobe);
             free(wd);

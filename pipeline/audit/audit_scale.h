@@ -22,7 +22,7 @@
 #define DFM_AUDIT_MAX_REPEATS 15
 #define DFM_AUDIT_MAX_SIZES 12
 #define DFM_AUDIT_SIDES 3 /* chunk level with the run's index, token level, chunk level with IVF-PQ */
-/* A timed build or search pass repeats until it has used this much CPU, and counts the mean: the demo's Flat
+/* A timed build or search pass repeats until it has used this much CPU, and counts the median run: the demo's Flat
  * indexes build in microseconds and search 500 queries in under a millisecond, where one call is mostly the
  * clock's and the scheduler's noise (their smaller sizes predicted the largest 27-75 % off with one call each). */
 #define DFM_AUDIT_MIN_TIMED_S 0.25
