@@ -320,8 +320,11 @@ static int audit_count(audit_ctx *x) {
     x->t_search = mnum(m, "retrieve", "timings", "search_s");
 
     const char *dtype = mstr(m, "targets", "config", "dtype"), *store = mstr(m, "targets", "config", "store");
+    const char *hold = mstr(m, "targets", "config", "slots-hold");
     uint32_t vb = dtype && !strcmp(dtype, "fp32") ? 4 : 2; /* fp16, bf16 */
-    dfm_audit_storage_of(x->K, x->L, x->enc_dim, (uint32_t)x->a->lm_width, vb, !store || strcmp(store, "ids"), x->records, x->raw_bytes,
+    /* a record's slots: K, or 2K with --slots-hold both (the neighbours, then their continuations) */
+    uint32_t slots = hold && !strcmp(hold, "both") ? 2 * x->K : x->K;
+    dfm_audit_storage_of(slots, x->L, x->enc_dim, (uint32_t)x->a->lm_width, vb, !store || strcmp(store, "ids"), x->records, x->raw_bytes,
                          x->stored_bytes, &x->st);
     dfm_audit_counts_in in = {x->L, x->K, (uint32_t)x->a->k_token, x->chunks, x->tokens, x->queries, x->kept, x->fetched};
     DFM_TRY(dfm_audit_count(&in, &x->ct));

@@ -28,7 +28,7 @@ void dfm_audit_storage_of(uint32_t K, uint32_t L, uint32_t enc_dim, uint32_t lm_
         row(s, "LM states, one a token of each neighbour", L, lm_width);
     }
     s->raw_matches = -1;
-    if (records) {
+    if (records && raw_bytes) {
         s->raw_per_record = (double)raw_bytes / (double)records;
         s->stored_per_record = (double)stored_bytes / (double)records;
         double want = stores_embeddings ? s->row[0].in_records : 8.0 + 12.0 * K; /* ids only: mask, ids, scores */
@@ -55,6 +55,7 @@ json_t *dfm_audit_storage_json(const dfm_audit_storage *s, const double *chunks,
             json_object_set_new(at, names[j], json_pack("{s:f, s:f, s:f}", "chunks", chunks[j], "bytes_in_records", chunks[j] * r->in_records,
                                                         "bytes_with_table", chunks[j] * r->with_table));
         if (rj) json_object_set_new(rj, "at", at ? at : json_null());
+        else json_decref(at);
         json_array_append_new(rows, rj ? rj : json_null());
     }
     json_object_set_new(o, "layouts", rows);

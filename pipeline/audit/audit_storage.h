@@ -7,7 +7,8 @@
  * width w, b bytes a value (the run's dtype):
  *   in every record   8 + 12·K + K·M·w·b   bytes per chunk (each datastore row copied into every record naming it)
  *   ids + one table   8 + 12·K + M·w·b     bytes per chunk (the datastore is the corpus: one row per chunk)
- * uncompressed (zstd then takes what it can: the run's own stored bytes are given beside). Layouts:
+ * uncompressed and without the record's 48-byte header and 8-byte key (zstd then takes what it can: the run's own
+ * stored bytes are given beside). Layouts:
  *   the run's own     M = 1, w = the encoder's width (today's memory: one sentence vector a neighbour);
  *   LM states         the frozen LM's residual stream (`dfm-train slots`), w = its width, pooled to M = 1 (one mean
  *                     a neighbour), 4, or L (one a token: the RETRO-like upper bound).
@@ -39,7 +40,7 @@ typedef struct {
                                      * ids); 0 not; -1 no records */
 } dfm_audit_storage;
 
-/* The rows for K neighbours of chunks of L tokens, the encoder's width enc_dim, the LM's width lm_width (0: no LM
+/* The rows for K slots a record (the run's K, or 2K with --slots-hold both) of chunks of L tokens, the encoder's width enc_dim, the LM's width lm_width (0: no LM
  * rows), values of value_bytes; the run's measured records, raw and stored bytes (records 0: none). */
 void dfm_audit_storage_of(uint32_t K, uint32_t L, uint32_t enc_dim, uint32_t lm_width, uint32_t value_bytes, int stores_embeddings,
                           uint64_t records, uint64_t raw_bytes, uint64_t stored_bytes, dfm_audit_storage *s);

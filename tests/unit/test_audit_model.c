@@ -13,6 +13,7 @@
 #include "pipeline/audit/audit_layout.h"
 #include "pipeline/audit/audit_model.h"
 #include "pipeline/audit/audit_scale.h"
+#include "pipeline/audit/audit_storage.h"
 #include "schemas/neighbor_shard.h"
 
 #include <math.h>
@@ -181,12 +182,38 @@ static void test_extrapolation(void **state) {
     assert_true(e2.search_band[1] > 2 * e.search_band[1]);
 }
 
+/* the target memory's storage: the arithmetic per layout, the run's raw bytes checked against it (with 2K slots a
+ * record under --slots-hold both), and no verdict without measured bytes */
+static void test_storage(void **state) {
+    (void)state;
+    dfm_audit_storage st;
+    dfm_audit_storage_of(16, 32, 384, 576, 2, 1, 10, 10 * (8 + 12 * 16 + 16 * 384 * 2), 1000, &st);
+    assert_int_equal(st.n, 4);
+    assert_true(st.row[0].in_records == 8 + 12 * 16 + 16.0 * 384 * 2 && st.row[0].with_table == 8 + 12 * 16 + 384.0 * 2);
+    assert_true(st.row[2].per_neighbour == 4 && st.row[2].with_table == 8 + 12 * 16 + 4.0 * 576 * 2);
+    assert_true(st.row[3].per_neighbour == 32 && st.row[3].in_records == 8 + 12 * 16 + 16.0 * 32 * 576 * 2);
+    assert_int_equal(st.raw_matches, 1);
+    /* --slots-hold both: 32 slots a record; the same bytes read as 16 slots would not match */
+    dfm_audit_storage_of(32, 32, 384, 0, 2, 1, 10, 10 * (8 + 12 * 32 + 32 * 384 * 2), 1000, &st);
+    assert_int_equal(st.n, 1);
+    assert_int_equal(st.raw_matches, 1);
+    dfm_audit_storage_of(16, 32, 384, 0, 2, 1, 10, 10 * (8 + 12 * 32 + 32 * 384 * 2), 1000, &st);
+    assert_int_equal(st.raw_matches, 0);
+    /* --store ids: mask, ids and scores only */
+    dfm_audit_storage_of(16, 32, 384, 0, 2, 0, 10, 10 * (8 + 12 * 16), 1000, &st);
+    assert_int_equal(st.raw_matches, 1);
+    /* records without measured bytes: no verdict */
+    dfm_audit_storage_of(16, 32, 384, 0, 2, 1, 10, 0, 0, &st);
+    assert_int_equal(st.raw_matches, -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fit_and_validate),
         cmocka_unit_test(test_band),
         cmocka_unit_test(test_saving_words),
         cmocka_unit_test(test_extrapolation),
+        cmocka_unit_test(test_storage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

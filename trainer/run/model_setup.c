@@ -92,6 +92,7 @@ int setup_modules_config(const char *path, DfmConfig *dc) {
 
 int setup_frozen_backbone(const char *dir, int B, int T, BackboneConfig *bc, DfmModel **out) {
     memset(bc, 0, sizeof *bc);
+    bc->max_seq = T; /* before the config: its checks (a sliding window) are against the sequences run, T */
     DFM_TRY(hf_read_config(dir, bc));
     bc->max_seq = T;
     DfmConfig dc;
