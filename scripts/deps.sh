@@ -12,6 +12,7 @@
 #   corpus/gcide.jsonl  4 MB of dict-gcide's entries as JSONL (golden sets, benchmarks);
 #   corpus/gcide-1mb.jsonl  its first 1 MB: the demo's default corpus
 #   corpus/foldoc-1mb.jsonl 1 MB of dict-foldoc's entries: the real-text benchmark's second corpus
+#   corpus/manpages-1mb.jsonl 1 MB of manpages-dev's pages (sections 2, 3): its third, the one with cross-document redundancy
 #
 # Environment:
 #   DFM_CACHE=DIR        where the cached artefacts live
@@ -161,6 +162,13 @@ if [ ! -s "$FOLDOC" ]; then
   "$VENV/bin/python" "$ROOT/scripts/make_corpus.py" --dict /usr/share/dictd/foldoc.dict.dz --index /usr/share/dictd/foldoc.index \
     --max-bytes 1000000 --skip-bytes 200000 --prefix foldoc --out "$FOLDOC.tmp" || die "could not build the FOLDOC corpus (is dict-foldoc installed?)"
   mv "$FOLDOC.tmp" "$FOLDOC"
+fi
+
+MANPAGES=$DFM_CACHE/corpus/manpages-1mb.jsonl
+if [ ! -s "$MANPAGES" ]; then
+  "$VENV/bin/python" "$ROOT/scripts/make_manpage_corpus.py" --package manpages-dev --max-bytes 1000000 --out "$MANPAGES.tmp" ||
+    die "could not build the manual-page corpus (are manpages-dev and groff-base installed?)"
+  mv "$MANPAGES.tmp" "$MANPAGES"
 fi
 
 # The Makefile reads this file for paths.

@@ -2,8 +2,12 @@
 # bench/memory/bench_real_memory.sh — what DFM memory does for a real frozen LM (SmolLM2-135M), measured so that memory
 # is told apart from the capacity the modules add, and knowledge the LM lacks from language it has.
 #
-#   held-out text  two real corpora from Debian packages (the demo's GCIDE; FOLDOC, the Free On-line Dictionary
-#                  of Computing), each split by document into a training part and a held-out part. The datastore
+#   held-out text  three real corpora from Debian packages: two dictionaries, which say each thing once (the demo's
+#                  GCIDE; FOLDOC, the Free On-line Dictionary of Computing), and the Linux programmer's manual
+#                  (manpages-dev, sections 2 and 3), whose pages repeat each other (shared errors, return values,
+#                  families of calls). Each is split by document into a training part and a held-out part, and its
+#                  cross-document redundancy is measured on that split: the share of the held-out part's word
+#                  8-grams that occur in the training part. The datastore
 #                  is the training part; held-out chunks retrieve from it (a query-only run: `dfm retrieve
 #                  --datastore`). DFM modules train on the training part (retrieval there excludes a chunk's own
 #                  document) and are evaluated on the held-out part in every mode and its shuffled control.
@@ -17,7 +21,7 @@
 #
 #   bash bench/memory/bench_real_memory.sh                       # about 2 hours on 2 cores
 #   SEEDS="1" PARTS="probes" bash bench/memory/bench_real_memory.sh
-# Knobs: SEEDS (1 2 3), PARTS (text probes), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
+# Knobs: SEEDS (1 2 3), PARTS (text probes), CORPORA (gcide foldoc manpages), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
 # held out, 8), EPOCHS_TEXT (2),
 # ENTITIES (240), PROBES (120 probes, both forms), EPOCHS_FACTS (4), FUSION (26,29), PRED_INPUT (16), THREADS (2),
 # WORK (scratch folder, kept; default /tmp/dfm-real-memory).
@@ -25,7 +29,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
-SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
+SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} CORPORA=${CORPORA:-"gcide foldoc manpages"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
 ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} EPOCHS_FACTS=${EPOCHS_FACTS:-4} FUSION=${FUSION:-26,29}
 PRED_INPUT=${PRED_INPUT:-16} THREADS=${THREADS:-2} NP=${NP:-2}
 W=${WORK:-/tmp/dfm-real-memory}
@@ -51,7 +55,7 @@ train() { # RUN OUT EPOCHS SEED
 
 for seed in $SEEDS; do
   if [[ " $PARTS " == *" text "* ]]; then
-    for corpus in gcide foldoc; do
+    for corpus in $CORPORA; do
       src=$DFM_CACHE/corpus/$corpus-1mb.jsonl d=$W/$corpus-s$seed
       mkdir -p "$d"
       # the first TEXT_BYTES of the corpus, split by document: about 1 in HOLDOUT documents held out, drawn by seed
@@ -74,6 +78,17 @@ for line in open(src):
 if held < 2 or kept < 2:
     sys.exit("bench_real_memory: %s: %d documents held out, %d kept in the first %d bytes: raise TEXT_BYTES or lower HOLDOUT"
              % (src, held, kept, limit))
+tr.close(), ho.close()
+# cross-document redundancy: the share of the held-out part's word 8-grams that occur anywhere in the training part
+def grams(path):
+    out = []
+    for line in open(path):
+        w = json.loads(line)["text"].split()
+        out += [tuple(w[i:i + 8]) for i in range(len(w) - 7)]
+    return out
+seen, asked = set(grams(d + "/train.jsonl")), grams(d + "/heldout.jsonl")
+json.dump({"ngram": 8, "heldout_ngrams": len(asked), "in_training_part": sum(g in seen for g in asked) / max(len(asked), 1)},
+          open(d + "/redundancy.json", "w"))
 PY
       echo "== $corpus, seed $seed: datastore and training part, then the held-out part as a query-only run"
       build "$d/train" "$d/train.jsonl" $T "" document
@@ -89,7 +104,7 @@ d, corpus, seed, nh = sys.argv[1:]
 e = json.loads(open(d + "/eval.json").read().strip().splitlines()[-1])
 tr = [json.loads(l) for l in open(d + "/dfm/log.jsonl") if '"loss"' in l]
 print(json.dumps({"part": "text", "corpus": corpus, "seed": int(seed), "heldout_sequences": int(nh),
-                  "train_steps": len(tr), "eval": e}))
+                  "train_steps": len(tr), "redundancy": json.load(open(d + "/redundancy.json")), "eval": e}))
 PY
       tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); e=r["eval"]; print("   held-out CE: off %.4f, predicted %.4f (control %.4f: effect %+.4f), target %.4f (control %.4f: effect %+.4f)" % (e["ce_none"], e["ce_pred"], e["ce_pred_shuffled"], e["memory_effect_pred"], e["ce_target"], e["ce_target_shuffled"], e["memory_effect_target"]))'
     done
