@@ -21,7 +21,10 @@
 #
 #   bash bench/memory/bench_real_memory.sh                       # about 2 hours on 2 cores
 #   SEEDS="1" PARTS="probes" bash bench/memory/bench_real_memory.sh
-# Knobs: SEEDS (1 2 3), PARTS (text probes), CORPORA (gcide foldoc manpages), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
+# Knobs: SEEDS (1 2 3), PARTS (text probes), CORPORA (gcide foldoc manpages), TEXT_ARMS (scratch: DFM from fresh
+# modules; read+dfm-style arms are levers joined by +: read (the reading stage first, READ_STEPS (200) steps of 16 chunks
+# regenerated from their own embedding, then DFM from its modules), content (--content-only-fusion), centre
+# (--centre-memory)), TEXT_BYTES (bytes of each real corpus, 250000), HOLDOUT (1 in N documents
 # held out, 8), EPOCHS_TEXT (2),
 # ENTITIES (240), PROBES (120 probes, both forms), EPOCHS_FACTS (4), FUSION (26,29), PRED_INPUT (16), THREADS (2),
 # WORK (scratch folder, kept; default /tmp/dfm-real-memory).
@@ -29,7 +32,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
-SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} CORPORA=${CORPORA:-"gcide foldoc manpages"} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
+SEEDS=${SEEDS:-"1 2 3"} PARTS=${PARTS:-"text probes"} CORPORA=${CORPORA:-"gcide foldoc manpages"}
+TEXT_ARMS=${TEXT_ARMS:-scratch} READ_STEPS=${READ_STEPS:-200} TEXT_BYTES=${TEXT_BYTES:-250000} EPOCHS_TEXT=${EPOCHS_TEXT:-2} HOLDOUT=${HOLDOUT:-8}
 ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} EPOCHS_FACTS=${EPOCHS_FACTS:-4} FUSION=${FUSION:-26,29}
 PRED_INPUT=${PRED_INPUT:-16} THREADS=${THREADS:-2} NP=${NP:-2}
 W=${WORK:-/tmp/dfm-real-memory}
@@ -43,14 +47,30 @@ T0=$(date +%s)
 nseq() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/manifest.json"))["stages"]["chunk"]; print(m["counts"]["sequences"])' "$1"; }
 
 # train DFM modules on RUN for EPOCHS epochs (all its sequences but 2 held out); OUT folder
-train() { # RUN OUT EPOCHS SEED
-  local n steps
-  n=$(nseq "$1")
-  steps=$(( ($3 * (n - 2) + B - 1) / B ))
-  "$TRAIN" train --backbone "$DFM_LM" --data "$1" --targets "$1" --out "$2" --seq-len "$T" --chunk-len $L --batch $B \
-    --steps "$steps" --lr 2e-3 --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" --pred-input-layer "$PRED_INPUT" \
-    --val-seqs 2 --eval-batches 1 --seed "$4" --threads "$THREADS" --no-ckpt --cache-frozen > "$2.log" 2>&1 ||
-    { tail -20 "$2.log" >&2; exit 1; }
+timed() { # FILE CMD...: wall and CPU seconds of CMD into FILE
+  local f=$1; shift
+  /usr/bin/time -f "%e %U %S" -o "$f.time" "$@"
+  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
+}
+
+train() { # RUN OUT EPOCHS SEED [extra flags]
+  local n steps run=$1 out=$2 epochs=$3 seed=$4
+  shift 4
+  n=$(nseq "$run")
+  steps=$(( (epochs * (n - 2) + B - 1) / B ))
+  timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$run" --targets "$run" --out "$out" --seq-len "$T" \
+    --chunk-len $L --batch $B --steps "$steps" --lr 2e-3 --warmup $(( steps / 20 + 1 )) --fusion-layers "$FUSION" \
+    --pred-input-layer "$PRED_INPUT" --val-seqs 2 --eval-batches 1 --seed "$seed" --threads "$THREADS" --no-ckpt \
+    --cache-frozen "$@" > "$out.log" 2>&1 || { tail -20 "$out.log" >&2; exit 1; }
+}
+
+# the reading stage on a run's chunks (every chunk regenerated from its own embedding, the last 2 sequences held
+# out): RUN OUT SEED
+reading() {
+  timed "$2.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$1" --out "$2" --chunk-len $L \
+    --slots 16 --batch 16 --steps "$READ_STEPS" --lr 2e-3 --warmup $(( READ_STEPS / 20 + 1 )) --fusion-layers "$FUSION" \
+    --val-seqs 2 --eval-batches 4 --eval-every "$READ_STEPS" --seed "$3" --threads "$THREADS" --no-ckpt --cache-frozen \
+    > "$2.log" 2>&1 || { tail -20 "$2.log" >&2; exit 1; }
 }
 
 for seed in $SEEDS; do
@@ -93,20 +113,43 @@ PY
       echo "== $corpus, seed $seed: datastore and training part, then the held-out part as a query-only run"
       build "$d/train" "$d/train.jsonl" $T "" document
       build "$d/heldout" "$d/heldout.jsonl" $T "$d/train" none
-      train "$d/train" "$d/dfm" "$EPOCHS_TEXT" "$seed"
-      nh=$(nseq "$d/heldout")
-      "$TRAIN" eval --backbone "$DFM_LM" --modules "$d/dfm/dfm_modules.safetensors" --data "$d/heldout" \
-        --targets "$d/heldout" --seq-len $T --batch $B --val-seqs "$(( nh - 1 ))" --threads "$THREADS" > "$d/eval.json" 2> "$d/eval.log" ||
-        { tail -20 "$d/eval.log" >&2; exit 1; }
-      python3 - "$d" "$corpus" "$seed" "$nh" >> "$OUT" <<'PY'
-import json, sys
-d, corpus, seed, nh = sys.argv[1:]
-e = json.loads(open(d + "/eval.json").read().strip().splitlines()[-1])
-tr = [json.loads(l) for l in open(d + "/dfm/log.jsonl") if '"loss"' in l]
-print(json.dumps({"part": "text", "corpus": corpus, "seed": int(seed), "heldout_sequences": int(nh),
-                  "train_steps": len(tr), "redundancy": json.load(open(d + "/redundancy.json")), "eval": e}))
+      for arm in $TEXT_ARMS; do
+        extra=() out=$d/dfm
+        [ "$arm" = scratch ] || out=$d/dfm-$arm
+        for lv in ${arm//+/ }; do
+          case $lv in
+            scratch) ;;
+            read)
+              [ -f "$d/reading/dfm_modules.safetensors" ] || reading "$d/train" "$d/reading" "$seed"
+              extra+=(--init-modules "$d/reading/dfm_modules.safetensors") ;;
+            content) extra+=(--content-only-fusion) ;;
+            centre) extra+=(--centre-memory) ;;
+            *) echo "bench_real_memory: unknown lever '$lv' in text arm '$arm' (scratch, or read, content, centre joined by +)" >&2
+               exit 2 ;;
+          esac
+        done
+        train "$d/train" "$out" "$EPOCHS_TEXT" "$seed" ${extra[@]+"${extra[@]}"}
+        nh=$(nseq "$d/heldout")
+        "$TRAIN" eval --backbone "$DFM_LM" --modules "$out/dfm_modules.safetensors" --data "$d/heldout" \
+          --targets "$d/heldout" --seq-len $T --batch $B --val-seqs "$(( nh - 1 ))" --threads "$THREADS" > "$out.eval.json" \
+          2> "$out.eval.log" || { tail -20 "$out.eval.log" >&2; exit 1; }
+        python3 - "$d" "$out" "$corpus" "$seed" "$nh" "$arm" >> "$OUT" <<'PY'
+import json, os, sys
+d, out, corpus, seed, nh, arm = sys.argv[1:]
+e = json.loads(open(out + ".eval.json").read().strip().splitlines()[-1])
+tr = [json.loads(l) for l in open(out + "/log.jsonl") if '"loss"' in l]
+r = {"part": "text", "corpus": corpus, "seed": int(seed), "arm": arm, "heldout_sequences": int(nh), "train_steps": len(tr),
+     "redundancy": json.load(open(d + "/redundancy.json")), "eval": e}
+# CPU seconds of the arm's training, with its reading stage's where it read first (one stage serves every such arm)
+costs = [out + ".cost"] + ([d + "/reading.cost"] if "read" in arm.split("+") else [])
+r["cpu_s"] = sum(float(open(f).read().split()[1]) for f in costs)
+if "read" in arm.split("+"):  # the reading stage's held-out chunks: regenerated with their own slot, another's, none
+    ev = [json.loads(l)["eval"] for l in open(d + "/reading/log.jsonl") if '"eval"' in l][-1]
+    r["reading"] = {k: ev[k] for k in ("ce_none", "ce_target", "ce_target_shuffled", "acc_target", "acc_target_shuffled") if k in ev}
+print(json.dumps(r))
 PY
-      tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); e=r["eval"]; print("   held-out CE: off %.4f, predicted %.4f (control %.4f: effect %+.4f), target %.4f (control %.4f: effect %+.4f)" % (e["ce_none"], e["ce_pred"], e["ce_pred_shuffled"], e["memory_effect_pred"], e["ce_target"], e["ce_target_shuffled"], e["memory_effect_target"]))'
+        tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); e=r["eval"]; print("   %s: held-out CE: off %.4f, predicted %.4f (control %.4f: effect %+.4f), target %.4f (control %.4f: effect %+.4f)" % (r["arm"], e["ce_none"], e["ce_pred"], e["ce_pred_shuffled"], e["memory_effect_pred"], e["ce_target"], e["ce_target_shuffled"], e["memory_effect_target"]))'
+      done
     done
   fi
   if [[ " $PARTS " == *" probes "* ]]; then

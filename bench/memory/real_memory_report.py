@@ -32,30 +32,50 @@ def main():
           "the sequence's own memory helps).\n")
     if text:
         print("## Held-out real text (datastore: the training part; held-out chunks retrieve from it)\n")
-        print("| corpus | seeds | fusion off | Δ predicted | Δ target | memory effect, predicted | memory effect, target "
-              "| cosine |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|")
-        for corpus in sorted({r["corpus"] for r in text}):
-            es = [r["eval"] for r in text if r["corpus"] == corpus]
-            print("| %s | %d | %s | %s | %s | **%s** | **%s** | %s |" % (
-                corpus, len(es), spread([e["ce_none"] for e in es]),
+        print("Redundancy: the share of the held-out part's word 8-grams that occur anywhere in the training part "
+              "(the datastore), measured on each seed's split: how much of what a held-out chunk says was already "
+              "written elsewhere.\n")
+        print("| corpus | arm | seeds | redundancy | fusion off | Δ predicted | Δ target | memory effect, predicted "
+              "| memory effect, target | cosine | CPU-s |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        arms = sorted({(r["corpus"], r.get("arm", "scratch")) for r in text}, key=lambda k: (k[0], k[1] != "scratch", k[1]))
+        of = lambda corpus, arm: [r for r in text if r["corpus"] == corpus and r.get("arm", "scratch") == arm]
+        for corpus, arm in arms:
+            rs = of(corpus, arm)
+            es = [r["eval"] for r in rs]
+            red = [100 * r["redundancy"]["in_training_part"] for r in rs if "redundancy" in r]
+            cpu = [r["cpu_s"] for r in rs if "cpu_s" in r]
+            print("| %s | %s | %d | %s | %s | %s | %s | **%s** | **%s** | %s | %s |" % (
+                corpus, arm, len(es), spread(red, "%.1f %%") if red else "not measured", spread([e["ce_none"] for e in es]),
                 spread([e["ce_pred"] - e["ce_none"] for e in es], "%+.4f"),
                 spread([e["ce_target"] - e["ce_none"] for e in es], "%+.4f"),
                 spread([e["memory_effect_pred"] for e in es], "%+.4f"),
-                spread([e["memory_effect_target"] for e in es], "%+.4f"), spread([e["cos"] for e in es], "%.3f")))
-            goals.append((f"{corpus}: predicted memory ≥ 0.03 nats below its shuffled control on every seed",
+                spread([e["memory_effect_target"] for e in es], "%+.4f"), spread([e["cos"] for e in es], "%.3f"),
+                spread(cpu, "%.0f") if cpu else "n/a"))
+            name = corpus if arm == "scratch" else f"{corpus}, {arm}"
+            goals.append((f"{name}: predicted memory ≥ 0.03 nats below its shuffled control on every seed",
                           all(e["memory_effect_pred"] >= 0.03 for e in es), [e["memory_effect_pred"] for e in es]))
-            goals.append((f"{corpus}: target memory ≥ 0.10 nats below its shuffled control on every seed",
+            goals.append((f"{name}: target memory ≥ 0.10 nats below its shuffled control on every seed",
                           all(e["memory_effect_target"] >= 0.10 for e in es), [e["memory_effect_target"] for e in es]))
+        rd = [(c, a) for c, a in arms if any("reading" in r for r in of(c, a))]
+        if rd:
+            print("\nThe reading stage on the training part (arms that read first): its held-out chunks regenerated "
+                  "from their own embedding against another chunk's, nats per token and top-1 token accuracy:\n")
+            for corpus, arm in rd:
+                g = [r["reading"] for r in of(corpus, arm) if "reading" in r]
+                print("- %s, %s: own %s, shuffled %s, fusion off %s; accuracy %s against %s" % (
+                    corpus, arm, spread([x["ce_target"] for x in g], "%.3f"), spread([x["ce_target_shuffled"] for x in g], "%.3f"),
+                    spread([x["ce_none"] for x in g], "%.3f"), spread([100 * x.get("acc_target", 0) for x in g], "%.1f %%"),
+                    spread([100 * x.get("acc_target_shuffled", 0) for x in g], "%.1f %%")))
         print("\nCE by position of the predicted token inside its chunk (0 = a chunk's first token; mean over seeds), "
               "fusion off / predicted / predicted's control:\n")
-        for corpus in sorted({r["corpus"] for r in text}):
-            es = [r["eval"] for r in text if r["corpus"] == corpus]
+        for corpus, arm in arms:
+            es = [r["eval"] for r in of(corpus, arm)]
             L = len(es[0]["ce_pos_none"])
             m = lambda k, j: statistics.mean(e[k][j] for e in es)
             cols = [0, 1, 2, 4, 8, 16, L - 1]
-            print(f"- {corpus}: " + "; ".join("%d: %.3f / %.3f / %.3f" % (j, m("ce_pos_none", j), m("ce_pos_pred", j),
-                                                                            m("ce_pos_pred_shuffled", j)) for j in cols if j < L))
+            print(f"- {corpus}, {arm}: " + "; ".join("%d: %.3f / %.3f / %.3f" % (j, m("ce_pos_none", j), m("ce_pos_pred", j),
+                                                                                   m("ce_pos_pred_shuffled", j)) for j in cols if j < L))
         print()
     if probes:
         modes = ("none", "predicted", "target", "predicted_shuffled", "target_shuffled", "in_context")
