@@ -108,10 +108,11 @@ def main():
                 continue
             doc, size = [], 0
             for para in clean(render(src, path)):
-                if size and size + len(para) + 1 > a.doc_bytes:
+                n = len(para.encode()) + 1
+                if size and size + n > a.doc_bytes + 1:
                     break
                 doc.append(para)
-                size += len(para.encode()) + 1
+                size += n
             if not doc:
                 continue
             text = "\n".join(doc)
