@@ -383,8 +383,9 @@ typedef struct {
     dfm_search_counts side, side_bf; /* tuning and recall: the index's searches; brute force */
     dfm_work w;
     uint64_t blocks_kept, blocks_searched;
-    const char *tuned_name;
+    const char *tuned_name;         /* nprobe, efSearch, or NULL (nothing tuned but the margin, or nothing) */
     double tuned_value, tuned_recall, measured_recall;
+    json_t *tuning_tries;           /* rank 0: every setting the tuning tried, with its recall */
     double t0, search_s;
 } retrieve_ctx;
 
@@ -628,34 +629,81 @@ static const char *tuned_parameter(const retrieve_ctx *r) {
     return NULL;
 }
 
-/* 2. --target-recall (on by default): the smallest nprobe / efSearch reaching R on a held-out sample,
- * against brute force */
+/* A doubling that raises the sample's recall@K by less than this has stalled: 10 of the 4096 neighbours of
+ * the default sample (256 queries x 16). */
+#define DFM_RECALL_STALL 0.0025
+
+/* The recall of the sample at (v, margin): v the tuned parameter's value (ignored without one). Each try
+ * is logged and kept for the manifest's "tuning" record. */
+static int try_setting(retrieve_ctx *r, recall_sample *s, double v, uint32_t margin, double *rec) {
+    const dfm_mpi *m = r->m;
+    int rc = r->tuned_name ? set_param_all(&r->sh, r->tuned_name, v) : DFM_OK;
+    DFM_TRY(dfm_work_agree(&r->w, m, rc));
+    r->sp.margin = margin;
+    DFM_TRY(recall_of_index(r, s, rec));
+    if (m->rank == 0) {
+        DFM_LOG_I("retrieve: tuning %s%s%g margin=%u: recall@%u %.4f", r->tuned_name ? r->tuned_name : "",
+                  r->tuned_name ? "=" : "", r->tuned_name ? v : 0.0, margin, r->k, *rec);
+        if (!r->tuning_tries) r->tuning_tries = json_array();
+        json_array_append_new(r->tuning_tries, json_pack("{s:f, s:i, s:f}", "value", r->tuned_name ? v : 0.0, "margin", (int)margin,
+                                                         "recall", *rec));
+    }
+    return DFM_OK;
+}
+
+/* 2. --target-recall (on by default): the cheapest setting found that reaches R on a held-out sample, against
+ * brute force. Two knobs bound an approximate index's recall: the lists it visits (nprobe; efSearch for HNSW)
+ * and, with compressed codes, whether the true neighbours survive among the K + margin candidates that are
+ * rescored exactly. Starting from nprobe 1 (efSearch 16) and --margin, each step doubles the tuned parameter;
+ * when a doubling stalls (recall up by less than DFM_RECALL_STALL) it is undone and the margin doubles instead,
+ * up to --max-margin: the codes, not the lists, bound the recall then. It stops at R, or when neither knob
+ * moves the recall. An explicit --nprobe / --ef-search is kept and only the margin is tuned. */
 static int tune_recall(retrieve_ctx *r) {
     const dfm_mpi *m = r->m;
     const dfm_retrieve_opts *o = r->o;
     const char *factory = r->factory;
     recall_sample s = {0};
     r->tuned_name = tuned_parameter(r);
-    if (!r->tuned_name) return DFM_OK;
+    int margin_tuned = r->sp.approx && o->max_margin > o->margin;
+    if (!r->tuned_name && !margin_tuned) return DFM_OK;
     int rc = recall_sample_exact(r, o->measure_recall ? o->measure_recall : 256, o->seed + 1, &s);
     if (!rc) {
-        double limit = strstr(factory, "IVF") ? 1e9 : 1 << 16, v = strstr(factory, "IVF") ? 1 : 16;
+        double limit = strstr(factory, "IVF") ? 1e9 : 1 << 16, v = strstr(factory, "IVF") ? 1 : 16, rec = 0;
         long long nlist = json_integer_value(json_object_get(json_object_get(r->index_stage, "choice"), "nlist"));
         if (nlist > 0) limit = (double)nlist;
-        for (;; v *= 2) {
-            if (v > limit) v = limit;
-            rc = set_param_all(&r->sh, r->tuned_name, v);
-            if ((rc = dfm_work_agree(&r->w, m, rc))) break;
-            double rec;
-            if ((rc = recall_of_index(r, &s, &rec))) break;
-            if (m->rank == 0) DFM_LOG_I("retrieve: tuning %s=%g: recall@%u %.4f", r->tuned_name, v, r->k, rec);
-            r->tuned_value = v;
-            r->tuned_recall = rec;
-            if (rec >= o->target_recall || v >= limit) break;
+        if (!r->tuned_name) v = limit = 0;
+        uint32_t margin = o->margin;
+        rc = try_setting(r, &s, v, margin, &rec);
+        while (!rc && rec < o->target_recall) {
+            double rec2 = 0;
+            if (r->tuned_name && v < limit) { /* more lists, unless that has stalled */
+                double v2 = v * 2 > limit ? limit : v * 2;
+                if ((rc = try_setting(r, &s, v2, margin, &rec2))) break;
+                if (rec2 - rec >= DFM_RECALL_STALL || !margin_tuned || margin >= o->max_margin) {
+                    v = v2, rec = rec2;
+                    continue;
+                }
+                /* stalled: undo it (rec2 < rec + stall), and widen the rescored candidates instead */
+            }
+            if (!margin_tuned || margin >= o->max_margin) break;
+            uint32_t m2 = margin < r->k ? r->k : margin * 2;
+            if (m2 > o->max_margin) m2 = o->max_margin;
+            if ((rc = try_setting(r, &s, v, m2, &rec2))) break;
+            if (rec2 - rec < DFM_RECALL_STALL) { /* neither knob moves it: keep the better, stop */
+                if (rec2 > rec) margin = m2, rec = rec2;
+                break;
+            }
+            margin = m2, rec = rec2;
         }
+        if (!rc && r->tuned_name) rc = set_param_all(&r->sh, r->tuned_name, v);
+        rc = dfm_work_agree(&r->w, m, rc);
+        r->sp.margin = margin;
+        r->tuned_value = v;
+        r->tuned_recall = rec;
         if (!rc && m->rank == 0)
-            printf("retrieve: %s=%g reaches recall@%u = %.4f (target %.4f) on %zu held-out queries\n", r->tuned_name, r->tuned_value,
-                   r->k, r->tuned_recall, o->target_recall, s.snq);
+            printf("retrieve: %s%s%g margin=%u %s recall@%u = %.4f (target %.4f) on %zu held-out queries\n",
+                   r->tuned_name ? r->tuned_name : "", r->tuned_name ? "=" : "", r->tuned_name ? v : 0.0, margin,
+                   rec >= o->target_recall ? "reaches" : "falls short at", r->k, rec, o->target_recall, s.snq);
     }
     recall_sample_free(&s);
     return rc;
@@ -913,7 +961,7 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
     /* the run's counts (per query, the same on any number of ranks, and after a resume), then the
      * shard-level figures of this invocation */
     json_t *counts = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "queries", (json_int_t)queries_issued,
-                               "no_query_rows", (json_int_t)sum[C_NOQUERY], "candidates_fetched", (json_int_t)(queries_issued * (k + o->margin)),
+                               "no_query_rows", (json_int_t)sum[C_NOQUERY], "candidates_fetched", (json_int_t)(queries_issued * (k + r->sp.margin)),
                                "excluded", (json_int_t)sum[C_EXCL], "items_kept", (json_int_t)sum[C_KEPT], "padded_slots",
                                (json_int_t)sum[C_PADDED], "bytes", (json_int_t)bytes, "shard_searches", (json_int_t)sum[C_SEARCHES],
                                "shard_candidates_fetched", (json_int_t)sum[C_CAND], "shard_excluded", (json_int_t)sum[C_SHARD_EXCL],
@@ -928,9 +976,12 @@ static json_t *stage_object(retrieve_ctx *r, const uint64_t *sum, double index_s
                            dfm_now() - r->t0, "search_s", r->search_s, "outputs", outs);
     if (st) json_object_set_new(json_object_get(st, "timings"), "index_search_s_max_rank", json_real(index_s));
     if (st) json_object_set_new(st, "assignment", json_string(r->quant ? "once per query, at its owner" : "by each shard"));
-    if (st && r->tuned_name && r->tuned_recall >= 0)
-        json_object_set_new(st, "tuning", json_pack("{s:s, s:f, s:f, s:f}", "parameter", r->tuned_name, "value", r->tuned_value, "recall",
-                                                    r->tuned_recall, "target", o->target_recall));
+    if (st) json_object_set_new(st, "margin", json_integer(r->sp.margin));
+    if (st && r->tuned_recall >= 0)
+        json_object_set_new(st, "tuning", json_pack("{s:s?, s:f, s:i, s:f, s:f, s:b, s:O?}", "parameter", r->tuned_name, "value",
+                                                    r->tuned_name ? r->tuned_value : 0.0, "margin", (int)r->sp.margin, "recall",
+                                                    r->tuned_recall, "target", o->target_recall, "reached",
+                                                    r->tuned_recall >= o->target_recall, "tries", r->tuning_tries));
     if (st && r->measured_recall >= 0) json_object_set_new(st, "recall", json_pack("{s:i, s:f, s:I}", "k", (int)k, "recall@k", r->measured_recall,
                                                                                   "queries", (json_int_t)o->measure_recall));
     if (st) json_object_set(st, "work", work);
@@ -1001,6 +1052,7 @@ int dfm_retrieve_run(const dfm_mpi *m, const dfm_retrieve_opts *o, const dfm_vec
     dfm_work_phase(&r.w, 0);
     if (!rc) rc = retrieve_finish(&r, stage);
     shards_free(&r.sh);
+    json_decref(r.tuning_tries);
     free(r.route.off);
     free(r.route.rank);
     return rc;

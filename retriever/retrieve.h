@@ -53,6 +53,8 @@ typedef struct {
     int64_t nprobe;         /* > 0: used as given; 0: tuned to target_recall (IVF) */
     int64_t ef_search;      /* > 0: used as given; 0: tuned to target_recall (HNSW) */
     double target_recall;   /* the recall@K the untuned parameter is raised to (dfm retrieve: 0.95); 0: FAISS default */
+    uint32_t max_margin;    /* approximate indexes: the tuning may widen margin up to this when more lists stop helping
+                             * (<= margin: the margin stays as given) */
     uint64_t measure_recall; /* sampled queries for recall@K against brute force (0: none) */
     uint64_t seed;
 } dfm_retrieve_opts;

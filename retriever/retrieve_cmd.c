@@ -61,12 +61,15 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     dfm_mpi m;
     DFM_TRY(dfm_mpi_init(&argc, &argv, &m));
     char *exclude_s = NULL, *metric_s = NULL, *datastore = NULL;
-    int64_t k = 0, margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
+    int64_t k = 0, margin = 0, max_margin = 0, window = 0, qblock = 0, nprobe = 0, ef = 0, measure = 0, seed = 0;
     double target = 0;
     int force = 0;
     dfm_opt table[] = {
         {"k", DFM_OPT_INT, &k, "16", "K", "neighbours per chunk (the neighbour mask is 64 bits)", 0, .min = "1", .max = "64"},
         {"margin", DFM_OPT_INT, &margin, "16", "M", "extra candidates fetched per shard before exclusions (k' = K + M)", 0, .min = "0", .max = "4096"},
+        {"max-margin", DFM_OPT_INT, &max_margin, "256", "M",
+         "with --target-recall, on an index of compressed codes (PQ, SQ): widen the margin up to M when visiting more lists "
+         "stops raising the recall (the codes then bound it); --margin and below: the margin stays as given", 0, .min = "0", .max = "4096"},
         {"exclude", DFM_OPT_STR, &exclude_s, "sequence", "POLICY", "neighbours excluded by id (see retriever/topk.h)", 0, .choices = "none|self|sequence|document"},
         {"query-window", DFM_OPT_INT, &window, "1", "W", "the query is the mean of the W preceding chunks of the sequence (renormalised)", 0, .min = "1", .max = "1024"},
         {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "queries per rank per round (bounds memory)", 0, .min = "1", .max = "1048576"},
@@ -100,7 +103,7 @@ int dfm_cmd_retrieve(int argc, char **argv) {
     rc = dfm_mpi_agree(&m, rc);
     if (!rc) {
         dfm_retrieve_opts o = {pos[0], NULL,   (uint32_t)k, (uint32_t)margin, (uint32_t)excl,    (uint32_t)window, (uint64_t)qblock,
-                               metric, nprobe, ef,          target,           (uint64_t)measure, (uint64_t)seed};
+                               metric, nprobe, ef,          target,           (uint32_t)max_margin, (uint64_t)measure, (uint64_t)seed};
         rc = dfm_retrieve_stage(&m, &o, datastore, cfg, force);
     }
     json_decref(cfg);

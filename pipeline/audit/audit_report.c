@@ -280,6 +280,7 @@ static int audit_count(audit_ctx *x) {
     x->S = (uint32_t)u64(mnum(m, "chunk", "config", "seq-len"));
     x->K = (uint32_t)u64(mnum(m, "retrieve", "config", "k"));
     x->margin = (uint32_t)u64(mnum(m, "retrieve", "config", "margin"));
+    if (mnum(m, "retrieve", NULL, "margin") >= 0) x->margin = (uint32_t)u64(mnum(m, "retrieve", NULL, "margin")); /* as searched */
     x->nprobe = (int64_t)u64(mnum(m, "retrieve", "config", "nprobe"));
     json_t *tuning = json_object_get(dfm_manifest_stage(m, "retrieve"), "tuning"); /* the nprobe the run searched with */
     const char *tuned = tuning ? json_string_value(json_object_get(tuning, "parameter")) : NULL;

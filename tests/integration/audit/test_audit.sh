@@ -54,7 +54,7 @@ tl, cl = me["token_level"], me["chunk_level"]
 eq(tl["queries"], me["sample"]["tokens"], "token-level queries = sample tokens")
 eq(tl["keys"], me["sample"]["tokens"], "token-level keys = sample tokens")
 eq(tl["k"], 1024, "token k"); eq(tl["key_dim"], D, "token key width"); eq(cl["key_dim"], st["index"]["dim"], "chunk key width")
-eq(cl["k"], K + m["stages"]["retrieve"]["config"]["margin"], "chunk k'")
+eq(cl["k"], K + m["stages"]["retrieve"].get("margin", m["stages"]["retrieve"]["config"]["margin"]), "chunk k'")
 assert tl["index_bytes"] > tl["keys"] * D * 4, "token index smaller than its keys"
 assert tl["search_s"] > 0 and cl["search_s"] > 0, "search times"
 assert tl["factory"].endswith("Flat") and cl["factory"] == st["index"]["factory"], "same index family"

@@ -9,6 +9,9 @@
 #   3. IVF-Flat and IVF-PQ on np = 1, 2, 3: recall@16 above a threshold, files identical across np,
 #      --measure-recall recorded in the manifest.
 #   3b. An IVF index at retrieve's defaults is tuned to recall@16 >= 0.95 (nprobe 1 is not), recorded.
+#   3c. IVF16,PQ4np, whose codes bound the recall: with the margin held (--max-margin 16) the tuning visits every
+#       list and falls short, recorded as not reached; at the defaults a stalled doubling of the lists is undone and
+#       the margin widened until 0.95 (the reference agrees), the same files on np 1 and 2.
 #   4. Errors: too few training points, a corrupted index, a metric mismatch — clear messages.
 #   5. Resume by block: a rank SIGKILLed after writing a block; the re-run (on another rank count) keeps
 #      the finished blocks untouched (same inode), searches a damaged one again, and ends with the files
@@ -113,6 +116,38 @@ EOF
 "$DFM" audit "$R" --token-level-sample 0 --out "$T/audit" >/dev/null 2>"$T/log" || { cat "$T/log"; fail "audit of the tuned run"; }
 "$PY" -c "import json,sys; a=json.load(open(sys.argv[1])); m=json.load(open(sys.argv[2])); sys.exit(a['config']['nprobe'] != m['stages']['retrieve']['tuning']['value'])" \
   "$T/audit/audit.json" "$R/manifest.json" || fail "the audit does not report the tuned nprobe"
+
+echo "== 3c. codes that bound the recall: more lists stall, the tuning widens the margin"
+R=$T/pq; fresh "$R"
+mpi 2 "$DFM" index "$R" --index IVF16,PQ4np --train-sample 3000 2>"$T/log" || { cat "$T/log"; fail "index IVF16,PQ4np"; }
+for np in 1 2; do
+  mpi $np "$DFM" retrieve "$R" --max-margin 16 --force >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "retrieve --max-margin 16 np=$np"; }
+  grep -q "falls short at recall@16" "$T/out.txt" || fail "a fixed margin on PQ4 codes should fall short of 0.95: $(cat "$T/out.txt")"
+  "$PY" - "$R/manifest.json" <<'PY' || fail "the fixed-margin tuning record (np=$np)"
+import json, sys
+r = json.load(open(sys.argv[1]))["stages"]["retrieve"]; t = r["tuning"]
+print("fixed margin:", {k: t[k] for k in ("value", "margin", "recall", "reached")})
+assert t["margin"] == 16 == r["margin"] and not t["reached"] and t["recall"] < 0.95, t
+assert t["value"] == 16, "every list visited before giving up: %s" % t["value"]
+assert all(x["margin"] == 16 for x in t["tries"]), t["tries"]
+PY
+  mpi $np "$DFM" retrieve "$R" --force >"$T/out.txt" 2>"$T/log" || { cat "$T/log"; fail "retrieve PQ4 at its defaults np=$np"; }
+  grep -q "reaches recall@16" "$T/out.txt" || fail "the widened margin did not reach 0.95: $(cat "$T/out.txt")"
+  "$PY" - "$R/manifest.json" <<'PY' || fail "the widened-margin tuning record (np=$np)"
+import json, sys
+r = json.load(open(sys.argv[1]))["stages"]["retrieve"]; t = r["tuning"]
+print("tuned margin:", {k: t[k] for k in ("value", "margin", "recall", "reached")}, "tries", len(t["tries"]))
+assert t["reached"] and t["recall"] >= 0.95 and 16 < t["margin"] <= 256 and r["margin"] == t["margin"], t
+# a widening is tried only after a doubling of the lists stalled, and that doubling is undone
+first = next(i for i, x in enumerate(t["tries"]) if x["margin"] > 16)
+assert first >= 2 and t["tries"][first - 1]["recall"] - t["tries"][first - 2]["recall"] < 0.0025, t["tries"]
+assert t["tries"][first]["value"] == t["tries"][first - 2]["value"], t["tries"]
+assert r["counts"]["candidates_fetched"] == r["counts"]["queries"] * (16 + t["margin"]), r["counts"]
+PY
+  "$PY" "$ROOT/tests/ref/retrieval_reference.py" "$R" --min-recall 0.95 || fail "PQ4 codes with the tuned margin: recall np=$np"
+  mkdir -p "$T/pq/$np"; cp "$R"/retrieve/nbr-*.bin "$T/pq/$np/"
+done
+for f in "$T/pq/1"/nbr-*.bin; do cmp -s "$f" "$T/pq/2/$(basename "$f")" || fail "PQ4 tuned: $(basename "$f") differs between np 1 and 2"; done
 
 echo "== 4. errors"
 R=$T/err; fresh "$R"
