@@ -79,37 +79,7 @@ for seed in $SEEDS; do
       src=$DFM_CACHE/corpus/$corpus-1mb.jsonl d=$W/$corpus-s$seed
       mkdir -p "$d"
       # the first TEXT_BYTES of the corpus, split by document: about 1 in HOLDOUT documents held out, drawn by seed
-      python3 - "$src" "$d" "$seed" "$TEXT_BYTES" "$HOLDOUT" <<'PY'
-import hashlib, json, sys
-src, d, seed, limit, every = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-n, held, kept, tr, ho = 0, 0, 0, open(d + "/train.jsonl", "w"), open(d + "/heldout.jsonl", "w")
-for line in open(src):
-    if n >= limit:
-        break
-    n += len(line)
-    doc = json.loads(line)
-    h = int(hashlib.sha256((seed + doc["id"]).encode()).hexdigest(), 16)
-    if h % every == 0:
-        ho.write(line)
-        held += 1
-    else:
-        tr.write(line)
-        kept += 1
-if held < 2 or kept < 2:
-    sys.exit("bench_real_memory: %s: %d documents held out, %d kept in the first %d bytes: raise TEXT_BYTES or lower HOLDOUT"
-             % (src, held, kept, limit))
-tr.close(), ho.close()
-# cross-document redundancy: the share of the held-out part's word 8-grams that occur anywhere in the training part
-def grams(path):
-    out = []
-    for line in open(path):
-        w = json.loads(line)["text"].split()
-        out += [tuple(w[i:i + 8]) for i in range(len(w) - 7)]
-    return out
-seen, asked = set(grams(d + "/train.jsonl")), grams(d + "/heldout.jsonl")
-json.dump({"ngram": 8, "heldout_ngrams": len(asked), "in_training_part": sum(g in seen for g in asked) / max(len(asked), 1)},
-          open(d + "/redundancy.json", "w"))
-PY
+      python3 bench/memory/text_split.py "$src" "$d" --seed "$seed" --max-bytes "$TEXT_BYTES" --every "$HOLDOUT"
       echo "== $corpus, seed $seed: datastore and training part, then the held-out part as a query-only run"
       build "$d/train" "$d/train.jsonl" $T "" document
       build "$d/heldout" "$d/heldout.jsonl" $T "$d/train" none
