@@ -40,12 +40,6 @@ T0=$(date +%s)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 
 # run a command or function; FILE gets "WALL_SECONDS CPU_SECONDS" of it (bash's time: its children included)
-timed() { # FILE CMD...
-  local f=$1 TIMEFORMAT="%R %U %S"; shift
-  { time "$@" 2>&3; } 3>&2 2> "$f.time"
-  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
-}
-
 retarget() { # RUN VARIANT: rewrite RUN's targets with slots holding VARIANT
   mpirun -np "$NP" "$DFM" write-targets "$1" --target-shards 2 --dtype fp16 --slots-hold "$2" --force \
     > "$1.targets.log" 2>&1 || { tail -20 "$1.targets.log" >&2; exit 1; }

@@ -63,12 +63,6 @@ T0=$(date +%s)
 
 
 # run a command; FILE gets "WALL_SECONDS CPU_SECONDS" of it (all its threads and children)
-timed() { # FILE CMD...
-  local f=$1; shift
-  /usr/bin/time -f "%e %U %S" -o "$f.time" "$@"
-  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
-}
-
 dfm_train() { # OUT STEPS SEED [extra flags]
   local out=$1 steps=$2 seed=$3; shift 3
   timed "$out.cost" "$TRAIN" train --backbone "$DFM_LM" --data "$d/corpus" --targets "$targets" --out "$out" --seq-len $T \

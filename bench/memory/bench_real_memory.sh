@@ -47,12 +47,6 @@ T0=$(date +%s)
 nseq() { python3 -c 'import json,sys; m=json.load(open(sys.argv[1]+"/manifest.json"))["stages"]["chunk"]; print(m["counts"]["sequences"])' "$1"; }
 
 # train DFM modules on RUN for EPOCHS epochs (all its sequences but 2 held out); OUT folder
-timed() { # FILE CMD...: wall and CPU seconds of CMD into FILE
-  local f=$1; shift
-  /usr/bin/time -f "%e %U %S" -o "$f.time" "$@"
-  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
-}
-
 train() { # RUN OUT EPOCHS SEED [extra flags]
   local n steps run=$1 out=$2 epochs=$3 seed=$4
   shift 4
@@ -69,6 +63,7 @@ train() { # RUN OUT EPOCHS SEED [extra flags]
 reading() {
   timed "$2.cost" "$TRAIN" train --objective reconstruct --backbone "$DFM_LM" --data "$1" --out "$2" --chunk-len $L \
     --slots 16 --batch 16 --steps "$READ_STEPS" --lr 2e-3 --warmup $(( READ_STEPS / 20 + 1 )) --fusion-layers "$FUSION" \
+    --pred-input-layer "$PRED_INPUT" \
     --val-seqs 2 --eval-batches 4 --eval-every "$READ_STEPS" --seed "$3" --threads "$THREADS" --no-ckpt --cache-frozen \
     > "$2.log" 2>&1 || { tail -20 "$2.log" >&2; exit 1; }
 }

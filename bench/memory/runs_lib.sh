@@ -1,6 +1,6 @@
 # bench/memory/runs_lib.sh — what the real-LM memory benchmarks share (sourced by bench_real_memory.sh,
 # bench_reading.sh and bench_information.sh once they have set ROOT): the cache's paths, MPI allowed as root, the
-# programs and the LM checked, and build(), which uses their L and NP.
+# programs and the LM checked, build(), which uses their L and NP, and timed().
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
 eval "$(sed -n 's/^\([A-Z_]*\) *:\?= *\(.*\)$/export \1="\2"/p' "$DFM_CACHE/paths.mk")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -21,4 +21,14 @@ build() { # RUN INPUT SEQ DATASTORE(or "") EXCLUDE
  "write-targets": {"target-shards": 2, "dtype": "fp16"}}
 JSON
   mpirun -np "$NP" "$DFM" build "$run.json" > "$run.log" 2>&1 || { tail -20 "$run.log" >&2; exit 1; }
+}
+
+# CMD's wall and CPU seconds (user + system) into FILE as "wall cpu" (FILE.time: bash's own figures); returns CMD's
+# exit status, so that `timed F cmd || { ...; exit 1; }` stops on a failed command
+timed() { # FILE CMD...
+  local f=$1 TIMEFORMAT="%R %U %S" rc=0
+  shift
+  { time "$@" 2>&3 || rc=$?; } 3>&2 2> "$f.time"
+  awk '{printf "%.1f %.1f\n", $1, $2 + $3}' "$f.time" > "$f"
+  return $rc
 }
