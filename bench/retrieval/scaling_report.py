@@ -290,7 +290,7 @@ def main():
         cfg.write('{"run": "/nonexistent-dfm-run"}')
         cfg.close()
         md += ["", "## `dfm estimate` against the measured points", "",
-               "`dfm estimate CONFIG --tokens 4N --chunk-len 4 --dim d --index F --nprobe 8 --ranks np --json` (retrieve_mkrun's "
+               "`dfm estimate CONFIG --tokens 4N --chunk-len 4 --dim d --index F --nprobe (the point's) --ranks np --json` (retrieve_mkrun's "
                "chunks are 4 tokens): its index and retrieve seconds against the slowest rank's measured CPU seconds (the phases "
                "the model covers). Its counts are formulas (every chunk a vector and a query: the synthetic runs have about 6 % "
                "fewer queries), its rates those committed in retriever/estimate.c.", "",
