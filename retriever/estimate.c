@@ -62,21 +62,23 @@ enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
  * and in both the coarse assignment, coarse_distances x (a d + b): a per multiply-add of FAISS's SGEMM,
  * b per distance (its heaps), fitted on bench/retrieval/bench_coarse.c's measurements of the assignment alone up
  * to a big job's size (50,000 lists, d = 384), which the small points cannot reach. */
-/* seconds per unit, bench/results/scaling_fit.json */
-#define RATE_INDEX_KMEANS 2.891e-11
-#define RATE_INDEX_SAMPLE 0.0
-#define RATE_INDEX_TRAIN_START 0.0
-#define RATE_INDEX_ENCODE 1.236e-09
-#define RATE_INDEX_ADD_START 1.712e-02
-#define RATE_INDEX_COARSE_A 9.140e-12
-#define RATE_INDEX_COARSE_B 3.588e-09
-#define RATE_RET_SCAN 9.754e-10
-#define RATE_RET_TABLES 1.444e-09
-#define RATE_RET_EXACT 2.938e-09
-#define RATE_RET_VISITS 0.0
-#define RATE_RET_QUERIES 9.753e-06
-#define RATE_RET_COARSE_A 5.172e-12
-#define RATE_RET_COARSE_B 6.097e-09
+/* seconds per unit, bench/results/scaling_fit.json: fitted on bench/results/scaling.jsonl (d = 64, 10^5 chunks),
+ * scaling-d384.jsonl (d = 384, 2.5·10^5 to 10^6, PQ32, MiniLM-like vectors) and large_point.jsonl (2·10^6, d = 384);
+ * fitted without the 2·10^6 point, how well they predict it: bench/results/large_point.md, "Refit at d = 384" */
+#define RATE_INDEX_KMEANS 1.118e-11
+#define RATE_INDEX_SAMPLE 3.420e-07
+#define RATE_INDEX_TRAIN_START 5.422e-01
+#define RATE_INDEX_ENCODE 5.826e-10
+#define RATE_INDEX_ADD_START 1.589e-02
+#define RATE_INDEX_COARSE_A 1.192e-11
+#define RATE_INDEX_COARSE_B 4.361e-09
+#define RATE_RET_SCAN 3.711e-10
+#define RATE_RET_TABLES 5.608e-10
+#define RATE_RET_EXACT 0.0
+#define RATE_RET_VISITS 1.362e-05
+#define RATE_RET_QUERIES 3.779e-05
+#define RATE_RET_COARSE_A 6.335e-12
+#define RATE_RET_COARSE_B 6.740e-09
 enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ENCODE, IU_ADD_START, N_IU };
 enum { RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
 static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START, RATE_INDEX_ENCODE, RATE_INDEX_ADD_START};

@@ -19,7 +19,8 @@
 # 'np' (FAISS on rank 0) against this tree's (distributed, 'np' added), np = 1, at the first size.
 #
 # Env: SIZES ("100000 300000"), DIMS ("64"), D384 (1: also N = first size at d = 384), NPS ("1 2 4"),
-#      FACS ("pq flat"), NPROBE (8), K (16), OLD (the dfm before this change: a path, or a git commit
+#      FACS ("pq flat"), PQM (the PQ's sub-quantisers; default d/8), MINILM (0; 1: the vectors of
+#      bench/retrieval/large_point.sh, retrieve_mkrun --minilm-like with 2000 topics), NPROBE (8), K (16), OLD (the dfm before this change: a path, or a git commit
 #      built into the scratch folder; default the commit before the first one of this change, empty to
 #      skip), POLY (1), OUT (bench/results), JSONL (OUT/scaling.jsonl), KEEP=1 keeps the scratch folder.
 # One thread per process (OMP_NUM_THREADS=1): on 2 shared cores, threads measure the neighbours' load.
@@ -27,7 +28,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 SIZES=${SIZES:-100000 300000} DIMS=${DIMS:-64} D384=${D384:-1} NPS=${NPS:-1 2 4} FACS=${FACS:-pq flat}
-NPROBE=${NPROBE:-8} K=${K:-16} POLY=${POLY:-1} OLD=${OLD-ac82920}
+NPROBE=${NPROBE:-8} K=${K:-16} POLY=${POLY:-1} OLD=${OLD-ac82920} PQM=${PQM:-} MINILM=${MINILM:-0}
 OUT=${OUT:-$ROOT/bench/results}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 DFM_LOG_LEVEL=warn DFM_PROGRESS=0
@@ -47,18 +48,18 @@ if [ -n "$OLD" ] && [ ! -x "$OLD" ]; then  # a commit: build it in a clean expor
   OLD=$B/old/build/dfm
 fi
 OLD_DESC=${OLD:+$("$OLD" --version 2>&1 | head -1)}
-echo "== scaling: $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg), $(getconf _NPROCESSORS_ONLN) cpus; new $("$NEW" --version 2>&1 | head -1) ($(git -C "$ROOT" rev-parse --short HEAD)); old ${OLD_DESC:-none}"
+echo "== scaling: $(date -u '+%F %H:%M') UTC, load $(cut -d' ' -f1-3 /proc/loadavg), $(getconf _NPROCESSORS_ONLN) cpus; minilm $MINILM; new $("$NEW" --version 2>&1 | head -1) ($(git -C "$ROOT" rev-parse --short HEAD)); old ${OLD_DESC:-none}"
 
 copy() { rm -rf "$2"; mkdir -p "$2"; cp -r "$1/chunk" "$1/manifest.json" "$2/"; ln -s "$1/encode" "$2/encode"; }
 factory() {  # pq|flat N D
   local nl; nl=$("$PY" -c "print(round(4 * $2 ** 0.5))")
-  if [ "$1" = pq ]; then echo "IVF$nl,PQ$(($3 / 8))np"; else echo "IVF$nl,Flat"; fi
+  if [ "$1" = pq ]; then echo "IVF$nl,PQ${PQM:-$(($3 / 8))}np"; else echo "IVF$nl,Flat"; fi
 }
 work() { "$PY" -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))['stages'][sys.argv[2]].get('work')))" "$1/manifest.json" "$2"; }
 # record SIDE STAGE N D FAC NP TAG RUN [EXTRA]
 record() {
   local w=null; [ "$1" = new ] && w=$(work "$8" "${2%-poly}")
-  echo "{\"side\":\"$1\",\"stage\":\"$2\",\"n\":$3,\"dim\":$4,\"factory\":\"$5\",\"nprobe\":$NPROBE,\"k\":$K,\"np\":$6,\"wall_s\":$WALL,\"ranks\":$(ranks_json "$7"),\"work\":$w${9:-}}" >>"$JSONL"
+  echo "{\"side\":\"$1\",\"stage\":\"$2\",\"n\":$3,\"dim\":$4,\"factory\":\"$5\",\"nprobe\":$NPROBE,\"k\":$K,\"np\":$6,\"minilm\":$MINILM,\"wall_s\":$WALL,\"ranks\":$(ranks_json "$7"),\"work\":$w${9:-}}" >>"$JSONL"
   printf '%-4s %-9s n=%-8s d=%-4s %-16s np=%s wall %8.2fs\n' "$1" "$2" "$3" "$4" "$5" "$6" "$WALL"
 }
 side() {  # SIDE DFM BASE N D FAC NP
@@ -75,7 +76,8 @@ round=0
 for pt in "${points[@]}"; do
   IFS=: read -r n d <<<"$pt"
   base=$B/base-$n-$d
-  "$B/bin/retrieve_mkrun" "$base" "$n" "$d" 32 4096 1 fp32 $((n / 20)) >/dev/null
+  if [ "$MINILM" = 1 ]; then "$B/bin/retrieve_mkrun" "$base" "$n" "$d" 32 4096 1 fp32 2000 2 --minilm-like >/dev/null
+  else "$B/bin/retrieve_mkrun" "$base" "$n" "$d" 32 4096 1 fp32 $((n / 20)) >/dev/null; fi
   for f in $FACS; do
     fac=$(factory "$f" "$n" "$d")
     for np in $NPS; do

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """scaling_report.py — the tables, the per-rank work model and the 5e9-token prediction of bench/retrieval/scaling.sh.
 
-    python3 bench/retrieval/scaling_report.py --out bench/results bench/results/scaling.jsonl
+    python3 bench/retrieval/scaling_report.py --out bench/results bench/results/scaling.jsonl [MORE.jsonl ...]
 
-Reads the JSON lines scaling.sh wrote (one per side, stage and point) and writes OUT/scaling.md and
-OUT/scaling_fit.json:
+Reads the JSON lines scaling.sh wrote (one per side, stage and point; several files are read as one, e.g.
+bench/results/scaling-d384.jsonl and bench/results/large_point.jsonl from bench/retrieval/large_point_jsonl.py)
+and writes OUT/scaling.md and OUT/scaling_fit.json:
 
   1. wall and CPU seconds per point, this tree against OLD (the dfm before index and retrieve shrank with
      ranks), and how they shrink from np = 1;
@@ -34,6 +35,7 @@ Units of a rank's work (its "work" record in the manifest; d the dimension, M th
 import argparse
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 
@@ -48,11 +50,15 @@ def load(path):
         for line in f:
             if line.strip():
                 r = json.loads(line)
-                if "ranks" in r:  # not the coarse-assignment rows
+                if r.get("ranks"):  # not the coarse-assignment rows
                     r["cpu"] = [u + s for _, u, s, _ in r["ranks"]]
                     r["cpu_max"] = max(r["cpu"])
                     r["cpu_sum"] = sum(r["cpu"])
                     r["rss_max"] = max(m for *_, m in r["ranks"]) * 1024.0
+                elif "ranks" in r:  # timed as one mpirun (large_point_jsonl.py): no rank's own CPU seconds
+                    r["cpu_max"] = float("nan")
+                    r["cpu_sum"] = r.get("cpu_all_ranks", float("nan"))
+                    r["rss_max"] = r.get("rss_max_kb", float("nan")) * 1024.0
                 rows.append(r)
     return rows
 
@@ -157,9 +163,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--dfm", help="build/dfm: also state `dfm estimate`'s error at every measured point")
-    ap.add_argument("jsonl")
+    ap.add_argument("--c-defines", action="store_true", help="also print the rates as retriever/estimate.c's #define lines")
+    ap.add_argument("jsonl", nargs="+")
     a = ap.parse_args()
-    rows = load(a.jsonl)
+    rows = [r for path in a.jsonl for r in load(path)]
     md = ["# Index and retrieve as ranks grow: bench/retrieval/scaling.sh", ""]
     new = [r for r in rows if r["side"] == "new" and r["stage"] in ("index", "retrieve")]
     old = {(r["stage"], r["n"], r["dim"], r["factory"], r["np"]): r for r in rows if r["side"] == "old" and r["stage"] in ("index", "retrieve")}
@@ -168,7 +175,8 @@ def main():
     md += ["## Wall and CPU seconds", "",
            "CPU: user + system seconds of the slowest rank (/usr/bin/time); outside MPI: the slowest rank's CPU seconds minus those "
            "inside MPI calls (its work record). old: the dfm before this change, in the same round. ×np1: the slowest rank's CPU "
-           "outside MPI at np = 1 over this one (ideal: np).", "",
+           "outside MPI at np = 1 over this one (ideal: np). A CPU s of - : the point was timed as one mpirun, not rank by rank "
+           "(bench/retrieval/large_point_jsonl.py).", "",
            "| stage | n | d | index | np | wall s | CPU s (slowest) | outside MPI | ×np1 | old wall s | old CPU s (slowest) | old CPU / new CPU |",
            "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = {}
@@ -179,7 +187,8 @@ def main():
             base[key] = out
         o = old.get(key + (r["np"],))
         sp = f"{base[key] / out:.2f}" if key in base and out > 0 else ""
-        md.append(f"| {r['stage']} | {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {r['wall_s']:.1f} | {r['cpu_max']:.1f} | {out:.1f} | {sp} | "
+        cm = f"{r['cpu_max']:.1f}" if r["cpu_max"] == r["cpu_max"] else "-"
+        md.append(f"| {r['stage']} | {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {r['wall_s']:.1f} | {cm} | {out:.1f} | {sp} | "
                   + (f"{o['wall_s']:.1f} | {o['cpu_max']:.1f} | {o['cpu_max'] / r['cpu_max']:.2f} |" if o else " | | |"))
     agree = [r for r in rows if r["side"] == "old-on-new"]
     md += ["", f"Outputs agree: the old retrieve on this tree's index wrote byte-identical neighbour blocks in "
@@ -207,7 +216,7 @@ def main():
             md.append(f"| {stage} | {n:,} | {d} | {fac} | {k} | " + " | ".join(cells) + " |")
 
     # 3. the model
-    fits, err_lines = {}, []
+    fits, err_lines, held_rows, held_rates = {}, [], [], {}
     md += ["", "## The per-rank model", ""]
     crow = [r for r in rows if r["side"] == "coarse"]
     if crow:
@@ -250,6 +259,7 @@ def main():
         biggest = max(r["n"] for r in pts)
         rest = [r for r in pts if r["n"] != biggest]
         held = fit_stage(stage, rest) if rest else rates * float("nan")  # one size only: nothing to hold out
+        held_rates[stage] = dict(zip(terms, held.tolist()))
         fits[stage]["coarse_a"], fits[stage]["coarse_b"] = float(ab[stage][0]), float(ab[stage][1])
         md += [f"### {stage}", "", "| term | rate (s per unit) |", "|---|---:|"] + [f"| {t} | {v:.3e} |" for t, v in fits[stage].items()
                                                                                   if t not in (INDEX_TERMS[fixed["index"]] if stage == "index" else "coarse",)]
@@ -265,6 +275,8 @@ def main():
             errs.append(e)
             if r["n"] == biggest:
                 herrs.append(he)
+                held_rows.append({"stage": stage, "n": r["n"], "dim": r["dim"], "factory": r["factory"], "np": r["np"], "measured_s": y,
+                                  "model_s": pm, "model_without_s": ph})
             md.append(f"| {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {y:.2f} | {pm:.2f} | {e:+.0%} | {ph:.2f} | {he:+.0%} |")
         err_lines.append(f"{stage}: in-sample error {min(errs):+.0%} to {max(errs):+.0%} (median |e| {np.median(np.abs(errs)):.0%}); "
                          f"n = {biggest:,} held out: {min(herrs):+.0%} to {max(herrs):+.0%}")
@@ -278,7 +290,7 @@ def main():
         cfg.write('{"run": "/nonexistent-dfm-run"}')
         cfg.close()
         md += ["", "## `dfm estimate` against the measured points", "",
-               "`dfm estimate CONFIG --tokens 4N --chunk-len 4 --dim d --index F --nprobe 8 --ranks np --json` (retrieve_mkrun's "
+               "`dfm estimate CONFIG --tokens 4N --chunk-len 4 --dim d --index F --nprobe (the point's) --ranks np --json` (retrieve_mkrun's "
                "chunks are 4 tokens): its index and retrieve seconds against the slowest rank's measured CPU seconds (the phases "
                "the model covers). Its counts are formulas (every chunk a vector and a query: the synthetic runs have about 6 % "
                "fewer queries), its rates those committed in retriever/estimate.c.", "",
@@ -334,10 +346,20 @@ def main():
     with open(f"{a.out}/scaling.md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(f"{a.out}/scaling_fit.json", "w") as f:
-        json.dump({"rates": fits, "errors": err_lines, "prediction_5e9_64": pred}, f, indent=1)
+        json.dump({"rates": fits, "errors": err_lines, "held_out": {"rates_without": held_rates, "points": held_rows},
+                   "inputs": [os.path.basename(p) for p in a.jsonl], "prediction_5e9_64": pred}, f, indent=1)
     print("\n".join(err_lines))
     for k, v in pred.items():
         print(f"{k}: index {v['index_s'] / 3600:.2f} h, retrieve {v['retrieve_s'] / 3600:.2f} h per rank")
+    if a.c_defines:
+        names = {"index": ("RATE_INDEX_", {"kmeans_flops": "KMEANS", "sample": "SAMPLE", "train_start": "TRAIN_START", "encode": "ENCODE",
+                                           "add_start": "ADD_START", "coarse_a": "COARSE_A", "coarse_b": "COARSE_B"}),
+                 "retrieve": ("RATE_RET_", {"scan": "SCAN", "tables": "TABLES", "exact": "EXACT", "visits": "VISITS", "queries": "QUERIES",
+                                            "coarse_a": "COARSE_A", "coarse_b": "COARSE_B"})}
+        for stage, (pre, m) in names.items():
+            for t, n in m.items():
+                v = fits[stage][t]
+                print(f"#define {pre}{n} {v:.3e}" if v else f"#define {pre}{n} 0.0")
 
 
 if __name__ == "__main__":
