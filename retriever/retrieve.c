@@ -642,8 +642,9 @@ static int try_setting(retrieve_ctx *r, recall_sample *s, double v, uint32_t mar
     r->sp.margin = margin;
     DFM_TRY(recall_of_index(r, s, rec));
     if (m->rank == 0) {
-        DFM_LOG_I("retrieve: tuning %s%s%g margin=%u: recall@%u %.4f", r->tuned_name ? r->tuned_name : "",
-                  r->tuned_name ? "=" : "", r->tuned_name ? v : 0.0, margin, r->k, *rec);
+        char what[64] = "";
+        if (r->tuned_name) snprintf(what, sizeof what, "%s=%g ", r->tuned_name, v);
+        DFM_LOG_I("retrieve: tuning %smargin=%u: recall@%u %.4f", what, margin, r->k, *rec);
         if (!r->tuning_tries) r->tuning_tries = json_array();
         json_array_append_new(r->tuning_tries, json_pack("{s:f, s:i, s:f}", "value", r->tuned_name ? v : 0.0, "margin", (int)margin,
                                                          "recall", *rec));
@@ -700,10 +701,12 @@ static int tune_recall(retrieve_ctx *r) {
         r->sp.margin = margin;
         r->tuned_value = v;
         r->tuned_recall = rec;
-        if (!rc && m->rank == 0)
-            printf("retrieve: %s%s%g margin=%u %s recall@%u = %.4f (target %.4f) on %zu held-out queries\n",
-                   r->tuned_name ? r->tuned_name : "", r->tuned_name ? "=" : "", r->tuned_name ? v : 0.0, margin,
+        if (!rc && m->rank == 0) {
+            char what[64] = "";
+            if (r->tuned_name) snprintf(what, sizeof what, "%s=%g ", r->tuned_name, v);
+            printf("retrieve: %smargin=%u %s recall@%u = %.4f (target %.4f) on %zu held-out queries\n", what, margin,
                    rec >= o->target_recall ? "reaches" : "falls short at", r->k, rec, o->target_recall, s.snq);
+        }
     }
     recall_sample_free(&s);
     return rc;
