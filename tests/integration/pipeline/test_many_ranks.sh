@@ -66,7 +66,7 @@ ok "np=16: $empty ranks read no document; 16 ranks for $blocks embedding blocks 
 build ivf 1 three sequence IVF2,Flat
 "$DFM" chunk-dump ivf-1 > ivf-1.dump
 build ivf 16 three sequence IVF2,Flat
-grep -q "nprobe=2: recall@4" ivf-16.log || { grep retrieve ivf-16.log; fail "np=16: no nprobe tuning logged for the IVF index"; }
+grep -q "tuning nprobe=2 margin=16: recall@4" ivf-16.log || { grep retrieve ivf-16.log; fail "np=16: no nprobe tuning logged for the IVF index"; }
 same ivf 16
 ok "IVF2,Flat: np=16 == np=1 (trained on a sample from 16 ranks, nprobe tuned alike)"
 
