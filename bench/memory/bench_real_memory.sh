@@ -98,12 +98,13 @@ for seed in $SEEDS; do
         "$TRAIN" eval --backbone "$DFM_LM" --modules "$out/dfm_modules.safetensors" --data "$d/heldout" \
           --targets "$d/heldout" --seq-len $T --batch $B --val-seqs "$(( nh - 1 ))" --threads "$THREADS" > "$out.eval.json" \
           2> "$out.eval.log" || { tail -20 "$out.eval.log" >&2; exit 1; }
-        python3 - "$d" "$out" "$corpus" "$seed" "$nh" "$arm" >> "$OUT" <<'PY'
+        python3 - "$d" "$out" "$corpus" "$seed" "$nh" "$arm" "$TEXT_BYTES" "$HOLDOUT" >> "$OUT" <<'PY'
 import json, os, sys
-d, out, corpus, seed, nh, arm = sys.argv[1:]
+d, out, corpus, seed, nh, arm, text_bytes, holdout = sys.argv[1:]
 e = json.loads(open(out + ".eval.json").read().strip().splitlines()[-1])
 tr = [json.loads(l) for l in open(out + "/log.jsonl") if '"loss"' in l]
-r = {"part": "text", "corpus": corpus, "seed": int(seed), "arm": arm, "heldout_sequences": int(nh), "train_steps": len(tr),
+r = {"part": "text", "corpus": corpus, "seed": int(seed), "arm": arm, "text_bytes": int(text_bytes), "holdout": int(holdout),
+     "heldout_sequences": int(nh), "train_steps": len(tr),
      "redundancy": json.load(open(d + "/redundancy.json")), "eval": e}
 # CPU seconds of the arm's training, with its reading stage's where it read first (one stage serves every such arm)
 costs = [out + ".cost"] + ([d + "/reading.cost"] if "read" in arm.split("+") else [])
