@@ -244,17 +244,30 @@ static double stage_seconds(json_t *man, int st, double n, double P, double D, c
     return t;
 }
 
+/* whether two factory strings name the same kind of index, whatever their list counts: both IVF or
+ * neither, and the same encoding after the first comma ("IVF5657,PQ32np" and "IVF50000,PQ32np": yes;
+ * "Flat" and "IVF50000,PQ32np": no) */
+static int same_index_kind(const char *a, const char *b) {
+    if (!a || !b) return 0;
+    int ivf_a = !strncmp(a, "IVF", 3), ivf_b = !strncmp(b, "IVF", 3);
+    const char *ea = strchr(a, ','), *eb = strchr(b, ',');
+    return ivf_a == ivf_b && !strcmp(ea ? ea + 1 : a, eb ? eb + 1 : b);
+}
+
 /* seconds of index (st = M_INDEX) or retrieve on the slowest rank of the job whose per-rank work is w:
- * the work model, calibrated by the run's own slowest rank where the manifest has its work record (its
- * measured CPU seconds outside MPI, of the phases the model covers, over what the model gives for its
- * counts) */
-static double work_seconds(json_t *man, int st, const work_counts *w, double D, double M, double nprobe, const char **src) {
+ * the work model, calibrated by the run's own slowest rank where the manifest has its work record and
+ * its index is of the same kind as factory (its measured CPU seconds outside MPI, of the phases the model
+ * covers, over what the model gives for its counts; a Flat run says nothing of an IVF-PQ job's rates) */
+static double work_seconds(json_t *man, int st, const work_counts *w, double D, double M, double nprobe, const char *factory,
+                           const char **src) {
     double t = st == M_INDEX ? index_seconds_of(w, D, M) : retrieve_seconds_of(w, D, M, nprobe);
     *src = "work model";
     json_t *ms = man ? dfm_manifest_stage(man, models[st].stage) : NULL;
     work_counts rw;
     double cpu = ms ? slowest_rank(ms, st == M_INDEX, &rw) : 0;
-    if (cpu > 0) {
+    if (cpu > 0 && !same_index_kind(json_string_value(json_object_get(dfm_manifest_stage(man, "index"), "factory")), factory))
+        *src = "work model; the run's index is of another kind, not used";
+    else if (cpu > 0) {
         json_t *enc = dfm_manifest_stage(man, "encode"), *ix = dfm_manifest_stage(man, "index"), *rt = dfm_manifest_stage(man, "retrieve");
         double d_run = (double)json_integer_value(json_object_get(enc, "dim"));
         double m_run = factory_pq_m(json_string_value(json_object_get(ix, "factory")));
@@ -288,7 +301,11 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     if (!rc && dim <= 0) rc = DFM_FAIL(DFM_ESTATE, "no embedding dimension: pass --dim");
     int tdt = dfm_emb_dtype_parse(cfg->tdtype);
     dfm_index_plan plan;
-    if (!rc) rc = dfm_index_plan_make(cfg->factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)cfg->mem, DFM_METRIC_IP, (uint64_t)cfg->train, &plan);
+    /* a run that has indexed, estimated at its own size: its own index, not a fresh automatic choice */
+    const char *factory = cfg->factory;
+    const char *run_factory = json_string_value(json_object_get(dfm_manifest_stage(man, "index"), "factory"));
+    if ((!factory || !*factory || !strcmp(factory, "auto")) && cfg->tokens <= 0 && run_factory) factory = run_factory;
+    if (!rc) rc = dfm_index_plan_make(factory, (uint64_t)n, (uint32_t)dim, (int)ranks, (uint64_t)cfg->mem, DFM_METRIC_IP, (uint64_t)cfg->train, &plan);
     if (rc) {
         json_decref(man);
         free(run);
@@ -337,7 +354,7 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     double M = pq_m ? (double)pq_m : factory_pq_m(plan.factory), cand = K + (double)cfg->margin;
     job_counts(N, P, D, (double)plan.nlist, M, nprobe, cand, (double)plan.train_n, &wi, &wr);
     for (int st = 0; st < M_STAGES; st++) {
-        if (st == M_INDEX || st == M_RETRIEVE) ln[st].seconds = work_seconds(man, st, st == M_INDEX ? &wi : &wr, D, M, nprobe, &ln[st].source);
+        if (st == M_INDEX || st == M_RETRIEVE) ln[st].seconds = work_seconds(man, st, st == M_INDEX ? &wi : &wr, D, M, nprobe, plan.factory, &ln[st].source);
         else ln[st].seconds = stage_seconds(man, st, items[st], P, D, &ln[st].source);
     }
     if (cfg->encode_gpus > 0) { /* encode on GPUs: the assumed rate per GPU, until one is measured */

@@ -31,9 +31,9 @@ est "$WORK/c.json" --tokens 5000000000 --ranks 64 --node-memory 512G
 [ "$(q "e['target_store']['recommend']")" = ids ] || fail "512 GB nodes for 120 GB of tables: expected ids"
 ok "store advice at 5e9 tokens: embeddings on 64 GB nodes, ids on 512 GB nodes"
 
-# a run that has indexed: index time from its own work record (the model calibrated by its slowest rank's
-# CPU seconds outside MPI, training and adding), scaled by the work of 4x the chunks (more: the fixed start-up dominates so
-# small a run)
+# a run that has indexed, estimated without --index: its own index (IVF16,Flat, not the automatic Flat), its time
+# from its own work record (the model calibrated by its slowest rank's
+# CPU seconds outside MPI, training and adding), scaled by the work of more chunks
 make -s --no-print-directory -C "$ROOT" build/tools/retrieve_mkrun
 "$ROOT/build/tools/retrieve_mkrun" "$WORK/run" 3000 32 16 700 7 >/dev/null
 "$DFM" index "$WORK/run" --index IVF16,Flat > /dev/null 2>&1 || fail "index"
@@ -44,10 +44,18 @@ t1=$(q "s['index']['seconds']")
 run_s=$("$PY" -c "import json; print(max(r['train_cpu_s'] + r['add_cpu_s'] for r in json.load(open('$WORK/run/manifest.json'))['stages']['index']['work']['ranks']))")
 # within 5 %: the job's counts are formulas (all-padding chunks counted as vectors), the run's are counted
 "$PY" -c "import sys; sys.exit(0 if abs($t1 / $run_s - 1) < 0.05 else 1)" || fail "index estimate $t1 s for the run itself, whose slowest rank took $run_s CPU s"
-est "$WORK/run" --tokens $((4 * 4 * 3000)) --chunk-len 4 --index IVF16,Flat
+# 400x the chunks: the refitted rates' fixed start-up of a training (0.54 s, fitted on 10^5..2*10^6 chunks) is most of
+# the model's time for so small a run, so the job grows far less than its work (x 1.2 when this was written)
+est "$WORK/run" --tokens $((400 * 4 * 3000)) --chunk-len 4 --index IVF16,Flat
 t4=$(q "s['index']['seconds']")
-"$PY" -c "import sys; r = $t4 / $t1; sys.exit(0 if 1.01 < r < 40 else 1)" || fail "4x the chunks: index time x $("$PY" -c "print($t4 / $t1)")"
-ok "index time from the run's work ($run_s CPU s outside MPI), x $("$PY" -c "print(round($t4 / $t1, 2))") for 4x the chunks"
+"$PY" -c "import sys; r = $t4 / $t1; sys.exit(0 if 1.1 < r < 400 else 1)" || fail "400x the chunks: index time x $("$PY" -c "print($t4 / $t1)")"
+ok "index time from the run's work ($run_s CPU s outside MPI), x $("$PY" -c "print(round($t4 / $t1, 2))") for 400x the chunks"
+# an index of another kind than the run's: the run's rates say nothing of it (a Flat run of an IVF-PQ job)
+est "$WORK/run" --index Flat
+[ "$(q "s['index']['time_source']")" = "work model; the run's index is of another kind, not used" ] ||
+  fail "--index Flat on an IVF16,Flat run was calibrated by it: $(q "s['index']['time_source']")"
+[ "$(q "e['index']['factory']")" = "IDMap,Flat" ] || fail "--index Flat was not the plan: $(q "e['index']['factory']")"
+ok "the run's work calibrates only an index of its own kind"
 # the work model: 64 ranks do the index's and retrieve's scans in about 1/64 of one rank's time, but not
 # their per-query visits (every query visits every shard)
 est "$WORK/c.json" --tokens 5000000000 --ranks 1 --index IVF50000,PQ32 --nprobe 16
