@@ -40,8 +40,9 @@ int dfm_cmd_estimate(int argc, char **argv) {
                             "RUN's manifest, or, before any stage has run, from a dfm build CONFIG's inputs or --tokens; "
                             "times (CPU-seconds of the slowest rank, one core each): index and retrieve from the slowest "
                             "rank's work (k-means, distances, codes scanned, shard searches) times rates measured on this "
-                            "machine class (bench/results/report-retrieval.md, Index and retrieve as ranks grow), calibrated by the run's own "
-                            "work records where it has them; the other stages from the run's timings or the growth fits "
+                            "machine class (bench/results/large_point.md, Refit at d = 384), calibrated by the run's own "
+                            "work records where it has them and its index is of the planned kind (a run that has indexed is "
+                            "planned with its own index unless --index or --tokens is given); the other stages from the run's timings or the growth fits "
                             "(bench/results/report-retrieval.md, Cost growth).",
                             table, argc, argv, &pos, &npos, NULL);
     if (rc == DFM_OPTS_HELP) return 0;
