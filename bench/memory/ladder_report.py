@@ -104,11 +104,16 @@ def main():
 
     if text:
         out += ["", "## Rung 5: held-out real text (nats per token, shuffled − own)", "",
-                "| corpus | predicted | target |", "|---|---:|---:|"]
-        for c in dict.fromkeys(r["corpus"] for r in text):
-            rs = [r["eval"] for r in text if r["corpus"] == c]
-            out.append("| %s | %s | %s |" % (c, cell([e["ce_pred_shuffled"] - e["ce_pred"] for e in rs], "%+.4f"),
-                                            cell([e["ce_target_shuffled"] - e["ce_target"] for e in rs], "%+.4f")))
+                "| corpus | arm | redundancy | predicted | target | CPU-s a seed |", "|---|---|---:|---:|---:|---:|"]
+        for c, a in dict.fromkeys((r["corpus"], r.get("arm", "scratch")) for r in text):
+            rs = [r for r in text if r["corpus"] == c and r.get("arm", "scratch") == a]
+            red = [100 * r["redundancy"]["in_training_part"] for r in rs if "redundancy" in r]
+            cpu = [r["cpu_s"] for r in rs if "cpu_s" in r]
+            out.append("| %s | %s | %s | %s | %s | %s |" % (
+                c, a, "%.1f–%.1f %%" % (min(red), max(red)) if red else "—",
+                cell([r["eval"]["ce_pred_shuffled"] - r["eval"]["ce_pred"] for r in rs], "%+.4f"),
+                cell([r["eval"]["ce_target_shuffled"] - r["eval"]["ce_target"] for r in rs], "%+.4f"),
+                "%.0f" % (sum(cpu) / len(cpu)) if cpu else "—"))
     print("\n".join(out))
 
 
