@@ -79,14 +79,17 @@ for seed in $SEEDS; do
       build "$d/train" "$d/train.jsonl" $T "" document
       build "$d/heldout" "$d/heldout.jsonl" $T "$d/train" none
       for arm in $TEXT_ARMS; do
+        # the reading stage's folder: reading (READ_STEPS 200, the first runs') or reading-N; one serves every arm
+        rd=$d/reading tag=""
+        [ "$READ_STEPS" = 200 ] || rd=$d/reading-$READ_STEPS tag=-r$READ_STEPS
         extra=() out=$d/dfm
-        [ "$arm" = scratch ] || out=$d/dfm-$arm
+        [ "$arm" = scratch ] || out=$d/dfm-$arm$tag
         for lv in ${arm//+/ }; do
           case $lv in
             scratch) ;;
             read)
-              [ -f "$d/reading/dfm_modules.safetensors" ] || reading "$d/train" "$d/reading" "$seed"
-              extra+=(--init-modules "$d/reading/dfm_modules.safetensors") ;;
+              [ -f "$rd/dfm_modules.safetensors" ] || reading "$d/train" "$rd" "$seed"
+              extra+=(--init-modules "$rd/dfm_modules.safetensors") ;;
             content) extra+=(--content-only-fusion) ;;
             centre) extra+=(--centre-memory) ;;
             *) echo "bench_real_memory: unknown lever '$lv' in text arm '$arm' (scratch, or read, content, centre joined by +)" >&2
@@ -98,19 +101,20 @@ for seed in $SEEDS; do
         "$TRAIN" eval --backbone "$DFM_LM" --modules "$out/dfm_modules.safetensors" --data "$d/heldout" \
           --targets "$d/heldout" --seq-len $T --batch $B --val-seqs "$(( nh - 1 ))" --threads "$THREADS" > "$out.eval.json" \
           2> "$out.eval.log" || { tail -20 "$out.eval.log" >&2; exit 1; }
-        python3 - "$d" "$out" "$corpus" "$seed" "$nh" "$arm" "$TEXT_BYTES" "$HOLDOUT" >> "$OUT" <<'PY'
+        python3 - "$d" "$out" "$corpus" "$seed" "$nh" "$arm" "$TEXT_BYTES" "$HOLDOUT" "$rd" "$READ_STEPS" >> "$OUT" <<'PY'
 import json, os, sys
-d, out, corpus, seed, nh, arm, text_bytes, holdout = sys.argv[1:]
+d, out, corpus, seed, nh, arm, text_bytes, holdout, rd, read_steps = sys.argv[1:]
 e = json.loads(open(out + ".eval.json").read().strip().splitlines()[-1])
 tr = [json.loads(l) for l in open(out + "/log.jsonl") if '"loss"' in l]
 r = {"part": "text", "corpus": corpus, "seed": int(seed), "arm": arm, "text_bytes": int(text_bytes), "holdout": int(holdout),
      "heldout_sequences": int(nh), "train_steps": len(tr),
      "redundancy": json.load(open(d + "/redundancy.json")), "eval": e}
 # CPU seconds of the arm's training, with its reading stage's where it read first (one stage serves every such arm)
-costs = [out + ".cost"] + ([d + "/reading.cost"] if "read" in arm.split("+") else [])
+costs = [out + ".cost"] + ([rd + ".cost"] if "read" in arm.split("+") else [])
 r["cpu_s"] = sum(float(open(f).read().split()[1]) for f in costs)
 if "read" in arm.split("+"):  # the reading stage's held-out chunks: regenerated with their own slot, another's, none
-    ev = [json.loads(l)["eval"] for l in open(d + "/reading/log.jsonl") if '"eval"' in l][-1]
+    r["read_steps"] = int(read_steps)
+    ev = [json.loads(l)["eval"] for l in open(rd + "/log.jsonl") if '"eval"' in l][-1]
     r["reading"] = {k: ev[k] for k in ("ce_none", "ce_target", "ce_target_shuffled", "acc_target", "acc_target_shuffled") if k in ev}
 print(json.dumps(r))
 PY

@@ -24,6 +24,8 @@ import json
 import os
 import sys
 
+from real_memory_report import text_arm
+
 
 def cell(xs, fmt="%+.2f"):
     xs = [x for x in xs if x is not None]
@@ -105,8 +107,8 @@ def main():
     if text:
         out += ["", "## Rung 5: held-out real text (nats per token, shuffled − own)", "",
                 "| corpus | arm | redundancy | predicted | target | CPU-s a seed |", "|---|---|---:|---:|---:|---:|"]
-        for c, a in dict.fromkeys((r["corpus"], r.get("arm", "scratch")) for r in text):
-            rs = [r for r in text if r["corpus"] == c and r.get("arm", "scratch") == a]
+        for c, a in dict.fromkeys((r["corpus"], text_arm(r)) for r in text):
+            rs = [r for r in text if r["corpus"] == c and text_arm(r) == a]
             red = [100 * r["redundancy"]["in_training_part"] for r in rs if "redundancy" in r]
             cpu = [r["cpu_s"] for r in rs if "cpu_s" in r]
             out.append("| %s | %s | %s | %s | %s | %s |" % (

@@ -11,6 +11,12 @@ import statistics
 import sys
 
 
+def text_arm(r):
+    """a held-out-text line's arm, with its reading steps where they differ from the first runs' 200"""
+    a, n = r.get("arm", "scratch"), r.get("read_steps", 200)
+    return a if n == 200 else "%s (%d reading steps)" % (a, n)
+
+
 def spread(v, fmt="%.4f"):
     """mean (min .. max) over the seeds"""
     if not v:
@@ -42,8 +48,8 @@ def main():
         print("| corpus | arm | seeds | redundancy | fusion off | Δ predicted | Δ target | memory effect, predicted "
               "| memory effect, target | cosine | CPU-s |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        arms = sorted({(r["corpus"], r.get("arm", "scratch")) for r in text}, key=lambda k: (k[0], k[1] != "scratch", k[1]))
-        of = lambda corpus, arm: [r for r in text if r["corpus"] == corpus and r.get("arm", "scratch") == arm]
+        arms = sorted({(r["corpus"], text_arm(r)) for r in text}, key=lambda k: (k[0], k[1] != "scratch", k[1]))
+        of = lambda corpus, arm: [r for r in text if r["corpus"] == corpus and text_arm(r) == arm]
         for corpus, arm in arms:
             rs = of(corpus, arm)
             es = [r["eval"] for r in rs]

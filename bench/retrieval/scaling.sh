@@ -19,7 +19,8 @@
 # 'np' (FAISS on rank 0) against this tree's (distributed, 'np' added), np = 1, at the first size.
 #
 # Env: SIZES ("100000 300000"), DIMS ("64"), D384 (1: also N = first size at d = 384), NPS ("1 2 4"),
-#      FACS ("pq flat"), PQM (the PQ's sub-quantisers; default d/8), MINILM (0; 1: the vectors of
+#      FACS ("pq flat"), MARGINS ("16": retrieve once per margin on the same index, --margin M: the exact
+#      rescorings' rate is fitted only where the margin varies), PQM (the PQ's sub-quantisers; default d/8), MINILM (0; 1: the vectors of
 #      bench/retrieval/large_point.sh, retrieve_mkrun --minilm-like with 2000 topics), NPROBE (8), K (16), OLD (the dfm before this change: a path, or a git commit
 #      built into the scratch folder; default the commit before the first one of this change, empty to
 #      skip), POLY (1), OUT (bench/results), JSONL (OUT/scaling.jsonl), KEEP=1 keeps the scratch folder.
@@ -28,7 +29,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=${DFM_PYTHON:-/var/cache/dfm/venv/bin/python}
 SIZES=${SIZES:-100000 300000} DIMS=${DIMS:-64} D384=${D384:-1} NPS=${NPS:-1 2 4} FACS=${FACS:-pq flat}
-NPROBE=${NPROBE:-8} K=${K:-16} POLY=${POLY:-1} OLD=${OLD-ac82920} PQM=${PQM:-} MINILM=${MINILM:-0}
+NPROBE=${NPROBE:-8} K=${K:-16} MARGINS=${MARGINS:-16} POLY=${POLY:-1} OLD=${OLD-ac82920} PQM=${PQM:-} MINILM=${MINILM:-0}
 OUT=${OUT:-$ROOT/bench/results}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 DFM_LOG_LEVEL=warn DFM_PROGRESS=0
@@ -59,14 +60,21 @@ work() { "$PY" -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1])
 # record SIDE STAGE N D FAC NP TAG RUN [EXTRA]
 record() {
   local w=null; [ "$1" = new ] && w=$(work "$8" "${2%-poly}")
-  echo "{\"side\":\"$1\",\"stage\":\"$2\",\"n\":$3,\"dim\":$4,\"factory\":\"$5\",\"nprobe\":$NPROBE,\"k\":$K,\"np\":$6,\"minilm\":$MINILM,\"wall_s\":$WALL,\"ranks\":$(ranks_json "$7"),\"work\":$w${9:-}}" >>"$JSONL"
+  echo "{\"side\":\"$1\",\"stage\":\"$2\",\"n\":$3,\"dim\":$4,\"factory\":\"$5\",\"nprobe\":$NPROBE,\"k\":$K,\"margin\":${MARGIN:-16},\"np\":$6,\"minilm\":$MINILM,\"wall_s\":$WALL,\"ranks\":$(ranks_json "$7"),\"work\":$w${9:-}}" >>"$JSONL"
   printf '%-4s %-9s n=%-8s d=%-4s %-16s np=%s wall %8.2fs\n' "$1" "$2" "$3" "$4" "$5" "$6" "$WALL"
 }
 side() {  # SIDE DFM BASE N D FAC NP
   local s=$1 dfm=$2 base=$3 n=$4 d=$5 fac=$6 np=$7 r=$B/run-$1
   copy "$base" "$r"
   mpitime "$np" "$s-index" "$dfm" index "$r" --index "$fac"; record "$s" index "$n" "$d" "$fac" "$np" "$s-index" "$r"
-  mpitime "$np" "$s-retrieve" "$dfm" retrieve "$r" --nprobe "$NPROBE" --k "$K" --target-recall 0; record "$s" retrieve "$n" "$d" "$fac" "$np" "$s-retrieve" "$r"
+  local m f=()
+  for MARGIN in $MARGINS; do  # the old dfm had no --margin: it runs the default (16) once
+    if [ "$s" = old ]; then [ "$MARGIN" = 16 ] || continue; m=(); else m=(--margin "$MARGIN"); fi
+    mpitime "$np" "$s-retrieve" "$dfm" retrieve "$r" --nprobe "$NPROBE" --k "$K" ${m[@]+"${m[@]}"} --target-recall 0 ${f[@]+"${f[@]}"}
+    record "$s" retrieve "$n" "$d" "$fac" "$np" "$s-retrieve" "$r"
+    f=(--force)
+  done
+  MARGIN=16
 }
 
 points=()

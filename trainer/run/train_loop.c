@@ -24,7 +24,12 @@
 
 /* ---- evaluation -------------------------------------------------------------------------------------- */
 void eval_result_free(EvalResult *r) {
-    for (int i = 0; i < EVAL_NMODES; i++) free(r->pos[i]), r->pos[i] = NULL;
+    for (int i = 0; i < EVAL_NMODES; i++) free(r->pos[i]), free(r->batch[i]), r->pos[i] = r->batch[i] = NULL;
+}
+
+/* batch i's mean CE of a mode: what its forward added to the running sum (ce_before: the sum before it) */
+static void note_batch(EvalResult *r, int mode, long i, double ce_before, const double *ce) {
+    if (r->batch[mode]) r->batch[mode][i] = *ce - ce_before;
 }
 
 /* one forward of the held-out batch; its CE into *ce, per position into pos[2L] (sums, counts), top-1 hits and
@@ -82,15 +87,19 @@ static int eval_controls(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, s
             for (int c = 0; c < NC; c++)
                 memset(p->tmask + ((size_t)k * NC + c) * K, c > 0 || m->dc.fuse_first_chunk, (size_t)K);
         }
+        double before = r->ce_pred_shuf;
         rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows, r->pos[EVAL_PRED_SHUF],
                           &r->ce_pred_shuf, r->acc_n[EVAL_PRED_SHUF]);
+        note_batch(r, EVAL_PRED_SHUF, i, before, &r->ce_pred_shuf);
         if (rc || !use_t) continue;
         /* another sequence's target memory and mask */
         for (int k = 0; k < B; k++) p->idx[k] = first + ((size_t)i * B + k + n / 2) % n;
         rc = eval_read(ds, pf, p->idx, B, L, p);
+        before = r->ce_target_shuf;
         if (!rc)
             rc = eval_forward(en, m, b->inp, b->tgt, p->tmem, p->tmask, B, T, MEM_TARGET, b->rows,
                               r->pos[EVAL_TARGET_SHUF], &r->ce_target_shuf, r->acc_n[EVAL_TARGET_SHUF]);
+        note_batch(r, EVAL_TARGET_SHUF, i, before, &r->ce_target_shuf);
     }
     return rc;
 }
@@ -140,7 +149,9 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
     }
     r->L = L;
     for (int i = 0; i < EVAL_NMODES && m->dc.enabled && !rc; i++)
-        if (run[i] && !(r->pos[i] = calloc(2 * (size_t)L, sizeof(double)))) rc = DFM_FAIL(DFM_ENOMEM, "eval");
+        if (run[i] && (!(r->pos[i] = calloc(2 * (size_t)L, sizeof(double))) ||
+                       !(r->batch[i] = calloc(nb > 0 ? (size_t)nb : 1, sizeof(double)))))
+            rc = DFM_FAIL(DFM_ENOMEM, "eval");
     for (long i = 0; i < nb && !rc; i++) {
         for (int k = 0; k < B; k++) b.idx[k] = first + (size_t)i * B + k;
         rc = eval_read(ds, pf, b.idx, B, L, &b);
@@ -151,17 +162,21 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
         }
         float *tmem = use_t ? b.tmem : NULL;
         uint8_t *tmask = use_t ? b.tmask : NULL;
+        double before = r->ce_pred;
         rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_PREDICTED, b.rows, r->pos[EVAL_PRED], &r->ce_pred,
                           r->acc_n[EVAL_PRED]);
+        note_batch(r, EVAL_PRED, i, before, &r->ce_pred);
         r->mse += m->mse;
         r->cos += m->cos;
         if (!rc && pred_store) rc = engine_pred_slots(en, pred_store + (size_t)i * B * NC * K * d);
         if (!rc && run[EVAL_NONE])
             rc = eval_forward(en, m, b.inp, b.tgt, NULL, NULL, B, T, MEM_NONE, b.rows, r->pos[EVAL_NONE], &r->ce_none,
                               r->acc_n[EVAL_NONE]);
+        before = r->ce_target;
         if (!rc && run[EVAL_TARGET])
             rc = eval_forward(en, m, b.inp, b.tgt, tmem, tmask, B, T, MEM_TARGET, b.rows, r->pos[EVAL_TARGET],
                               &r->ce_target, r->acc_n[EVAL_TARGET]);
+        note_batch(r, EVAL_TARGET, i, before, &r->ce_target);
     }
     if (!rc && r->shuffled) rc = eval_controls(en, m, ds, pf, first, B, nb, pred_store, run[EVAL_TARGET_SHUF], &b, &p, r);
     if (nb > 0) {
@@ -186,6 +201,25 @@ int evaluate(Engine *en, DfmModel *m, DataSet *ds, Prefetcher *pf, size_t first,
 /* a number rounded to 6 decimals, or null (JSON has no NaN) */
 static json_t *num(double x) { return isfinite(x) ? json_real(round(x * 1e6) / 1e6) : json_null(); }
 
+/* the standard error of the memory effect's mean over the batches (control minus own memory, batch by batch;
+ * NaN with fewer than 2 batches or a mode that did not run) */
+static double effect_se(const EvalResult *e, int own, int control) {
+    long n = e->n_batches;
+    if (!e->batch[own] || !e->batch[control] || n < 2) return NAN;
+    double s = 0, s2 = 0;
+    for (long i = 0; i < n; i++) {
+        double x = e->batch[control][i] - e->batch[own][i];
+        s += x, s2 += x * x;
+    }
+    return sqrt(fmax(0, (s2 - s * s / n) / (n - 1)) / n);
+}
+
+static json_t *effect_batches(const EvalResult *e, int own, int control) {
+    json_t *a = json_array();
+    for (long i = 0; i < e->n_batches; i++) json_array_append_new(a, num(e->batch[control][i] - e->batch[own][i]));
+    return a;
+}
+
 static json_t *pos_json(const EvalResult *e, int i) {
     json_t *a = json_array();
     for (int j = 0; j < e->L; j++) json_array_append_new(a, num(e->pos[i][j]));
@@ -203,6 +237,14 @@ json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t) {
         json_object_set_new(j, "ce_target_shuffled", num(e->ce_target_shuf));
         json_object_set_new(j, "memory_effect_pred", num(e->ce_pred_shuf - e->ce_pred));
         json_object_set_new(j, "memory_effect_target", num(e->ce_target_shuf - e->ce_target));
+        const char *names[2][2] = {{"memory_effect_pred_batches", "memory_effect_pred_se"},
+                                   {"memory_effect_target_batches", "memory_effect_target_se"}};
+        int modes[2][2] = {{EVAL_PRED, EVAL_PRED_SHUF}, {EVAL_TARGET, EVAL_TARGET_SHUF}};
+        for (int k = 0; k < 2; k++) {
+            if (!e->batch[modes[k][0]] || !e->batch[modes[k][1]]) continue;
+            json_object_set_new(j, names[k][0], effect_batches(e, modes[k][0], modes[k][1]));
+            json_object_set_new(j, names[k][1], num(effect_se(e, modes[k][0], modes[k][1])));
+        }
     }
     const char *keys[EVAL_NMODES] = {"ce_pos_pred", "ce_pos_none", "ce_pos_target", "ce_pos_pred_shuffled",
                                      "ce_pos_target_shuffled"};
@@ -226,14 +268,17 @@ void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, i
                   "retrieval) %.4f | target memory through this model %s | MSE %.4f | cosine %.4f",
                   step, e->n_batches, e->ce_none, e->ce_pred, tbuf, e->mse, e->cos);
         if (e->shuffled) {
-            char t2[96] = "";
+            char t2[128] = "", se_p[48] = "", se_t[48] = "";
+            double sp = effect_se(e, EVAL_PRED, EVAL_PRED_SHUF), st = effect_se(e, EVAL_TARGET, EVAL_TARGET_SHUF);
+            if (isfinite(sp)) snprintf(se_p, sizeof se_p, " +- %.4f", sp);
+            if (isfinite(st)) snprintf(se_t, sizeof se_t, " +- %.4f", st);
             if (has_t)
-                snprintf(t2, sizeof t2, "; target memory %.4f, memory effect %+.4f", e->ce_target_shuf,
-                         e->ce_target_shuf - e->ce_target);
+                snprintf(t2, sizeof t2, "; target memory %.4f, memory effect %+.4f%s", e->ce_target_shuf,
+                         e->ce_target_shuf - e->ce_target, se_t);
             DFM_LOG_I("eval step %ld: control, the same modules with another held-out sequence's memory: predicted "
-                      "memory %.4f, memory effect %+.4f nats%s (fusion off minus predicted, %+.4f, also counts "
-                      "the modules' added capacity)", step, e->ce_pred_shuf, e->ce_pred_shuf - e->ce_pred, t2,
-                      e->ce_none - e->ce_pred);
+                      "memory %.4f, memory effect %+.4f%s nats%s (+- the standard error over the %ld batches; fusion "
+                      "off minus predicted, %+.4f, also counts the modules' added capacity)", step, e->ce_pred_shuf,
+                      e->ce_pred_shuf - e->ce_pred, se_p, t2, e->n_batches, e->ce_none - e->ce_pred);
         }
         const char *names[EVAL_NMODES] = {"predicted", "fusion off", "target", "predicted, shuffled",
                                           "target, shuffled"};

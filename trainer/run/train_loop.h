@@ -21,7 +21,8 @@
  * evaluated fuses the memory of sequence (i + n/2) mod n (predicted slots, or target slots and mask), chunk
  * for chunk; everything else is the same forward. The modules add parameters beside the frozen LM, so
  * "fusion off" removes capacity with the memory; the control removes the memory only. The memory effect
- * is ce_*_shuf - ce_* (positive: the sequence's own memory helps). */
+ * is ce_*_shuf - ce_* (positive: the sequence's own memory helps); batch[] gives it per batch, and eval_json its
+ * standard error over the batches. */
 enum { EVAL_PRED = 0, EVAL_NONE = 1, EVAL_TARGET = 2, EVAL_PRED_SHUF = 3, EVAL_TARGET_SHUF = 4, EVAL_NMODES = 5 };
 typedef struct {
     double ce_pred, ce_none, ce_target, ce_pred_shuf, ce_target_shuf, mse, cos;
@@ -31,6 +32,8 @@ typedef struct {
     double acc[EVAL_NMODES]; /* top-1 token accuracy of each mode that ran (NaN otherwise): the share of
                                 positions with a target where it is the argmax, i.e. what greedy decoding emits */
     double acc_n[EVAL_NMODES][2]; /* its sums while evaluating: correct positions, positions */
+    double *batch[EVAL_NMODES];   /* each batch's mean CE in every mode that ran (n_batches each; NULL otherwise):
+                                     the spread of the memory effect over batches, its noise */
 } EvalResult;
 void eval_result_free(EvalResult *r);
 
@@ -52,7 +55,9 @@ void eval_print(FILE *logf, long step, const DfmModel *m, const EvalResult *e, i
 /* The evaluation as a JSON object: ce_pred, ce_none, ce_target (NaN without targets), mse, cos, batches,
  * trained_with_target (the modules saw target memory in training), ce_pos_pred / ce_pos_none /
  * ce_pos_target (per-position CE lists), acc_pred / acc_none / acc_target (top-1 token accuracy); with the controls also ce_pred_shuffled, ce_target_shuffled,
- * memory_effect_pred (ce_pred_shuffled - ce_pred), memory_effect_target, their ce_pos_* lists and acc_*; a
+ * memory_effect_pred (ce_pred_shuffled - ce_pred), memory_effect_target, their ce_pos_* lists and acc_*, and
+ * per batch memory_effect_pred_batches / _target_batches with memory_effect_pred_se / _target_se (standard error of
+ * the mean over the batches; null with one batch); a
  * pretraining model: ce, batches. */
 json_t *eval_json(const DfmModel *m, const EvalResult *e, int has_t);
 

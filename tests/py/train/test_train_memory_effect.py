@@ -56,6 +56,13 @@ def control(ev, what, pred_min=None, pred_max=None, target_min=None):
     for m in ("pred", "target"):
         check(abs(ev["memory_effect_" + m] - (ev["ce_%s_shuffled" % m] - ev["ce_" + m])) < 2e-6,
               "%s: memory_effect_%s %.6f = ce_%s_shuffled - ce_%s" % (what, m, ev["memory_effect_" + m], m, m))
+        # its noise: the effect batch by batch, whose mean is the effect and whose spread gives the standard error
+        xs, n = ev["memory_effect_%s_batches" % m], ev["batches"]
+        mean = sum(xs) / len(xs)
+        se = (sum((x - mean) ** 2 for x in xs) / (n - 1) / n) ** 0.5
+        check(len(xs) == n and abs(mean - ev["memory_effect_" + m]) < 1e-5 and abs(se - ev["memory_effect_%s_se" % m]) < 1e-5,
+              "%s: the %d batch effects of %s average to the effect %.6f (%.6f) with standard error %.6f (reported %.6f)"
+              % (what, len(xs), m, ev["memory_effect_" + m], mean, se, ev["memory_effect_%s_se" % m]))
     if pred_min is not None:
         check(ev["memory_effect_pred"] >= pred_min, "%s: another sequence's predicted memory costs %.4f nats (>= %.2f)"
               % (what, ev["memory_effect_pred"], pred_min))
