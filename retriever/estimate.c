@@ -63,20 +63,21 @@ enum { M_CHUNK, M_ENCODE, M_INDEX, M_RETRIEVE, M_TARGETS, M_STAGES };
  * b per distance (its heaps), fitted on bench/retrieval/bench_coarse.c's measurements of the assignment alone up
  * to a big job's size (50,000 lists, d = 384), which the small points cannot reach. */
 /* seconds per unit, bench/results/scaling_fit.json: fitted on bench/results/scaling.jsonl (d = 64, 10^5 chunks),
- * scaling-d384.jsonl (d = 384, 2.5·10^5 to 10^6, PQ32, MiniLM-like vectors) and large_point.jsonl (2·10^6, d = 384);
+ * scaling-d384.jsonl (d = 384, 2.5·10^5 to 10^6, PQ32, MiniLM-like vectors), scaling-margin.jsonl (2.5·10^5, d = 384,
+ * margins 16, 64 and 256: the exact rescorings' rate, which needs a varying margin) and large_point.jsonl (2·10^6, d = 384);
  * fitted without the 2·10^6 point, how well they predict it: bench/results/large_point.md, "Refit at d = 384" */
-#define RATE_INDEX_KMEANS 1.118e-11
-#define RATE_INDEX_SAMPLE 3.420e-07
-#define RATE_INDEX_TRAIN_START 5.422e-01
-#define RATE_INDEX_ENCODE 5.826e-10
-#define RATE_INDEX_ADD_START 1.589e-02
+#define RATE_INDEX_KMEANS 1.144e-11
+#define RATE_INDEX_SAMPLE 3.140e-07
+#define RATE_INDEX_TRAIN_START 5.819e-01
+#define RATE_INDEX_ENCODE 5.747e-10
+#define RATE_INDEX_ADD_START 1.594e-02
 #define RATE_INDEX_COARSE_A 1.192e-11
 #define RATE_INDEX_COARSE_B 4.361e-09
-#define RATE_RET_SCAN 3.711e-10
-#define RATE_RET_TABLES 5.608e-10
-#define RATE_RET_EXACT 0.0
-#define RATE_RET_VISITS 1.362e-05
-#define RATE_RET_QUERIES 3.779e-05
+#define RATE_RET_SCAN 2.731e-10
+#define RATE_RET_TABLES 5.125e-10
+#define RATE_RET_EXACT 1.521e-09
+#define RATE_RET_VISITS 1.351e-05
+#define RATE_RET_QUERIES 3.487e-05
 #define RATE_RET_COARSE_A 6.335e-12
 #define RATE_RET_COARSE_B 6.740e-09
 enum { IU_KMEANS, IU_SAMPLE, IU_TRAIN_START, IU_ENCODE, IU_ADD_START, N_IU };

@@ -50,6 +50,7 @@ def load(path):
         for line in f:
             if line.strip():
                 r = json.loads(line)
+                r.setdefault("margin", 16)  # rows before scaling.sh's MARGINS: the default margin
                 if r.get("ranks"):  # not the coarse-assignment rows
                     r["cpu"] = [u + s for _, u, s, _ in r["ranks"]]
                     r["cpu_max"] = max(r["cpu"])
@@ -177,18 +178,18 @@ def main():
            "inside MPI calls (its work record). old: the dfm before this change, in the same round. ×np1: the slowest rank's CPU "
            "outside MPI at np = 1 over this one (ideal: np). A CPU s of - : the point was timed as one mpirun, not rank by rank "
            "(bench/retrieval/large_point_jsonl.py).", "",
-           "| stage | n | d | index | np | wall s | CPU s (slowest) | outside MPI | ×np1 | old wall s | old CPU s (slowest) | old CPU / new CPU |",
-           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| stage | n | d | index | margin | np | wall s | CPU s (slowest) | outside MPI | ×np1 | old wall s | old CPU s (slowest) | old CPU / new CPU |",
+           "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = {}
-    for r in sorted(new, key=lambda r: (r["stage"], r["dim"], r["n"], r["factory"], r["np"])):
-        key = (r["stage"], r["n"], r["dim"], r["factory"])
+    for r in sorted(new, key=lambda r: (r["stage"], r["dim"], r["n"], r["factory"], r["margin"], r["np"])):
+        key = (r["stage"], r["n"], r["dim"], r["factory"], r["margin"])
         out = max(x["cpu_s"] for x in r["work"]["ranks"])
         if r["np"] == 1:
             base[key] = out
-        o = old.get(key + (r["np"],))
+        o = old.get(key[:4] + (r["np"],)) if r["margin"] == 16 else None
         sp = f"{base[key] / out:.2f}" if key in base and out > 0 else ""
         cm = f"{r['cpu_max']:.1f}" if r["cpu_max"] == r["cpu_max"] else "-"
-        md.append(f"| {r['stage']} | {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {r['wall_s']:.1f} | {cm} | {out:.1f} | {sp} | "
+        md.append(f"| {r['stage']} | {r['n']:,} | {r['dim']} | {r['factory']} | {r['margin']} | {r['np']} | {r['wall_s']:.1f} | {cm} | {out:.1f} | {sp} | "
                   + (f"{o['wall_s']:.1f} | {o['cpu_max']:.1f} | {o['cpu_max'] / r['cpu_max']:.2f} |" if o else " | | |"))
     agree = [r for r in rows if r["side"] == "old-on-new"]
     md += ["", f"Outputs agree: the old retrieve on this tree's index wrote byte-identical neighbour blocks in "
@@ -202,6 +203,8 @@ def main():
                                                                                            "shard_searches", "exact_scores", "bytes_sent"]}
     groups = defaultdict(dict)
     for r in new:
+        if r["margin"] != 16:  # the counts as ranks grow, at the default margin
+            continue
         groups[(r["stage"], r["n"], r["dim"], r["factory"])][r["np"]] = r
     for (stage, n, d, fac), byp in sorted(groups.items()):
         if 1 not in byp:
@@ -263,11 +266,11 @@ def main():
         fits[stage]["coarse_a"], fits[stage]["coarse_b"] = float(ab[stage][0]), float(ab[stage][1])
         md += [f"### {stage}", "", "| term | rate (s per unit) |", "|---|---:|"] + [f"| {t} | {v:.3e} |" for t, v in fits[stage].items()
                                                                                   if t not in (INDEX_TERMS[fixed["index"]] if stage == "index" else "coarse",)]
-        md += ["", "| n | d | index | np | measured s (slowest rank: " + ("training + adding" if stage == "index" else "the rounds")
+        md += ["", "| n | d | index | margin | np | measured s (slowest rank: " + ("training + adding" if stage == "index" else "the rounds")
                + ", outside MPI) | model | error | model fitted without n = "
-               f"{biggest:,} | error |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+               f"{biggest:,} | error |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         errs, herrs = [], []
-        for r in sorted(pts, key=lambda r: (r["dim"], r["n"], r["factory"], r["np"])):
+        for r in sorted(pts, key=lambda r: (r["dim"], r["n"], r["factory"], r["margin"], r["np"])):
             slow = max(r["work"]["ranks"], key=lambda w: measured(stage, w))
             y = measured(stage, slow)
             pm, ph = model(stage, rates, slow, r), model(stage, held, slow, r)
@@ -275,9 +278,9 @@ def main():
             errs.append(e)
             if r["n"] == biggest:
                 herrs.append(he)
-                held_rows.append({"stage": stage, "n": r["n"], "dim": r["dim"], "factory": r["factory"], "np": r["np"], "measured_s": y,
+                held_rows.append({"stage": stage, "n": r["n"], "dim": r["dim"], "factory": r["factory"], "margin": r["margin"], "np": r["np"], "measured_s": y,
                                   "model_s": pm, "model_without_s": ph})
-            md.append(f"| {r['n']:,} | {r['dim']} | {r['factory']} | {r['np']} | {y:.2f} | {pm:.2f} | {e:+.0%} | {ph:.2f} | {he:+.0%} |")
+            md.append(f"| {r['n']:,} | {r['dim']} | {r['factory']} | {r['margin']} | {r['np']} | {y:.2f} | {pm:.2f} | {e:+.0%} | {ph:.2f} | {he:+.0%} |")
         err_lines.append(f"{stage}: in-sample error {min(errs):+.0%} to {max(errs):+.0%} (median |e| {np.median(np.abs(errs)):.0%}); "
                          f"n = {biggest:,} held out: {min(herrs):+.0%} to {max(herrs):+.0%}")
         md.append("")
@@ -294,24 +297,28 @@ def main():
                "chunks are 4 tokens): its index and retrieve seconds against the slowest rank's measured CPU seconds (the phases "
                "the model covers). Its counts are formulas (every chunk a vector and a query: the synthetic runs have about 6 % "
                "fewer queries), its rates those committed in retriever/estimate.c.", "",
-               "| n | d | index | np | index measured / estimated s | error | retrieve measured / estimated s | error |", "|---:|---:|---|---:|---|---:|---|---:|"]
+               "| n | d | index | margin | np | index measured / estimated s | error | retrieve measured / estimated s | error |",
+               "|---:|---:|---|---:|---:|---|---:|---|---:|"]
         errs = {"index": [], "retrieve": []}
         byk = defaultdict(dict)
-        for r in new:
-            byk[(r["n"], r["dim"], r["factory"], r["np"])][r["stage"]] = r
+        for r in new:  # each retrieve (one a margin) with its index, which every margin shares
+            byk[(r["n"], r["dim"], r["factory"], r["np"])][r["stage"] if r["stage"] == "index" else r["margin"]] = r
         for (n, d, fac, p), st in sorted(byk.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2], kv[0][3])):
-            if set(st) != {"index", "retrieve"}:
-                continue
-            out = subprocess.run([a.dfm, "estimate", cfg.name, "--tokens", str(4 * n), "--chunk-len", "4", "--dim", str(d), "--index", fac,
-                                  "--nprobe", str(st["retrieve"]["nprobe"]), "--k", str(st["retrieve"]["k"]), "--ranks", str(p), "--json"],
-                                 capture_output=True, text=True, check=True).stdout
-            e = {x["stage"]: x["seconds"] for x in json.loads(out)["stages"]}
-            cells = []
-            for stage in ("index", "retrieve"):
-                y = max(measured(stage, w) for w in st[stage]["work"]["ranks"])
-                errs[stage].append(e[stage] / y - 1)
-                cells.append(f"{y:.2f} / {e[stage]:.2f} | {e[stage] / y - 1:+.0%}")
-            md.append(f"| {n:,} | {d} | {fac} | {p} | " + " | ".join(cells) + " |")
+            for mg in sorted(k for k in st if k != "index"):
+                if "index" not in st:
+                    continue
+                ret = st[mg]
+                out = subprocess.run([a.dfm, "estimate", cfg.name, "--tokens", str(4 * n), "--chunk-len", "4", "--dim", str(d), "--index",
+                                      fac, "--nprobe", str(ret["nprobe"]), "--k", str(ret["k"]), "--margin", str(mg), "--ranks", str(p),
+                                      "--json"], capture_output=True, text=True, check=True).stdout
+                e = {x["stage"]: x["seconds"] for x in json.loads(out)["stages"]}
+                cells = []
+                for stage, r in (("index", st["index"]), ("retrieve", ret)):
+                    y = max(measured(stage, w) for w in r["work"]["ranks"])
+                    if stage == "retrieve" or mg == min(k for k in st if k != "index"):  # an index once
+                        errs[stage].append(e[stage] / y - 1)
+                    cells.append(f"{y:.2f} / {e[stage]:.2f} | {e[stage] / y - 1:+.0%}")
+                md.append(f"| {n:,} | {d} | {fac} | {mg} | {p} | " + " | ".join(cells) + " |")
         for stage, v in errs.items():
             if v:
                 err_lines.append(f"dfm estimate, {stage}: {min(v):+.0%} to {max(v):+.0%} (median |e| {np.median(np.abs(v)):.0%}) over {len(v)} points")
@@ -321,24 +328,26 @@ def main():
     N, P, d = BIG_CHUNKS, BIG_RANKS, BIG_DIM
     nlist = round(4 * math.sqrt(N))
     md += ["", f"## Prediction: {BIG_TOKENS:.0e} tokens ({N / 1e6:.2f} M chunks), d = {d}, {P} ranks", "",
-           f"nlist = 4 sqrt N = {nlist:,}; training sample 100 per list; K = 16, margin 16; one core per rank. Counts per rank as "
+           f"nlist = 4 sqrt N = {nlist:,}; training sample 100 per list; K = 16; one core per rank. Counts per rank as "
            "retriever/estimate.c computes them, times the rates above.", "",
-           "| index | nprobe | stage | " + " | ".join(INDEX_TERMS + RETRIEVE_TERMS) + " | hours per rank |", "|---|---:|---|" + "---:|" * (len(INDEX_TERMS) + len(RETRIEVE_TERMS) + 1)]
+           "| index | nprobe | margin | stage | " + " | ".join(INDEX_TERMS + RETRIEVE_TERMS) + " | hours per rank |",
+           "|---|---:|---:|---|" + "---:|" * (len(INDEX_TERMS) + len(RETRIEVE_TERMS) + 1)]
     pred = {}
-    for M, nprobe in ((32, 16), (32, 32), (48, 32), (0, 16)):
+    # margin 64: what recall@16 >= 0.95 took at the large point (bench/results/large_point.md)
+    for M, nprobe, margin in ((32, 16, 16), (32, 16, 64), (32, 32, 16), (48, 32, 16), (0, 16, 16)):
         fac = f"IVF{nlist},PQ{M}np" if M else f"IVF{nlist},Flat"
-        ic, rc = big_counts(N, P, d, nlist, nprobe, M, 16, 16, 100 * nlist)
+        ic, rc = big_counts(N, P, d, nlist, nprobe, M, 16, margin, 100 * nlist)
         iu = index_units(ic, d, M)
         ru = retrieve_units(rc, d, M, nprobe)
         ti = [fits["index"][t] * v for t, v in zip(INDEX_TERMS, iu)]
         tr = [fits["retrieve"][t] * v for t, v in zip(RETRIEVE_TERMS, ru)]
         ti[fixed["index"]] = coarse_seconds(ab["index"], ic["coarse_distances"], d)
         tr[fixed["retrieve"]] = coarse_seconds(ab["retrieve"], rc["coarse_distances"], d)
-        pred[f"{fac} nprobe {nprobe}"] = {"index_s": sum(ti), "retrieve_s": sum(tr), "index_terms_s": dict(zip(INDEX_TERMS, ti)),
+        pred[f"{fac} nprobe {nprobe} margin {margin}"] = {"index_s": sum(ti), "retrieve_s": sum(tr), "index_terms_s": dict(zip(INDEX_TERMS, ti)),
                                           "retrieve_terms_s": dict(zip(RETRIEVE_TERMS, tr))}
-        md.append(f"| {fac} | {nprobe} | index | " + " | ".join(f"{v / 3600:.2f}" for v in ti) + " |" + " |" * len(RETRIEVE_TERMS)
+        md.append(f"| {fac} | {nprobe} | {margin} | index | " + " | ".join(f"{v / 3600:.2f}" for v in ti) + " |" + " |" * len(RETRIEVE_TERMS)
                   + f" {sum(ti) / 3600:.2f} |")
-        md.append(f"| | | retrieve |" + " |" * len(INDEX_TERMS) + " " + " | ".join(f"{v / 3600:.2f}" for v in tr) + f" | {sum(tr) / 3600:.2f} |")
+        md.append(f"| | | | retrieve |" + " |" * len(INDEX_TERMS) + " " + " | ".join(f"{v / 3600:.2f}" for v in tr) + f" | {sum(tr) / 3600:.2f} |")
     poly = [r for r in rows if r["stage"] == "index-poly"]
     if poly:
         md += ["", "## Polysemous training", "", "| side | factory | np | CPU s (index stage) | wall s |", "|---|---|---:|---:|---:|"]
