@@ -43,8 +43,10 @@ T0=$(date +%s)
 
 # The trainer's step lines, thinned to about ten, with an ETA from the elapsed time; other news kept.
 # A step line: "[dfm r0/1 20.13s INFO] step   10/300 | loss 8.9184 ... | 564 tok/s | stall 0.0% | 1815 ms"
+# mawk (Debian's awk) reads a pipe in blocks unless -W interactive: the lines would come in bursts
+AWK=(awk); awk -W version 2>&1 | grep -q mawk && AWK=(awk -W interactive)
 progress() {
-  awk -v every="$(( $1 / 10 > 0 ? $1 / 10 : 1 ))" '
+  "${AWK[@]}" -v every="$(( $1 / 10 > 0 ? $1 / 10 : 1 ))" '
     $5 == "step" {
       split($6, s, "/"); step = s[1] + 0; total = s[2] + 0; t = $3 + 0
       if (!t0) { t0 = t; s0 = step - 1 }
