@@ -109,11 +109,12 @@ static double retrieve_seconds_of(const work_counts *w, double d, double M, doub
  * nprobe, cand = K + margin candidates rescored, train_n training points. The training, the scans and the coarse
  * assignments shrink as 1/P. An IVF index is sharded by list: a query visits the ranks that hold its
  * nprobe lists. Were the lists placed at random, that would be P (1 - (1 - 1/P)^nprobe) ranks, and a
- * rank would search N (1 - (1 - 1/P)^nprobe) queries: the figure used here, an upper bound, since dfm
- * index puts neighbouring lists on the same rank (a run's work record shows how many fewer); other
- * indexes: every query visits every rank (N). */
-static void job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n, work_counts *idx,
-                       work_counts *ret) {
+ * rank would search N (1 - (1 - 1/P)^nprobe) queries: an upper bound, since dfm index puts neighbouring
+ * lists on the same rank. visits > 0 (measured: the slowest rank's shard searches x P / queries) replaces
+ * it, a rank then searching N visits / P queries (never more than the bound); other indexes: every query
+ * visits every rank (N). */
+static void job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n, double visits,
+                       work_counts *idx, work_counts *ret) {
     memset(idx, 0, sizeof *idx);
     memset(ret, 0, sizeof *ret);
     if (nlist > 0) {
@@ -126,6 +127,7 @@ static void job_counts(double N, double P, double d, double nlist, double M, dou
         ret->coarse_distances = N / P * nlist;
         ret->codes_scanned = N * (nprobe < nlist ? nprobe : nlist) * (N / nlist) / P;
         ret->shard_searches = N * (1 - pow(1 - 1 / P, nprobe < nlist ? nprobe : nlist));
+        if (visits > 0 && N * visits / P < ret->shard_searches) ret->shard_searches = N * visits / P;
     } else {
         ret->codes_scanned = N * N / P; /* flat shards: every vector */
         ret->shard_searches = N;
@@ -353,7 +355,7 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
     double items[M_STAGES] = {T, N, N, N, N}, total = 0;
     work_counts wi, wr;
     double M = pq_m ? (double)pq_m : factory_pq_m(plan.factory), cand = K + (double)cfg->margin;
-    job_counts(N, P, D, (double)plan.nlist, M, nprobe, cand, (double)plan.train_n, &wi, &wr);
+    job_counts(N, P, D, (double)plan.nlist, M, nprobe, cand, (double)plan.train_n, cfg->visits, &wi, &wr);
     for (int st = 0; st < M_STAGES; st++) {
         if (st == M_INDEX || st == M_RETRIEVE) ln[st].seconds = work_seconds(man, st, st == M_INDEX ? &wi : &wr, D, M, nprobe, plan.factory, &ln[st].source);
         else ln[st].seconds = stage_seconds(man, st, items[st], P, D, &ln[st].source);
@@ -364,8 +366,9 @@ int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg) {
         snprintf(ln[M_ENCODE].note, sizeof ln[M_ENCODE].note, "%lld GPU(s) at %.0f chunks/s each (--gpu-rate: assumed, not measured)",
                  (long long)cfg->encode_gpus, cfg->gpu_rate);
     }
-    snprintf(ln[M_RETRIEVE].note, sizeof ln[M_RETRIEVE].note, "nprobe %.0f%s; per rank: %.2g coarse distances, %.2g codes scanned, %.2g shard searches",
-             nprobe, cfg->nprobe > 0 ? "" : " (assumed: --nprobe)", wr.coarse_distances, wr.codes_scanned, wr.shard_searches);
+    snprintf(ln[M_RETRIEVE].note, sizeof ln[M_RETRIEVE].note, "nprobe %.0f%s; per rank: %.2g coarse distances, %.2g codes scanned, %.2g shard searches (%s)",
+             nprobe, cfg->nprobe > 0 ? "" : " (assumed: --nprobe)", wr.coarse_distances, wr.codes_scanned, wr.shard_searches,
+             cfg->visits > 0 ? "visits as given: --visits" : "visits: the upper bound");
     for (int st = 0; st < M_STAGES; st++) total += ln[st].seconds;
     /* the target store: ids mode reads each neighbour's row from the shard tables (N x d x dtype in all);
      * a trainer's random lookups stay in memory while the tables fit a node's page cache */

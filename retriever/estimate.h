@@ -20,6 +20,8 @@ typedef struct {
     int64_t node_memory; /* memory of a training node, bytes, for the store advice (0: this machine's) */
     int64_t nprobe;      /* IVF lists searched per query (0: 16, an assumption: dfm retrieve tunes it) */
     int64_t margin;      /* dfm retrieve --margin */
+    double visits;       /* ranks a query's IVF search visits, the slowest rank's share (its shard searches x P / queries),
+                            as a run measured it; 0: the upper bound P (1 - (1 - 1/P)^nprobe) of lists placed at random */
     int64_t encode_gpus; /* > 0: encode on this many GPUs */
     double gpu_rate;     /* chunks per second per GPU (assumed until measured) */
     int json;            /* print one JSON object instead of the text */

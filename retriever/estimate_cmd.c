@@ -10,7 +10,7 @@ int dfm_cmd_estimate(int argc, char **argv) {
     char *factory = NULL, *tdtype = NULL;
     int64_t mem = 0, train = 0, k = 0, qblock = 0, ranks = 0, dim_opt = 0, tokens = 0, chunk_len = 0, window = 0, node_mem = 0;
     int64_t nprobe = 0, margin = 0, gpus = 0;
-    double gpu_rate = 0;
+    double gpu_rate = 0, visits = 0;
     int as_json = 0;
     dfm_opt table[] = {
         {"ranks", DFM_OPT_INT, &ranks, "1", "P", "ranks the stages will run on", 0, .min = "1"},
@@ -22,6 +22,7 @@ int dfm_cmd_estimate(int argc, char **argv) {
         {"k", DFM_OPT_INT, &k, "16", "K", "as for dfm retrieve", 0, .min = "1", .max = "64"},
         {"query-block", DFM_OPT_INT, &qblock, "4096", "N", "as for dfm retrieve", 0, .min = "1", .max = "1048576"},
         {"margin", DFM_OPT_INT, &margin, "16", "M", "as for dfm retrieve", 0, .min = "0", .max = "4096"},
+        {"visits", DFM_OPT_DOUBLE, &visits, "0", "V", "ranks a query's IVF search visits, as measured (a run's work record: the slowest rank's shard searches x ranks / queries; dfm index places neighbouring lists on one rank, so a query's nearest lists sit on few); 0: the upper bound for lists placed at random, P (1 - (1 - 1/P)^nprobe)", 0, .min = "0"},
         {"nprobe", DFM_OPT_INT, &nprobe, "16", "N", "IVF lists searched per query (dfm retrieve tunes it to --target-recall; this is the assumption)", 0, .min = "1"},
         {"encode-gpus", DFM_OPT_INT, &gpus, "0", "G", "encode on G GPUs (0: on the CPU ranks)", 0, .min = "0"},
         {"gpu-rate", DFM_OPT_DOUBLE, &gpu_rate, "20000", "R", "chunks per second per GPU with --encode-gpus: an assumption until measured on a GPU", 0, .min = "1"},
@@ -48,8 +49,8 @@ int dfm_cmd_estimate(int argc, char **argv) {
     if (rc == DFM_OPTS_HELP) return 0;
     if (!rc && npos != 1) rc = DFM_FAIL(DFM_EARG, "usage: dfm estimate RUN|CONFIG [options]");
     if (!rc) {
-        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, nprobe, margin, gpus,
-                                  gpu_rate, as_json};
+        dfm_estimate_config ec = {ranks, tokens, chunk_len, factory, mem, train, k, qblock, dim_opt, tdtype, window, node_mem, nprobe, margin, visits,
+                                  gpus, gpu_rate, as_json};
         rc = dfm_estimate_run(&ec, pos[0]);
     }
     free(pos);

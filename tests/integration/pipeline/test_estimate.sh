@@ -31,6 +31,18 @@ est "$WORK/c.json" --tokens 5000000000 --ranks 64 --node-memory 512G
 [ "$(q "e['target_store']['recommend']")" = ids ] || fail "512 GB nodes for 120 GB of tables: expected ids"
 ok "store advice at 5e9 tokens: embeddings on 64 GB nodes, ids on 512 GB nodes"
 
+# measured visits (--visits: the ranks a query's search visits, the slowest rank's share) replace the upper bound
+# P (1 - (1 - 1/P)^nprobe): 250,000 chunks on 16 ranks at nprobe 16 give 250000 x 0.644 = 1.6e5 shard searches a
+# rank; 4 visits give 250000 x 4 / 16 = 6.2e4; more visits than the bound leave the bound
+vis() { est "$WORK/c.json" --tokens 1000000 --chunk-len 4 --ranks 16 --dim 384 --index IVF2000,PQ32np --nprobe 16 "$@"; }
+vis; vb=$(q "s['retrieve']['seconds']"); nb=$(q "s['retrieve']['note']")
+vis --visits 4; v4=$(q "s['retrieve']['seconds']"); n4=$(q "s['retrieve']['note']")
+vis --visits 1000; vh=$(q "s['retrieve']['seconds']")
+[[ "$nb" == *"1.6e+05 shard searches (visits: the upper bound)"* ]] || fail "the bound's shard searches: $nb"
+[[ "$n4" == *"6.2e+04 shard searches (visits as given"* ]] || fail "--visits 4: $n4"
+"$PY" -c "import sys; sys.exit(0 if $v4 < $vb and $vh == $vb else 1)" || fail "retrieve s: bound $vb, --visits 4 $v4, --visits 1000 $vh"
+ok "--visits: 6.2e4 shard searches a rank instead of the bound's 1.6e5 (retrieve $vb -> $v4 s); never above the bound"
+
 # a run that has indexed, estimated without --index: its own index (IVF16,Flat, not the automatic Flat), its time
 # from its own work record (the model calibrated by its slowest rank's
 # CPU seconds outside MPI, training and adding), scaled by the work of more chunks
