@@ -357,7 +357,7 @@ class TargetRun:
         try:
             for s in range(self.n_shards):
                 self.shards.append(_Shard(run_dir, s, fmt))
-        except Exception:
+        except BaseException:  # whatever stopped the opening: close the shards already open, then let it through
             self.close()
             raise
 

@@ -49,6 +49,7 @@ class TargetRun:
         prefetch: records decoded ahead by records()' thread (0 = 64, < 0 = no thread)."""
         self.run_dir = run_dir
         self._h = ctypes.c_void_p()
+        self._pid = os.getpid()  # before the open: a failure after it still closes the handle (close, __del__)
         L = _lib.lib()
         self._L = L
         o = _lib.OpenOpts(tokens_run.encode() if tokens_run else None, k or 0, d or 0, n_chunks or 0, prefetch)
@@ -69,7 +70,6 @@ class TargetRun:
         self._t = _lib.Trec(0, 0, 0, self._ids.ctypes.data, self._scores.ctypes.data, None)
         self._tref = ctypes.byref(self._t)
         self._get = L.dfm_target_reader_get
-        self._pid = os.getpid()
 
     # -- lifetime -----------------------------------------------------------------------------------
     def close(self) -> None:
@@ -88,7 +88,7 @@ class TargetRun:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except (AttributeError, TypeError):  # at interpreter exit, ctypes and module globals may already be gone
             pass
 
     def __len__(self) -> int:
