@@ -38,7 +38,8 @@ OUT=${OUT:-$RUN/train}
 read -r SEQ NSEQ < <(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["stages"]["chunk"]
 print(c["config"]["seq-len"], c["counts"]["sequences"])' "$RUN/manifest.json")
 # the reading stage holds out the chunks of the DFM stage's held-out sequences: neither stage trains on them
-READ_HELD=$(( VAL * SEQ / 32 ))
+L=32  # tokens per chunk: the run's and both stages'
+READ_HELD=$(( VAL * SEQ / L ))
 T0=$(date +%s)
 
 # The trainer's step lines, thinned to about ten, with an ETA from the elapsed time; other news kept.
@@ -80,7 +81,7 @@ INIT=()
 if [ "$READ_STEPS" -gt 0 ] && [ "$BACKBONE" != "$OUT/pre/model" ]; then
   echo "-- reading: teach the fusion to read its memory first ($READ_STEPS steps of 16 chunks, each regenerated from its own"
   echo "   embedding as the only memory after the prompt \"Text:\"; held out: the run's last $READ_HELD chunks, never trained on)"
-  "$TRAIN" train --objective reconstruct --backbone "$BACKBONE" --data "$RUN" --out "$OUT/read" --chunk-len 32 --slots "$K" \
+  "$TRAIN" train --objective reconstruct --backbone "$BACKBONE" --data "$RUN" --out "$OUT/read" --chunk-len "$L" --slots "$K" \
     --batch 16 --steps "$READ_STEPS" --lr 2e-3 --warmup $(( READ_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
     --pred-input-layer "$PRED_INPUT" --val-seqs "$READ_HELD" --eval-batches 2 --threads "$THREADS" --no-ckpt --cache-frozen 2>&1 |
     progress "$READ_STEPS" | grep --line-buffered -v ' eval '
@@ -98,7 +99,7 @@ fi
 echo "-- DFM training on the frozen $(basename "$BACKBONE") ($DFM_STEPS steps; fusion after layers $FUSION, predictor input"
 echo "   after layer $(( PRED_INPUT - 1 )); then the held-out evaluation: every mode, and CE by position inside a chunk)"
 "$TRAIN" train --backbone "$BACKBONE" --data "$RUN" --targets "$RUN" --out "$OUT/dfm" --seq-len "$SEQ" \
-  --chunk-len 32 "${SHAPE[@]}" --steps "$DFM_STEPS" --lr 2e-3 --warmup $(( DFM_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
+  --chunk-len "$L" "${SHAPE[@]}" --steps "$DFM_STEPS" --lr 2e-3 --warmup $(( DFM_STEPS / 10 + 1 )) --fusion-layers "$FUSION" \
   --pred-input-layer "$PRED_INPUT" --threads "$THREADS" --no-ckpt --cache-frozen ${INIT[@]+"${INIT[@]}"} 2>&1 |
   progress "$DFM_STEPS"
 python3 - "$OUT/dfm/log.jsonl" <<'PY'
