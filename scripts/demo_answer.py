@@ -86,7 +86,9 @@ def main():
         return sum(x == y for x, y in zip(ids, truth))
 
     off, pred = generate(a, prompt, False), generate(a, prompt, True)
-    print(f"   held-out chunk {c}: its memory holds chunk {nbr} of another page (token Jaccard {jac:.2f} with it)")
+    exclude = json.load(open(os.path.join(a.run, "manifest.json")))["stages"]["retrieve"]["config"].get("exclude")
+    where = "another document" if exclude == "document" else "the datastore (exclusion: %s)" % exclude
+    print(f"   held-out chunk {c}: its memory holds chunk {nbr} of {where} (token Jaccard {jac:.2f} with it)")
     print(f"   prompt (its last 160 characters): ...{show(prompt)[-160:]}")
     print(f"   what follows           : {show(truth)}")
     print(f"   fusion off             : {show(off)}   [{right(off)}/32 tokens right]")
