@@ -25,19 +25,22 @@
 #             states after LM_LAYER blocks in LM_POOL slots (LM_POOL = 32: one per token) of the first LM_NB
 #             neighbours, for training (--targets), the probes (score.py --targets) and, with read, a reading stage of
 #             its own on each chunk's own states (--reading-slots; WORK/sSEED/reading-lm, recorded as "reading+lm")
+#   predN     (ARMS) the predictor reads the mean of the LM's states after N blocks (--pred-input-layer N; N at most
+#             the first fusion layer, cached by --cache-frozen) instead of the mean input embedding (0, the default):
+#             the question's entity in context, which it needs to predict that entity's memory
 #   lmM       (ARMS) the same pooled to M slots per neighbour (M dividing 32: lm1 one mean vector, lm4 four): what
 #             pooling costs; its files WORK/sSEED/lmM-*.bin, its reading stage reading-lmM ("reading+lmM")
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
 # on its held-out corpus sequences (dfm-train's final evaluation: CE of every memory mode and its control).
-# Results: bench/results/reading.jsonl (one line per seed and arm) and bench/results/reading.md (the table).
+# Results: OUT (bench/results/reading.jsonl: one line per seed and arm) and its table beside it (reading.md).
 #
 #   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 50 min a seed on 2 cores
 #   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
 #   ARMS=margin REUSE=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
 # Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
-# DFM_STEPS (150), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
+# DFM_STEPS (150: lines of another budget are their own rows, "ARM (N DFM steps)", against scratch at N), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
 # ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), PASTE (4),
 # DISTILL_W (1), GAIN_F (0.2), LM_LAYER (16), LM_POOL (32), LM_NB (4), REUSE (0: 1 keeps
 # the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
@@ -108,7 +111,9 @@ if os.path.exists(d + "/score.json"):
     s = json.load(open(d + "/score.json"))
     r["probes"] = s["all"]
     r.update({"probes_" + k: s[k] for k in ("seen", "unseen") if s.get(k)})  # UNSEEN > 0
-    r["probes_analysis"] = {k: s["analysis"].get(k) for k in ("retrieval_recall", "predictor_cosine_answer_chunk")}
+    r["probes_analysis"] = {k: s["analysis"].get(k) for k in ("retrieval_recall", "predictor_cosine_answer_chunk",
+                                                             "predictor_cosine_partner_target",
+                                                             "predictor_cosine_between_probes")}
 print(json.dumps(r))
 PY
 }
@@ -190,10 +195,11 @@ PY
         centre) extra+=(--centre-memory) ;;
         zero) extra+=(--memory-ablation zero) ;;
         random) extra+=(--memory-ablation random) ;;
+        pred[0-9]*) extra+=(--pred-input-layer "${lv#pred}") ;;
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then
@@ -206,6 +212,6 @@ PY
     tail -1 "$OUT" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); p=r["probes"]; c=r["curve"][-1]; print("   probes (answer log-prob / EM): off %.2f / %.1f%%, target %.2f / %.1f%%, target shuffled %.2f, predicted %.2f / %.1f%%, predicted shuffled %.2f; held-out CE target %.4f vs shuffled %.4f" % (p["none"]["logprob"], 100*p["none"]["exact"], p["target"]["logprob"], 100*p["target"]["exact"], p["target_shuffled"]["logprob"], p["predicted"]["logprob"], 100*p["predicted"]["exact"], p["predicted_shuffled"]["logprob"], c["ce_target"], c["ce_target_shuffled"]))'
   done
 done
-"$PY" bench/memory/reading_report.py "$OUT" > bench/results/reading.md
-cat bench/results/reading.md
+"$PY" bench/memory/reading_report.py "$OUT" > "${OUT%.jsonl}.md"  # each results file its own table
+cat "${OUT%.jsonl}.md"
 echo "bench_reading: done in $(( $(date +%s) - T0 ))s"

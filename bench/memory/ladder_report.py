@@ -24,6 +24,7 @@ import json
 import os
 import sys
 
+from reading_report import label_steps, scratch_of
 from real_memory_report import text_arm
 
 
@@ -53,7 +54,8 @@ def main():
     for p in sorted(glob.glob(os.path.join(res, "reading*.jsonl"))):
         if not p.endswith("reading-unseen.jsonl"):
             reading += lines(p)
-    unseen = lines(os.path.join(res, "reading-unseen.jsonl"))
+    reading = label_steps(reading)
+    unseen = label_steps(lines(os.path.join(res, "reading-unseen.jsonl")))
     text = [r for r in lines(os.path.join(res, "real_memory.jsonl")) if r.get("part") == "text"]
 
     out = ["# The memory ladder: every variant at every rung", "",
@@ -61,7 +63,7 @@ def main():
            "and `bench_real_memory.sh` (nothing is measured by the report). Each cell is the memory's own effect, own "
            "memory minus its shuffled control (the same modules or readout fed another example's memory), as mean "
            "[min, max] (seeds); positive means the memory's content helps. Knowledge probes: 240 invented entities, "
-           "frozen SmolLM2-135M, 150 DFM steps. Goals (#37): target − shuffled ≥ 3 nats per answer with ≥ 50 % EM, "
+           "frozen SmolLM2-135M, 150 DFM steps unless the arm says otherwise (then against scratch at its steps). Goals (#37): target − shuffled ≥ 3 nats per answer with ≥ 50 % EM, "
            "predicted − shuffled ≥ 1.5 nats with ≥ 25 % EM, every seed.", ""]
 
     out += ["## Rungs 2 and 3: what the slots hold, and whether the fusion can read them", "",
@@ -91,12 +93,12 @@ def main():
             "scratch's predicted | predicted EM | held-out text, shuffled − target (nats/token) | unseen entities: "
             "target − shuffled |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     arms = [a for a in dict.fromkeys(r["arm"] for r in reading if "probes" in r)]
-    sc = {r["seed"]: r for r in reading if r["arm"] == "scratch" and "probes" in r}
     for a in arms:
+        sc = {r["seed"]: r for r in reading if r["arm"] == scratch_of(a) and "probes" in r}
         rs = [r for r in reading if r["arm"] == a and "probes" in r]
         P = lambda r, m, k="logprob": r["probes"][m][k]
         gap = lambda m: [P(r, m) - P(r, m + "_shuffled") for r in rs]
-        vs = lambda m: [P(r, m) - P(sc[r["seed"]], m) for r in rs if r["seed"] in sc] if a != "scratch" else []
+        vs = lambda m: [P(r, m) - P(sc[r["seed"]], m) for r in rs if r["seed"] in sc] if a != scratch_of(a) else []
         held = [r["curve"][-1]["ce_target_shuffled"] - r["curve"][-1]["ce_target"] for r in rs if r.get("curve")]
         un = [r["probes_unseen"]["target"]["logprob"] - r["probes_unseen"]["target_shuffled"]["logprob"]
               for r in unseen if r["arm"] == a and "probes_unseen" in r]

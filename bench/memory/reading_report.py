@@ -41,13 +41,32 @@ def every(xs, pred):
     return "yes" if xs and all(pred(x) for x in xs) else "no"
 
 
+DFM_STEPS = 150  # bench_reading.sh's default DFM budget: an arm trained for another is its own row, "ARM (N DFM steps)"
+
+
+def label_steps(rows):
+    """each DFM arm line trained for other than DFM_STEPS gets its budget in its arm name, so that rows of different
+    budgets never pool, and its same-budget-without-the-lever baseline is scratch at that budget (scratch_of)"""
+    for r in rows:
+        a = r["arm"]
+        if a != "teacher" and not a.startswith("reading") and r.get("train_steps", DFM_STEPS) != DFM_STEPS:
+            r["arm"] = "%s (%d DFM steps)" % (a, r["train_steps"])
+    return rows
+
+
+def scratch_of(arm):
+    """the arm's same budget without its levers: scratch at its number of DFM steps"""
+    i = arm.find(" (")
+    return "scratch" + (arm[i:] if i >= 0 else "")
+
+
 def lm_pool(lever):
     """slots per neighbour of an LM-state lever: lmM pools to M; lm is the bench's default, one per token (32)"""
     return int(lever[2:]) if lever[2:].isdigit() else 32
 
 
 def main():
-    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    rows = label_steps([json.loads(l) for l in open(sys.argv[1]) if l.strip()])
     seeds = sorted({r["seed"] for r in rows})
     by = lambda arm: [r for r in rows if r["arm"] == arm]
     out = ["# The reading lever: reconstruction pretraining, then DFM", "",
@@ -87,41 +106,52 @@ def main():
                     stat([r["ce_alone"] - r["ce_teacher"] for r in te]), secs([r.get("cpu_s") for r in te])), ""]
     arms = ["scratch"] if by("scratch") else []  # then every other arm in the order the file first has it
     arms += [a for a in dict.fromkeys(r["arm"] for r in rows) if a not in ("scratch", "teacher") and not a.startswith("reading")]
+    arms.sort(key=lambda a: a != scratch_of(a))  # each budget's scratch first (a stable sort keeps the file's order)
     if arms:
         out += ["## DFM arms against the same DFM budget from scratch: knowledge probes", "",
-                "Each arm: the same DFM steps as scratch, with its levers (reading first, the margin, the content-only "
-                "fusion, centred memory, zeroed memory, distillation, gain weighting); CPU-s is the DFM training's (threads as the run's THREADS).", "",
+                "Each arm: the same DFM steps as scratch (%d unless the arm says otherwise, when its baseline is scratch "
+                "at the same steps), with its levers (reading first, the margin, the content-only fusion, centred "
+                "memory, zeroed memory, distillation, gain weighting, the predictor's input layer); CPU-s is the DFM "
+                "training's (threads as the run's THREADS). The predictor's cosine to the answer chunk's target slots "
+                "is given against its control, the cosine to another probe's target slots." % DFM_STEPS, "",
                 "| arm | fusion off | target | target shuffled | target − shuffled | target EM | predicted | predicted shuffled | "
-                "predicted − shuffled | predicted EM | in context | held-out CE target / shuffled | CPU-s (DFM) |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+                "predicted − shuffled | predicted EM | in context | held-out CE target / shuffled | predictor cosine, "
+                "own / another probe's target | CPU-s (DFM) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
         for a in arms:
             rs = [r for r in by(a) if "probes" in r]
             P = lambda m, k="logprob": [r["probes"][m][k] for r in rs]
             last = [r["curve"][-1] for r in rs if r["curve"]]
-            out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s |" % (
+            A = lambda k: [(r.get("probes_analysis") or {}).get(k) for r in rs]
+            out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s |" % (
                 a, stat(P("none")), stat(P("target")), stat(P("target_shuffled")),
                 stat([x - y for x, y in zip(P("target"), P("target_shuffled"))]), pct(P("target", "exact")),
                 stat(P("predicted")), stat(P("predicted_shuffled")),
                 stat([x - y for x, y in zip(P("predicted"), P("predicted_shuffled"))]), pct(P("predicted", "exact")),
                 stat(P("in_context")), stat([c["ce_target"] for c in last]), stat([c["ce_target_shuffled"] for c in last]),
+                stat(A("predictor_cosine_answer_chunk")), stat(A("predictor_cosine_partner_target")),
                 secs([r.get("cpu_s") for r in rs])))
         names = {"read": "reading first", "dfm": None, "margin": "the margin", "content": "the content-only fusion",
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
                  "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
                  "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE",
                  "lm": "slots in the LM's own space"}
+        names.update({t: "the predictor reading the LM's states after %s blocks" % t[4:]
+                      for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"pred\d+", t)})
 
         def what(arm):
             parts = [names.get(t, t) if not re.fullmatch(r"lm\d+", t) else
-                     "slots in the LM's own space pooled to %s a neighbour" % t[2:] for t in arm.split("+") if names.get(t, t)]
+                     "slots in the LM's own space pooled to %s a neighbour" % t[2:] for t in arm.split(" (")[0].split("+") if names.get(t, t)]
             s = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
-            return s[0].upper() + s[1:]
+            return s[0].upper() + s[1:] + (arm[arm.find(" ("):] if " (" in arm else "")
 
         def against_scratch(key, where):
             """per arm, its probes (r[key]: all, or the unseen entities') against scratch's on the seeds both have"""
-            sc = {r["seed"]: r for r in by("scratch") if key in r}
             lines = []
-            for a in arms[1:]:
+            for a in arms:
+                if a == scratch_of(a):
+                    continue
+                sc = {r["seed"]: r for r in by(scratch_of(a)) if key in r}
                 lv = {r["seed"]: r for r in by(a) if key in r}
                 common = sorted(set(sc) & set(lv))
                 if not common:

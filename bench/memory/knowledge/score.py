@@ -14,7 +14,9 @@ it records the answer's log-probability (summed over its tokens) and greedy exac
 is the argmax given the gold prefix: what greedy decoding would produce), summarised over all probe sequences
 ("all"), by form, by fact, and, when the spans carry facts.py's "unseen" flag, over the seen and the unseen
 entities' probes ("seen", "unseen": the keys of "all", null for a subset the scored set lacks). Analysis, per
-probe: the predictor's cosine to the target slots of chunk 2, whether chunk 2's retrieved neighbours hold the answer
+probe: the predictor's cosine to the target slots of chunk 2 (and, its control, to the partner probe's target
+slots and to the partner's predicted slots: a predictor that emits one memory whatever the question scores the same
+on the first two and 1.0 on the third), whether chunk 2's retrieved neighbours hold the answer
 (retrieval recall, with the corpus run's chunk texts), the fusion gates where the answer is predicted, and the
 CE of answer tokens against the other tokens of the sequence.
 
@@ -179,6 +181,17 @@ def main():
                         c = torch.nn.functional.cosine_similarity(p[m].double(), t[m].double(), dim=-1)
                         cos.append(float(c.mean()) if m.any() else float("nan"))
         slots_all = torch.cat(slots_all)
+        # the predictor's control: its answer-chunk slots against the partner probe's target slots (what a predictor
+        # that ignores the question scores), and against the partner's own predicted slots (1.0: it emits one memory
+        # whatever the question)
+        cos_partner, cos_between = [], []
+        if have_t:
+            for i in range(n):
+                j, m = int(partner[i]), mask[i, 2] & mask[int(partner[i]), 2]
+                if m.any():
+                    p = slots_all[i, 2][m].double()
+                    cos_partner.append(float(torch.nn.functional.cosine_similarity(p, memory[j, 2][m].double(), dim=-1).mean()))
+                    cos_between.append(float(torch.nn.functional.cosine_similarity(p, slots_all[j, 2][m].double(), dim=-1).mean()))
         for b0 in range(0, n, a.batch):
             sl = slice(b0, min(n, b0 + a.batch))
             pi = partner[sl]
@@ -244,6 +257,8 @@ def main():
         "by_fact": {f: summary([i for i, s in enumerate(spans) if s["fact"] == f]) for f in facts},
         "analysis": {
             "predictor_cosine_answer_chunk": float(np.nanmean(cos)) if cos else None,
+            "predictor_cosine_partner_target": float(np.mean(cos_partner)) if cos_partner else None,
+            "predictor_cosine_between_probes": float(np.mean(cos_between)) if cos_between else None,
             "retrieval_recall": float(np.mean(recall)) if have_t else None,
             "gate_mean_answer_rows": {m: np.mean(gate_mean[m], 0).tolist() if gate_mean[m] else None for m in gate_mean},
             "ce_answer_tokens": {m: -float(np.sum([x["logprob"] for x in res[m]])) / ans_tokens for m in modes},
@@ -257,9 +272,11 @@ def main():
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     line = lambda sm: ", ".join("%s %.2f / %.1f%%" % (m, sm[m]["logprob"], 100 * sm[m]["exact"]) for m in modes)
-    print("score: %d sequences in %.0f s; answer log-prob / exact match: %s; retrieval recall %s, predictor cosine %s"
-          % (n, result["seconds"], line(result["all"]), result["analysis"]["retrieval_recall"],
-             result["analysis"]["predictor_cosine_answer_chunk"]))
+    an = result["analysis"]
+    print("score: %d sequences in %.0f s; answer log-prob / exact match: %s; retrieval recall %s, predictor cosine %s "
+          "(to the partner's target %s; between probes %s)"
+          % (n, result["seconds"], line(result["all"]), an["retrieval_recall"], an["predictor_cosine_answer_chunk"],
+             an["predictor_cosine_partner_target"], an["predictor_cosine_between_probes"]))
     for name, sm in subsets.items():
         print("score: %s entities: %s" % (name, "no probe" if sm is None else "%d sequences, %s" % (sm["none"]["n"], line(sm))))
 
