@@ -5,9 +5,9 @@ no retrieval), beside the text that really follows.
 
 Which passage: among the chunks of the run's held-out sequences (the last VAL of its sequences, which no
 training step saw), the one whose target record holds the neighbour closest to it (token-set Jaccard of
-the neighbour with the chunk itself): the place where retrieval found the same words on another page, so
+the neighbour with the chunk itself, over the tokens of text, never the filler after a document's end): the place where retrieval found the same words on another page, so
 where memory has something to give. The choice reads the retrieval only, never the model's output. The
-prompt is its sequence from the start up to that chunk; 32 tokens are generated greedily.
+prompt is its sequence from the start up to that chunk; one chunk's length of tokens is generated greedily.
 
 Both continuations are scored by the tokens they get right, position by position, against the true chunk.
 
@@ -30,27 +30,28 @@ def pick(run, val):
     """(sequence start chunk, chosen chunk, its best neighbour id, Jaccard) among the held-out sequences"""
     tok, pad, L = dfm.load_tokens(run)
     chunks = tok.reshape(-1, L)
+    text = pad.reshape(-1, L) == 0 if pad is not None else np.ones_like(chunks, bool)
     seq_len = json.load(open(os.path.join(run, "manifest.json")))["stages"]["chunk"]["config"]["seq-len"]
     per_seq = seq_len // L
     n_seq = len(chunks) // per_seq
     if n_seq < val + 1:
         sys.exit(f"demo_answer: {run} has {n_seq} sequences, too few to hold out {val}")
-    sets = [frozenset(c.tolist()) for c in chunks]
+    sets = [frozenset(c[t].tolist()) for c, t in zip(chunks, text)]
     best = None
     with dfm.open_run(run) as tr:
         for s in range(n_seq - val, n_seq):
             for c in range(s * per_seq + 1, (s + 1) * per_seq):  # chunk 0 of a sequence has no memory
                 rec = tr.get(c)
                 for n in rec["ids"][rec["mask"]]:
-                    j = len(sets[n] & sets[c]) / len(sets[n] | sets[c])
+                    j = len(sets[n] & sets[c]) / max(len(sets[n] | sets[c]), 1)
                     if best is None or j > best[3]:
                         best = (s * per_seq, c, int(n), j)
     return chunks, best
 
 
-def generate(a, prompt, memory):
+def generate(a, prompt, memory, n):
     cmd = [a.train, "generate", "--backbone", a.backbone, "--modules", a.modules, "--tokenizer", a.tokenizer,
-           "--prompt-ids", ",".join(map(str, prompt)), "--max-new", "32", "--threads", str(a.threads),
+           "--prompt-ids", ",".join(map(str, prompt)), "--max-new", str(n), "--chunk-len", str(n), "--threads", str(a.threads),
            "--pred-input-layer", str(a.pred_input_layer), "--fusion-layers", a.fusion_layers]
     if not memory:
         cmd.append("--no-memory")
@@ -77,6 +78,7 @@ def main():
     tk = Tokenizer.from_file(a.tokenizer)
     chunks, (start, c, nbr, jac) = pick(a.run, a.val)
     prompt = chunks[start:c].reshape(-1).tolist()
+    L = chunks.shape[1]
     truth = chunks[c].tolist()
 
     def show(ids):
@@ -85,14 +87,14 @@ def main():
     def right(ids):
         return sum(x == y for x, y in zip(ids, truth))
 
-    off, pred = generate(a, prompt, False), generate(a, prompt, True)
+    off, pred = generate(a, prompt, False, L), generate(a, prompt, True, L)
     exclude = json.load(open(os.path.join(a.run, "manifest.json")))["stages"]["retrieve"]["config"].get("exclude")
     where = "another document" if exclude == "document" else "the datastore (exclusion: %s)" % exclude
     print(f"   held-out chunk {c}: its memory holds chunk {nbr} of {where} (token Jaccard {jac:.2f} with it)")
-    print(f"   prompt (its last 160 characters): ...{show(prompt)[-160:]}")
+    print(f"   prompt: its sequence from the start, {len(prompt)} tokens; the last 160 characters: ...{show(prompt)[-160:]}")
     print(f"   what follows           : {show(truth)}")
-    print(f"   fusion off             : {show(off)}   [{right(off)}/32 tokens right]")
-    print(f"   predicted memory (DFM) : {show(pred)}   [{right(pred)}/32 tokens right]")
+    print(f"   fusion off             : {show(off)}   [{right(off)}/{L} tokens right]")
+    print(f"   predicted memory (DFM) : {show(pred)}   [{right(pred)}/{L} tokens right]")
     print(f"   the memory's neighbour : {show(chunks[nbr].tolist())}")
 
 
