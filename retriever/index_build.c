@@ -63,7 +63,9 @@ static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, Fai
  * of one rank, so that a query visits only the ranks that hold its probe lists (retrieve.c routes it).
  * Each rank adds its vectors to a local index (FAISS assigns and encodes each vector once); the list
  * sizes are summed over ranks; the lists are ordered by group of neighbouring centroids (group_lists);
- * rank r takes the lists whose middle entry falls in [r/P, (r+1)/P) of all entries, in that order;
+ * each list is weighed by the retrieve work it is expected to draw (list_weights: how often queries probe it
+ * times what a probe costs), and rank r takes the lists whose middle weight falls in [r/P, (r+1)/P) of the
+ * total, in that order;
  * then every rank sends each list's codes and ids to its rank (through FAISS's
  * serialisation, ivf.h: nothing is assigned or encoded again), which assembles its shard with each
  * list's entries in id order, as one index built from every vector would hold them. */
@@ -117,6 +119,53 @@ static int group_lists(const dfm_mpi *m, const dfm_ivf *v, uint32_t *order, dfm_
     return rc;
 }
 
+/* The retrieve work each list is expected to draw, for placing lists on ranks. Queries are the datastore's own
+ * vectors (each chunk's context searches the chunks), so list j's cnt[j] entries stand for cnt[j] queries near
+ * its centroid, which probe the DFM_PLACEMENT_NPROBE lists nearest that centroid (j itself first): probes[l] =
+ * the sum of cnt[j] over the lists j among whose nearest lists l is. Each probe of list l scans its cnt[l]
+ * entries and has a fixed cost (FAISS's per-(query, list) table, the visit), counted as one mean list's
+ * entries: weight[l] = probes[l] * (cnt[l] + mean entries). Placing by entries alone left the rank of the
+ * most-probed lists 2.3x the mean rank's visits at 64 ranks (bench/results/scaling.md, "Visits"). Each rank
+ * computes its share of the lists' nearest lists (the quantiser on the centroids), then a sum over ranks:
+ * the same weights on every rank, for any number of ranks. */
+enum { DFM_PLACEMENT_NPROBE = 16 };
+
+static int list_weights(const dfm_mpi *m, const dfm_ivf *v, const int64_t *cnt, uint64_t *weight, dfm_work *w) {
+    const uint64_t nlist = v->nlist, lo = nlist * (uint64_t)m->rank / (uint64_t)m->size,
+                   hi = nlist * (uint64_t)(m->rank + 1) / (uint64_t)m->size;
+    const size_t np = nlist < DFM_PLACEMENT_NPROBE ? (size_t)nlist : DFM_PLACEMENT_NPROBE;
+    float *xb = NULL, *dis = NULL;
+    size_t nx = 0;
+    int64_t *near = NULL, *probes = calloc(nlist + 1, sizeof *probes);
+    faiss_IndexFlat_xb(faiss_IndexFlat_cast(v->quantizer), &xb, &nx);
+    const size_t d = (size_t)faiss_Index_d(v->quantizer);
+    int rc = probes ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc && (!xb || nx != nlist * d)) rc = DFM_FAIL(DFM_EFORMAT, "the coarse quantiser holds %zu values, not %llu lists x %zu", nx,
+                                                       (unsigned long long)nlist, d);
+    if (!rc && hi > lo) {
+        near = malloc((hi - lo) * np * sizeof *near);
+        dis = malloc((hi - lo) * np * sizeof *dis);
+        if (!near || !dis) rc = DFM_FAIL(DFM_ENOMEM, "no memory for the nearest lists of %llu lists", (unsigned long long)(hi - lo));
+        if (!rc) rc = dfm_ivf_assign(v, (size_t)(hi - lo), xb + lo * d, np, near, dis);
+        w->coarse_distances += (hi - lo) * nlist;
+        for (uint64_t j = lo; !rc && j < hi; j++)
+            for (size_t k = 0; k < np; k++) {
+                int64_t l = near[(j - lo) * np + k];
+                if (l >= 0 && (uint64_t)l < nlist) probes[l] += cnt[j];
+            }
+    }
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, probes, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
+    dfm_work_ring(w, nlist * 8, m->size);
+    uint64_t total = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
+    const uint64_t mean = nlist ? (total + nlist / 2) / nlist : 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) weight[l] = (uint64_t)probes[l] * ((uint64_t)cnt[l] + mean);
+    free(near);
+    free(dis);
+    free(probes);
+    return rc;
+}
+
 static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_work *w) {
     const uint64_t nlist = v->nlist;
     int64_t *cnt = malloc((nlist + 1) * sizeof *cnt);
@@ -127,16 +176,20 @@ static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_wo
     if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, cnt, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
     dfm_work_ring(w, nlist * 8, m->size);
     if (!rc) rc = group_lists(m, v, order, w);
-    /* in that order, each list goes to the rank where the middle of its entries falls */
-    uint64_t total = 0, cum = 0;
-    for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
+    uint64_t *weight = rc ? NULL : malloc((nlist + 1) * sizeof *weight);
+    if (!rc && !weight) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
+    if (!rc) rc = list_weights(m, v, cnt, weight, w);
+    /* in that order, each list goes to the rank where the middle of its weight falls */
+    unsigned __int128 total = 0, cum = 0;
+    for (uint64_t l = 0; !rc && l < nlist; l++) total += weight[l];
     for (uint64_t i = 0; !rc && i < nlist; i++) {
         uint64_t l = order[i];
-        unsigned __int128 mid = total ? ((unsigned __int128)(cum + (uint64_t)cnt[l] / 2) * (unsigned)m->size) / total
+        unsigned __int128 mid = total ? ((cum + weight[l] / 2) * (unsigned)m->size) / total
                                       : ((unsigned __int128)i * (unsigned)m->size) / nlist;
         lo->owner[l] = mid >= (unsigned)m->size ? m->size - 1 : (int32_t)mid;
-        cum += (uint64_t)cnt[l];
+        cum += weight[l];
     }
+    free(weight);
     free(cnt);
     free(order);
     return rc;
@@ -325,6 +378,9 @@ static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_inde
                                                               "xxh128", info->trained_xxh128));
             json_object_set(*stage, "training", training ? training : json_null());
             json_object_set_new(*stage, "sharding", json_string(info->by_list ? "lists" : "ids"));
+            if (info->by_list) /* list_weights: how the lists were placed on ranks */
+                json_object_set_new(*stage, "placement", json_pack("{s:s, s:i}", "weight", "probes x (entries + mean entries)",
+                                                                   "nprobe", (int)DFM_PLACEMENT_NPROBE));
             json_object_set(*stage, "work", work);
         }
     }
