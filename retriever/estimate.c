@@ -85,6 +85,12 @@ enum { RU_SCAN, RU_TABLES, RU_EXACT, RU_VISITS, RU_QUERIES, N_RU };
 static const double index_rates[N_IU] = {RATE_INDEX_KMEANS, RATE_INDEX_SAMPLE, RATE_INDEX_TRAIN_START, RATE_INDEX_ENCODE, RATE_INDEX_ADD_START};
 static const double retrieve_rates[N_RU] = {RATE_RET_SCAN, RATE_RET_TABLES, RATE_RET_EXACT, RATE_RET_VISITS, RATE_RET_QUERIES};
 
+double dfm_estimate_visit_in_codes(double d, double code_size, double nprobe) {
+    const double M = code_size >= 4 * d ? 0 : code_size; /* as retrieve_seconds_of: 0 for a flat index */
+    const double visit = ((M > 0 ? 256 * d : 0) + nprobe * d) * RATE_RET_TABLES + RATE_RET_VISITS;
+    return visit / ((M > 0 ? M : d) * RATE_RET_SCAN);
+}
+
 /* one rank's work, as the manifest's "work" records it */
 typedef struct {
     double kmeans_flops, train_points, coarse_distances, vectors_added, codes_scanned, shard_searches, exact_scores, queries;

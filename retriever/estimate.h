@@ -43,4 +43,9 @@ typedef struct {
  * DFM_ESTATE without a size to start from. */
 int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg);
 
+/* What one shard search (a query visiting a rank: FAISS's per-query tables and the visit's fixed cost) costs,
+ * in codes scanned, by the fitted retrieve rates: d dimensions, code_size bytes per code (4 d: a flat index,
+ * else a PQ of code_size bytes), nprobe lists per query. dfm index places lists on ranks by it. */
+double dfm_estimate_visit_in_codes(double d, double code_size, double nprobe);
+
 #endif

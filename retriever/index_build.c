@@ -6,6 +6,7 @@
 #include "common/stop.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "retriever/estimate.h"
 #include "retriever/index_train.h"
 #include "retriever/ivf.h"
 #include "retriever/kmeans.h"
@@ -63,9 +64,8 @@ static int add_vectors(const dfm_vec_source *vs, const dfm_chunk_source *cs, Fai
  * of one rank, so that a query visits only the ranks that hold its probe lists (retrieve.c routes it).
  * Each rank adds its vectors to a local index (FAISS assigns and encodes each vector once); the list
  * sizes are summed over ranks; the lists are ordered by group of neighbouring centroids (group_lists);
- * each list is weighed by the retrieve work it is expected to draw (list_weights: how often queries probe it
- * times what a probe costs), and rank r takes the lists whose middle weight falls in [r/P, (r+1)/P) of the
- * total, in that order;
+ * in that order, the lists are cut into P consecutive runs of about equal retrieve work (own_lists: the
+ * codes their probes scan and the visits of the queries probing them), rank r taking run r;
  * then every rank sends each list's codes and ids to its rank (through FAISS's
  * serialisation, ivf.h: nothing is assigned or encoded again), which assembles its shard with each
  * list's entries in id order, as one index built from every vector would hold them. */
@@ -119,79 +119,129 @@ static int group_lists(const dfm_mpi *m, const dfm_ivf *v, uint32_t *order, dfm_
     return rc;
 }
 
-/* The retrieve work each list is expected to draw, for placing lists on ranks. Queries are the datastore's own
- * vectors (each chunk's context searches the chunks), so list j's cnt[j] entries stand for cnt[j] queries near
- * its centroid, which probe the DFM_PLACEMENT_NPROBE lists nearest that centroid (j itself first): probes[l] =
- * the sum of cnt[j] over the lists j among whose nearest lists l is. Each probe of list l scans its cnt[l]
- * entries and has a fixed cost (FAISS's per-(query, list) table, the visit), counted as one mean list's
- * entries: weight[l] = probes[l] * (cnt[l] + mean entries). Placing by entries alone left the rank of the
- * most-probed lists 2.3x the mean rank's visits at 64 ranks (bench/results/scaling.md, "Visits"). Each rank
- * computes its share of the lists' nearest lists (the quantiser on the centroids), then a sum over ranks:
- * the same weights on every rank, for any number of ranks. */
+/* Lists placed on ranks by the retrieve work they draw. Queries are the datastore's own vectors (each
+ * chunk's context searches the chunks), so list j's cnt[j] entries stand for cnt[j] queries near its
+ * centroid, which probe the DFM_PLACEMENT_NPROBE lists nearest that centroid (j itself first). A rank's
+ * work is then, in codes scanned: each probe of one of its lists scans that list (probes[l] x cnt[l]), and
+ * each query that probes any of its lists visits it once, at a fixed cost (FAISS's per-query tables: `cv`
+ * codes, dfm_estimate_visit_in_codes, by the fitted retrieve rates). Visits do not add up over lists: a
+ * query whose lists sit together visits once. In the group order of group_lists, the lists are cut into P
+ * consecutive runs with the smallest largest work (a bisection on the cap, each run filled greedily up to
+ * it). Placing by entries alone left the most-visited rank 2.3x the mean rank's visits at 64 ranks
+ * (bench/results/scaling.md, "Visits"). Each rank computes its share of the centroids' nearest lists, which
+ * every rank then gathers; the cut is integer arithmetic on the same inputs, so every rank finds the same
+ * owners, for any number of ranks. */
 enum { DFM_PLACEMENT_NPROBE = 16 };
 
-static int list_weights(const dfm_mpi *m, const dfm_ivf *v, const int64_t *cnt, uint64_t *weight, dfm_work *w) {
-    const uint64_t nlist = v->nlist, lo = nlist * (uint64_t)m->rank / (uint64_t)m->size,
-                   hi = nlist * (uint64_t)(m->rank + 1) / (uint64_t)m->size;
-    const size_t np = nlist < DFM_PLACEMENT_NPROBE ? (size_t)nlist : DFM_PLACEMENT_NPROBE;
-    float *xb = NULL, *dis = NULL;
-    size_t nx = 0;
-    int64_t *near = NULL, *probes = calloc(nlist + 1, sizeof *probes);
-    faiss_IndexFlat_xb(faiss_IndexFlat_cast(v->quantizer), &xb, &nx);
-    const size_t d = (size_t)faiss_Index_d(v->quantizer);
-    int rc = probes ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc && (!xb || nx != nlist * d)) rc = DFM_FAIL(DFM_EFORMAT, "the coarse quantiser holds %zu values, not %llu lists x %zu", nx,
-                                                       (unsigned long long)nlist, d);
-    if (!rc && hi > lo) {
-        near = malloc((hi - lo) * np * sizeof *near);
-        dis = malloc((hi - lo) * np * sizeof *dis);
-        if (!near || !dis) rc = DFM_FAIL(DFM_ENOMEM, "no memory for the nearest lists of %llu lists", (unsigned long long)(hi - lo));
-        if (!rc) rc = dfm_ivf_assign(v, (size_t)(hi - lo), xb + lo * d, np, near, dis);
-        w->coarse_distances += (hi - lo) * nlist;
-        for (uint64_t j = lo; !rc && j < hi; j++)
-            for (size_t k = 0; k < np; k++) {
-                int64_t l = near[(j - lo) * np + k];
-                if (l >= 0 && (uint64_t)l < nlist) probes[l] += cnt[j];
-            }
+typedef struct {
+    uint64_t nlist, np;
+    const int64_t *cnt;     /* entries per list (all ranks) */
+    const int32_t *near;    /* [nlist][np]: the lists each list's queries probe */
+    const uint64_t *probes; /* queries probing each list */
+    const uint64_t *inv_start; /* CSR of near by probed list: the lists whose queries probe l */
+    const uint32_t *inv;
+    uint64_t cv;            /* a visit, in codes */
+    uint32_t *stamp;        /* per query list: 1 + the run that counted its visit last */
+} placement;
+
+/* Cut order[] into runs of work at most cap (a list heavier than cap alone in its run): the runs needed;
+ * owner (when not NULL) gets each list's run. */
+static uint64_t place_runs(placement *p, const uint32_t *order, unsigned __int128 cap, int32_t *owner) {
+    memset(p->stamp, 0, p->nlist * sizeof *p->stamp);
+    uint64_t run = 1;
+    unsigned __int128 load = 0;
+    for (uint64_t i = 0; i < p->nlist; i++) {
+        const uint64_t l = order[i];
+        unsigned __int128 codes = (unsigned __int128)p->probes[l] * (uint64_t)p->cnt[l], fresh = 0, all = 0;
+        for (uint64_t e = p->inv_start[l]; e < p->inv_start[l + 1]; e++) {
+            uint32_t j = p->inv[e];
+            all += (uint64_t)p->cnt[j];
+            if (p->stamp[j] != run) fresh += (uint64_t)p->cnt[j];
+        }
+        unsigned __int128 add = codes + fresh * p->cv;
+        if (i > 0 && load + add > cap) { /* a new run: every query of l visits it for the first time */
+            run++;
+            load = 0;
+            add = codes + all * p->cv;
+        }
+        load += add;
+        for (uint64_t e = p->inv_start[l]; e < p->inv_start[l + 1]; e++) p->stamp[p->inv[e]] = (uint32_t)run;
+        if (owner) owner[l] = (int32_t)(run - 1);
     }
-    if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, probes, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
-    dfm_work_ring(w, nlist * 8, m->size);
-    uint64_t total = 0;
-    for (uint64_t l = 0; !rc && l < nlist; l++) total += (uint64_t)cnt[l];
-    const uint64_t mean = nlist ? (total + nlist / 2) / nlist : 0;
-    for (uint64_t l = 0; !rc && l < nlist; l++) weight[l] = (uint64_t)probes[l] * ((uint64_t)cnt[l] + mean);
-    free(near);
-    free(dis);
-    free(probes);
-    return rc;
+    return run;
 }
 
-static int own_lists(const dfm_mpi *m, const dfm_ivf *v, list_owners *lo, dfm_work *w) {
-    const uint64_t nlist = v->nlist;
-    int64_t *cnt = malloc((nlist + 1) * sizeof *cnt);
-    uint32_t *order = malloc((nlist + 1) * sizeof *order);
+static int own_lists(const dfm_mpi *m, const dfm_ivf *v, uint64_t code_size, list_owners *lo, dfm_work *w) {
+    const uint64_t nlist = v->nlist, P = (uint64_t)m->size;
+    const uint64_t np = nlist < DFM_PLACEMENT_NPROBE ? nlist : DFM_PLACEMENT_NPROBE;
+    const uint64_t first = nlist * (uint64_t)m->rank / P, end = nlist * (uint64_t)(m->rank + 1) / P;
+    int64_t *cnt = malloc((nlist + 1) * sizeof *cnt), *mine = malloc(((end - first) * np + 1) * sizeof *mine);
+    uint32_t *order = malloc((nlist + 1) * sizeof *order), *inv = malloc((nlist * np + 1) * sizeof *inv),
+             *stamp = malloc((nlist + 1) * sizeof *stamp);
+    int32_t *near = malloc((nlist * np + 1) * sizeof *near);
+    uint64_t *probes = calloc(nlist + 1, sizeof *probes), *inv_start = calloc(nlist + 2, sizeof *inv_start);
+    float *dis = malloc(((end - first) * np + 1) * sizeof *dis);
+    int *counts = malloc(P * sizeof *counts), *displs = malloc(P * sizeof *displs);
     lo->owner = malloc((nlist + 1) * sizeof *lo->owner);
-    int rc = cnt && order && lo->owner ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory");
+    int rc = cnt && mine && order && inv && stamp && near && probes && inv_start && dis && counts && displs && lo->owner
+                 ? DFM_OK : DFM_FAIL(DFM_ENOMEM, "no memory to place %llu lists", (unsigned long long)nlist);
+    if (!rc && nlist * np > INT_MAX) rc = DFM_FAIL(DFM_EARG, "%llu lists are too many to place. HINT: use fewer lists", (unsigned long long)nlist);
     for (uint64_t l = 0; !rc && l < nlist; l++) cnt[l] = (int64_t)v->list_sizes[l];
     if (!(rc = dfm_work_agree(w, m, rc))) rc = DFM_WORK_MPI(w, MPI_Allreduce(MPI_IN_PLACE, cnt, (int)nlist, MPI_INT64_T, MPI_SUM, m->comm));
     dfm_work_ring(w, nlist * 8, m->size);
     if (!rc) rc = group_lists(m, v, order, w);
-    uint64_t *weight = rc ? NULL : malloc((nlist + 1) * sizeof *weight);
-    if (!rc && !weight) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!rc) rc = list_weights(m, v, cnt, weight, w);
-    /* in that order, each list goes to the rank where the middle of its weight falls */
-    unsigned __int128 total = 0, cum = 0;
-    for (uint64_t l = 0; !rc && l < nlist; l++) total += weight[l];
-    for (uint64_t i = 0; !rc && i < nlist; i++) {
-        uint64_t l = order[i];
-        unsigned __int128 mid = total ? ((cum + weight[l] / 2) * (unsigned)m->size) / total
-                                      : ((unsigned __int128)i * (unsigned)m->size) / nlist;
-        lo->owner[l] = mid >= (unsigned)m->size ? m->size - 1 : (int32_t)mid;
-        cum += weight[l];
+    /* this rank's share of the centroids' nearest lists, then every rank's */
+    if (!rc && end > first) {
+        float *xb = NULL;
+        size_t nx = 0;
+        faiss_IndexFlat_xb(faiss_IndexFlat_cast(v->quantizer), &xb, &nx);
+        const size_t d = (size_t)faiss_Index_d(v->quantizer);
+        if (!xb || nx != nlist * d) rc = DFM_FAIL(DFM_EFORMAT, "the coarse quantiser holds %zu values, not %llu lists x %zu", nx,
+                                                 (unsigned long long)nlist, d);
+        if (!rc) rc = dfm_ivf_assign(v, (size_t)(end - first), xb + first * d, (size_t)np, mine, dis);
+        w->coarse_distances += (end - first) * nlist;
+        for (uint64_t e = 0; !rc && e < (end - first) * np; e++)
+            near[first * np + e] = mine[e] >= 0 && (uint64_t)mine[e] < nlist ? (int32_t)mine[e] : -1;
     }
-    free(weight);
+    for (uint64_t r = 0; !rc && r < P; r++) {
+        counts[r] = (int)((nlist * (r + 1) / P - nlist * r / P) * np);
+        displs[r] = (int)(nlist * r / P * np);
+    }
+    if (!(rc = dfm_work_agree(w, m, rc)))
+        rc = DFM_WORK_MPI(w, MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, near, counts, displs, MPI_INT32_T, m->comm));
+    w->bytes_sent += (end - first) * np * 4 * (P - 1);
+    /* queries per list and, by probed list, whose queries probe it */
+    for (uint64_t j = 0; !rc && j < nlist; j++)
+        for (uint64_t k = 0; k < np; k++)
+            if (near[j * np + k] >= 0) probes[near[j * np + k]] += (uint64_t)cnt[j], inv_start[near[j * np + k] + 2]++;
+    for (uint64_t l = 0; !rc && l < nlist; l++) inv_start[l + 2] += inv_start[l + 1];
+    for (uint64_t j = 0; !rc && j < nlist; j++)
+        for (uint64_t k = 0; k < np; k++)
+            if (near[j * np + k] >= 0) inv[inv_start[near[j * np + k] + 1]++] = (uint32_t)j;
+    if (!rc) {
+        const double cvd = dfm_estimate_visit_in_codes((double)faiss_Index_d(v->quantizer), (double)code_size, (double)np);
+        placement p = {nlist, np, cnt, near, probes, inv_start, inv, cvd < 1 ? 1 : (uint64_t)(cvd + 0.5), stamp};
+        /* the smallest cap that P runs hold: between a run per list and one run */
+        unsigned __int128 lo_cap = 0, hi_cap = 0;
+        for (uint64_t l = 0; l < nlist; l++) hi_cap += (unsigned __int128)probes[l] * ((uint64_t)cnt[l] + p.cv);
+        while (lo_cap < hi_cap) {
+            unsigned __int128 mid = lo_cap + (hi_cap - lo_cap) / 2;
+            if (place_runs(&p, order, mid, NULL) <= P) hi_cap = mid;
+            else lo_cap = mid + 1;
+        }
+        place_runs(&p, order, hi_cap, lo->owner);
+    }
     free(cnt);
+    free(mine);
     free(order);
+    free(inv);
+    free(stamp);
+    free(near);
+    free(probes);
+    free(inv_start);
+    free(dis);
+    free(counts);
+    free(displs);
     return rc;
 }
 
@@ -296,14 +346,14 @@ static int shard_by_list(const dfm_mpi *m, const uint8_t *tbuf, size_t tlen, Fai
         *rd = calloc((size_t)P, sizeof *rd);
     int rc = dfm_ivf_open(*idx, &v);
     if (!rc && !(sc && sd && rcn && rd)) rc = DFM_FAIL(DFM_ENOMEM, "no memory");
-    if (!(rc = dfm_work_agree(w, m, rc))) rc = own_lists(m, &v, &lo, w);
+    if (!rc) rc = dfm_index_to_buffer(*idx, &ser, &nser);
+    if (!rc) rc = dfm_ivf_lists_view(ser, nser, tbuf, tlen, &L); /* the code size, for own_lists */
+    if (!(rc = dfm_work_agree(w, m, rc))) rc = own_lists(m, &v, L.code_size, &lo, w);
     const uint64_t nlist = v.nlist;
     dfm_ivf_close(&v);
-    if (!rc) rc = dfm_index_to_buffer(*idx, &ser, &nser);
-    if (!rc) {
+    if (*idx) {
         faiss_Index_free(*idx); /* its lists are in ser now */
         *idx = NULL;
-        rc = dfm_ivf_lists_view(ser, nser, tbuf, tlen, &L);
     }
     if (!rc) rc = pack_lists(m, &L, &lo, &sbuf, sc, sd);
     free(ser);
@@ -378,8 +428,8 @@ static int index_stage(const dfm_mpi *m, const dfm_index_opts *o, const dfm_inde
                                                               "xxh128", info->trained_xxh128));
             json_object_set(*stage, "training", training ? training : json_null());
             json_object_set_new(*stage, "sharding", json_string(info->by_list ? "lists" : "ids"));
-            if (info->by_list) /* list_weights: how the lists were placed on ranks */
-                json_object_set_new(*stage, "placement", json_pack("{s:s, s:i}", "weight", "probes x (entries + mean entries)",
+            if (info->by_list) /* own_lists: how the lists were placed on ranks */
+                json_object_set_new(*stage, "placement", json_pack("{s:s, s:i}", "by", "expected retrieve work: codes scanned and visits",
                                                                    "nprobe", (int)DFM_PLACEMENT_NPROBE));
             json_object_set(*stage, "work", work);
         }
