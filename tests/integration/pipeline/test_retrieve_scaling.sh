@@ -81,6 +81,8 @@ if not visits[8] < 0.7 * visits[1]:
     bad.append(f"np=8: a rank searched {visits[8]} queries, np=1 {visits[1]}: queries do not go only to the ranks holding their lists")
 if any(man[np]["index"].get("sharding") != "lists" for np in (1, 2, 4, 8)):
     bad.append("the IVF index was not sharded by list")
+if any(man[np]["index"].get("placement", {}).get("nprobe") != 16 for np in (1, 2, 4, 8)):
+    bad.append(f"the manifest does not record how the lists were placed: {man[8]['index'].get('placement')}")
 if bad:
     print("\n".join("FAIL: " + b for b in bad), file=sys.stderr)
     sys.exit(1)
