@@ -160,10 +160,10 @@ def main():
                 gainp = [lv[s][key]["predicted"]["logprob"] - sc[s][key]["predicted"]["logprob"] for s in common]
                 eff = [(lv[s][key]["target"]["logprob"] - lv[s][key]["target_shuffled"]["logprob"]) -
                        (sc[s][key]["target"]["logprob"] - sc[s][key]["target_shuffled"]["logprob"]) for s in common]
-                lines += ["", "%s against the same DFM steps without it%s (per seed %s, %s − scratch, answer log-prob): "
+                lines += ["", "%s against the same DFM steps without it%s (per seed %s, %s − %s, answer log-prob): "
                           "target memory %s (better on every seed: %s); predicted memory %s (better on every seed: %s); "
                           "target − shuffled gap %s (wider on every seed: %s)." % (
-                              what(a), where, ", ".join(map(str, common)), a, stat(gain), every(gain, lambda x: x > 0),
+                              what(a), where, ", ".join(map(str, common)), a, scratch_of(a), stat(gain), every(gain, lambda x: x > 0),
                               stat(gainp), every(gainp, lambda x: x > 0), stat(eff), every(eff, lambda x: x > 0))]
             return lines
         curves = [(a, r) for a in arms for r in by(a) if len(r.get("curve") or []) > 1]

@@ -3,7 +3,10 @@ result lines whose figures are known here:
   1. rung 5 of the ladder keeps each corpus's arms apart (DFM from scratch, reading first, reading first with another
      number of reading steps): one row each, its mean, min and max over its own seeds only, its redundancy range and
      its mean CPU-seconds; a report that pooled the arms (as the ladder did until 2026-12-06) fails here;
-  2. real_memory_report.py gives the same arms the same effects.
+  2. real_memory_report.py gives the same arms the same effects;
+  3. rung 4 (knowledge probes, reading*.jsonl) keeps arms of another DFM budget apart ("ARM (600 DFM steps)") and
+     measures each arm against scratch at its own budget: a report that pooled budgets or compared a 600-step arm
+     with 150-step scratch fails here.
 Needs only Python. Exits non-zero on failure.
 """
 import json
@@ -64,6 +67,33 @@ def main():
             mean = pred.split()[0]
             check(any(arm in r and mean in r for r in real.stdout.splitlines()),
                   "real_memory_report.py: arm %s with its predicted effect %s" % (arm, mean))
+        # rung 4: (arm, DFM steps, seed, target log-prob, shuffled target log-prob, predicted log-prob)
+        probe_lines = [("scratch", 150, 1, -16.0, -16.5, -17.0), ("scratch", 150, 2, -18.0, -18.5, -19.0),
+                       ("scratch", 600, 1, -12.0, -13.0, -14.0), ("pred16", 600, 1, -10.0, -12.0, -11.0)]
+        with open(os.path.join(d, "reading.jsonl"), "w") as f:
+            for arm, steps, seed, t, ts, p in probe_lines:
+                pr = {m: {"logprob": v, "exact": 0.0, "n": 10} for m, v in
+                      (("none", -20.0), ("target", t), ("target_shuffled", ts), ("predicted", p), ("predicted_shuffled", p),
+                       ("in_context", -7.0))}
+                f.write(json.dumps({"seed": seed, "arm": arm, "train_steps": steps, "curve": [], "probes": pr}) + "\n")
+        ladder = subprocess.run([sys.executable, os.path.join(BENCH, "ladder_report.py"), d], capture_output=True, text=True)
+        rows = {[c.strip() for c in r.strip("|").split("|")][0]: [c.strip() for c in r.strip("|").split("|")]
+                for r in ladder.stdout.split("## Rung 4")[-1].split("## Rung 5")[0].splitlines() if r.startswith("| ")
+                and not r.startswith("| arm") and not r.startswith("|---")}
+        want4 = {"scratch": ("+0.50 [+0.50, +0.50] (2)", "—"), "scratch (600 DFM steps)": ("+1.00 (1)", "—"),
+                 "pred16 (600 DFM steps)": ("+2.00 (1)", "+2.00 (1)")}
+        check(sorted(rows) == sorted(want4), "rung 4 has one row per arm and budget: %s" % sorted(rows))
+        for arm, (gap, vs) in want4.items():
+            got = rows.get(arm, [None] * 3)[1:3]
+            check(got == [gap, vs], "rung 4 %s: target − shuffled and target − its budget's scratch %s = %s" %
+                  (arm, got, [gap, vs]))
+        rr = subprocess.run([sys.executable, os.path.join(BENCH, "reading_report.py"), os.path.join(d, "reading.jsonl")],
+                            capture_output=True, text=True)
+        check(rr.returncode == 0 and "pred16 (600 DFM steps) against the same DFM steps without it" not in rr.stdout and
+              "The predictor reading the LM's states after 16 blocks (600 DFM steps) against the same DFM steps" in rr.stdout
+              and "pred16 (600 DFM steps) − scratch (600 DFM steps), answer log-prob): target memory 2.000" in rr.stdout,
+              "reading_report.py names the lever and compares it with scratch at 600 steps (+2.000): %s" %
+              [l for l in rr.stdout.splitlines() if "against the same" in l][:1])
     finish("memory reports")
 
 
