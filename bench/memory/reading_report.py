@@ -138,6 +138,8 @@ def main():
                  "lm": "slots in the LM's own space"}
         names.update({t: "the predictor reading the LM's states after %s blocks" % t[4:]
                       for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"pred\d+", t)})
+        names.update({t: "the predictor's loss weighted %s" % t[3:]
+                      for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"mse\d+", t)})
 
         def what(arm):
             parts = [names.get(t, t) if not re.fullmatch(r"lm\d+", t) else
