@@ -24,11 +24,9 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.targets import open_run  # noqa: E402
-from test_train_reading import chunks, sh  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
+from test_train_reading import chunks, targets_run  # noqa: E402  (the chunk shards' tokens; a tiny run with targets)
 from train_cli import DFM_TRAIN, check, finish, run  # noqa: E402
 
-DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
-CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
 L, T, K, VAL = 16, 64, 4, 3
 
@@ -56,14 +54,8 @@ def choose(run_dir, val):
 
 def main():
     w = tempfile.mkdtemp(prefix="dfm-demo-answer-")
-    open(os.path.join(w, "c.jsonl"), "w").writelines([l for l in open(CORPUS)][:6])
-    r = os.path.join(w, "run")
+    r = targets_run(w, 6, L, T, K)
     tok = os.path.join(LM, "tokenizer.json")
-    sh(DFM, "chunk", r, os.path.join(w, "c.jsonl"), "--tokenizer", tok, "--chunk-len", L, "--seq-len", T, "--doc-aligned")
-    sh(DFM, "encode", r, "--device", "cpu")
-    sh(DFM, "index", r)
-    sh(DFM, "retrieve", r, "--k", K)
-    sh(DFM, "write-targets", r)
     common = ["--seq-len", T, "--batch", 2, "--val-seqs", 2, "--eval-batches", 1, "--threads", 1]
     run("pretrain", "--data", r, "--out", os.path.join(w, "pre"), "--layers", 1, "--hidden", 32, "--heads", 2,
         "--kv-heads", 1, "--steps", 2, *common)

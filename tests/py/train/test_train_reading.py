@@ -43,6 +43,20 @@ def sh(*args):
     return p.stdout
 
 
+def targets_run(w, docs, chunk_len, seq_len, k):
+    """A tiny real run in w/run with target records: the first `docs` documents of CORPUS chunked (doc-aligned),
+    encoded on the CPU, indexed, retrieved with k neighbours, targets written. Returns its folder."""
+    open(os.path.join(w, "c.jsonl"), "w").writelines([l for l in open(CORPUS)][:docs])
+    r = os.path.join(w, "run")
+    sh(DFM, "chunk", r, os.path.join(w, "c.jsonl"), "--tokenizer", os.path.join(LM, "tokenizer.json"), "--chunk-len",
+       chunk_len, "--seq-len", seq_len, "--doc-aligned")
+    sh(DFM, "encode", r, "--device", "cpu")
+    sh(DFM, "index", r)
+    sh(DFM, "retrieve", r, "--k", k)
+    sh(DFM, "write-targets", r)
+    return r
+
+
 def chunks(run):
     """[(tokens[L], n_valid)] in chunk-id order, from the chunk shards' bytes."""
     out = {}

@@ -31,11 +31,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.data import read_dump  # noqa: E402
 from dfm.targets import open_run  # noqa: E402
 from dfm.torch import Backbone, rope_tables  # noqa: E402
-from test_train_reading import chunks, sh  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
+from test_train_reading import chunks, sh, targets_run  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
 from train_cli import check, finish, run  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
-CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
 L, T, K, LAYER = 16, 64, 4, 2
 
@@ -115,14 +114,7 @@ def differences(got, exp):
 
 def main():
     w = tempfile.mkdtemp(prefix="dfm-slots-")
-    open(os.path.join(w, "c.jsonl"), "w").writelines([l for l in open(CORPUS)][:4])
-    r = os.path.join(w, "run")
-    sh(DFM, "chunk", r, os.path.join(w, "c.jsonl"), "--tokenizer", os.path.join(LM, "tokenizer.json"), "--chunk-len", L,
-       "--seq-len", T, "--doc-aligned")
-    sh(DFM, "encode", r, "--device", "cpu")
-    sh(DFM, "index", r)
-    sh(DFM, "retrieve", r, "--k", K)
-    sh(DFM, "write-targets", r)
+    r = targets_run(w, 4, L, T, K)
     prompt = [int(x) for x in sh(DFM, "tokenize", "--tokenizer", os.path.join(LM, "tokenizer.json"), "Text:").split()]
     bb = Backbone.from_pretrained(LM, torch.float32, max_seq=L + len(prompt)).eval()
     ch = chunks(r)

@@ -28,11 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.targets import open_run  # noqa: E402
 from dfm.torch import Backbone  # noqa: E402
-from test_train_reading import chunks, sh  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
+from test_train_reading import chunks, targets_run  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
 from train_cli import check, finish, run  # noqa: E402
 
-DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
-CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
 L, T, K, P, S = 16, 64, 4, 2, 8
 
@@ -119,14 +117,7 @@ def compare(got, exp, what):
 
 def main():
     w = tempfile.mkdtemp(prefix="dfm-teacher-")
-    open(os.path.join(w, "c.jsonl"), "w").writelines([l for l in open(CORPUS)][:6])
-    r = os.path.join(w, "run")
-    sh(DFM, "chunk", r, os.path.join(w, "c.jsonl"), "--tokenizer", os.path.join(LM, "tokenizer.json"), "--chunk-len", L,
-       "--seq-len", T, "--doc-aligned")
-    sh(DFM, "encode", r, "--device", "cpu")
-    sh(DFM, "index", r)
-    sh(DFM, "retrieve", r, "--k", K)
-    sh(DFM, "write-targets", r)
+    r = targets_run(w, 6, L, T, K)
     common = ["--seq-len", T, "--batch", 2, "--val-seqs", 2, "--eval-batches", 1, "--threads", 1]
     run("pretrain", "--data", r, "--out", os.path.join(w, "pre"), "--layers", 1, "--hidden", 32, "--heads", 2,
         "--kv-heads", 1, "--steps", 2, *common)
