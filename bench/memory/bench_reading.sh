@@ -28,6 +28,9 @@
 #   predN     (ARMS) the predictor reads the mean of the LM's states after N blocks (--pred-input-layer N; N at most
 #             the first fusion layer, cached by --cache-frozen) instead of the mean input embedding (0, the default):
 #             the question's entity in context, which it needs to predict that entity's memory
+#   lastN     (ARMS) the predictor's input averages only the previous chunk's last N tokens (--pred-input-tokens N;
+#             last1: the last token's state, which with predN has read the whole context): a probe's prompt chunk is
+#             mostly a filler every probe shares, which a whole-chunk mean keeps and the question's last token does not
 #   mseW      (ARMS) the predictor's loss weighted W (--mse-weight W; 1 by default): whether a predictor pulled harder
 #             toward its targets tells the questions apart
 #   lmM       (ARMS) the same pooled to M slots per neighbour (M dividing 32: lm1 one mean vector, lm4 four): what
@@ -199,10 +202,11 @@ PY
         random) extra+=(--memory-ablation random) ;;
         pred[0-9]*) extra+=(--pred-input-layer "${lv#pred}") ;;
         mse[0-9]*) extra+=(--mse-weight "${lv#mse}") ;;
+        last[0-9]*) extra+=(--pred-input-tokens "${lv#last}") ;;
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN, mseW)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN, mseW, lastN)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

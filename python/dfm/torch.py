@@ -331,6 +331,7 @@ class Predictor(nn.Module):
         super().__init__()
         pc = dict(dc["predictor"])
         self.pc, self.K, self.d, self.L = pc, dc["n_slots"], dc["d_mem"], dc["chunk_len"]
+        self.tail = dc.get("pred_input_tokens", 0) or self.L  # the previous chunk's last tokens the input averages
         P = pc["hidden"]
         self.in_proj, self.placeholder = nn.Linear(C, P), nn.Parameter(torch.zeros(P))
         self.layers = nn.ModuleList(DecoderLayer(pc) for _ in range(pc["n_layers"]))
@@ -339,7 +340,7 @@ class Predictor(nn.Module):
     def forward(self, src: Tensor) -> Tensor:
         B, T, C = src.shape
         NC = T // self.L
-        pool = src.detach().reshape(B, NC, self.L, C).mean(2).to(self.in_proj.weight.dtype)
+        pool = src.detach().reshape(B, NC, self.L, C)[:, :, self.L - self.tail:].mean(2).to(self.in_proj.weight.dtype)
         x = torch.cat([self.placeholder.view(1, 1, -1).expand(B, 1, -1), self.in_proj(pool[:, :-1])], 1)
         cos, sin = rope_tables(NC, self.pc["head_dim"], self.pc["rope_theta"], x.device)
         for layer in self.layers:

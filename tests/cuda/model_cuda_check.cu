@@ -45,6 +45,7 @@ struct Variant {
     int quick;  // in the quick set (MODEL_CHECK_SET=quick: CI's emulated run, which is slow)
     int content_only;  // DfmConfig.content_only (the projector's biases held at 0) and centred memory
     int soft;          // soft targets (model_set_soft_targets) before every training forward, CPU and GPU
+    int pred_tail;     // DfmConfig.pred_input_tokens (0: the predictor reads the whole previous chunk)
 };
 
 static void check_scalar(const char *v, const char *what, double gpu, double cpu, double tol) {
@@ -111,6 +112,7 @@ static int run_variant(const Variant *va) {
         dc.gate_per_channel = va->per_channel;
         dc.fuse_first_chunk = va->fuse_first;
         dc.pred_input_layer = va->pred_input_layer;
+        dc.pred_input_tokens = va->pred_tail;
         dc.mem_align = va->per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;  // both alignments covered
         dc.pred_loss = va->per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;  // both loss scales
         dc.mse_weight = 0.7f;
@@ -321,7 +323,7 @@ int main(void) {
     const Variant vs[] = {
         {"dfm qwen3 head-gate soft targets", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1},
         {"dfm qwen3 head-gate flash", 1, 1, 1, 0, 0, 0, 1, 0, 1},
-        {"dfm llama channel-gate first layer1", 1, 0, 0, 1, 1, 1, 0, 0, 1},
+        {"dfm llama channel-gate first layer1 last-token", 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1},
         {"dfm llama channel-gate flash content-only", 1, 0, 0, 1, 1, 1, 1, 0, 0, 1},
         {"pretrain qwen3 tied", 0, 1, 1, 0, 0, 0, 0, 0, 1},
         {"pretrain llama untied flash", 0, 0, 0, 0, 0, 0, 1, 0, 1},

@@ -328,9 +328,13 @@ static int check_fusion(cudaStream_t st) {
 
     float *h = hrand(nq, 1.0f), *pool = hnew((size_t)B * NC * C);
     float *d_h = dnew(h, nq), *d_pool = dnew(NULL, (size_t)B * NC * C);
-    chunk_pool_forward(pool, h, B, T, L, C);
-    GT(chunk_pool_forward_cuda(d_pool, d_h, B, T, L, C, st));
-    GT(cmp("chunk_pool_forward", pool, d_pool, (size_t)B * NC * C, TOL_FP32));
+    for (int tail = L; tail >= 1; tail = tail > 1 ? 1 : 0) { /* the whole chunk, then its last token */
+        char nmb[64];
+        chunk_pool_forward(pool, h, B, T, L, tail, C);
+        GT(chunk_pool_forward_cuda(d_pool, d_h, B, T, L, tail, C, st));
+        snprintf(nmb, sizeof nmb, "chunk_pool_forward[tail=%d]", tail);
+        GT(cmp(nmb, pool, d_pool, (size_t)B * NC * C, TOL_FP32));
+    }
     return DFM_OK;
 }
 

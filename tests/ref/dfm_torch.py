@@ -162,7 +162,8 @@ def memory(src, P, dc, tgt_mem, tgt_mask, mem, mem_src, impl):
     NC = T // L
     pc = dict(dc["predictor"])
     wdt = P["dfm.predictor.in_proj.weight"].dtype
-    pool = src.detach().to(wdt).reshape(B, NC, L, -1).mean(2)  # chunk i's mean; chunk i+1 reads it
+    tail = dc.get("pred_input_tokens", 0) or L  # the last `tail` tokens of chunk i; chunk i+1 reads their mean
+    pool = src.detach().to(wdt).reshape(B, NC, L, -1)[:, :, L - tail:].mean(2)
     u = F.linear(pool[:, :-1], P["dfm.predictor.in_proj.weight"], P["dfm.predictor.in_proj.bias"])
     x = torch.cat([P["dfm.predictor.placeholder"].to(u.dtype).view(1, 1, -1).expand(B, 1, -1), u], dim=1)
     for l in range(pc["n_layers"]):

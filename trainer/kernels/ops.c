@@ -411,16 +411,16 @@ void gate_backward(float *dh, float *dgl, float *d_o, const float *dout, const f
 }
 
 /* ---- chunk pooling -------------------------------------------------------------------------------- */
-void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C) {
+void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int tail, int C) {
     int NC = T / L;
-    float inv = 1.0f / (float)L;
+    float inv = 1.0f / (float)tail;
 #pragma omp parallel for collapse(2) if ((size_t)B * T * C > 65536)
     for (int b = 0; b < B; b++)
         for (int c = 0; c < NC; c++) {
             float *o = out + ((size_t)b * NC + c) * C;
             for (int i = 0; i < C; i++) o[i] = 0.0f;
             if (c == 0) continue;
-            for (int s = (c - 1) * L; s < c * L; s++) {
+            for (int s = c * L - tail; s < c * L; s++) {
                 const float *e = h + ((size_t)b * T + s) * C;
                 for (int i = 0; i < C; i++) o[i] += e[i];
             }

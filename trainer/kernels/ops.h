@@ -83,9 +83,9 @@ void gate_backward(float *dh, float *dgl, float *d_o, const float *dout, const f
                    int C, int G);
 
 /* Mean over each chunk of L rows of h[B*T, C] (the input embeddings or a frozen layer's hidden states):
- * chunk i of sequence b gets the mean of chunk i-1's rows; chunk 0 gets zeros (replaced by the learned
- * placeholder). out[B*NC, C]. */
-void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int C);
+ * chunk i of sequence b gets the mean of chunk i-1's last `tail` rows (tail in [1, L]; L: the whole chunk,
+ * 1: its last token alone); chunk 0 gets zeros (replaced by the learned placeholder). out[B*NC, C]. */
+void chunk_pool_forward(float *out, const float *h, int B, int T, int L, int tail, int C);
 
 /* Fused LM head + softmax cross-entropy over N rows without materialising [N, V] logits:
  * row losses[N] (may be NULL) = logsumexp(x W^T) - logit[target]; top1[N] (may be NULL) = 1 where the

@@ -831,7 +831,7 @@ extern "C" int gate_backward_cuda(float *dh, float *dgl, float *d_o, const float
 }
 
 // ---- chunk pooling ------------------------------------------------------------------------------------
-__global__ void chunk_pool_kernel(float *out, const float *h, int B, int T, int L, int C) {
+__global__ void chunk_pool_kernel(float *out, const float *h, int B, int T, int L, int tail, int C) {
     int NC = T / L;
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (idx >= (size_t)B * NC * C) return;
@@ -839,8 +839,8 @@ __global__ void chunk_pool_kernel(float *out, const float *h, int B, int T, int 
     size_t b = idx / ((size_t)C * NC);
     float s = 0.0f;
     if (c > 0) {
-        for (int t = (c - 1) * L; t < c * L; t++) s += h[(b * T + t) * C + i];
-        s *= 1.0f / (float)L;
+        for (int t = c * L - tail; t < c * L; t++) s += h[(b * T + t) * C + i];
+        s *= 1.0f / (float)tail;
     }
     out[idx] = s;
 }
@@ -872,8 +872,9 @@ extern "C" int embedding_forward_w16_cuda(float *out, const int *tokens, const u
     return DFM_OK;
 }
 
-extern "C" int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int C, cudaStream_t stream) {
-    chunk_pool_kernel<<<blocks_for((size_t)B * (T / L) * C, 256), 256, 0, stream>>>(out, h, B, T, L, C);
+extern "C" int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int tail, int C,
+                                       cudaStream_t stream) {
+    chunk_pool_kernel<<<blocks_for((size_t)B * (T / L) * C, 256), 256, 0, stream>>>(out, h, B, T, L, tail, C);
     LAUNCH_CHECK("chunk_pool_kernel");
     return DFM_OK;
 }

@@ -120,7 +120,7 @@ int gate_backward_cuda(float *dh, float *dgl, float *d_o, const float *dout, con
                        int C, int G, cudaStream_t stream);
 
 /* Chunk mean-pooling (as chunk_pool_forward). */
-int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int C, cudaStream_t stream);
+int chunk_pool_forward_cuda(float *out, const float *h, int B, int T, int L, int tail, int C, cudaStream_t stream);
 
 /* Fused LM head + softmax CE over N rows, CE_ROWS_BLOCK_CUDA rows at a time (no [N, V] logits):
  * as lmhead_ce_forward_backward, with scratch [CE_ROWS_BLOCK_CUDA * V] floats on the device, losses[N]

@@ -59,6 +59,7 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     dc.mse_weight = 0.7f;
     dc.init_std = 0.2f;
     dc.pred_input_layer = channel ? 1 : 0; /* dfm-channel: predictor reads layer 0's output */
+    dc.pred_input_tokens = channel ? 2 : 0; /* dfm-channel: of the last 2 tokens of each chunk */
     dc.mem_align = channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT; /* both alignments, both loss scales */
     dc.pred_loss = channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     int B = 2, T = 16, N = B * T, NC = T / dc.chunk_len, S = B * NC * dc.n_slots;

@@ -94,6 +94,9 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc) {
     if (dc->pred_input_layer < 0 || dc->pred_input_layer > dc->fusion_layers[0])
         return DFM_FAIL(DFM_EARG, "predictor input layer %d must be in [0, %d] (frozen states below the first "
                         "fusion block). HINT: --pred-input-layer", dc->pred_input_layer, dc->fusion_layers[0]);
+    if (dc->pred_input_tokens < 0 || dc->pred_input_tokens > dc->chunk_len)
+        return DFM_FAIL(DFM_EARG, "predictor input tokens %d must be in [0, %d] (0: the whole chunk; 1: its last "
+                        "token). HINT: --pred-input-tokens", dc->pred_input_tokens, dc->chunk_len);
     for (int i = 0; i < dc->n_fusion; i++) {
         int l = dc->fusion_layers[i];
         if (l < 0 || l >= bc->dec.n_layers || (i && l <= dc->fusion_layers[i - 1]))
@@ -455,7 +458,8 @@ static void predictor_forward(DfmModel *m, int B, int T) {
     int C = m->bc.dec.hidden, P = dc->pred.hidden, NCc = T / dc->chunk_len, Np = B * NCc, NLp = dc->pred.n_layers;
     size_t NCs = (size_t)B * T * C;
     if (m->prefix_pool) memcpy(m->pool, m->prefix_pool, (size_t)Np * C * sizeof(float));
-    else chunk_pool_forward(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len, C);
+    else chunk_pool_forward(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len,
+                                          dfm_pred_tail(dc), C);
     matmul_forward(m->pred_x, m->pool, p->pred_win, p->pred_bin, Np, C, P);
     for (int b = 0; b < B; b++) memcpy(m->pred_x + (size_t)b * NCc * P, p->pred_placeholder, P * sizeof(float));
     for (int l = 0; l < NLp; l++)
@@ -800,7 +804,8 @@ void model_frozen_prefix_export(const DfmModel *m, int b, float *fuse_in, float 
     int T = m->T, C = m->bc.dec.hidden;
     size_t NCs = (size_t)m->B * T * C, row = (size_t)b * T * C;
     memcpy(fuse_in, m->x_fuse_in + row, (size_t)T * C * sizeof(float));
-    chunk_pool_forward(pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs + row, 1, T, dc->chunk_len, C);
+    chunk_pool_forward(pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs + row, 1, T, dc->chunk_len,
+                       dfm_pred_tail(dc), C);
 }
 
 void model_set_soft_targets(DfmModel *m, CeSoft *soft) { m->soft = soft; }

@@ -6,8 +6,9 @@
  *                                                    └────────── MSE vs target slots
  *
  * - Predictor: input of chunk i is the mean of the frozen input embeddings (or, with pred_input_layer
- *   k > 0, of the frozen hidden states after layer k-1) of chunk i-1's tokens, projected C→P (Linear with
- *   bias); chunk 0 gets a learned placeholder [P]. A causal StackConfig
+ *   k > 0, of the frozen hidden states after layer k-1) of chunk i-1's tokens (its last pred_input_tokens
+ *   tokens when that is set: 1 = the last token's state, which has read the whole context), projected C→P
+ *   (Linear with bias); chunk 0 gets a learned placeholder [P]. A causal StackConfig
  *   over the NC chunk positions (RoPE by chunk index), final RMSNorm, Linear P→K·d with bias.
  * - Projector (shared by all fusion blocks): LayerNorm(d) → Linear(d→H) → GELU(erf) → Linear(H→C).
  * - Fusion block after decoder layer f (0-based): x = RMSNorm(h); q = Wq x; k = Wk M; v = Wv M;
@@ -69,6 +70,8 @@ typedef struct {
     int fuse_first_chunk; /* 1: chunk 0 also fuses its (placeholder-based) predicted memory */
     int pred_input_layer; /* predictor input pooled from: 0 = the input embeddings, k = the hidden state
                              after decoder layer k-1 (frozen: k <= fusion_layers[0]) */
+    int pred_input_tokens; /* the predictor input averages the previous chunk's last pred_input_tokens tokens
+                              (1 .. chunk_len); 0 = the whole chunk (the default) */
     int mem_align;        /* which chunk's memory token s attends: MEM_ALIGN_NEXT (default) chunk (s+1)/L,
                              the chunk of the token it predicts; MEM_ALIGN_SAME chunk s/L (the old rule) */
     int fusion_memory;    /* the memory fusion trains on: FUSION_MEM_PREDICTED, _TARGET or _MIXED (teacher
@@ -126,6 +129,11 @@ typedef struct {
     int64_t shape[4];
     size_t numel;
 } TensorView;
+
+/* How many of the previous chunk's last tokens the predictor's input averages (chunk_pool_forward's tail). */
+static inline int dfm_pred_tail(const DfmConfig *dc) {
+    return dc->pred_input_tokens > 0 ? dc->pred_input_tokens : dc->chunk_len;
+}
 
 typedef struct DfmModel DfmModel;
 

@@ -495,7 +495,7 @@ static int predictor_forward_cuda(DfmModelCuda *mc, int B, int T) {
     int C = m->bc.dec.hidden, P = dc->pred.hidden, NCc = T / dc->chunk_len, Np = B * NCc, NLp = dc->pred.n_layers;
     size_t NCs = (size_t)B * T * C;
     DFM_TRY(chunk_pool_forward_cuda(m->pool, m->x_layer_in + (size_t)dc->pred_input_layer * NCs, B, T, dc->chunk_len,
-                                    C, st));
+                                    dfm_pred_tail(dc), C, st));
     DFM_TRY(matmul_forward_cuda(m->pred_x, m->pool, p->pred_win, p->pred_bin, Np, C, P, ctx));
     placeholder_forward_kernel<<<blocks_for((size_t)B * P, 256), 256, 0, st>>>(m->pred_x, p->pred_placeholder, B, NCc, P);
     LAUNCH_CHECK("placeholder_forward_kernel");

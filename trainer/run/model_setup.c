@@ -55,6 +55,7 @@ static int dfm_config_from_opts(const TrainOpts *o, const BackboneConfig *bc, in
     dc->content_only = (int)o->content_only;
     dc->init_std = (float)o->init_std;
     dc->pred_input_layer = (int)o->pred_input_layer;
+    dc->pred_input_tokens = (int)o->pred_input_tokens;
     dc->mem_align = o->memory_align && !strcmp(o->memory_align, "same") ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
     dc->pred_loss = o->pred_loss && !strcmp(o->pred_loss, "mse_elem") ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     if (o->fusion_memory) DFM_TRY(dfm_parse_fusion_memory(o->fusion_memory, dc));
@@ -184,6 +185,7 @@ int setup_init_modules(DfmModel *m, const char *path) {
                         : a->xattn_heads != dc.xattn_heads           ? "xattn_heads"
                         : a->gate_per_channel != dc.gate_per_channel ? "gate"
                         : a->pred_input_layer != dc.pred_input_layer ? "pred_input_layer"
+                        : dfm_pred_tail(a) != dfm_pred_tail(&dc)     ? "pred_input_tokens"
                         : a->mem_align != dc.mem_align               ? "memory_align"
                         : a->pred.n_layers != dc.pred.n_layers || a->pred.hidden != dc.pred.hidden ||
                                   a->pred.n_heads != dc.pred.n_heads || a->pred.n_kv_heads != dc.pred.n_kv_heads ||
