@@ -31,6 +31,8 @@
 #   lastN     (ARMS) the predictor's input averages only the previous chunk's last N tokens (--pred-input-tokens N;
 #             last1: the last token's state, which with predN has read the whole context): a probe's prompt chunk is
 #             mostly a filler every probe shares, which a whole-chunk mean keeps and the question's last token does not
+#   skip      (ARMS) a linear path from the predictor's pooled input straight to its slots (--pred-skip): the map a ridge
+#             regression finds (bench/memory/predictor_input.py), which the predictor's Transformer alone does not learn
 #   mseW      (ARMS) the predictor's loss weighted W (--mse-weight W; 1 by default): whether a predictor pulled harder
 #             toward its targets tells the questions apart
 #   lmM       (ARMS) the same pooled to M slots per neighbour (M dividing 32: lm1 one mean vector, lm4 four): what
@@ -203,10 +205,11 @@ PY
         pred[0-9]*) extra+=(--pred-input-layer "${lv#pred}") ;;
         mse[0-9]*) extra+=(--mse-weight "${lv#mse}") ;;
         last[0-9]*) extra+=(--pred-input-tokens "${lv#last}") ;;
+        skip) extra+=(--pred-skip) ;;
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN, mseW, lastN)" >&2; exit 2 ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN, mseW, lastN, skip)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

@@ -336,6 +336,8 @@ class Predictor(nn.Module):
         self.in_proj, self.placeholder = nn.Linear(C, P), nn.Parameter(torch.zeros(P))
         self.layers = nn.ModuleList(DecoderLayer(pc) for _ in range(pc["n_layers"]))
         self.norm, self.out_proj = RMSNorm(P, pc["eps"]), nn.Linear(P, self.K * self.d)
+        # pred_skip: a linear path from the pooled input straight to the slots (chunk 0, with no input, gets none)
+        self.skip = nn.Linear(C, self.K * self.d, bias=False) if dc.get("pred_skip") else None
 
     def forward(self, src: Tensor) -> Tensor:
         B, T, C = src.shape
@@ -345,7 +347,11 @@ class Predictor(nn.Module):
         cos, sin = rope_tables(NC, self.pc["head_dim"], self.pc["rope_theta"], x.device)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.out_proj(self.norm(x)).view(B, NC, self.K, self.d)
+        y = self.out_proj(self.norm(x))
+        if self.skip is not None:
+            s = self.skip(pool[:, :-1])
+            y = y + torch.cat([torch.zeros_like(s[:, :1]), s], 1)
+        return y.view(B, NC, self.K, self.d)
 
 
 class Projector(nn.Module):

@@ -45,7 +45,8 @@ struct Variant {
     int quick;  // in the quick set (MODEL_CHECK_SET=quick: CI's emulated run, which is slow)
     int content_only;  // DfmConfig.content_only (the projector's biases held at 0) and centred memory
     int soft;          // soft targets (model_set_soft_targets) before every training forward, CPU and GPU
-    int pred_tail;     // DfmConfig.pred_input_tokens (0: the predictor reads the whole previous chunk)
+    int pred_tail;     // DfmConfig.pred_input_tokens (0: the predictor reads the whole previous chunk) and, when
+                       // set, DfmConfig.pred_skip (the linear path from the pooled input to the slots)
 };
 
 static void check_scalar(const char *v, const char *what, double gpu, double cpu, double tol) {
@@ -113,6 +114,7 @@ static int run_variant(const Variant *va) {
         dc.fuse_first_chunk = va->fuse_first;
         dc.pred_input_layer = va->pred_input_layer;
         dc.pred_input_tokens = va->pred_tail;
+        dc.pred_skip = va->pred_tail != 0;
         dc.mem_align = va->per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;  // both alignments covered
         dc.pred_loss = va->per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;  // both loss scales
         dc.mse_weight = 0.7f;
@@ -323,7 +325,7 @@ int main(void) {
     const Variant vs[] = {
         {"dfm qwen3 head-gate soft targets", 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1},
         {"dfm qwen3 head-gate flash", 1, 1, 1, 0, 0, 0, 1, 0, 1},
-        {"dfm llama channel-gate first layer1 last-token", 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1},
+        {"dfm llama channel-gate first layer1 last-token skip", 1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 0, 1},
         {"dfm llama channel-gate flash content-only", 1, 0, 0, 1, 1, 1, 1, 0, 0, 1},
         {"pretrain qwen3 tied", 0, 1, 1, 0, 0, 0, 0, 0, 1},
         {"pretrain llama untied flash", 0, 0, 0, 0, 0, 0, 1, 0, 1},

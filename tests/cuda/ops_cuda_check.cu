@@ -123,6 +123,10 @@ static int check_matmul(OpsCudaContext *ctx, int bf16, double tol) {
     GT(matmul_forward_cuda(d_out, d_inp, d_w, d_b, N, C, OC, ctx));
     snprintf(nm, sizeof nm, "matmul_forward[%s]", tag);
     GT(cmp(nm, out, d_out, (size_t)N * OC, tol));
+    matmul_forward_acc(out, inp, w, N, C, OC); /* a second path into the same output: out += inp @ w^T */
+    GT(matmul_forward_acc_cuda(d_out, d_inp, d_w, N, C, OC, ctx));
+    snprintf(nm, sizeof nm, "matmul_forward_acc[%s]", tag);
+    GT(cmp(nm, out, d_out, (size_t)N * OC, tol));
 
     float *dout = hrand((size_t)N * OC, 1.0f), *dinp = hrand((size_t)N * C, 0.1f), *dw = hrand((size_t)OC * C, 0.1f),
           *db = hrand(OC, 0.1f);

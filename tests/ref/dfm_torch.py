@@ -169,7 +169,11 @@ def memory(src, P, dc, tgt_mem, tgt_mask, mem, mem_src, impl):
     for l in range(pc["n_layers"]):
         x = decoder_layer(x, P, "dfm.predictor.layers.%d." % l, pc, impl)
     x = rmsnorm(x, P["dfm.predictor.norm.weight"], pc["eps"])
-    slots = F.linear(x, P["dfm.predictor.out_proj.weight"], P["dfm.predictor.out_proj.bias"]).view(B, NC, K, d)
+    slots = F.linear(x, P["dfm.predictor.out_proj.weight"], P["dfm.predictor.out_proj.bias"])
+    if "dfm.predictor.skip.weight" in P:  # the linear path from the pooled input; chunk 0 has no input
+        skip = F.linear(pool[:, :-1], P["dfm.predictor.skip.weight"].to(wdt))
+        slots = slots + torch.cat([torch.zeros_like(skip[:, :1]), skip], dim=1)
+    slots = slots.view(B, NC, K, d)
     zero = torch.zeros((), dtype=slots.dtype, device=slots.device)
     mse = ploss = zero
     if tgt_mem is not None:

@@ -396,6 +396,7 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
     dc.mse_weight = 0.5f;
     dc.init_std = 0.3f;
     dc.pred_input_layer = per_channel ? 1 : 0; /* predictor reads layer 0's output */
+    dc.pred_skip = per_channel;                /* and, per-channel variant, the skip path to the slots */
     dc.mem_align = per_channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
     dc.pred_loss = per_channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     DfmModel *m = NULL;
@@ -418,6 +419,7 @@ static void run_model_check(int pretrain, int per_channel, int qk_norm, int tie)
         rng_normal(&r, m->dp.fu_bg, 2 * G, 0.3f);
         rng_normal(&r, m->dp.pred_bin, 8, 0.3f);
         rng_normal(&r, m->dp.proj_b1, 7, 0.3f);
+        if (m->dp.pred_wskip) rng_normal(&r, m->dp.pred_wskip, (size_t)3 * 5 * 8, 0.3f); /* [K*d, C] */
     }
     /* per-head variant: teacher forcing, chunks 1 of sequence 0 and 2 of sequence 1 fuse their targets */
     ModelCtx c = {.m = m, .B = 2, .T = 12, .mode = !pretrain && !per_channel ? MEM_MIXED : MEM_PREDICTED};

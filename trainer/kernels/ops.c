@@ -23,6 +23,10 @@ void matmul_forward(float *out, const float *inp, const float *weight, const flo
     }
 }
 
+void matmul_forward_acc(float *out, const float *inp, const float *weight, int N, int C, int OC) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+}
+
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC) {
     if (dinp)

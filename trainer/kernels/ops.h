@@ -18,6 +18,8 @@
 /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] if not NULL), OpenBLAS sgemm. */
 void matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
                     int OC);
+/* out[N,OC] += inp[N,C] @ weight[OC,C]^T (a second path into the same output). */
+void matmul_forward_acc(float *out, const float *inp, const float *weight, int N, int C, int OC);
 /* dinp += dout @ W; dweight += dout^T @ inp; dbias += colsum(dout). Any output may be NULL. */
 void matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                      const float *weight, int N, int C, int OC);

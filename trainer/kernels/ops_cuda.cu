@@ -226,6 +226,12 @@ __global__ void add_bias_kernel(float *out, const float *bias, int N, int OC) {
 }
 
 
+extern "C" int matmul_forward_acc_cuda(float *out, const float *inp, const float *weight, int N, int C, int OC,
+                                       OpsCudaContext *ctx) {
+    return gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, (size_t)OC * C, inp, C, (size_t)N * C, 1.0f, out,
+                OC);
+}
+
 extern "C" int matmul_forward_cuda(float *out, const float *inp, const float *weight, const float *bias, int N,
                                    int C, int OC, OpsCudaContext *ctx) {
     DFM_TRY(gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, (size_t)OC * C, inp, C, (size_t)N * C, 0.0f,

@@ -56,6 +56,9 @@ void ops_cuda_free(OpsCudaContext *ctx);
 void ops_cuda_set_bf16_mirror(OpsCudaContext *ctx, const float *src, const uint16_t *mirror, size_t n);
 
 /* out[N,OC] = inp[N,C] @ weight[OC,C]^T (+ bias[OC] if not NULL). */
+/* out += inp @ weight^T (as matmul_forward_acc). */
+int matmul_forward_acc_cuda(float *out, const float *inp, const float *weight, int N, int C, int OC,
+                            OpsCudaContext *ctx);
 int matmul_forward_cuda(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
                         int OC, OpsCudaContext *ctx);
 /* dinp += dout @ W; dweight += dout^T @ inp; dbias += colsum(dout). Any output may be NULL. */

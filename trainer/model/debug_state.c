@@ -60,6 +60,7 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
     dc.init_std = 0.2f;
     dc.pred_input_layer = channel ? 1 : 0; /* dfm-channel: predictor reads layer 0's output */
     dc.pred_input_tokens = channel ? 2 : 0; /* dfm-channel: of the last 2 tokens of each chunk */
+    dc.pred_skip = channel;                 /* dfm-channel: with the linear skip path to the slots */
     dc.mem_align = channel ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT; /* both alignments, both loss scales */
     dc.pred_loss = channel ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     int B = 2, T = 16, N = B * T, NC = T / dc.chunk_len, S = B * NC * dc.n_slots;
@@ -78,6 +79,8 @@ int debug_state_write(const char *path, const char *variant, uint64_t seed) {
             for (size_t j = 0; j < bv[i].numel; j++) bv[i].data[j] = 1.0f + 0.2f * (rng_f32(&r) - 0.5f);
     }
     model_init_dfm_random(m, seed + 1);
+    if (m->dp.pred_wskip) /* away from its zero init, so that its forward path is tested too */
+        rng_normal(&r, m->dp.pred_wskip, (size_t)dc.n_slots * dc.d_mem * bc.dec.hidden, 0.2f);
     if (!pretrain) { /* gates away from their zero init so every fusion weight is tested */
         size_t G = channel ? 32 : 4;
         rng_normal(&r, m->dp.fu_wg, 2 * G * 32, 0.2f);

@@ -94,6 +94,8 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc) {
     if (dc->pred_input_layer < 0 || dc->pred_input_layer > dc->fusion_layers[0])
         return DFM_FAIL(DFM_EARG, "predictor input layer %d must be in [0, %d] (frozen states below the first "
                         "fusion block). HINT: --pred-input-layer", dc->pred_input_layer, dc->fusion_layers[0]);
+    if (dc->pred_skip != 0 && dc->pred_skip != 1)
+        return DFM_FAIL(DFM_EARG, "predictor skip %d: 0 or 1. HINT: --pred-skip", dc->pred_skip);
     if (dc->pred_input_tokens < 0 || dc->pred_input_tokens > dc->chunk_len)
         return DFM_FAIL(DFM_EARG, "predictor input tokens %d must be in [0, %d] (0: the whole chunk; 1: its last "
                         "token). HINT: --pred-input-tokens", dc->pred_input_tokens, dc->chunk_len);
@@ -154,6 +156,7 @@ static void dfm_layout(const BackboneConfig *bc, const DfmConfig *dc, DfmParams 
     ADD(p->pred_lnf, P);
     ADD(p->pred_wout, K * d * P);
     ADD(p->pred_bout, K * d);
+    ADD(p->pred_wskip, dc->pred_skip ? K * d * C : 0);
     ADD(p->proj_lnw, d);
     ADD(p->proj_lnb, d);
     ADD(p->proj_w1, H * d);
@@ -468,6 +471,7 @@ static void predictor_forward(DfmModel *m, int B, int T) {
                             model_flash(m));
     rmsnorm_forward(m->pred_ln, m->pred_rstd, m->pred_x + (size_t)NLp * Np * P, p->pred_lnf, Np, P, dc->pred.eps);
     matmul_forward(m->slots, m->pred_ln, p->pred_wout, p->pred_bout, Np, P, dc->n_slots * dc->d_mem);
+    if (p->pred_wskip) matmul_forward_acc(m->slots, m->pool, p->pred_wskip, Np, C, dc->n_slots * dc->d_mem);
 }
 
 static void predictor_backward(DfmModel *m, int B, int T) {
@@ -480,6 +484,8 @@ static void predictor_backward(DfmModel *m, int B, int T) {
     vec_zero(da, NP);
     matmul_backward(da, g->pred_wout, g->pred_bout, m->d_slots, m->pred_ln, p->pred_wout, Np, P,
                     dc->n_slots * dc->d_mem);
+    if (p->pred_wskip) /* the pooled input is frozen: the skip path's weight alone has a gradient */
+        matmul_backward(NULL, g->pred_wskip, NULL, m->d_slots, m->pool, p->pred_wskip, Np, C, dc->n_slots * dc->d_mem);
     vec_zero(db, NP);
     rmsnorm_backward(db, g->pred_lnf, da, m->pred_x + (size_t)NLp * NP, p->pred_lnf, m->pred_rstd, Np, P);
     for (int l = NLp - 1; l >= 0; l--) {
@@ -977,6 +983,7 @@ int model_dfm_tensors(const DfmModel *m, TensorView *views, int grads) {
     V1("dfm.predictor.norm.weight", p.pred_lnf, P);
     V2("dfm.predictor.out_proj.weight", p.pred_wout, K * d, P);
     V1("dfm.predictor.out_proj.bias", p.pred_bout, K * d);
+    if (dc->pred_skip) V2("dfm.predictor.skip.weight", p.pred_wskip, K * d, C);
     V1("dfm.projector.norm.weight", p.proj_lnw, d);
     V1("dfm.projector.norm.bias", p.proj_lnb, d);
     V2("dfm.projector.fc1.weight", p.proj_w1, H, d);

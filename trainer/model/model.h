@@ -9,7 +9,8 @@
  *   k > 0, of the frozen hidden states after layer k-1) of chunk i-1's tokens (its last pred_input_tokens
  *   tokens when that is set: 1 = the last token's state, which has read the whole context), projected C→P
  *   (Linear with bias); chunk 0 gets a learned placeholder [P]. A causal StackConfig
- *   over the NC chunk positions (RoPE by chunk index), final RMSNorm, Linear P→K·d with bias.
+ *   over the NC chunk positions (RoPE by chunk index), final RMSNorm, Linear P→K·d with bias; with pred_skip,
+ *   plus Linear C→K·d (no bias, zero at the start) of the pooled input itself.
  * - Projector (shared by all fusion blocks): LayerNorm(d) → Linear(d→H) → GELU(erf) → Linear(H→C).
  * - Fusion block after decoder layer f (0-based): x = RMSNorm(h); q = Wq x; k = Wk M; v = Wv M;
  *   token s attends (xattn_heads heads, no biases) to the K slots of chunk (s + 1) / L, the chunk of the
@@ -70,6 +71,8 @@ typedef struct {
     int fuse_first_chunk; /* 1: chunk 0 also fuses its (placeholder-based) predicted memory */
     int pred_input_layer; /* predictor input pooled from: 0 = the input embeddings, k = the hidden state
                              after decoder layer k-1 (frozen: k <= fusion_layers[0]) */
+    int pred_skip;        /* 1: a linear path from the predictor's pooled input straight to its slots (pred_wskip,
+                             zero at the start) beside the Transformer: slots = out_proj(...) + Wskip · input */
     int pred_input_tokens; /* the predictor input averages the previous chunk's last pred_input_tokens tokens
                               (1 .. chunk_len); 0 = the whole chunk (the default) */
     int mem_align;        /* which chunk's memory token s attends: MEM_ALIGN_NEXT (default) chunk (s+1)/L,
@@ -97,13 +100,14 @@ typedef struct {
     float *lm_head; /* [V, C]   lm_head.weight (== wte when tied; not allocated separately) */
 } BackboneParams;
 
-#define DFM_NUM_TENSORS (6 + STACK_NUM_TENSORS + 6 + 7)
+#define DFM_NUM_TENSORS (7 + STACK_NUM_TENSORS + 6 + 7)
 typedef struct {
     /* predictor */
     float *pred_win, *pred_bin, *pred_placeholder; /* [P,C], [P], [P] */
     StackParams pred;
     float *pred_lnf;                               /* [P] */
     float *pred_wout, *pred_bout;                  /* [K*d, P], [K*d] */
+    float *pred_wskip;                             /* [K*d, C] with pred_skip, else NULL */
     /* projector */
     float *proj_lnw, *proj_lnb;                    /* [d], [d] */
     float *proj_w1, *proj_b1, *proj_w2, *proj_b2;  /* [H,d], [H], [C,H], [C] */

@@ -136,6 +136,7 @@ json_t *dfm_config_to_json(const DfmConfig *dc) {
                      dc->fuse_first_chunk, "init_std", (double)dc->init_std, "pred_input_layer",
                      dc->pred_input_layer);
     if (dc->pred_input_tokens) json_object_set_new(j, "pred_input_tokens", json_integer(dc->pred_input_tokens));
+    if (dc->pred_skip) json_object_set_new(j, "pred_skip", json_true());
     json_object_set_new(j, "memory_align", json_string(dc->mem_align == MEM_ALIGN_NEXT ? "next" : "same"));
     const char *fm[] = {"predicted", "target", "mixed"};
     json_object_set_new(j, "fusion_memory", json_string(fm[dc->fusion_memory]));
@@ -183,6 +184,7 @@ int dfm_config_from_json(json_t *j, DfmConfig *dc) {
     dc->pred_input_layer = json_is_integer(pil) ? (int)json_integer_value(pil) : 0;
     json_t *pit = json_object_get(j, "pred_input_tokens"); /* optional: 0 (the whole chunk) when absent */
     dc->pred_input_tokens = json_is_integer(pit) ? (int)json_integer_value(pit) : 0;
+    dc->pred_skip = json_is_true(json_object_get(j, "pred_skip")); /* optional: no skip path when absent */
     /* optional: configurations written before the alignment choice existed used the same chunk */
     const char *al = json_string_value(json_object_get(j, "memory_align"));
     if (al && strcmp(al, "next") && strcmp(al, "same"))

@@ -505,7 +505,10 @@ static int predictor_forward_cuda(DfmModelCuda *mc, int B, int T) {
                                          m->pred_tmp, B, NCc, m->prope_cos, m->prope_sin, mc->flash, ctx));
     DFM_TRY(rmsnorm_forward_cuda(m->pred_ln, m->pred_rstd, m->pred_x + (size_t)NLp * Np * P, p->pred_lnf, Np, P,
                                  dc->pred.eps, st));
-    return matmul_forward_cuda(m->slots, m->pred_ln, p->pred_wout, p->pred_bout, Np, P, dc->n_slots * dc->d_mem, ctx);
+    DFM_TRY(matmul_forward_cuda(m->slots, m->pred_ln, p->pred_wout, p->pred_bout, Np, P, dc->n_slots * dc->d_mem, ctx));
+    if (p->pred_wskip)
+        DFM_TRY(matmul_forward_acc_cuda(m->slots, m->pool, p->pred_wskip, Np, C, dc->n_slots * dc->d_mem, ctx));
+    return DFM_OK;
 }
 
 static int predictor_backward_cuda(DfmModelCuda *mc, int B, int T) {
@@ -521,6 +524,9 @@ static int predictor_backward_cuda(DfmModelCuda *mc, int B, int T) {
     DFM_TRY(vec_zero_cuda(da, NP, st));
     DFM_TRY(matmul_backward_cuda(da, g->pred_wout, g->pred_bout, m->d_slots, m->pred_ln, p->pred_wout, Np, P,
                                  dc->n_slots * dc->d_mem, ctx));
+    if (p->pred_wskip) /* the pooled input is frozen: the skip path's weight alone has a gradient */
+        DFM_TRY(matmul_backward_cuda(NULL, g->pred_wskip, NULL, m->d_slots, m->pool, p->pred_wskip, Np, C,
+                                     dc->n_slots * dc->d_mem, ctx));
     DFM_TRY(vec_zero_cuda(db, NP, st));
     DFM_TRY(rmsnorm_backward_cuda(db, g->pred_lnf, da, m->pred_x + (size_t)NLp * NP, p->pred_lnf, m->pred_rstd, Np, P,
                                   st));

@@ -56,6 +56,7 @@ static int dfm_config_from_opts(const TrainOpts *o, const BackboneConfig *bc, in
     dc->init_std = (float)o->init_std;
     dc->pred_input_layer = (int)o->pred_input_layer;
     dc->pred_input_tokens = (int)o->pred_input_tokens;
+    dc->pred_skip = (int)o->pred_skip;
     dc->mem_align = o->memory_align && !strcmp(o->memory_align, "same") ? MEM_ALIGN_SAME : MEM_ALIGN_NEXT;
     dc->pred_loss = o->pred_loss && !strcmp(o->pred_loss, "mse_elem") ? PRED_LOSS_MSE_ELEM : PRED_LOSS_MSE;
     if (o->fusion_memory) DFM_TRY(dfm_parse_fusion_memory(o->fusion_memory, dc));
@@ -186,6 +187,7 @@ int setup_init_modules(DfmModel *m, const char *path) {
                         : a->gate_per_channel != dc.gate_per_channel ? "gate"
                         : a->pred_input_layer != dc.pred_input_layer ? "pred_input_layer"
                         : dfm_pred_tail(a) != dfm_pred_tail(&dc)     ? "pred_input_tokens"
+                        : a->pred_skip != dc.pred_skip               ? "pred_skip"
                         : a->mem_align != dc.mem_align               ? "memory_align"
                         : a->pred.n_layers != dc.pred.n_layers || a->pred.hidden != dc.pred.hidden ||
                                   a->pred.n_heads != dc.pred.n_heads || a->pred.n_kv_heads != dc.pred.n_kv_heads ||

@@ -26,7 +26,7 @@ typedef struct {
     int64_t layers, hidden, heads, kv_heads, head_dim, ffn, vocab, untied;
     /* dfm shape */
     int64_t chunk_len, slots, d_mem, pred_layers, pred_hidden, pred_heads, proj_hidden, xattn_heads, fuse_first,
-        pred_input_layer, pred_input_tokens, cache_frozen, content_only, centre_memory;
+        pred_input_layer, pred_input_tokens, pred_skip, cache_frozen, content_only, centre_memory;
     double gate_bias, mse_weight, init_std;
     double margin_weight, margin; /* train only: the margin against shuffled memory (trainer/run/margin.h) */
     char *teacher;                 /* train only: the in-context teacher's file (trainer/data/teacher.h) */
@@ -77,6 +77,7 @@ typedef struct {
     {"pred-layers", DFM_OPT_INT, &(o)->pred_layers, "2", "N", "predictor Transformer layers", 0},            \
     {"pred-hidden", DFM_OPT_INT, &(o)->pred_hidden, "0", "P", "predictor width (0 = min(C, 256))", 0},       \
     {"pred-input-layer", DFM_OPT_INT, &(o)->pred_input_layer, "0", "K", "predictor input: mean of the input embeddings (0) or of the hidden states after decoder layer K-1 (K <= first fusion layer)", 0}, \
+    {"pred-skip", DFM_OPT_FLAG, &(o)->pred_skip, NULL, NULL, "a linear path from the predictor's pooled input straight to its slots beside its Transformer (zero at the start): the map a ridge regression finds, which the Transformer alone does not learn", 0}, \
     {"pred-input-tokens", DFM_OPT_INT, &(o)->pred_input_tokens, "0", "N", "predictor input: the mean over the previous chunk's last N tokens only (1: the last token's state, which has read the whole context; 0: the whole chunk)", 0}, \
     {"pred-heads", DFM_OPT_INT, &(o)->pred_heads, "0", "N", "predictor heads (0 = P / 64, at least 1)", 0},  \
     {"proj-hidden", DFM_OPT_INT, &(o)->proj_hidden, "0", "H", "projector hidden width (0 = 2C)", 0},         \

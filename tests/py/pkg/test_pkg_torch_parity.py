@@ -79,7 +79,7 @@ def main():
         bb, mods = setup(w, "qwen3", ["--arch", "qwen3"], ["--fusion-layers", "0,1"], tfile)
         distinct = compare(w, "qwen3/next/file", bb, mods, tfile)
         bb, mods = setup(w, "llama", ["--arch", "llama", "--untied"],
-                         ["--fusion-layers", "1", "--memory-align", "same", "--pred-input-layer", 1, "--pred-input-tokens", 5,
+                         ["--fusion-layers", "1", "--memory-align", "same", "--pred-input-layer", 1, "--pred-input-tokens", 5, "--pred-skip",
                           "--gate", "channel",
                           "--fuse-first-chunk", "--fusion-memory", "target", "--content-only-fusion", "--centre-memory"],
                          trun)
