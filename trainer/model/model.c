@@ -438,7 +438,10 @@ void model_init_dfm_random(DfmModel *m, uint64_t seed) {
     rng_normal(&r, p->pred_placeholder, P, std);
     init_stack(&r, &dc->pred, &p->pred, std);
     for (size_t i = 0; i < P; i++) p->pred_lnf[i] = 1.0f;
-    rng_normal(&r, p->pred_wout, K * d * P, std);
+    /* with the skip path, the Transformer's output projection starts at 0 as the skip does: its random start
+     * (std init_std over P normalised inputs, about 6x the targets' per-element size) is noise the skip path's
+     * input-dependent map must first outgrow (bench/memory/predictor_fit.py --out-std) */
+    if (!dc->pred_skip) rng_normal(&r, p->pred_wout, K * d * P, std);
     for (size_t i = 0; i < d; i++) p->proj_lnw[i] = 1.0f;
     /* projector and fusion: std 1/sqrt(fan_in) (PyTorch's Linear scale), so memory reaches the residual
      * stream at a useful size from the first step; at --init-std their product of four matrices starts

@@ -72,7 +72,8 @@ typedef struct {
     int pred_input_layer; /* predictor input pooled from: 0 = the input embeddings, k = the hidden state
                              after decoder layer k-1 (frozen: k <= fusion_layers[0]) */
     int pred_skip;        /* 1: a linear path from the predictor's pooled input straight to its slots (pred_wskip,
-                             zero at the start) beside the Transformer: slots = out_proj(...) + Wskip · input */
+                             zero at the start) beside the Transformer: slots = out_proj(...) + Wskip · input;
+                             out_proj then starts at zero too */
     int pred_input_tokens; /* the predictor input averages the previous chunk's last pred_input_tokens tokens
                               (1 .. chunk_len); 0 = the whole chunk (the default) */
     int mem_align;        /* which chunk's memory token s attends: MEM_ALIGN_NEXT (default) chunk (s+1)/L,

@@ -77,7 +77,7 @@ typedef struct {
     {"pred-layers", DFM_OPT_INT, &(o)->pred_layers, "2", "N", "predictor Transformer layers", 0},            \
     {"pred-hidden", DFM_OPT_INT, &(o)->pred_hidden, "0", "P", "predictor width (0 = min(C, 256))", 0},       \
     {"pred-input-layer", DFM_OPT_INT, &(o)->pred_input_layer, "0", "K", "predictor input: mean of the input embeddings (0) or of the hidden states after decoder layer K-1 (K <= first fusion layer)", 0}, \
-    {"pred-skip", DFM_OPT_FLAG, &(o)->pred_skip, NULL, NULL, "a linear path from the predictor's pooled input straight to its slots beside its Transformer (zero at the start): the map a ridge regression finds, which the Transformer alone does not learn", 0}, \
+    {"pred-skip", DFM_OPT_FLAG, &(o)->pred_skip, NULL, NULL, "a linear path from the predictor's pooled input straight to its slots beside its Transformer (both start at zero): the map a ridge regression finds, which the Transformer alone does not learn", 0}, \
     {"pred-input-tokens", DFM_OPT_INT, &(o)->pred_input_tokens, "0", "N", "predictor input: the mean over the previous chunk's last N tokens only (1: the last token's state, which has read the whole context; 0: the whole chunk)", 0}, \
     {"pred-heads", DFM_OPT_INT, &(o)->pred_heads, "0", "N", "predictor heads (0 = P / 64, at least 1)", 0},  \
     {"proj-hidden", DFM_OPT_INT, &(o)->proj_hidden, "0", "H", "projector hidden width (0 = 2C)", 0},         \
