@@ -5,7 +5,7 @@ chunks apart at all, and which change lets it?
 The predictor of dfm.torch (the same module dfm-train's modules load into) is trained on the corpus run's
 sequences with the trainer's predictor loss only (squared error summed over d, mean over valid slots; chunk 0
 has no target), from the trainer's initialisation (matrices N(0, init_std), norms 1, biases and placeholder 0,
-the skip path 0), AdamW without weight decay, 10 warm-up steps and a cosine decay to 0, batches of 16 sequences.
+the skip path 0, and with it out_proj 0), AdamW without weight decay, 10 warm-up steps and a cosine decay to 0, batches of 16 sequences.
 Its input is the mean of the LM's input embeddings over each chunk (the trainer's default, --pred-input-layer 0),
 or over the chunk's last N tokens (--tail N). It is scored on the corpus run's last 8 sequences (held out) and on
 the knowledge probes (each probe's answer chunk, predicted from its prompt chunk):
@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--tail", type=int, default=0, help="pool the chunk's last N tokens only (0: all)")
     ap.add_argument("--layers", type=int, default=-1, help="predictor Transformer layers (-1: the modules')")
-    ap.add_argument("--out-std", type=float, default=-1, help="std of out_proj's initial weights (-1: init_std)")
+    ap.add_argument("--out-std", type=float, default=-1, help="std of out_proj's initial weights (-1: the trainer's: init_std, or 0 with the skip path)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="append the final line's numbers to this file")
     a = ap.parse_args()
@@ -119,7 +119,8 @@ def main():
             if n.startswith("skip.") or (a.arch == "linear"):
                 p.zero_()
             elif p.dim() == 2:
-                p.normal_(0, a.out_std if n == "out_proj.weight" and a.out_std >= 0 else std)
+                out_std = a.out_std if a.out_std >= 0 else 0.0 if a.arch == "skip" else std
+                p.normal_(0, out_std if n == "out_proj.weight" else std)
             elif "norm" in n:
                 p.fill_(1)
             else:
@@ -146,7 +147,8 @@ def main():
         loss.backward()
         opt.step()
         if step % max(1, a.steps // 4) == 0 or step == a.steps:
-            res = dict(arch=a.arch, tail=tail, steps=step, lr=a.lr, seed=a.seed, loss=float(loss), **evaluate())
+            res = dict(arch=a.arch, tail=tail, steps=step, lr=a.lr, seed=a.seed, out_std=a.out_std, loss=float(loss),
+                       **evaluate())
             print("%s tail %d lr %g step %d: loss %.4f | held-out slot cos %.3f | probes: gap %+.4f between %.4f "
                   "(%.0f s)" % (a.arch, tail, a.lr, step, res["loss"], res["slot_cos"], res["gap"], res["between"],
                                 time.time() - t0), flush=True)

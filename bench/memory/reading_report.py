@@ -135,11 +135,14 @@ def main():
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
                  "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
                  "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE",
-                 "lm": "slots in the LM's own space"}
+                 "lm": "slots in the LM's own space",
+                 "skip": "the predictor's linear skip path from its input to its slots"}
         names.update({t: "the predictor reading the LM's states after %s blocks" % t[4:]
                       for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"pred\d+", t)})
         names.update({t: "the predictor's loss weighted %s" % t[3:]
                       for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"mse\d+", t)})
+        names.update({t: "the predictor's input pooled over the chunk's last %s tokens" % t[4:]
+                      for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"last\d+", t)})
 
         def what(arm):
             parts = [names.get(t, t) if not re.fullmatch(r"lm\d+", t) else
