@@ -147,7 +147,8 @@ def main():
         loss.backward()
         opt.step()
         if step % max(1, a.steps // 4) == 0 or step == a.steps:
-            res = dict(arch=a.arch, tail=tail, steps=step, lr=a.lr, seed=a.seed, out_std=a.out_std, loss=float(loss),
+            res = dict(arch=a.arch, tail=tail, steps=step, lr=a.lr, seed=a.seed, out_std=a.out_std,
+                       layers=dc["predictor"]["n_layers"], loss=float(loss),
                        **evaluate())
             print("%s tail %d lr %g step %d: loss %.4f | held-out slot cos %.3f | probes: gap %+.4f between %.4f "
                   "(%.0f s)" % (a.arch, tail, a.lr, step, res["loss"], res["slot_cos"], res["gap"], res["between"],
