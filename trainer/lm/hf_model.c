@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 #include "schemas/safetensors.h"
 #include "trainer/model/model_config.h"
 
@@ -213,6 +214,15 @@ int dfm_modules_load(DfmModel *m, const char *path) {
     int nv = model_dfm_tensors(m, NULL, 0);
     TensorView *views = calloc(nv, sizeof *views);
     model_dfm_tensors(m, views, 0);
+    /* modules trained without the predictor's skip path (a reading stage, the paper's predictor) start a model
+     * with one: the skip path keeps its start (zero), every other tensor comes from the file */
+    for (int i = 0; i < nv; i++)
+        if (!strcmp(views[i].name, "dfm.predictor.skip.weight") && !dfm_safetensors_find(st, views[i].name)) {
+            DFM_LOG_I("%s has no predictor skip path: it starts at zero", path);
+            memmove(&views[i], &views[i + 1], (size_t)(nv - i - 1) * sizeof *views);
+            nv--;
+            break;
+        }
     int rc = load_views(&st, 1, views, nv, path);
     free(views);
     dfm_safetensors_close(st);

@@ -185,9 +185,7 @@ int setup_init_modules(DfmModel *m, const char *path) {
                             ? "fusion_layers"
                         : a->xattn_heads != dc.xattn_heads           ? "xattn_heads"
                         : a->gate_per_channel != dc.gate_per_channel ? "gate"
-                        : a->pred_input_layer != dc.pred_input_layer ? "pred_input_layer"
-                        : dfm_pred_tail(a) != dfm_pred_tail(&dc)     ? "pred_input_tokens"
-                        : a->pred_skip != dc.pred_skip               ? "pred_skip"
+                        : dc.pred_skip && !a->pred_skip              ? "pred_skip (the file has the skip path)"
                         : a->mem_align != dc.mem_align               ? "memory_align"
                         : a->pred.n_layers != dc.pred.n_layers || a->pred.hidden != dc.pred.hidden ||
                                   a->pred.n_heads != dc.pred.n_heads || a->pred.n_kv_heads != dc.pred.n_kv_heads ||
@@ -197,6 +195,11 @@ int setup_init_modules(DfmModel *m, const char *path) {
     if (field)
         return DFM_FAIL(DFM_EMISMATCH, "--init-modules %s: its %s differs from this model's. HINT: give the flags the modules "
                         "were trained with (their config is in the file)", path, field);
+    /* the predictor's input (its layer, its tokens) and a skip path the file lacks change no tensor the file holds:
+     * a reading stage's modules, whose predictor never trained, start a DFM run with any of them */
+    if (a->pred_input_layer != dc.pred_input_layer || dfm_pred_tail(a) != dfm_pred_tail(&dc))
+        DFM_LOG_I("--init-modules %s: its predictor read layer %d, last %d tokens; it now reads layer %d, last %d", path,
+                  dc.pred_input_layer, dfm_pred_tail(&dc), a->pred_input_layer, dfm_pred_tail(a));
     DFM_TRY(setup_load_modules(m, path));
     DFM_LOG_I("DFM modules start from %s", path);
     return DFM_OK;

@@ -196,6 +196,26 @@ def main():
               "--pred-layers", 1, "--init-modules", mods, ok=False)
     check(bad.returncode != 0 and "fusion_layers differs" in bad.stderr + bad.stdout,
           "--init-modules refuses modules of another shape: %s" % (bad.stderr.strip().splitlines() or ["(nothing)"])[-1])
+    # the predictor's input and a skip path the reading modules lack change no tensor they hold: a DFM run with them
+    # starts from those modules, the skip path at zero; modules with a skip path refuse a model without one
+    out3 = os.path.join(w, "dfm-skip")
+    run("train", "--objective", "reconstruct", "--backbone", LM, "--data", run_dir, "--out", out3, "--chunk-len", L,
+        "--slots", K, "--batch", 2, "--steps", 1, "--fusion-layers", last, "--val-seqs", 2, "--threads", 2, "--no-ckpt",
+        "--pred-layers", 1, "--lr", 0, "--wd", 0, "--init-modules", mods, "--memory-control", "none", "--pred-skip",
+        "--pred-input-tokens", 4)
+    from dfm.torch import load_safetensors
+    t0, t1 = load_safetensors(mods)[0], load_safetensors(os.path.join(out3, "dfm_modules.safetensors"))[0]
+    skip = t1.pop("dfm.predictor.skip.weight", None)
+    check(skip is not None and tuple(skip.shape) == (K * 384, 576) and float(skip.abs().max()) == 0.0
+          and sorted(t0) == sorted(t1) and all(bool((t0[k] == t1[k]).all()) for k in t0),
+          "--init-modules into --pred-skip --pred-input-tokens 4: every tensor of the reading modules, the skip path "
+          "at zero (%s)" % ((None if skip is None else tuple(skip.shape)),))
+    bad = run("train", "--objective", "reconstruct", "--backbone", LM, "--data", run_dir, "--out", out2, "--chunk-len", L,
+              "--slots", K, "--batch", 2, "--steps", 1, "--fusion-layers", last, "--val-seqs", 2, "--no-ckpt",
+              "--pred-layers", 1, "--init-modules", os.path.join(out3, "dfm_modules.safetensors"), ok=False)
+    check(bad.returncode != 0 and "pred_skip" in bad.stderr + bad.stdout,
+          "--init-modules refuses modules with a skip path into a model without one: %s"
+          % (bad.stderr.strip().splitlines() or ["(nothing)"])[-1])
     finish("reading pretraining")
 
 
