@@ -123,8 +123,10 @@ def main():
                 p.normal_(0, out_std if n == "out_proj.weight" else std)
             elif "norm" in n:
                 p.fill_(1)
+            elif n == "placeholder":
+                p.normal_(0, std)
             else:
-                p.normal_(0, std) if n == "placeholder" else p.zero_()
+                p.zero_()
     opt = torch.optim.AdamW(net.parameters(), lr=a.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(a.seed)
 

@@ -176,7 +176,6 @@ def main():
     res = {"corpus_rows_fitted": int(len(fit_rows)), "corpus_rows_held": int(len(held_rows)), "probes": len(spans),
            "inputs": {}}
     for name, (cf, pf) in inputs.items():
-        X, Y = cf[rows - 1], c_tgt[rows]
         Xf, Yf = cf[fit_rows - 1], c_tgt[fit_rows]
         sel = Ridge(Xf[:sel_cut], Yf[:sel_cut])
         vX, vY = Xf[sel_cut:], Yf[sel_cut:]
