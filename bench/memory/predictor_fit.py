@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "bench", "memory"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from information import chunk_shards, partners  # noqa: E402
-from predictor_input import embedding_table, target_means, unit  # noqa: E402
+from predictor_input import embedding_table, scores, target_means, unit  # noqa: E402
 
 
 def tensor(a):
@@ -134,9 +134,8 @@ def main():
         with torch.no_grad():
             s, m = net(wte[toks[held]]), msk[held]
             slot_cos = torch.nn.functional.cosine_similarity(s[m], tgt[held][m], -1).mean().item()
-            pm = unit(np.array(net(wte[ptoks])[:, 2].mean(1).tolist(), np.float32))
-            own, other = (pm * ptgt).sum(1), (pm * ptgt[pair]).sum(1)
-            return dict(slot_cos=slot_cos, gap=float((own - other).mean()), between=float((pm * pm[pair]).sum(1).mean()))
+            sc = scores(np.array(net(wte[ptoks])[:, 2].mean(1).tolist(), np.float32), ptgt, pair)
+            return dict(slot_cos=slot_cos, gap=sc["gap"], between=sc["between"])
 
     t0, res = time.time(), {}
     for step in range(1, a.steps + 1):

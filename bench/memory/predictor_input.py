@@ -27,8 +27,14 @@ Scored (each input, on the probes and on held-out corpus chunks: the last 10 % o
 The ridge strength is chosen per input on the fitted chunks' last 10 % (the largest gap).
 
     python3 bench/memory/predictor_input.py --corpus-run C --probe-run P --spans SPANS.jsonl --backbone LM
-        --states C_STATES:P_STATES:K [...] --out R.json [--last 1,12]
+        --states C_STATES:P_STATES:K [...] --out R.json [--last 1,12] [--save-arrays A.npz]
+    python3 bench/memory/predictor_input.py --arrays A.npz --out R.json     # on saved or planted arrays
 C_STATES / P_STATES: `dfm-train slots --own --pool L --layer K` files of the corpus and the probe run.
+
+Arrays (--arrays; what --save-arrays writes): c_ok [n] (chunk has target memory), c_tgt [n, d] (its unit mean target
+slot), c_doc [n] (its document, in stream order), seqc (chunks per sequence), p_tgt [np, d] (the probe run's, alike),
+p_ans [m] (each probe's answer chunk; the chunk before it is the input), p_ent [m] (its entity, for the pairing), and
+per input NAME: in_NAME_corpus [n, C] and in_NAME_probe [np, C] (the input made from each chunk).
 """
 import argparse
 import json
@@ -111,22 +117,14 @@ def scores(pred, tgt, pair):
     own = (p * t).sum(1)
     other = (p * t[pair]).sum(1)
     S = p @ t.T
-    rank = (S > own[:, None]).sum(1) + 1
+    rank = (S > np.diag(S)[:, None]).sum(1) + 1  # against S's own diagonal: never the item itself by a rounding
     return dict(cos_own=float(own.mean()), cos_partner=float(other.mean()), gap=float((own - other).mean()),
                 between=float((p * p[pair]).sum(1).mean()), top1=float((rank == 1).mean()),
                 mrr=float((1.0 / rank).mean()))
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--corpus-run", required=True)
-    ap.add_argument("--probe-run", required=True)
-    ap.add_argument("--spans", required=True)
-    ap.add_argument("--backbone", required=True)
-    ap.add_argument("--states", action="append", default=[], help="CORPUS_STATES:PROBE_STATES:LAYER")
-    ap.add_argument("--last", default="1,12", help="the tail lengths N to try besides the whole chunk")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args()
+def load_arrays(a):
+    """The arrays the rung reads (the docstring's --arrays format) from the runs, the spans, the LM and the states."""
     from dfm.data import TargetsFile
     sys.path.insert(0, os.path.join(ROOT, "tests", "ref"))
     from retrieval_reference import load_embeddings
@@ -137,45 +135,52 @@ def main():
     c_ok, c_tgt = target_means(a.corpus_run)
     p_ok, p_tgt = target_means(a.probe_run)
     man = json.load(open(os.path.join(a.corpus_run, "manifest.json")))
-    seqc = man["stages"]["chunk"]["config"]["seq-len"] // L
     pman = json.load(open(os.path.join(a.probe_run, "manifest.json")))
     spans = [json.loads(line) for line in open(a.spans)]
     pseqc = pman["stages"]["chunk"]["config"]["seq-len"] // L
     p_ans = np.array([s["seq"] * pseqc + s["start"] // L for s in spans])   # the answer chunk: its memory
-    p_qry = p_ans - 1                                                     # the prompt chunk: the input
     ent = [s["entity"] for s in spans]
-    p_ent = np.array([sorted(set(ent)).index(e) for e in ent])
+    A = dict(c_ok=c_ok, c_tgt=c_tgt, c_doc=c_doc, seqc=man["stages"]["chunk"]["config"]["seq-len"] // L,
+             p_tgt=p_tgt, p_ans=p_ans, p_ent=np.array([sorted(set(ent)).index(e) for e in ent]))
     assert p_ok[p_ans].all(), "a probe's answer chunk without target memory"
-
-    # corpus rows: chunk c with memory and a previous chunk in the same sequence; documents in stream order
-    rows = np.array([c for c in range(1, len(c_tok)) if c % seqc and c_ok[c]])
-    docs = np.unique(c_doc[rows])
-    cut = docs[int(len(docs) * 0.9)]
-    fit_rows, held_rows = rows[c_doc[rows] < cut], rows[c_doc[rows] >= cut]
-    sel_cut = int(len(fit_rows) * 0.9)
 
     wte = embedding_table(a.backbone)
     tails = [0] + [int(x) for x in a.last.split(",") if x]
-    inputs = {}  # name -> (corpus features [n, C], probe features [m, C])
     for n_last in tails:
         name = "emb_" + ("mean" if not n_last else "last%d" % n_last)
-        inputs[name] = tuple(pooled(t, lambda i, t=t: wte[np.maximum(t[i], 0)], n_last) for t in (c_tok, p_tok))
+        A["in_%s_corpus" % name], A["in_%s_probe" % name] = (pooled(t, lambda i, t=t: wte[np.maximum(t[i], 0)], n_last)
+                                                            for t in (c_tok, p_tok))
     for spec in a.states:
         cs, ps, layer = spec.rsplit(":", 2)
         cst, pst = TargetsFile(cs), TargetsFile(ps)
         assert cst.n_chunks == len(c_tok) and pst.n_chunks == len(p_tok) and cst.k == L, spec
         for n_last in tails:
             name = "lm%s_" % layer + ("mean" if not n_last else "last%d" % n_last)
-            inputs[name] = tuple(pooled(t, lambda i, s=s: s.emb[i], n_last) for t, s in ((c_tok, cst), (p_tok, pst)))
-    c_q = load_embeddings(a.corpus_run, man)
-    p_q = load_embeddings(a.probe_run, pman)
-    inputs["query"] = (c_q, p_q)
+            A["in_%s_corpus" % name], A["in_%s_probe" % name] = (pooled(t, lambda i, s=s: s.emb[i], n_last)
+                                                                for t, s in ((c_tok, cst), (p_tok, pst)))
+    A["in_query_corpus"], A["in_query_probe"] = load_embeddings(a.corpus_run, man), load_embeddings(a.probe_run, pman)
+    return A
+
+
+def rung(A):
+    """The ridge fit and its scores for every input of the arrays A: the result JSON of the docstring."""
+    c_ok, c_tgt, c_doc, seqc = A["c_ok"], A["c_tgt"], A["c_doc"], int(A["seqc"])
+    p_tgt, p_ans = A["p_tgt"], A["p_ans"]
+    p_qry = p_ans - 1                                                     # the prompt chunk: the input
+    # corpus rows: chunk c with memory and a previous chunk in the same sequence; documents in stream order
+    rows = np.array([c for c in range(1, len(c_ok)) if c % seqc and c_ok[c]])
+    docs = np.unique(c_doc[rows])
+    cut = docs[int(len(docs) * 0.9)]
+    fit_rows, held_rows = rows[c_doc[rows] < cut], rows[c_doc[rows] >= cut]
+    sel_cut = int(len(fit_rows) * 0.9)
+    names = [k[3:-7] for k in A if k.startswith("in_") and k.endswith("_corpus")]
 
     held_pair = (np.arange(len(held_rows)) + len(held_rows) // 2) % len(held_rows)
-    probe_pair = partners(p_ent)
-    res = {"corpus_rows_fitted": int(len(fit_rows)), "corpus_rows_held": int(len(held_rows)), "probes": len(spans),
+    probe_pair = partners(A["p_ent"])
+    res = {"corpus_rows_fitted": int(len(fit_rows)), "corpus_rows_held": int(len(held_rows)), "probes": len(p_ans),
            "inputs": {}}
-    for name, (cf, pf) in inputs.items():
+    for name in names:
+        cf, pf = A["in_%s_corpus" % name], A["in_%s_probe" % name]
         Xf, Yf = cf[fit_rows - 1], c_tgt[fit_rows]
         sel = Ridge(Xf[:sel_cut], Yf[:sel_cut])
         vX, vY = Xf[sel_cut:], Yf[sel_cut:]
@@ -197,7 +202,31 @@ def main():
     res["probe_targets_cos_partner"] = float((t * t[probe_pair]).sum(1).mean())
     print("probe targets: own-vs-partner cosine %.3f (a perfect prediction's gap: %.3f)" %
           (res["probe_targets_cos_partner"], 1 - res["probe_targets_cos_partner"]))
-    json.dump(res, open(a.out, "w"), indent=1)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--corpus-run")
+    ap.add_argument("--probe-run")
+    ap.add_argument("--spans")
+    ap.add_argument("--backbone")
+    ap.add_argument("--states", action="append", default=[], help="CORPUS_STATES:PROBE_STATES:LAYER")
+    ap.add_argument("--last", default="1,12", help="the tail lengths N to try besides the whole chunk")
+    ap.add_argument("--arrays", help="read the arrays from this .npz instead of runs")
+    ap.add_argument("--save-arrays", help="write the arrays read from the runs here")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    if a.arrays:
+        with np.load(a.arrays) as z:
+            A = {k: z[k] for k in z.files}
+    else:
+        if not (a.corpus_run and a.probe_run and a.spans and a.backbone):
+            sys.exit("predictor_input: --corpus-run, --probe-run, --spans and --backbone are required (or --arrays)")
+        A = load_arrays(a)
+        if a.save_arrays:
+            np.savez_compressed(a.save_arrays, **A)
+    json.dump(rung(A), open(a.out, "w"), indent=1)
 
 
 if __name__ == "__main__":
