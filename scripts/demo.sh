@@ -2,7 +2,10 @@
 # demo.sh — the README's main job: the whole pipeline on the embedded corpus with the real encoder and the real
 # LM's tokenizer (SmolLM2-135M's), on 2 MPI ranks, then verification, one record shown, DFM training on the
 # frozen SmolLM2-135M with every evaluation mode, and the retrieval-cost audit on SmolLM2's hidden states.
-#   RUN=DIR NP=N AUDIT_TOKENS=N scripts/demo.sh     (defaults: runs/demo, 2, 16384)
+# Before the manual pages, the corpus holds the facts of FACTS invented people, towns and workshops
+# (bench/memory/knowledge/facts.py, seed 1): knowledge no pretrained LM has, each fact stated in three documents, so
+# that retrieval finds it elsewhere; the demo ends by asking questions about them, worded as no document words them.
+#   RUN=DIR NP=N AUDIT_TOKENS=N FACTS=N scripts/demo.sh     (defaults: runs/demo, 2, 16384, 40; FACTS=0: none)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" = 0 ]; then DFM_CACHE=${DFM_CACHE:-/var/cache/dfm}; else DFM_CACHE=${DFM_CACHE:-$HOME/.cache/dfm}; fi
@@ -12,14 +15,21 @@ DFM=$ROOT/build/dfm
 RUN=${RUN:-$ROOT/runs/demo}
 NP=${NP:-2}
 CORPUS=${CORPUS:-$DFM_DEMO_CORPUS}
+FACTS=${FACTS:-40}
 T0=$(date +%s)
 has() { "$DFM" --help | grep -q "^  $1 "; }
 mkdir -p "$(dirname "$RUN")"
+INPUTS="\"$CORPUS\""
+if [ "$FACTS" -gt 0 ]; then
+  python3 "$ROOT/bench/memory/knowledge/facts.py" --out "$RUN.facts" --entities "$FACTS" --seed 1 > /dev/null
+  INPUTS="\"$RUN.facts/corpus.jsonl\", $INPUTS"
+  export PROBES=$RUN.facts/probes.jsonl
+fi
 CONFIG=$RUN.json
 cat > "$CONFIG" <<JSON
 {
   "run": "$RUN",
-  "inputs": ["$CORPUS"],
+  "inputs": [$INPUTS],
   "tokenizer": "$DFM_LM/tokenizer.json",
   "chunk": {"chunk-len": 32, "seq-len": 256},
   "encode": {"model": "$DFM_MODEL", "device": "cpu", "block-chunks": 1024},
@@ -28,7 +38,7 @@ cat > "$CONFIG" <<JSON
 }
 JSON
 [ -f "$DFM_LM/config.json" ] || { echo "demo: no LM at $DFM_LM: run 'make lm' (make demo does)" >&2; exit 1; }
-echo "== dfm demo: $NP ranks; corpus $CORPUS; LM $DFM_LM (frozen; its tokenizer cuts the chunks); config $CONFIG"
+echo "== dfm demo: $NP ranks; corpus $CORPUS${PROBES:+ after the facts of $FACTS invented entities}; LM $DFM_LM (frozen; its tokenizer cuts the chunks); config $CONFIG"
 mpirun -np "$NP" "$DFM" build "$CONFIG"
 echo; echo "== verify"
 "$DFM" verify "$RUN"

@@ -21,7 +21,10 @@
 # Then the memory's own effect on the held-out sequences (shuffled control minus own memory) and one held-out
 # passage continued by `dfm-train generate` with fusion off and with predicted memory (scripts/demo_answer.py).
 #
-#   RUN=DIR [OUT=DIR] [BACKBONE=DIR|tiny] [READ_STEPS=100] [READ_INIT=1] [DFM_EPOCHS=2] [DFM_STEPS=N] [VAL=16] [FUSION=26,29] [PRED_INPUT=16] [THREADS=2] scripts/demo_train.sh
+# PROBES=FILE (facts.py's probes.jsonl, set by demo.sh when the corpus holds its facts) then also asks questions about
+# the invented entities, answered with fusion off and with predicted memory.
+#
+#   RUN=DIR [OUT=DIR] [PROBES=FILE] [BACKBONE=DIR|tiny] [READ_STEPS=100] [READ_INIT=1] [DFM_EPOCHS=2] [DFM_STEPS=N] [VAL=16] [FUSION=26,29] [PRED_INPUT=16] [THREADS=2] scripts/demo_train.sh
 # BACKBONE defaults to the cache's SmolLM2 folder ($DFM_LM); BACKBONE=tiny pretrains the old 2-layer, 64-wide
 # backbone on the run's tokens first (PRE_STEPS=300), as the demo did before a real LM could be had.
 # OUT defaults to RUN/train. Progress (step, loss, tok/s, ETA) is printed every tenth of a run.
@@ -120,10 +123,10 @@ if "ce_pred_shuffled" in e:
     print("     fusion off (the frozen LM alone) %.4f" % e["ce_none"])
 PY
 if [ "$BACKBONE" = "$DFM_LM" ] || [ -f "$BACKBONE/tokenizer.json" ]; then
-  echo "-- one held-out passage continued from memory (dfm-train generate: fusion off, then predicted memory)"
+  echo "-- one held-out passage continued from memory (dfm-train generate: fusion off, then predicted memory)${PROBES:+, then questions}"
   PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH} "${DFM_PYTHON:-python3}" "$ROOT/scripts/demo_answer.py" "$RUN" \
     --train "$TRAIN" --backbone "$BACKBONE" --modules "$OUT/dfm/dfm_modules.safetensors" --tokenizer "$BACKBONE/tokenizer.json" \
-    --val "$VAL" --pred-input-layer "$PRED_INPUT" --fusion-layers "$FUSION" --threads "$THREADS"
+    --val "$VAL" --pred-input-layer "$PRED_INPUT" --fusion-layers "$FUSION" --threads "$THREADS" ${PROBES:+--probes "$PROBES"}
 fi
 echo "-- what the target memory is made of"
 python3 "$ROOT/bench/memory/target_composition.py" "$RUN"

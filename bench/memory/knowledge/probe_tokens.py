@@ -35,6 +35,16 @@ FILLER = ("The notes below were copied from an old ledger kept by a county archi
           "Spelling follows the originals. Questions put to the archive are answered from these records alone.")
 
 
+def prompt_ids(filler, prompt, L):
+    """The first two chunks of a probe sequence: the filler's tail, then the prompt's tokens ending on chunk 1's last
+    token, so that the answer begins chunk 2; None when the prompt does not fit (longer than 2L - 1 tokens, or longer
+    than what the filler leaves). FILLER and PROMPT are token ids."""
+    need = 2 * L - len(prompt)
+    if need < 1 or need > len(filler):
+        return None
+    return filler[-need:] + prompt
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--probes", required=True)
@@ -71,11 +81,10 @@ def main():
     for p in probes:
         for form in ("question", "cloze"):
             prompt, answer, stop = enc(" " + p[form]), enc(" " + p["answer"]), enc(".")
-            need = 2 * L - len(prompt)
-            if need < 1 or need > len(filler) or len(answer) + len(stop) + 1 > L:
+            doc = prompt_ids(filler, prompt, L)
+            if doc is None or len(answer) + len(stop) + 1 > L:
                 raise SystemExit(f"probe {p['id']} ({form}): prompt of {len(prompt)} or answer of {len(answer)} tokens "
                                  f"does not fit chunks of {L}")
-            doc = filler[-need:] + prompt
             assert len(doc) == 2 * L
             seq = len(spans)
             spans.append({"seq": seq, "probe": p["id"], "form": form, "start": 2 * L, "end": 2 * L + len(answer),

@@ -9,6 +9,12 @@
 - The text it says follows is that chunk's; its continuations are one chunk long, and the fusion-off one is what
   `dfm-train generate --no-memory` gives for the prompt built here (the sequence from its start up to the chunk);
   the tokens-right counts are recomputed from the ids; the prompt's length is that sequence's.
+- With --probes (a facts.py probe file): the questions asked are the first probe of each fact, taken in turn over the
+  entity kinds, as it states; each prompt is the knowledge probes' own layout (the first two chunks of that probe's
+  question-form sequence in probe_tokens.py's shard, run here as a program); with modules on the real frozen LM (one
+  step), whose answers depend on the prompt, the fusion-off answer is what `dfm-train generate --no-memory` gives for
+  that prompt, as long as the answer, and is marked right exactly when its
+  ids are the answer's; the tally of exact answers is the count of "[right]" marks.
 - More held-out sequences than the run has is refused with its reason.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM (tests/run.sh sets them).
 """
@@ -103,7 +109,69 @@ def main():
           "the predicted-memory continuation is scored out of one chunk: %s" % ((mp.groups() if mp else None),))
     check(("the memory's neighbour : %s\n" % show(ch[nbr][0].tolist())) in out, "the neighbour shown is the chosen one")
 
-    n_seq = len(ch) // (T // L)
+    # questions about invented entities: the stated choice, the knowledge probes' layout, generate's answers
+    know = os.path.join(ROOT, "bench", "memory", "knowledge")
+    subprocess.run([sys.executable, os.path.join(know, "facts.py"), "--out", os.path.join(w, "facts"), "--entities", "12",
+                    "--seed", "2"], check=True, capture_output=True)
+    probes_file = os.path.join(w, "facts", "probes.jsonl")
+    probes = [json.loads(x) for x in open(probes_file)]
+    first = {}
+    for pr in probes:
+        first.setdefault((pr["kind"], pr["fact"]), pr)
+    kinds = sorted({k for k, _ in first})
+    want = []
+    for i in range(max(sum(k == kind for k, _ in first) for kind in kinds)):
+        for kind in kinds:
+            of_kind = [pr for (k, _), pr in first.items() if k == kind]
+            if i < len(of_kind):
+                want.append(of_kind[i])
+    want = want[:4]
+    sub = os.path.join(w, "facts", "chosen.jsonl")
+    with open(sub, "w") as f:
+        for pr in want:
+            f.write(json.dumps(pr) + "\n")
+    subprocess.run([sys.executable, os.path.join(know, "probe_tokens.py"), "--probes", sub, "--tokenizer", tok, "--out",
+                    os.path.join(w, "facts", "pt"), "--chunk-len", str(L)], check=True, capture_output=True)
+    import numpy as np
+    shard = np.fromfile(os.path.join(w, "facts", "pt", "probes.bin"), np.uint32)[256:]
+    spans = [json.loads(x) for x in open(os.path.join(w, "facts", "pt", "spans.jsonl"))]
+    # modules on the real frozen LM (one step), so that what it answers depends on the prompt it is given
+    run("train", "--backbone", LM, "--data", r, "--targets", r, "--chunk-len", L, "--fusion-layers", 29, "--steps", 1,
+        "--no-ckpt", "--out", os.path.join(w, "dfm-lm"), *common)
+    lm_mods = os.path.join(w, "dfm-lm", "dfm_modules.safetensors")
+    lm_cmd = [sys.executable, os.path.join(ROOT, "scripts", "demo_answer.py"), r, "--train", DFM_TRAIN, "--backbone", LM,
+              "--modules", lm_mods, "--tokenizer", tok, "--fusion-layers", "29", "--threads", "1"]
+    p = subprocess.run(lm_cmd + ["--val", "1", "--probes", probes_file, "--n-probes", "4"], capture_output=True, text=True,
+                       env=env)
+    check(p.returncode == 0, "demo_answer.py --probes runs (exit %d): %s" % (p.returncode, p.stderr.strip()[-300:]))
+    asked = re.findall(r"^   (.+\? Answer:) (.+)$", p.stdout, re.M)
+    check(asked == [(pr["question"], pr["answer"]) for pr in want],
+          "the questions asked are the first probe of each fact, in turn over the kinds: %s" % [q for q, _ in asked])
+    said = re.findall(r"^       fusion off: (.*?) \[(right|wrong)\] +predicted memory: .* \[(right|wrong)\]$", p.stdout, re.M)
+    check(len(said) == len(want), "each question has a fusion-off and a predicted-memory answer (%d lines)" % len(said))
+    eos = tk.token_to_id("<|endoftext|>")
+    docs, cur = [], []
+    for t in shard.tolist():                      # the shard's documents: each probe's question form, then its cloze
+        cur.append(t)
+        if t == eos:
+            docs.append(cur)
+            cur = []
+    n_right = 0
+    for pr, (text, mark, pmark) in zip(want, said):
+        sp = next(x for x in spans if x["probe"] == pr["id"] and x["form"] == "question")
+        doc = docs[sp["seq"]]
+        prompt, answer = doc[:2 * L], doc[sp["start"]:sp["end"]]
+        g = run("generate", "--backbone", LM, "--modules", lm_mods, "--prompt-ids", ",".join(map(str, prompt)),
+                "--max-new", len(answer), "--chunk-len", L, "--threads", 1, "--no-memory")
+        ids = [int(x) for x in [ln for ln in g.stdout.splitlines() if ln.startswith("ids:")][0][4:].strip().split(",")]
+        check(text == tk.decode(ids).replace("\n", " ").strip() and (mark == "right") == (ids == answer),
+              "%s: the fusion-off answer is generate --no-memory on the probes' own prompt (%r, %s)" %
+              (pr["question"], text, mark))
+        n_right += (mark == "right") + (pmark == "right")
+    tally = re.search(r"answered exactly: fusion off (\d+)/(\d+), predicted memory (\d+)/(\d+)", p.stdout)
+    check(tally is not None and int(tally.group(1)) + int(tally.group(3)) == n_right and int(tally.group(2)) == len(want),
+          "the tally counts the right marks: %s" % (tally.groups() if tally else None,))
+
     p = subprocess.run(cmd + ["--val", str(n_seq)], capture_output=True, text=True, env=env)
     check(p.returncode != 0 and "too few to hold out" in p.stderr,
           "holding out every sequence is refused: %s" % (p.stderr.strip().splitlines() or ["(nothing)"])[-1])
