@@ -268,14 +268,25 @@ class Backbone(nn.Module):
         if not self.tied:
             self.lm_head = nn.Linear(self.c["hidden"], config["vocab_size"], bias=False)
 
-    def forward(self, input_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, start: int = 0, x: Optional[Tensor] = None,
+                stop: Optional[int] = None) -> Tensor:
+        """logits [B, T, V] of input_ids [B, T]. A part of the stack: x [B, T, C], the states entering block
+        `start` (from an earlier call with stop=start), skips the embedding and the blocks below it; stop returns
+        the states entering block `stop` instead of the logits (DFMModel.prefix)."""
         if self.window is not None and input_ids.shape[-1] > self.window:
             raise ValueError(f"{input_ids.shape[-1]} tokens in a sequence: the config's sliding_window "
                              f"{self.window} is shorter, and sliding-window attention is not supported")
-        x = self.model.embed_tokens(input_ids.long())
+        if x is None:
+            if start:
+                raise ValueError(f"start {start} needs the states entering that block (x)")
+            x = self.model.embed_tokens(input_ids.long())
+        elif tuple(x.shape[:2]) != tuple(input_ids.shape):
+            raise ValueError(f"states {tuple(x.shape)} for tokens {tuple(input_ids.shape)}")
         cos, sin = rope_tables(x.shape[1], self.c["head_dim"], self.c["rope_theta"], x.device)
-        for layer in self.model.layers:
+        for layer in self.model.layers[start:stop]:
             x = layer(x, cos, sin)
+        if stop is not None:
+            return x
         x = self.model.norm(x)
         return F.linear(x, self.model.embed_tokens.weight if self.tied else self.lm_head.weight)
 
@@ -481,7 +492,8 @@ class DFMModel(nn.Module):
     [B, NC] bool: True = that chunk fuses its target, as dfm-train's teacher forcing), slots: fixed
     predicted slots [B, NC, K, d] (generation)) -> dict: logits [B, T, V], ce (mean over labels >= 0), loss (ce +
     mse_weight * predictor loss when memory is given), mse and cos (floats, per element / mean over
-    valid slots), slots [B, NC, K, d]. T must be a multiple of the chunk length.
+    valid slots), slots [B, NC, K, d]. T must be a multiple of the chunk length. prefix: prefix(tokens) of the
+    same tokens, computed once and shared by several modes (the same numbers, fewer blocks run).
     """
 
     def __init__(self, backbone: nn.Module, modules: DFMModules) -> None:
@@ -539,9 +551,24 @@ class DFMModel(nn.Module):
                 fm[:, 0] = False
         return self.dfm.projector(fed), fm
 
+    @torch.no_grad()
+    def prefix(self, tokens: Tensor) -> Optional[dict]:
+        """The frozen states below the first fusion block, which every memory mode of the same tokens shares (what
+        dfm-train's --cache-frozen caches): forward(..., prefix=) then runs only the blocks from the first fusion
+        layer up, with the same numbers bit for bit. None for a backbone other than Backbone (transformers')."""
+        if not isinstance(self.backbone, Backbone):
+            return None
+        first = min(self.fl)
+        self._st = {"mode": "none"}
+        try:
+            x = self.backbone(tokens.long(), stop=first)
+            return {"x": x, "src": self._st["src"], "start": first, "shape": tuple(tokens.shape)}
+        finally:
+            self._st = {}
+
     def forward(self, tokens: Tensor, labels: Optional[Tensor] = None, memory: Optional[Tensor] = None,
                 mask: Optional[Tensor] = None, mode: str = "predicted", slots: Optional[Tensor] = None,
-                mem_src: Optional[Tensor] = None) -> dict:
+                mem_src: Optional[Tensor] = None, prefix: Optional[dict] = None) -> dict:
         if mode not in ("predicted", "target", "none", "mixed"):
             raise ValueError(f"mode {mode!r}: predicted, target, none or mixed")
         if mode in ("target", "mixed") and (memory is None or mask is None or (mode == "mixed" and mem_src is None)):
@@ -552,7 +579,13 @@ class DFMModel(nn.Module):
         mask_b = None if mask is None else mask.bool()
         self._st = {"mode": mode, "memory": memory, "mask": mask_b, "slots": slots, "mem_src": mem_src}
         try:
-            out = self.backbone(tokens.long())
+            if prefix is None:
+                out = self.backbone(tokens.long())
+            else:  # the frozen blocks below the first fusion layer, computed once by prefix()
+                if prefix["shape"] != tuple(tokens.shape):
+                    raise ValueError(f"a prefix of tokens {prefix['shape']} for tokens {tuple(tokens.shape)}")
+                self._st["src"] = prefix["src"]
+                out = self.backbone(tokens.long(), start=prefix["start"], x=prefix["x"])
             logits = out.logits if hasattr(out, "logits") else out
             st = self._st
             res = {"logits": logits, "slots": st.get("slots"), "mse": 0.0, "cos": 0.0}
@@ -620,10 +653,11 @@ def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("pred
     slots, nb = [], len(batches)
     for b in batches:
         tokens, labels, memory, mask = b.tokens, b.labels, b.memory, b.mask
+        pre = model.prefix(tokens)  # the frozen blocks below the fusion, once for every mode of the batch
         for mode in modes:
             if mode == "target" and memory is None:
                 continue
-            r = model(tokens, labels, memory, mask, mode=mode)
+            r = model(tokens, labels, memory, mask, mode=mode, prefix=pre)
             acc[keys[mode]] += float(r["ce"])
             if mode == "predicted":
                 slots.append(r["slots"])
@@ -640,15 +674,16 @@ def evaluate(model: DFMModel, batches: Iterable, modes: Tuple[str, ...] = ("pred
         first = 0
         for b in batches:
             B = int(b.tokens.shape[0])
+            pre = model.prefix(b.tokens)  # again, rather than held for every batch
             partner = (torch.arange(first, first + B) + n // 2) % n
             first += B
             pm = torch.ones(all_slots.shape[:3], dtype=torch.bool)[partner]  # [B, NC, K]: the predicted mode's mask
             if not model.dfm.config.get("fuse_first_chunk", False):
                 pm[:, 0] = False
-            r = model(b.tokens, b.labels, all_slots[partner], pm, mode="target")
+            r = model(b.tokens, b.labels, all_slots[partner], pm, mode="target", prefix=pre)
             acc["ce_pred_shuffled"] += float(r["ce"])
             if all_mem is not None and "target" in modes:
-                r = model(b.tokens, b.labels, all_mem[partner], all_mask[partner], mode="target")
+                r = model(b.tokens, b.labels, all_mem[partner], all_mask[partner], mode="target", prefix=pre)
                 acc["ce_target_shuffled"] += float(r["ce"])
     out = {k: v / nb if nb else float("nan") for k, v in acc.items()}
     if not control:

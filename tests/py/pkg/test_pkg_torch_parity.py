@@ -6,7 +6,9 @@ Two small set-ups made in seconds (dfm-train synth, pretrain, train), covering t
 read: a tied Qwen3 backbone, fusion after layers 0 and 1, memory_align next, the predictor on the input
 embeddings, per-head gates, targets from a targets file; and an untied Llama backbone, fusion after layer
 1 only, memory_align same, the predictor on layer 0's output, per-channel gates, the first chunk fused,
-the content-only fusion with centred memory, targets from a target run read through libdfm. The backbone is dfm.torch's plain PyTorch decoder over
+the content-only fusion with centred memory, targets from a target run read through libdfm. A forward from the
+frozen prefix (DFMModel.prefix: the blocks below the first fusion layer run once, as evaluate does) gives every mode's
+logits and slots bit for bit. The backbone is dfm.torch's plain PyTorch decoder over
 the Hugging Face folder (transformers is not importable with the project venv's torch 1.13; see
 bench/results/python_loader.md for the transformers run). Exits non-zero on failure.
 """
@@ -55,6 +57,25 @@ def compare(w, name, backbone, modules, targets):
     check(worst < TOL and py["batches"] == c["batches"],
           "%s: dfm.torch %s vs dfm-train eval %s (worst |diff| %.2e < %g)" % (
               name, {k: round(py[k], 6) for k in keys}, {k: c[k] for k in keys}, worst, TOL))
+    b = next(iter(dfm.Batches(None, T, B, data=os.path.join(w, "syn", "tokens.bin"), targets=targets, chunk_len=L,
+                              val_seqs=VAL, split="heldout", format="torch")))
+    # and a variant whose predictor reads the input embeddings, below the prefix's last block: its source is
+    # then not the prefix's states
+    mods2 = dt.DFMModules.from_safetensors(modules)
+    mods2.config["pred_input_layer"] = 0
+    for m, what in ((model, "the modules' own predictor input"), (dt.DFMModel(model.backbone, mods2).eval(),
+                                                                  "the predictor on the input embeddings")):
+        pre = m.prefix(b.tokens)
+        same = []
+        with torch.no_grad():
+            for mode in ("predicted", "none", "target"):
+                full = m(b.tokens, b.labels, b.memory, b.mask, mode=mode)
+                part = m(b.tokens, b.labels, b.memory, b.mask, mode=mode, prefix=pre)
+                same.append(torch.equal(full["logits"], part["logits"]) and
+                            (full["slots"] is None or torch.equal(full["slots"], part["slots"])))
+        check(all(same) and pre["start"] == min(m.fl),
+              "%s, %s: with the frozen prefix computed once (blocks below layer %d), every mode's logits and slots "
+              "are bit-identical to a full forward %s" % (name, what, pre["start"], same))
     gain = c["ce_none"] - c["ce_pred"]
     check(abs(gain) > 0 and abs(py["ce_none"] - py["ce_pred"] - gain) < TOL,
           "%s: the memory changes the CE (%.4f nats) and both agree on it" % (name, gain))
