@@ -95,7 +95,7 @@ def answer_probes(a, tk, L):
             said[mode] = "%s [%s]" % (tk.decode(ids).replace("\n", " ").strip(),
                                       "right" if ids[:len(answer)] == answer else "wrong")
             right[mode] += ids[:len(answer)] == answer
-        print(f"   {p['question']} {p['answer']}")
+        print(f"   {p['question']}  (truth: {p['answer']})")
         print(f"       fusion off: {said['off']:<24} predicted memory: {said['pred']}")
     n = len(chosen)
     print(f"   answered exactly: fusion off {right['off']}/{n}, predicted memory {right['pred']}/{n}"

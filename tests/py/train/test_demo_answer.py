@@ -144,7 +144,7 @@ def main():
     p = subprocess.run(lm_cmd + ["--val", "1", "--probes", probes_file, "--n-probes", "4"], capture_output=True, text=True,
                        env=env)
     check(p.returncode == 0, "demo_answer.py --probes runs (exit %d): %s" % (p.returncode, p.stderr.strip()[-300:]))
-    asked = re.findall(r"^   (.+\? Answer:) (.+)$", p.stdout, re.M)
+    asked = re.findall(r"^   (.+\? Answer:)  \(truth: (.+)\)$", p.stdout, re.M)
     check(asked == [(pr["question"], pr["answer"]) for pr in want],
           "the questions asked are the first probe of each fact, in turn over the kinds: %s" % [q for q, _ in asked])
     said = re.findall(r"^       fusion off: (.*?) \[(right|wrong)\] +predicted memory: .* \[(right|wrong)\]$", p.stdout, re.M)
