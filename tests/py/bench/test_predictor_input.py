@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from train_cli import check, finish  # noqa: E402
+from train_cli import check, finish, worst_diff  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "bench", "memory", "predictor_input.py")
 ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)   # the script's grid, restated (its documented contract)
@@ -150,7 +150,8 @@ def main():
             g, w = got["inputs"][name], want["inputs"][name]
             check(g["alpha"] == w["alpha"], "%s: the ridge strength chosen on the selection rows (%g; expected %g)" %
                   (name, g["alpha"], w["alpha"]))
-            worst = max(abs(g[part][k] - w[part][k]) for part in ("fitted", "held_out", "probes") for k in w[part])
+            keys = [(part, k) for part in ("fitted", "held_out", "probes") for k in w[part]]
+            worst = worst_diff((g[part][k] for part, k in keys), (w[part][k] for part, k in keys))
             check(worst < 1e-5, "%s: every score on the fitted, held-out and probe rows equals this test's ridge and "
                   "loops (worst |diff| %.1e)" % (name, worst))
         check(abs(got["probe_targets_cos_partner"] - want["probe_targets_cos_partner"]) < 1e-6,
