@@ -20,6 +20,7 @@ T0=$(date +%s)
 has() { "$DFM" --help | grep -q "^  $1 "; }
 mkdir -p "$(dirname "$RUN")"
 INPUTS="\"$CORPUS\""
+unset PROBES  # demo_train.sh asks the questions of this file only when the corpus holds its facts
 if [ "$FACTS" -gt 0 ]; then
   python3 "$ROOT/bench/memory/knowledge/facts.py" --out "$RUN.facts" --entities "$FACTS" --seed 1 > /dev/null
   INPUTS="\"$RUN.facts/corpus.jsonl\", $INPUTS"
