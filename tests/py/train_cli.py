@@ -1,6 +1,7 @@
 """What the dfm-train Python tests share: run a dfm-train command (its output shown and the test stopped
 when it fails, unless ok=False), record checks, and finish with the exit status (non-zero on any failed
 check). DFM_TRAIN is the path of dfm-train (default build/dfm-train)."""
+import json
 import math
 import os
 import subprocess
@@ -62,3 +63,17 @@ def finish(what):
         print("%d check(s) failed: %s" % (len(FAILS), what))
         sys.exit(1)
     print("all checks passed: %s" % what)
+
+
+def run_arrays(script, arrays, w, name):
+    """Run a bench script on planted arrays (`SCRIPT --arrays W/NAME.npz --out W/NAME.json`, NumPy's npz format);
+    returns (its JSON result, the result's bytes). Its output is shown and the test stopped when it fails."""
+    import numpy as np
+    path, out = os.path.join(w, name + ".npz"), os.path.join(w, name + ".json")
+    np.savez(path, **arrays)
+    p = subprocess.run([sys.executable, script, "--arrays", path, "--out", out], capture_output=True, text=True)
+    if p.returncode:
+        print(p.stdout[-2000:], p.stderr[-3000:])
+        raise SystemExit("%s failed on the %s arrays" % (os.path.basename(script), name))
+    raw = open(out, "rb").read()
+    return json.loads(raw), raw

@@ -30,7 +30,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from train_cli import check, finish, finite  # noqa: E402
+from train_cli import check, finish, finite, run_arrays  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "bench", "memory", "information.py")
 ALPHAS = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0)   # the script's grid, restated (its documented contract)
@@ -86,14 +86,7 @@ def planted(seed=7, groups=2):
 
 
 def run(arrays, w, name):
-    path = os.path.join(w, name + ".npz")
-    np.savez(path, **arrays)
-    out = os.path.join(w, name + ".json")
-    p = subprocess.run([sys.executable, SCRIPT, "--arrays", path, "--out", out], capture_output=True, text=True)
-    if p.returncode:
-        print(p.stdout[-2000:], p.stderr[-3000:])
-        raise SystemExit("information.py failed on " + name)
-    return json.load(open(out))
+    return run_arrays(SCRIPT, arrays, w, name)[0]
 
 
 # ------------------------------------------------------------------ the independent computation

@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from train_cli import check, finish, worst_diff  # noqa: E402
+from train_cli import check, finish, run_arrays, worst_diff  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "bench", "memory", "predictor_input.py")
 ALPHAS = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)   # the script's grid, restated (its documented contract)
@@ -119,17 +119,6 @@ def expected(A):
     return out
 
 
-def run(A, tmp, tag):
-    path = os.path.join(tmp, tag + ".npz")
-    np.savez(path, **A)
-    out = os.path.join(tmp, tag + ".json")
-    p = subprocess.run([sys.executable, SCRIPT, "--arrays", path, "--out", out], capture_output=True, text=True)
-    if p.returncode:
-        print(p.stdout[-2000:], p.stderr[-2000:])
-        raise SystemExit("predictor_input.py failed on the %s arrays" % tag)
-    return json.load(open(out)), open(out, "rb").read()
-
-
 def main():
     with tempfile.TemporaryDirectory(prefix="dfm-predictor-input-") as tmp:
         A = planted()
@@ -141,7 +130,7 @@ def main():
         f = ridge(A["in_linear_corpus"][fit - 1].astype(np.float64), A["c_tgt"][fit].astype(np.float64),
                   want0["inputs"]["linear"]["alpha"])
         A["p_tgt"][A["p_ans"][3]] = unit(f(A["in_linear_probe"][A["p_ans"][3] - 1][None].astype(np.float64)))[0]
-        got, raw = run(A, tmp, "planted")
+        got, raw = run_arrays(SCRIPT, A, tmp, "planted")
         want = expected(A)
         check(got["corpus_rows_fitted"] == want["corpus_rows_fitted"] and got["corpus_rows_held"] ==
               want["corpus_rows_held"], "the corpus split: %d fitted, %d held-out rows (expected %d, %d)" %
@@ -164,7 +153,7 @@ def main():
               (lin["gap"], ceiling))
         check(abs(noise["gap"]) < 0.1 * ceiling, "an input that carries nothing: gap %+.3f (between %.3f)" %
               (noise["gap"], noise["between"]))
-        _, raw2 = run(A, tmp, "again")
+        _, raw2 = run_arrays(SCRIPT, A, tmp, "again")
         check(raw == raw2, "the same arrays give the same bytes")
     finish("the predictor rung's information readout")
 
