@@ -22,7 +22,6 @@ Exits non-zero on failure. Env: DFM_PYTHON's NumPy (tests/run.sh runs it so).
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 

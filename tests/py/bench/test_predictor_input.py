@@ -13,9 +13,7 @@ against this test's own computation:
   - the same arrays give the same bytes.
 Exits non-zero on failure. Env: DFM_PYTHON's NumPy (tests/run.sh runs it so).
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
