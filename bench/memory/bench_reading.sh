@@ -46,7 +46,7 @@
 #   bash bench/memory/bench_reading.sh                       # SEEDS="1 2 3": about 50 min a seed on 2 cores
 #   SEEDS=1 READ_STEPS=100 DFM_STEPS=60 PROBES=40 bash bench/memory/bench_reading.sh      # a quick look
 #   ARMS=margin REUSE=1 SEEDS="1 2" bash bench/memory/bench_reading.sh  # one more arm beside earlier seeds' lines
-# Knobs: SEEDS, ENTITIES (240), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
+# Knobs: SEEDS, ENTITIES (240; recorded in each line), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
 # DFM_STEPS (150: lines of another budget are their own rows, "ARM (N DFM steps)", against scratch at N), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
 # ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), PASTE (4),
 # DISTILL_W (1), GAIN_F (0.2), LM_LAYER (16), LM_POOL (32), LM_NB (4), REUSE (0: 1 keeps
@@ -101,10 +101,10 @@ lm_slots() { # OUT POOL [dfm-train slots flags]: the LM-state slots (LM_LAYER, P
 }
 
 record() { # SEED ARM DIR
-  python3 - "$1" "$2" "$3" >> "$OUT" <<'PY'
+  python3 - "$1" "$2" "$3" "$ENTITIES" >> "$OUT" <<'PY'
 import json, os, sys
-seed, arm, d = sys.argv[1:]
-r = {"seed": int(seed), "arm": arm}
+seed, arm, d, entities = sys.argv[1:]
+r = {"seed": int(seed), "arm": arm, "entities": int(entities)}
 lg = [json.loads(l) for l in open(d + "/log.jsonl")]
 r["curve"] = [dict(step=e["step"], **{k: e["eval"].get(k) for k in ("ce_none", "ce_target", "ce_target_shuffled", "ce_pred",
                                                                     "ce_pred_shuffled", "acc_none", "acc_target",

@@ -65,6 +65,12 @@ def lm_pool(lever):
     return int(lever[2:]) if lever[2:].isdigit() else 32
 
 
+def entities(rows):
+    """the facts corpus' entity count of the lines (bench_reading.sh ENTITIES; lines written before it was recorded
+    used the default, 240)"""
+    return " and ".join(map(str, sorted({r.get("entities", 240) for r in rows})))
+
+
 def main():
     rows = label_steps([json.loads(l) for l in open(sys.argv[1]) if l.strip()])
     seeds = sorted({r["seed"] for r in rows})
@@ -72,8 +78,9 @@ def main():
     out = ["# The reading lever: reconstruction pretraining, then DFM", "",
            "Made by `bench/memory/bench_reading.sh` (seeds %s); every figure is the mean over the seeds, with its range "
            "when there are several. Probe answer log-prob is summed over the answer's tokens (higher is better); EM is "
-           "greedy exact match. \"Shuffled\" is the same modules fusing another probe's (or sequence's) memory." %
-           ", ".join(map(str, seeds)), ""]
+           "greedy exact match. \"Shuffled\" is the same modules fusing another probe's (or sequence's) memory. "
+           "The facts corpus holds %s invented entities." %
+           (", ".join(map(str, seeds)), entities(rows)), ""]
     for stage in dict.fromkeys(r["arm"] for r in rows if r["arm"].startswith("reading")):
         rd = by(stage)
         last = [r["curve"][-1] for r in rd if r["curve"]]
