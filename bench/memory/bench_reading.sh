@@ -188,6 +188,7 @@ PY
 
   for arm in $ARMS; do
     out=$d/${arm/+/-}
+    [ "$DFM_STEPS" = 150 ] || out+="-$DFM_STEPS"  # another budget's modules are their own, never reused for this one
     echo "   $arm: $DFM_STEPS DFM steps"
     extra=() sflags=() targets=$d/corpus rdir=$d/read sp=$(lm_lever "$arm")
     [ -n "$sp" ] && rdir=$d/reading-$sp
