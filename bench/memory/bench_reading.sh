@@ -60,7 +60,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build()
 SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
-DFM_STEPS=${DFM_STEPS:-150} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
+DFM_STEPS_DEFAULT=150; DFM_STEPS=${DFM_STEPS:-$DFM_STEPS_DEFAULT} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
 ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE=${REUSE:-0}
 PASTE=${PASTE:-4} DISTILL_W=${DISTILL_W:-1} GAIN_F=${GAIN_F:-0.2}
 LM_LAYER=${LM_LAYER:-16} LM_POOL=${LM_POOL:-32} LM_NB=${LM_NB:-4}
@@ -188,7 +188,7 @@ PY
 
   for arm in $ARMS; do
     out=$d/${arm/+/-}
-    [ "$DFM_STEPS" = 150 ] || out+="-$DFM_STEPS"  # another budget's modules are their own, never reused for this one
+    [ "$DFM_STEPS" = "$DFM_STEPS_DEFAULT" ] || out+="-$DFM_STEPS"  # another budget's modules are their own, never reused for this one
     echo "   $arm: $DFM_STEPS DFM steps"
     extra=() sflags=() targets=$d/corpus rdir=$d/read sp=$(lm_lever "$arm")
     [ -n "$sp" ] && rdir=$d/reading-$sp
