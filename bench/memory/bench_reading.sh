@@ -37,6 +37,10 @@
 #             toward its targets tells the questions apart
 #   lmM       (ARMS) the same pooled to M slots per neighbour (M dividing 32: lm1 one mean vector, lm4 four): what
 #             pooling costs; its files WORK/sSEED/lmM-*.bin, its reading stage reading-lmM ("reading+lmM")
+#   recon     (ARMS) the reading objective kept alive during DFM training (--reconstruct-weight RECON_W,
+#             trainer/run/reconstruct_mix.h): after each DFM micro-batch, one of the corpus' training chunks regenerated
+#             from their own slot (with lm: their own LM-state slots); read+recon: after the reading stage, against
+#             read+dfm; each line adds the held-out chunks' reconstruction at every evaluation ("reconstruct")
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
@@ -49,7 +53,7 @@
 # Knobs: SEEDS, ENTITIES (240; recorded in each line), PROBES (120 probe sequences, both forms), READ_STEPS (200), READ_LR (2e-3),
 # DFM_STEPS (150: lines of another budget are their own rows, "ARM (N DFM steps)", against scratch at N), DFM_LR (2e-3), FUSION (21,26: before blocks 22 and 27), THREADS (2), WORK (/tmp/dfm-reading),
 # ARMS ("scratch read+dfm"; also margin, read+margin), MARGIN_W (1), MARGIN (0.2 nats per token), PASTE (4),
-# DISTILL_W (1), GAIN_F (0.2), LM_LAYER (16), LM_POOL (32), LM_NB (4), REUSE (0: 1 keeps
+# DISTILL_W (1), GAIN_F (0.2), RECON_W (1), LM_LAYER (16), LM_POOL (32), LM_NB (4), REUSE (0: 1 keeps
 # the finished reading stage and DFM arms of WORK: a stage whose modules and cost are there is not trained again, and
 # a reading stage kept records no line).
 # UNSEEN (0): facts.py --unseen UNSEEN puts that many entities' documents last, and the DFM arms' and the reading stage's
@@ -62,7 +66,7 @@ source "$ROOT/bench/memory/runs_lib.sh"  # the cache's paths, MPI as root, build
 SEEDS=${SEEDS:-"1 2 3"} ENTITIES=${ENTITIES:-240} PROBES=${PROBES:-120} READ_STEPS=${READ_STEPS:-200} READ_LR=${READ_LR:-2e-3}
 DFM_STEPS_DEFAULT=150; DFM_STEPS=${DFM_STEPS:-$DFM_STEPS_DEFAULT} DFM_LR=${DFM_LR:-2e-3} FUSION=${FUSION:-21,26} THREADS=${THREADS:-2} NP=${NP:-2}
 ARMS=${ARMS:-"scratch read+dfm"} MARGIN_W=${MARGIN_W:-1} MARGIN=${MARGIN:-0.2} REUSE=${REUSE:-0}
-PASTE=${PASTE:-4} DISTILL_W=${DISTILL_W:-1} GAIN_F=${GAIN_F:-0.2}
+PASTE=${PASTE:-4} DISTILL_W=${DISTILL_W:-1} GAIN_F=${GAIN_F:-0.2} RECON_W=${RECON_W:-1}
 LM_LAYER=${LM_LAYER:-16} LM_POOL=${LM_POOL:-32} LM_NB=${LM_NB:-4}
 W=${WORK:-/tmp/dfm-reading}
 T=256 L=32 B=4
@@ -110,6 +114,11 @@ r["curve"] = [dict(step=e["step"], **{k: e["eval"].get(k) for k in ("ce_none", "
                                                                     "ce_pred_shuffled", "acc_none", "acc_target",
                                                                     "acc_target_shuffled") if k in e["eval"]})
               for e in lg if "eval" in e]
+rec = [dict(step=e["step"], **{k: e["reconstruct"].get(k) for k in ("ce_none", "ce_target", "ce_target_shuffled",
+                                                                   "acc_target", "acc_target_shuffled")})
+       for e in lg if "reconstruct" in e]
+if rec:  # --reconstruct-weight: the held-out chunks regenerated from their own slot, a shuffled slot, fusion off
+    r["reconstruct"] = rec
 r["train_steps"] = max([e.get("step", 0) for e in lg] or [0])
 if os.path.exists(d + ".cost"):
     w, c = open(d + ".cost").read().split()
@@ -149,7 +158,7 @@ for seed in $SEEDS; do
       echo "   LM-state slots ($sp): after $LM_LAYER blocks, $pool per neighbour, $LM_NB neighbours"
       lm_slots "$d/$sp-corpus.bin" "$pool" --data "$d/corpus" --neighbours "$LM_NB"
       lm_slots "$d/$sp-probes.bin" "$pool" --data "$d/probes" --datastore "$d/corpus" --neighbours "$LM_NB"
-      [[ "+$arm+" == *+read+* ]] && lm_slots "$d/$sp-own.bin" "$pool" --data "$d/corpus" --own
+      [[ "+$arm+" == *+read+* || "+$arm+" == *+recon+* ]] && lm_slots "$d/$sp-own.bin" "$pool" --data "$d/corpus" --own
     fi
     [[ "+$arm+" == *+read+* && " ${spaces[*]-} " != *" ${sp:-emb} "* ]] && spaces+=("${sp:-emb}")
   done
@@ -210,7 +219,8 @@ PY
         distill) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W") ;;
         kd) extra+=(--teacher "$d/teacher.bin" --distill-weight "$DISTILL_W" --ce-weight 0) ;;
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, lm, lmM, predN, mseW, lastN, skip)" >&2; exit 2 ;;
+        recon) extra+=(--reconstruct-weight "$RECON_W"); [ -n "$sp" ] && extra+=(--reading-slots "$d/$sp-own.bin") ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, recon, lm, lmM, predN, mseW, lastN, skip)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

@@ -254,6 +254,22 @@ static int run_variant(const Variant *va) {
         GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B, T, MEM_TARGET, 0, 1.0f));
         check_scalar(va->name, "ce target memory", h->ce, c_target, lt);
     }
+    if (va->dfm) {  // the same tokens as more, shorter sequences (--reconstruct-weight's reading batches: B x T
+                    // within maxB x maxT, B above maxB): a training step with target memory, both sides
+        int B2 = B * T / (2 * L), T2 = 2 * L;
+        model_zero_grad(h);
+        GT(model_forward(h, inp.data(), tgt.data(), tm, tk, B2, T2, MEM_TARGET, 1, 0.5f));
+        double r_loss = h->loss;
+        GT(model_backward(h));
+        std::vector<float> r_grads(h->grad_memory, h->grad_memory + h->grad_num);
+        GT(model_zero_grad_cuda(mc));
+        GT(model_forward_cuda(mc, inp.data(), tgt.data(), tm, tk, B2, T2, MEM_TARGET, 1, 0.5f));
+        check_scalar(va->name, "loss of a 4 x 32 batch (model 2 x 64)", h->loss, r_loss, lt);
+        GT(model_backward_cuda(mc));
+        GT(model_cuda_download_grads(mc, g2.data()));
+        memcpy(h->grad_memory, r_grads.data(), r_grads.size() * sizeof(float));
+        check_grads(va, h, g2.data(), "4 x 32 batch");
+    }
 
     // three AdamW steps on both sides from the same state, then the trainable parameters (with bf16 this also
     // checks that the GEMMs read the refreshed bf16 copy of the weights: a stale copy is far off)

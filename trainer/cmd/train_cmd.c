@@ -92,8 +92,10 @@ int cmd_train(int argc, char **argv) {
         {"targets", DFM_OPT_STR, &o.targets, NULL, "PATH", "target memory: targets file or a run with targets", 0},
         {"tokens-run", DFM_OPT_STR, &o.tokens_run, NULL, "DIR", "token run the targets must match (default --data when it is a run)", 0},
         {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm: next-token CE + MSE on --data with --targets; reconstruct: reading pretraining, each chunk of the run --data regenerated from its own embedding as the only memory after a constant prompt (trainer/data/reading.h; no --targets); continue with --objective dfm --init-modules", 0, .choices = "dfm|reconstruct"},
-        {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk (at most one chunk of tokens)", 0},
-        {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct: each chunk's own memory slots from this targets file (`dfm-train slots --own` over --data: the LM-state slots of trainer/data/lm_slots.h) instead of the encode stage's embedding", 0},
+        {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct and --reconstruct-weight: the constant context before each chunk (at most one chunk of tokens)", 0},
+        {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct and --reconstruct-weight: each chunk's own memory slots from this targets file (`dfm-train slots --own` over --data: the LM-state slots of trainer/data/lm_slots.h) instead of the encode stage's embedding", 0},
+        {"reconstruct-weight", DFM_OPT_DOUBLE, &o.reconstruct_weight, "0", "W", "the reading objective kept alive during DFM training: loss + W * the CE of regenerating chunks of --data's training sequences from their own slot after --reading-prompt, one such micro-batch after each DFM micro-batch (trainer/run/reconstruct_mix.h; each evaluation also reports it on the held-out sequences' chunks; 0 = off; costs one more forward and backward per micro-batch)", 0, .min = "0"},
+        {"reconstruct-batch", DFM_OPT_INT, &o.reconstruct_batch, "0", "R", "with --reconstruct-weight: chunks per reading micro-batch (0 = B * T / 2L, the tokens of a DFM micro-batch; at most that)", 0, .min = "0"},
         {"init-modules", DFM_OPT_STR, &o.init_modules, NULL, "FILE", "start the DFM modules from trained ones (dfm_modules.safetensors or a checkpoint; same backbone and shape), with a fresh optimizer", 0},
         {"margin-weight", DFM_OPT_DOUBLE, &o.margin_weight, "0", "W", "margin against shuffled memory: loss + W * relu(M + CE(own memory) - CE(another sequence's target memory)), so that CE falls only through the memory's content (trainer/run/margin.h; 0 = off; costs 2-3 more forwards per micro-batch)", 0, .min = "0"},
         {"margin", DFM_OPT_DOUBLE, &o.margin, "0.5", "M", "with --margin-weight: the nats per token by which own memory must beat the partner's", 0, .min = "0"},
@@ -126,6 +128,9 @@ int cmd_train(int argc, char **argv) {
     int reading = o.objective && !strcmp(o.objective, "reconstruct");
     if (!rc && (!o.data || !o.backbone || (!o.targets && !reading)))
         rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --targets are required (--targets not with --objective reconstruct)");
+    if (!rc && reading && o.reconstruct_weight > 0)
+        rc = DFM_FAIL(DFM_EARG, "--reconstruct-weight adds the reading objective to DFM training; --objective reconstruct "
+                      "is that objective alone. HINT: drop one of them");
     if (!rc && reading && o.targets)
         rc = DFM_FAIL(DFM_EARG, "--objective reconstruct builds its targets from the run --data: leave out --targets");
     if (!rc) train_set_threads(o.threads);

@@ -11,7 +11,7 @@
 
 /* the sequences and their target table, from open chunk and embedding sets */
 static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *own, int L, int K, const int *prompt,
-                 int n_prompt, DataSet *ds) {
+                 int n_prompt, uint64_t split_chunk, size_t *n_before, DataSet *ds) {
     if ((int)cs->chunk_len != L)
         return DFM_FAIL(DFM_EARG, "its chunks are %u tokens long, the model's %d. HINT: --chunk-len %u", cs->chunk_len, L,
                         cs->chunk_len);
@@ -52,6 +52,7 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *
         const uint32_t *tok;
         rc = dfm_chunk_set_get(cs, c, &meta, &tok);
         if (rc || !meta->n_valid) continue;
+        if (n_before && c < split_chunk) *n_before = i + 1;
         int *t = ds->tokens + i * T;
         uint8_t *p = ds->pad + i * T;
         for (int s = 0; s < L; s++) { /* chunk 0: filler, then the prompt; all padding but the prompt's last token */
@@ -95,8 +96,9 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *
 }
 
 int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, const char *own_slots,
-                      DataSet *ds) {
+                      uint64_t split_chunk, size_t *n_before, DataSet *ds) {
     memset(ds, 0, sizeof *ds);
+    if (n_before) *n_before = 0;
     if (n_prompt < 1 || n_prompt > L)
         return DFM_FAIL(DFM_EARG, "a reading prompt of %d tokens: it must fill 1 to %d (one chunk)", n_prompt, L);
     if (K < 1) return DFM_FAIL(DFM_EARG, "reading set: %d memory slots", K);
@@ -106,7 +108,7 @@ int data_open_reading(const char *run, int L, int K, const int *prompt, int n_pr
     int rc = dfm_chunk_set_open(run, &cs);
     if (!rc && own_slots) rc = data_open_targets(&own, own_slots, NULL, L, 0, 0);
     if (!rc && !own_slots) rc = dfm_emb_set_open(run, &es);
-    if (!rc) rc = build(cs, es, own_slots ? &own : NULL, L, K, prompt, n_prompt, ds);
+    if (!rc) rc = build(cs, es, own_slots ? &own : NULL, L, K, prompt, n_prompt, split_chunk, n_before, ds);
     data_close(&own);
     dfm_emb_set_close(es);
     dfm_chunk_set_close(cs);

@@ -23,10 +23,11 @@
 /* ds = the reading set of RUN (a run with complete chunk and encode stages) for chunks of L tokens
  * and K memory slots. prompt: n_prompt token ids (1 <= n_prompt <= L). own_slots: NULL, or a targets file over
  * RUN's chunks (`dfm-train slots --own`, trainer/data/lm_slots.h) whose chunk c row (k <= K slots, its masks)
- * fills slots 0..k-1 instead of the encode stage's embedding (the encode stage is then not read). DFM_EARG when
- * the run's chunks are not L tokens long or leave fewer than 2 sequences; the readers' errors otherwise
- * (prefixed with the run). */
+ * fills slots 0..k-1 instead of the encode stage's embedding (the encode stage is then not read). n_before: NULL,
+ * or where the number of sequences whose chunk id is below split_chunk goes (they come first: a split by chunk id,
+ * e.g. the chunks of a DFM run's training sequences against those of its held-out ones). DFM_EARG when the run's
+ * chunks are not L tokens long or leave fewer than 2 sequences; the readers' errors otherwise (prefixed with the run). */
 int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, const char *own_slots,
-                      DataSet *ds);
+                      uint64_t split_chunk, size_t *n_before, DataSet *ds);
 
 #endif

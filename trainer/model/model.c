@@ -728,7 +728,7 @@ static int forward_impl(DfmModel *m, const int *inputs, const int *targets, cons
                         const uint8_t *tgt_mask, int B, int T, int mem_mode, int train, float grad_scale) {
     const BackboneConfig *bc = &m->bc;
     const DfmConfig *dc = &m->dc;
-    if (B <= 0 || T <= 0 || B > m->maxB || T > m->maxT || (dc->enabled && T % dc->chunk_len))
+    if (!model_batch_fits(m, B, T))
         return DFM_FAIL(DFM_EARG, "batch %d x %d does not fit the model's %d x %d (chunk %d)", B, T, m->maxB,
                         m->maxT, dc->chunk_len);
     if (!dc->enabled) mem_mode = MEM_NONE;

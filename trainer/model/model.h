@@ -224,6 +224,14 @@ int model_config_check(const BackboneConfig *bc, const DfmConfig *dc);
 /* Allocate parameters, gradients (for the trainable block) and activations for batches up to
  * maxB x maxT. Parameters are zero; call model_init_random or load weights. */
 int model_create(const BackboneConfig *bc, const DfmConfig *dc, int maxB, int maxT, DfmModel **out);
+/* Whether a batch of B sequences of T tokens fits activations sized for maxB x maxT (CPU and CUDA alike): T at most
+ * maxT (the RoPE tables), B x T tokens at most maxB x maxT, and whole chunks in DFM mode. Every activation is sized
+ * by tokens (B T), chunks (B T / L) or attention scores (B T T, B (T/L)^2), each of which then fits too: so a model
+ * made for DFM batches of B x T also runs reading batches of (B T / 2L) x 2L (trainer/run/reconstruct_mix.h). */
+static inline int model_batch_fits(const DfmModel *m, int B, int T) {
+    return B > 0 && T > 0 && T <= m->maxT && (size_t)B * (size_t)T <= (size_t)m->maxB * (size_t)m->maxT &&
+           (!m->dc.enabled || T % m->dc.chunk_len == 0);
+}
 /* the CPU flash attention's scratch for stack_layer_forward / _backward, or NULL (probabilities kept) */
 static inline const AttnFlashScratch *model_flash(const DfmModel *m) { return m->flash.buf ? &m->flash : NULL; }
 /* As model_create; host_acts = 0 allocates no host activations (only the RoPE tables): for a model that

@@ -420,7 +420,7 @@ extern "C" int model_cuda_stage(DfmModelCuda *mc, const int *inputs, const int *
                                 const uint8_t *tgt_mask, int B, int T) {
     const DfmModel *h = mc->host;
     const DfmConfig *dc = &h->dc;
-    if (B <= 0 || T <= 0 || B > h->maxB || T > h->maxT || (dc->enabled && T % dc->chunk_len))
+    if (!model_batch_fits(h, B, T))
         return DFM_FAIL(DFM_EARG, "batch %d x %d does not fit the model's %d x %d (chunk %d)", B, T, h->maxB, h->maxT,
                         dc->chunk_len);
     if (mc->stage_count == 2) return DFM_FAIL(DFM_EARG, "two batches are staged already: forward one first");

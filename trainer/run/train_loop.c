@@ -18,6 +18,7 @@
 #include "trainer/model/model_config.h"
 #include "trainer/kernels/rng.h"
 #include "trainer/run/margin.h"
+#include "trainer/run/reconstruct_mix.h"
 #include "trainer/data/teacher.h"
 #include "trainer/run/model_setup.h"
 #include "trainer/run/train_loop.h"
@@ -351,6 +352,8 @@ typedef struct {
     MarginConfig margin;           /* --margin-weight, --margin */
     float *shuf_mem;               /* the margin's partner memory of a micro-batch */
     uint8_t *shuf_mask;
+    ReconMix recon;                /* --reconstruct-weight */
+    int use_recon;
 } Trainer;
 
 /* One optimizer step's figures. */
@@ -358,6 +361,7 @@ typedef struct {
     double loss, ce, mse, grad_norm, stall;
     double ce_shuf, margin_active; /* --margin-weight: CE with the partner's memory; share of active hinges */
     double kl;                     /* --teacher: mean KL(teacher || model) over the rows it covers */
+    double rec_ce;                 /* --reconstruct-weight: the reading micro-batches' mean CE */
     int stop; /* a rank received SIGTERM or SIGUSR1 before this step's gradient exchange: every rank stops after it */
 } StepStats;
 
@@ -492,39 +496,49 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
             if ((rc = stage_next(t, &s->stall))) break;
         }
         int mode = m->dc.enabled ? train_memory_mode(t, step) : MEM_NONE;
-        if (t->margin.weight > 0) { /* its own passes; the next batch is staged after them (no overlap) */
+        int more = a + 1 < o->accum || more_after;
+        /* the margin's passes and the reading pass forward batches of their own: the next batch is staged after
+         * them (no overlap); else during this backward. (Never across an evaluation: its forwards would consume
+         * the staged batch first.) */
+        int stage_late = t->margin.weight > 0 || t->use_recon;
+        if (t->margin.weight > 0) {
             rc = margin_micro(t, mode, 1.0f / (float)o->accum, s);
             t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
             prefetch_release(t->pf, t->cur);
             t->cur = NULL;
-            if (!rc && (a + 1 < o->accum || more_after)) rc = stage_next(t, &s->stall);
-            continue;
+        } else {
+            int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
+            if (t->use_teacher) { /* the batch's soft targets, for this forward only */
+                teacher_soft_fill(&t->teacher, t->cur->idx, t->B, t->soft_ids, t->soft_p, t->soft_has, t->soft_w);
+                model_set_soft_targets(m, &t->soft);
+            }
+            rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
+            if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
+            t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
+            prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
+            t->cur = NULL;
+            if (!rc && more && !stage_late) rc = stage_next(t, &s->stall); /* overlaps this backward */
+            if (!rc) rc = engine_backward(t->en);
+            s->loss += m->loss / o->accum;
+            s->ce += m->ce / o->accum;
+            s->mse += m->mse / o->accum;
+            if (t->use_teacher) s->kl += m->kl / o->accum;
         }
-        int cached = t->use_fc && frozen_cache_use(&t->fc, m, t->cur->idx, t->B);
-        if (t->use_teacher) { /* the batch's soft targets, for this forward only */
-            teacher_soft_fill(&t->teacher, t->cur->idx, t->B, t->soft_ids, t->soft_p, t->soft_has, t->soft_w);
-            model_set_soft_targets(m, &t->soft);
+        if (!rc && t->use_recon) {
+            double rce = 0.0;
+            rc = recon_mix_micro(&t->recon, t->en, m, step, a, (int)o->accum, &t->mp, (float)o->mse_weight, &rce);
+            s->rec_ce += rce / o->accum;
+            s->loss += t->recon.weight * rce / o->accum;
         }
-        rc = engine_forward(t->en, NULL, NULL, NULL, NULL, t->B, t->T, mode, 1, 1.0f / (float)o->accum);
-        if (!rc && t->use_fc && !cached) frozen_cache_store(&t->fc, m, t->cur->idx, t->B);
-        t->done_epoch = t->cur->epoch, t->done_pos = t->cur->pos;
-        prefetch_release(t->pf, t->cur); /* consumed: its buffers are on the device (or used) */
-        t->cur = NULL;
-        /* (not across an evaluation: its forwards would consume the staged batch first) */
-        if (!rc && (a + 1 < o->accum || more_after)) rc = stage_next(t, &s->stall); /* overlaps this backward */
-        if (!rc) rc = engine_backward(t->en);
-        s->loss += m->loss / o->accum;
-        s->ce += m->ce / o->accum;
-        s->mse += m->mse / o->accum;
-        if (t->use_teacher) s->kl += m->kl / o->accum;
+        if (!rc && more && stage_late) rc = stage_next(t, &s->stall);
     }
     DFM_TRY(dfm_mpi_agree(&t->mp, rc));
     int W = t->mp.size;
     s->stop = dfm_stop_signal() != 0;
     if (W > 1) { /* the stop flag rides on the losses' sum: every rank sees the same decision, at no extra cost */
-        double parts[7] = {s->loss, s->ce, s->mse, (double)s->stop, s->ce_shuf, s->margin_active, s->kl};
+        double parts[8] = {s->loss, s->ce, s->mse, (double)s->stop, s->ce_shuf, s->margin_active, s->kl, s->rec_ce};
         DFM_TRY(engine_allreduce_grads(t->en, &t->mp));
-        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 7, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
+        DFM_TRY(DFM_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, parts, 8, MPI_DOUBLE, MPI_SUM, t->mp.comm)));
         s->loss = parts[0] / W;
         s->ce = parts[1] / W;
         s->mse = parts[2] / W;
@@ -532,6 +546,7 @@ static int accumulate(Trainer *t, long step, int more_after, StepStats *s) {
         s->ce_shuf = parts[4] / W;
         s->margin_active = parts[5] / W;
         s->kl = parts[6] / W;
+        s->rec_ce = parts[7] / W;
     }
     return DFM_OK;
 }
@@ -573,6 +588,9 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
                   step + 1, (long long)o->steps, s->loss, lr, s->grad_norm, tps, mfus, 100.0 * s->stall / dt, dt * 1e3);
     if (!t->mp.rank && t->use_teacher)
         DFM_LOG_I("          teacher | KL(teacher || model) %.4f nats per covered row", s->kl);
+    if (!t->mp.rank && t->use_recon)
+        DFM_LOG_I("      reconstruct | CE %.4f of the step's reading micro-batches (in the loss x %g)", s->rec_ce,
+                  t->recon.weight);
     if (!t->mp.rank && t->margin.weight > 0)
         DFM_LOG_I("           margin | ce own %.4f, partner's memory %.4f (%+.4f) | hinge active in %.0f%% of micro-batches",
                   s->ce, s->ce_shuf, s->ce_shuf - s->ce, 100.0 * s->margin_active);
@@ -582,10 +600,13 @@ static void log_step(const Trainer *t, long step, const StepStats *s, double dt)
             snprintf(margin_json, sizeof margin_json, ", \"ce_shuffled\": %.6f, \"margin_active\": %.4f", s->ce_shuf,
                      s->margin_active);
         if (t->use_teacher) snprintf(margin_json, sizeof margin_json, ", \"kl_teacher\": %.6f", s->kl);
+        char recon_json[48] = "";
+        if (t->use_recon) snprintf(recon_json, sizeof recon_json, ", \"rec_ce\": %.6f", s->rec_ce);
         fprintf(t->logf,
                 "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"mse\": %.6f, \"lr\": %.6e, \"grad_norm\": %.6f, "
-                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%s}\n",
-                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json, margin_json);
+                "\"tok_per_s\": %.1f, \"ms\": %.1f, \"stall\": %.4f, \"mfu\": %s%s%s}\n",
+                step + 1, s->loss, s->ce, s->mse, lr, s->grad_norm, tps, dt * 1e3, s->stall / dt, mfus_json, margin_json,
+                recon_json);
         fflush(t->logf);
     }
 }
@@ -645,6 +666,32 @@ static int stop_after(Trainer *t, long step) {
     return rc;
 }
 
+/* --reconstruct-weight: the held-out chunks' reconstruction, own slot against shuffled slot and fusion off, logged
+ * and written as {"step", "reconstruct": eval_json} */
+static int eval_reading(Trainer *t, long step) {
+    EvalResult e;
+    int ran = 0;
+    DFM_TRY(recon_mix_eval(&t->recon, t->en, t->m, t->o->eval_batches, train_eval_modes(t->o), &e, &ran));
+    if (!ran) {
+        DFM_LOG_I("eval step %ld: reconstruction not evaluated: fewer than 2 chunks of the held-out sequences", step);
+        return DFM_OK;
+    }
+    DFM_LOG_I("eval step %ld: reconstruction of %ld batches of held-out chunks: CE own slot %.4f, shuffled slot %.4f "
+              "(%+.4f), fusion off %.4f; top-1 %.2f%% against %.2f%%", step, e.n_batches, e.ce_target,
+              e.ce_target_shuf, e.ce_target_shuf - e.ce_target, e.ce_none, 100.0 * e.acc[EVAL_TARGET],
+              100.0 * e.acc[EVAL_TARGET_SHUF]);
+    if (t->logf) {
+        json_t *j = json_pack("{s:I, s:o}", "step", (json_int_t)step, "reconstruct", eval_json(t->m, &e, 1));
+        char *txt = json_dumps(j, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        if (txt) fprintf(t->logf, "%s\n", txt);
+        free(txt);
+        json_decref(j);
+        fflush(t->logf);
+    }
+    eval_result_free(&e);
+    return DFM_OK;
+}
+
 /* The steps from t->step0 to --steps, with evaluations and checkpoints. */
 static int run_steps(Trainer *t) {
     const TrainOpts *o = t->o;
@@ -667,6 +714,7 @@ static int run_steps(Trainer *t) {
             if (rc) break;
             eval_print(t->logf, step + 1, t->m, &e, t->use_t);
             eval_result_free(&e);
+            if (t->use_recon && (rc = eval_reading(t, step + 1))) break;
         }
         if (last || (!o->no_ckpt && o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0))
             rc = save_checkpoint(t, step, last);
@@ -733,6 +781,12 @@ static int trainer_run(Trainer *t) {
                   o->margin_weight, o->margin);
     }
     if (o->teacher) DFM_TRY(trainer_open_teacher(t));
+    if (o->reconstruct_weight > 0) {
+        if (!m->dc.enabled)
+            return DFM_FAIL(DFM_EARG, "--reconstruct-weight trains the DFM modules to read their memory: pretraining has none");
+        DFM_TRY(recon_mix_open(&t->recon, o, m, t->ntrain, o->cache_frozen && !t->eo.cuda));
+        t->use_recon = 1;
+    }
     DFM_TRY(loader_init(&t->ld, 0, t->ntrain, (uint64_t)o->seed, 1));
     if (o->cache_frozen) {
         if (t->eo.cuda)
@@ -799,6 +853,7 @@ int train_loop(DfmModel *m, DataSet *ds, const TrainOpts *o, int *rank) {
     free(t.shuf_mem);
     free(t.shuf_mask);
     if (t.use_teacher) teacher_soft_close(&t.teacher);
+    if (t.use_recon) recon_mix_close(&t.recon);
     free(t.soft_ids), free(t.soft_p), free(t.soft_w), free(t.soft_has);
     if (t.use_fc)
         DFM_LOG_I("--cache-frozen: %zu batches started at layer %d, %zu computed it", t.fc.hits, m->dc.fusion_layers[0],

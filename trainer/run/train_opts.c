@@ -32,6 +32,11 @@ json_t *train_opts_json(const TrainOpts *o) {
         json_object_set_new(j, "gain_weighting", json_real(o->gain_weighting));
         json_object_set_new(j, "ce_weight", json_real(o->ce_weight));
     }
+    if (j && o->reconstruct_weight > 0) { /* the reading set's own slots file is named data, like --targets */
+        json_object_set_new(j, "reconstruct_weight", json_real(o->reconstruct_weight));
+        json_object_set_new(j, "reconstruct_batch", json_integer((json_int_t)o->reconstruct_batch));
+        json_object_set_new(j, "reading_prompt", json_string(o->reading_prompt ? o->reading_prompt : ""));
+    }
     if (j && o->memory_ablation && strcmp(o->memory_ablation, "none"))
         json_object_set_new(j, "memory_ablation", json_string(o->memory_ablation));
     return j;
@@ -84,7 +89,7 @@ int train_open_reading(TrainOpts *o, DataSet *ds) {
     int L = (int)o->chunk_len, K = o->slots > 0 ? (int)o->slots : 16;
     int *ids = NULL, n = 0;
     int rc = train_encode_prompt(o->backbone, "--reading-prompt", o->reading_prompt, L, &ids, &n);
-    if (!rc) rc = data_open_reading(o->data, L, K, ids, n, o->reading_slots, ds);
+    if (!rc) rc = data_open_reading(o->data, L, K, ids, n, o->reading_slots, 0, NULL, ds);
     free(ids);
     if (rc) return rc;
     if (o->seq_len != 2 * L) DFM_LOG_I("--objective reconstruct: sequences of 2 x %d tokens (--seq-len %lld ignored)", L,

@@ -32,6 +32,8 @@ typedef struct {
     char *teacher;                 /* train only: the in-context teacher's file (trainer/data/teacher.h) */
     double distill_weight, gain_weighting, ce_weight; /* with it: the KL's weight; the gain weights' floor (< 0:
                                                        * off); the hard CE's weight */
+    double reconstruct_weight;     /* train only: the reading objective beside DFM's (trainer/run/reconstruct_mix.h) */
+    int64_t reconstruct_batch;     /* its sequences per micro-batch (0: as many tokens as a DFM micro-batch) */
 } TrainOpts;
 
 /* Option-table rows of the data, optimisation, run and device flags (pretrain, train, eval). */

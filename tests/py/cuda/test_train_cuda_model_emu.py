@@ -5,7 +5,7 @@ bf16 frozen backbone, soft targets) is built by `make SAN=1 emu-checks` with the
 attention against the host emulation of CUDA, under ASan+UBSan, and linked with the CPU model; it must
 print "RESULT: PASS" with blocks and threads in a seeded random order: loss terms and every trainable
 gradient tensor within the stated bounds (no value that is not finite), bit-identical repeated steps,
-evaluation modes, three AdamW steps; all 9 variants (MODEL_CHECK_SET=quick: 6 of them, for a quicker
+evaluation modes, a 4 x 32 batch on a model made for 2 x 64 (DFM variants), three AdamW steps; all 9 variants (MODEL_CHECK_SET=quick: 6 of them, for a quicker
 look by hand).
 No GPU needed; real cuBLAS and timing are not exercised (tests/cuda/README.md;
 tests/gpu/gpu_check_trainer.sh runs the same checker on a GPU).
