@@ -142,7 +142,7 @@ def main():
                  "centre": "centred memory", "zero": "training with zeroed memory (the matched-capacity control)",
                  "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
                  "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE",
-                 "lm": "slots in the LM's own space",
+                 "lm": "slots in the LM's own space", "recon": "the reading objective kept during DFM training",
                  "skip": "the predictor's linear skip path from its input to its slots"}
         names.update({t: "the predictor reading the LM's states after %s blocks" % t[4:]
                       for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"pred\d+", t)})
@@ -184,6 +184,13 @@ def main():
                     "step; seed):", ""]
             out += ["- %s, seed %d: %s" % (a, r["seed"], ", ".join("%d: %.3f / %.3f" % (
                 c["step"], c["ce_target"], c["ce_target_shuffled"]) for c in r["curve"])) for a, r in curves]
+        recs = [(a, r) for a in arms for r in by(a) if r.get("reconstruct")]
+        if recs:
+            out += ["", "Reading kept during DFM training (--reconstruct-weight): the held-out sequences' chunks regenerated "
+                    "after the reading prompt, CE per token with their own slot / a shuffled slot / fusion off, by step; "
+                    "seed:", ""]
+            out += ["- %s, seed %d: %s" % (a, r["seed"], ", ".join("%d: %.3f / %.3f / %.3f" % (
+                c["step"], c["ce_target"], c["ce_target_shuffled"], c["ce_none"]) for c in r["reconstruct"])) for a, r in recs]
         out += against_scratch("probes", "")
         # UNSEEN > 0 (bench_reading.sh): the probes of the entities no training read, beside the seen ones
         un = [a for a in arms if any("probes_unseen" in r for r in by(a))]

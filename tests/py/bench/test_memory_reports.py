@@ -76,11 +76,16 @@ def main():
                       (("none", -20.0), ("target", t), ("target_shuffled", ts), ("predicted", p), ("predicted_shuffled", p),
                        ("in_context", -7.0))}
                 f.write(json.dumps({"seed": seed, "arm": arm, "train_steps": steps, "curve": [], "probes": pr}) + "\n")
+            # an arm with --reconstruct-weight: its held-out reconstruction by step
+            f.write(json.dumps({"seed": 1, "arm": "recon", "train_steps": 150, "curve": [], "probes": pr, "reconstruct": [
+                {"step": 75, "ce_none": 5.0, "ce_target": 3.25, "ce_target_shuffled": 4.5},
+                {"step": 150, "ce_none": 5.0, "ce_target": 3.125, "ce_target_shuffled": 4.625}]}) + "\n")
         ladder = subprocess.run([sys.executable, os.path.join(BENCH, "ladder_report.py"), d], capture_output=True, text=True)
         rows = {[c.strip() for c in r.strip("|").split("|")][0]: [c.strip() for c in r.strip("|").split("|")]
                 for r in ladder.stdout.split("## Rung 4")[-1].split("## Rung 5")[0].splitlines() if r.startswith("| ")
                 and not r.startswith("| arm") and not r.startswith("|---")}
         want4 = {"scratch": ("+0.50 [+0.50, +0.50] (2)", "—"), "scratch (600 DFM steps)": ("+1.00 (1)", "—"),
+                 "recon": ("+2.00 (1)", "+6.00 (1)"),
                  "pred16 (600 DFM steps)": ("+2.00 (1)", "+2.00 (1)")}
         check(sorted(rows) == sorted(want4), "rung 4 has one row per arm and budget: %s" % sorted(rows))
         for arm, (gap, vs) in want4.items():
@@ -94,6 +99,10 @@ def main():
               and "pred16 (600 DFM steps) − scratch (600 DFM steps), answer log-prob): target memory 2.000" in rr.stdout,
               "reading_report.py names the lever and compares it with scratch at 600 steps (+2.000): %s" %
               [l for l in rr.stdout.splitlines() if "against the same" in l][:1])
+        check("- recon, seed 1: 75: 3.250 / 4.500 / 5.000, 150: 3.125 / 4.625 / 5.000" in rr.stdout and
+              "The reading objective kept during DFM training against the same DFM steps" in rr.stdout,
+              "reading_report.py lists an arm's held-out reconstruction by step (own / shuffled / off) and names the lever: %s"
+              % [l for l in rr.stdout.splitlines() if l.startswith("- recon")][:1])
     finish("memory reports")
 
 
