@@ -143,6 +143,7 @@ def main():
                  "random": "training on random-vector targets", "distill": "distillation from the in-context teacher",
                  "kd": "the in-context teacher's KL alone (no hard CE)", "gain": "the teacher-gain-weighted CE",
                  "lm": "slots in the LM's own space", "recon": "the reading objective kept during DFM training",
+                 "ctx": "its chunks read after their real context",
                  "skip": "the predictor's linear skip path from its input to its slots"}
         names.update({t: "the predictor reading the LM's states after %s blocks" % t[4:]
                       for a in arms for t in a.split(" (")[0].split("+") if re.fullmatch(r"pred\d+", t)})

@@ -14,6 +14,7 @@
 #include "trainer/cmd/commands.h"
 #include "trainer/data/data.h"
 #include "trainer/data/prefetch.h"
+#include "trainer/data/reading.h"
 #include "trainer/run/train_opts.h"
 
 #define DUMP_MAGIC "DFMBTCH1"
@@ -140,7 +141,7 @@ int cmd_dump_batches(int argc, char **argv) {
         {"epoch", DFM_OPT_INT, &epoch, "0", "E", "first epoch (the loader starts at its position 0)", 0, .min = "0"},
         {"steps", DFM_OPT_INT, &steps, "0", "N", "micro-batches to write (0 = one epoch of full steps)", 0, .min = "0"},
         {"split", DFM_OPT_STR, &split, "train", "S", "train (the shuffled loader) or heldout (eval's batches)", 0, .choices = "train|heldout"},
-        {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm (--data, --targets) or reconstruct (the reading set of the run --data, as dfm-train train builds it)", 0, .choices = "dfm|reconstruct"},
+        {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm (--data, --targets), reconstruct (the reading set of the run --data, as dfm-train train builds it) or reconstruct-context (the in-context reading set of train --reconstruct-context: the run's sequences, each chunk's own slot as its memory)", 0, .choices = "dfm|reconstruct|reconstruct-context"},
         {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "reconstruct: the backbone whose tokenizer.json encodes --reading-prompt", 0},
         {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk", 0},
         {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct: each chunk's own slots from this targets file (as in training)", 0},
@@ -169,7 +170,14 @@ int cmd_dump_batches(int argc, char **argv) {
                                              (long long)rank, (long long)world);
     int reading = !strcmp(o.objective, "reconstruct");
     if (!rc && reading && !o.backbone) rc = DFM_FAIL(DFM_EARG, "--objective reconstruct needs --backbone (its tokenizer.json)");
-    if (!rc) rc = reading ? train_open_reading(&o, &ds) : data_open(o.data, (int)o.seq_len, &ds);
+    int in_context = !strcmp(o.objective, "reconstruct-context");
+    if (!rc && in_context && o.targets)
+        rc = DFM_FAIL(DFM_EARG, "--objective reconstruct-context builds its targets from the run --data: leave out --targets");
+    if (!rc && in_context)
+        rc = data_open_reading_context(o.data, (int)o.seq_len, (int)o.chunk_len, o.slots > 0 ? (int)o.slots : 16,
+                                       o.reading_slots, &ds);
+    else if (!rc) rc = reading ? train_open_reading(&o, &ds) : data_open(o.data, (int)o.seq_len, &ds);
+    reading |= in_context;
     int L = o.targets || reading ? (int)o.chunk_len : (int)o.seq_len;
     if (!rc && o.targets && !reading) rc = train_open_targets(&o, &ds);
     size_t nval = rc ? 0 : train_held_out(&o, &ds);

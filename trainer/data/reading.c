@@ -121,3 +121,49 @@ int data_open_reading(const char *run, int L, int K, const int *prompt, int n_pr
     if (own_slots) DFM_LOG_I("reading set: the chunks' own slots from %s", own_slots);
     return DFM_OK;
 }
+
+int data_open_reading_context(const char *run, int T, int L, int K, const char *own_slots, DataSet *ds) {
+    if (K < 1) return DFM_FAIL(DFM_EARG, "in-context reading set: %d memory slots", K);
+    DFM_TRY(data_open(run, T, ds));
+    dfm_emb_set *es = NULL;
+    DataSet own = {.T = L};
+    uint8_t *tab = NULL;
+    float *row = NULL;
+    uint64_t n = ds->chunk_len == L ? ds->n_tokens / (size_t)L : 0;
+    int rc = n ? DFM_OK
+               : DFM_FAIL(DFM_EARG, "its chunks are %d tokens long, the model's %d. HINT: --chunk-len %d", ds->chunk_len, L,
+                          ds->chunk_len);
+    if (!rc && own_slots) rc = data_open_targets(&own, own_slots, NULL, L, 0, 0);
+    if (!rc && !own_slots) rc = dfm_emb_set_open(run, &es);
+    if (!rc && own_slots && own.K > K)
+        rc = DFM_FAIL(DFM_EARG, "its own-slots file holds %d slots per chunk, more than the %d memory slots. HINT: --slots %d",
+                      own.K, K, own.K);
+    if (!rc && es && es->n_rows != n)
+        rc = DFM_FAIL(DFM_EMISMATCH, "%llu embeddings for %llu chunks. HINT: run dfm encode again",
+                      (unsigned long long)es->n_rows, (unsigned long long)n);
+    int d = own_slots ? own.d : es ? (int)es->dim : 0;
+    size_t bytes = n * K + n * (size_t)K * d * sizeof(float);
+    if (!rc && (!(tab = calloc(bytes, 1)) || !(row = malloc((size_t)d * sizeof(float)))))
+        rc = DFM_FAIL(DFM_ENOMEM, "in-context reading set: %llu chunks, K %d x d %d", (unsigned long long)n, K, d);
+    for (uint64_t c = 0; c < n && !rc; c++) { /* the table is [n][K] masks, then [n][K][d] */
+        float *dst = (float *)(void *)(tab + n * K + c * (size_t)K * d * sizeof(float));
+        if (own_slots) {
+            rc = data_target_row(&own, c, dst, tab + c * K);
+        } else if (!(rc = dfm_emb_set_rows_f32(es, c, 1, row))) {
+            tab[c * K] = 1;
+            memcpy(dst, row, (size_t)d * sizeof(float));
+        }
+    }
+    free(row);
+    data_close(&own);
+    dfm_emb_set_close(es);
+    if (!rc) rc = data_attach_targets(ds, K, d, n, tab);
+    else free(tab);
+    if (rc) {
+        data_close(ds);
+        return dfm_error_prefix("while building the in-context reading set of %s", run);
+    }
+    DFM_LOG_I("in-context reading set: %zu sequences of %d tokens of %s, each chunk's memory its own %s (d %d, of %d slots)",
+              ds->n_seq, T, run, own_slots ? "slots" : "embedding", d, K);
+    return DFM_OK;
+}

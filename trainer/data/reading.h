@@ -30,4 +30,11 @@
 int data_open_reading(const char *run, int L, int K, const int *prompt, int n_prompt, const char *own_slots,
                       uint64_t split_chunk, size_t *n_before, DataSet *ds);
 
+/* ds = the in-context reading set of RUN: its DFM sequences of T tokens (data_open), where chunk c's memory is chunk
+ * c's own slot (slot 0 = the encode stage's row of c, or rows 0..k-1 of c in own_slots; the other slots empty), so the
+ * tokens that predict chunk c read c's own content (--memory-align next) after c's real preceding context, not after a
+ * constant prompt: reading where the context already names what the memory holds, as a question does. Chunk 0 of every
+ * sequence gets none (data_batch). Sequences and split are the DFM run's. Errors as data_open_reading. */
+int data_open_reading_context(const char *run, int T, int L, int K, const char *own_slots, DataSet *ds);
+
 #endif

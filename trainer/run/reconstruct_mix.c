@@ -14,21 +14,28 @@
 
 int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t dfm_ntrain, int use_cache) {
     memset(r, 0, sizeof *r);
-    int L = m->dc.chunk_len, T = (int)o->seq_len, K = m->dc.n_slots;
-    if (T < 2 * L)
+    int L = m->dc.chunk_len, T = (int)o->seq_len, K = m->dc.n_slots, ctx = o->reconstruct_context != 0;
+    int Tr = ctx ? T : 2 * L; /* in context: the DFM sequences themselves; else a prompt chunk and the chunk */
+    if (T < Tr)
         return DFM_FAIL(DFM_EARG, "--reconstruct-weight: a reading sequence is 2 chunks (%d tokens), longer than "
                         "--seq-len %d. HINT: --seq-len %d or more", 2 * L, T, 2 * L);
-    long R = o->reconstruct_batch > 0 ? (long)o->reconstruct_batch : (long)o->batch * T / (2 * L);
-    if (!model_batch_fits(m, (int)R, 2 * L))
+    long Rmax = (long)o->batch * T / Tr, R = o->reconstruct_batch > 0 ? (long)o->reconstruct_batch : Rmax;
+    if (!model_batch_fits(m, (int)R, Tr))
         return DFM_FAIL(DFM_EARG, "--reconstruct-batch %ld: %ld x %d tokens exceed the DFM micro-batch's %lld x %d, "
-                        "which sizes the activations. HINT: --reconstruct-batch %lld or less", R, R, 2 * L,
-                        (long long)o->batch, T, (long long)o->batch * T / (2 * L));
-    r->B = (int)R, r->T = 2 * L, r->weight = (float)o->reconstruct_weight;
-    int *ids = NULL, n = 0;
-    uint64_t split = (uint64_t)dfm_ntrain * (uint64_t)(T / L);
-    int rc = train_encode_prompt(o->backbone, "--reading-prompt", o->reading_prompt, L, &ids, &n);
-    if (!rc) rc = data_open_reading(o->data, L, K, ids, n, o->reading_slots, split, &r->ntrain, &r->ds);
-    free(ids);
+                        "which sizes the activations. HINT: --reconstruct-batch %ld or less", R, R, Tr,
+                        (long long)o->batch, T, Rmax);
+    r->B = (int)R, r->T = Tr, r->weight = (float)o->reconstruct_weight;
+    int rc;
+    if (ctx) {
+        rc = data_open_reading_context(o->data, T, L, K, o->reading_slots, &r->ds);
+        r->ntrain = dfm_ntrain; /* the same sequences: the same split */
+    } else {
+        int *ids = NULL, n = 0;
+        uint64_t split = (uint64_t)dfm_ntrain * (uint64_t)(T / L);
+        rc = train_encode_prompt(o->backbone, "--reading-prompt", o->reading_prompt, L, &ids, &n);
+        if (!rc) rc = data_open_reading(o->data, L, K, ids, n, o->reading_slots, split, &r->ntrain, &r->ds);
+        free(ids);
+    }
     if (rc) return dfm_error_prefix("--reconstruct-weight reads the chunks of the run --data and their own slots");
     if ((rc = vocab_map_apply_backbone(o->backbone, &r->ds))) return rc;
     if (r->ds.d != m->dc.d_mem)
@@ -44,7 +51,7 @@ int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t df
         return DFM_FAIL(DFM_EARG, "--reconstruct-weight: no chunk of the %zu training sequences holds a token",
                         dfm_ntrain);
     DFM_TRY(loader_init(&r->ld, 0, r->ntrain, (uint64_t)o->seed ^ RECON_SEED_SALT, 1));
-    size_t S = (size_t)r->B * 2 * K;
+    size_t S = (size_t)r->B * (size_t)(r->T / L) * (size_t)K;
     r->inp = malloc((size_t)r->B * r->T * sizeof(int));
     r->tgt = malloc((size_t)r->B * r->T * sizeof(int));
     r->tmem = malloc(S * (size_t)m->dc.d_mem * sizeof(float));
@@ -55,9 +62,14 @@ int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t df
         DFM_TRY(frozen_cache_create(&r->fc, m, r->ntrain, r->B, r->T));
         r->use_fc = 1;
     }
-    DFM_LOG_I("--reconstruct-weight %g: each micro-batch also regenerates %d chunks from their own slot (%zu chunks of "
-              "the training sequences; %zu of the held-out ones evaluated)%s", o->reconstruct_weight, r->B, r->ntrain,
-              r->nval, use_cache ? "; their frozen layers cached too" : "");
+    if (ctx)
+        DFM_LOG_I("--reconstruct-weight %g --reconstruct-context: each micro-batch also runs %d training sequences with "
+                  "every chunk's own slot as its memory (%zu sequences; %zu held out, evaluated)%s", o->reconstruct_weight,
+                  r->B, r->ntrain, r->nval, use_cache ? "; their frozen layers cached too" : "");
+    else
+        DFM_LOG_I("--reconstruct-weight %g: each micro-batch also regenerates %d chunks from their own slot (%zu chunks "
+                  "of the training sequences; %zu of the held-out ones evaluated)%s", o->reconstruct_weight, r->B,
+                  r->ntrain, r->nval, use_cache ? "; their frozen layers cached too" : "");
     return DFM_OK;
 }
 

@@ -19,6 +19,10 @@
  * run and any rank split draw the same chunks, as DFM batches do. Fusion reads the target slot; the predictor's loss
  * weight is 0 in this pass (a chunk after a constant prompt has no context to predict its memory from).
  *
+ * --reconstruct-context: the reading pass is instead the DFM run's own training sequences (R of T tokens; default B),
+ * each chunk's memory its own slot (data_open_reading_context): the chunk is regenerated after its real preceding
+ * context, as a question's answer would be, rather than after a constant prompt; the held-out sequences evaluate it.
+ *
  * Engine contract: the reading pass forwards a batch of its own, so nothing may be staged on the engine when it runs
  * (train_loop.c stages the next DFM batch after it). Cost: one more forward and backward of as many tokens per
  * micro-batch. With --cache-frozen the reading sequences get a frozen cache of their own (CPU).

@@ -36,6 +36,7 @@ json_t *train_opts_json(const TrainOpts *o) {
         json_object_set_new(j, "reconstruct_weight", json_real(o->reconstruct_weight));
         json_object_set_new(j, "reconstruct_batch", json_integer((json_int_t)o->reconstruct_batch));
         json_object_set_new(j, "reading_prompt", json_string(o->reading_prompt ? o->reading_prompt : ""));
+        json_object_set_new(j, "reconstruct_context", json_boolean(o->reconstruct_context));
     }
     if (j && o->memory_ablation && strcmp(o->memory_ablation, "none"))
         json_object_set_new(j, "memory_ablation", json_string(o->memory_ablation));

@@ -9,6 +9,10 @@ trainer/run/reconstruct_mix.h), on a tiny real run with targets and the real fro
   fusion off, finite, over as many batches as those chunks fill;
 - resuming from a checkpoint gives the uninterrupted run's modules byte for byte (the reading draw is a function of
   seed and step); --cache-frozen gives the same bytes as without;
+- --reconstruct-context: `dump-batches --objective reconstruct-context` hands the model the run's own sequences with
+  chunk c's memory exactly chunk c's embedding in slot 0 (read here from the encode stage's shards; chunk 0 and the
+  other slots masked), a planted off-by-one caught; a run with it keeps loss = DFM + W x reading CE and evaluates the
+  held-out sequences;
 - refusals: with --objective reconstruct; a reading batch larger than the DFM micro-batch.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM, DFM_MODEL (tests/run.sh sets them).
 """
@@ -21,7 +25,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_cli import check, finish, finite, run  # noqa: E402
-from test_train_reading import LM, chunks, targets_run  # noqa: E402
+from test_train_reading import LM, chunks, embeddings, targets_run  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from dfm.data import read_dump  # noqa: E402
+import numpy as np  # noqa: E402
 
 L, T, K, DOCS = 16, 64, 4, 6
 
@@ -98,6 +105,47 @@ def main():
     check(mods(cached) == mods(plain) and hits and not hits[-1].split("cache-frozen: ")[-1].startswith("0 "),
           "--cache-frozen over 24 reading draws of %d chunks: the same bytes as without (%s)"
           % (small, hits[-1].split(": ", 1)[-1] if hits else "no cache line"))
+
+    # in context: the run's own sequences, each chunk's memory its own embedding
+    emb = embeddings(os.path.join(w, "run"))
+    dump = os.path.join(w, "ctx.bin")
+    run("dump-batches", "--objective", "reconstruct-context", "--data", os.path.join(w, "run"), "--chunk-len", L,
+        "--seq-len", T, "--slots", K, "--batch", 3, "--val-seqs", 2, "--steps", 4, "--seed", 5, "--out", dump)
+    batches = read_dump(dump)
+
+    def ctx_bad(shift):
+        bad = []
+        for bt in batches:
+            for b, i in enumerate(bt.idx):
+                i = int(i)
+                want_tok = np.concatenate([ch[i * NC + j][0] for j in range(NC)])
+                if not np.array_equal(np.asarray(bt.tokens[b], np.int64), want_tok):
+                    bad.append("seq %d: tokens" % i)
+                mk = np.asarray(bt.mask[b])
+                if mk[0].any() or not all(mk[j][0] == 1 and not mk[j][1:].any() for j in range(1, NC)):
+                    bad.append("seq %d: mask %s" % (i, mk.tolist()))
+                for j in range(1, NC):
+                    c = min(i * NC + j + shift, len(emb) - 1)
+                    if not np.allclose(np.asarray(bt.memory[b][j][0]), emb[c], atol=1e-6):
+                        bad.append("seq %d chunk %d: slot 0 is not its own embedding" % (i, j))
+        return bad
+    bad = ctx_bad(0)
+    check(len(batches) == 4 and not bad, "in-context reading batches: the run's sequences, chunk c's slot 0 = chunk c's "
+          "embedding (%d batches; %s)" % (len(batches), "; ".join(bad[:3]) or "all equal"))
+    planted = ctx_bad(1)
+    check(len(planted) > 0, "a planted off-by-one (chunk c+1's embedding) is caught: %s" % (planted[:1] or "nothing"))
+    out, _ = train(w, "ctx", "--reconstruct-weight", 2, "--reconstruct-context", "--no-ckpt", "--memory-control",
+                   "none", steps=2)
+    lg = log(out)
+    st = [e for e in lg if "loss" in e]
+    rec = [e["reconstruct"] for e in lg if "reconstruct" in e]
+    base, _ = train(w, "ctx0", "--no-ckpt", "--memory-control", "none", steps=1)
+    st0 = [e for e in log(base) if "loss" in e][0]
+    check(abs(st[0]["loss"] - (st0["loss"] + 2 * st[0].get("rec_ce", float("nan")))) <= 1e-4,
+          "--reconstruct-context: loss %.4f = DFM %.4f + 2 x reading CE %s" % (st[0]["loss"], st0["loss"], st[0].get("rec_ce")))
+    check(len(rec) == 1 and rec[0].get("batches") == 1 and finite(rec[0].get("ce_target")) and
+          finite(rec[0].get("ce_none")), "--reconstruct-context evaluates the 2 held-out sequences with their own slots: %s"
+          % {k: rec[0].get(k) for k in ("batches", "ce_target", "ce_none")} if rec else "no reconstruct line")
 
     # refusals
     _, p = train(w, "bad1", "--reconstruct-weight", 1, "--objective", "reconstruct", ok=False)
