@@ -47,6 +47,9 @@ def lines(path):
     return [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
 
 
+ENTITIES = 240  # the facts corpus of every rung-4 line pooled here (bench_reading.sh's default)
+
+
 def main():
     res = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "results")
     info = [r for r in lines(os.path.join(res, "information.jsonl")) if r.get("train") == "other"]
@@ -54,15 +57,18 @@ def main():
     for p in sorted(glob.glob(os.path.join(res, "reading*.jsonl"))):
         if not p.endswith("reading-unseen.jsonl"):
             reading += lines(p)
-    reading = label_steps(reading)
-    unseen = label_steps(lines(os.path.join(res, "reading-unseen.jsonl")))
+    # the ladder's probes are the 240-entity corpus; lines of another entity count (bench_reading.sh ENTITIES, e.g.
+    # reading-many.jsonl) are another experiment, with their own table, and never pool with these
+    reading = label_steps([r for r in reading if r.get("entities", ENTITIES) == ENTITIES])
+    unseen = label_steps([r for r in lines(os.path.join(res, "reading-unseen.jsonl")) if r.get("entities", ENTITIES) == ENTITIES])
     text = [r for r in lines(os.path.join(res, "real_memory.jsonl")) if r.get("part") == "text"]
 
     out = ["# The memory ladder: every variant at every rung", "",
            "Made by `bench/memory/ladder_report.py` from the result lines of `bench_information.sh`, `bench_reading.sh` "
            "and `bench_real_memory.sh` (nothing is measured by the report). Each cell is the memory's own effect, own "
            "memory minus its shuffled control (the same modules or readout fed another example's memory), as mean "
-           "[min, max] (seeds); positive means the memory's content helps. Knowledge probes: 240 invented entities, "
+           "[min, max] (seeds); positive means the memory's content helps. Knowledge probes: %d invented entities (lines of "
+           "other entity counts are left to their own tables), " % ENTITIES +
            "frozen SmolLM2-135M, 150 DFM steps unless the arm says otherwise (then against scratch at its steps). Goals (#37): target − shuffled ≥ 3 nats per answer with ≥ 50 % EM, "
            "predicted − shuffled ≥ 1.5 nats with ≥ 25 % EM, every seed.", ""]
 

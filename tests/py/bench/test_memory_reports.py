@@ -76,6 +76,9 @@ def main():
                       (("none", -20.0), ("target", t), ("target_shuffled", ts), ("predicted", p), ("predicted_shuffled", p),
                        ("in_context", -7.0))}
                 f.write(json.dumps({"seed": seed, "arm": arm, "train_steps": steps, "curve": [], "probes": pr}) + "\n")
+            # a line of another corpus (bench_reading.sh ENTITIES=2400): its own table, never pooled into the ladder's rows
+            f.write(json.dumps({"seed": 3, "arm": "scratch", "entities": 2400, "train_steps": 150, "curve": [],
+                                "probes": pr}) + "\n")
             # an arm with --reconstruct-weight: its held-out reconstruction by step
             f.write(json.dumps({"seed": 1, "arm": "recon", "train_steps": 150, "curve": [], "probes": pr, "reconstruct": [
                 {"step": 75, "ce_none": 5.0, "ce_target": 3.25, "ce_target_shuffled": 4.5},
@@ -87,7 +90,8 @@ def main():
         want4 = {"scratch": ("+0.50 [+0.50, +0.50] (2)", "—"), "scratch (600 DFM steps)": ("+1.00 (1)", "—"),
                  "recon": ("+2.00 (1)", "+6.00 (1)"),
                  "pred16 (600 DFM steps)": ("+2.00 (1)", "+2.00 (1)")}
-        check(sorted(rows) == sorted(want4), "rung 4 has one row per arm and budget: %s" % sorted(rows))
+        check(sorted(rows) == sorted(want4), "rung 4 has one row per arm and budget (the 2400-entity line apart): %s"
+              % sorted(rows))
         for arm, (gap, vs) in want4.items():
             got = rows.get(arm, [None] * 3)[1:3]
             check(got == [gap, vs], "rung 4 %s: target − shuffled and target − its budget's scratch %s = %s" %
