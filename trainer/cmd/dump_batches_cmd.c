@@ -144,7 +144,7 @@ int cmd_dump_batches(int argc, char **argv) {
         {"objective", DFM_OPT_STR, &o.objective, "dfm", "OBJ", "dfm (--data, --targets), reconstruct (the reading set of the run --data, as dfm-train train builds it) or reconstruct-context (the in-context reading set of train --reconstruct-context: the run's sequences, each chunk's own slot as its memory)", 0, .choices = "dfm|reconstruct|reconstruct-context"},
         {"backbone", DFM_OPT_STR, &o.backbone, NULL, "DIR", "reconstruct: the backbone whose tokenizer.json encodes --reading-prompt", 0},
         {"reading-prompt", DFM_OPT_STR, &o.reading_prompt, "Text:", "TEXT", "reconstruct: the constant context before each chunk", 0},
-        {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct: each chunk's own slots from this targets file (as in training)", 0},
+        {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct and reconstruct-context: each chunk's own slots from this targets file (as in training)", 0},
         {"slots", DFM_OPT_INT, &o.slots, "0", "K", "reconstruct: memory slots (0 = 16)", 0, .min = "0"},
         {"prefetch", DFM_OPT_INT, &o.prefetch, "6", "N", "micro-batches read ahead by the loader threads", 1, .min = "2"},
         {"loader-threads", DFM_OPT_INT, &o.loader_threads, "1", "N", "threads reading batches", 1, .min = "1", .max = "64"},
