@@ -9,6 +9,14 @@
 #include "schemas/chunk_shard.h"
 #include "schemas/embedding_shard.h"
 
+/* chunk c's own slots into dst (K x d floats) and mask: own's row of c, or the encode stage's row of c in slot 0 */
+static int own_slots_of(const DataSet *own, const dfm_emb_set *es, uint64_t c, float *dst, uint8_t *mask) {
+    if (own) return data_target_row(own, c, dst, mask);
+    DFM_TRY(dfm_emb_set_rows_f32(es, c, 1, dst));
+    mask[0] = 1;
+    return DFM_OK;
+}
+
 /* the sequences and their target table, from open chunk and embedding sets */
 static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *own, int L, int K, const int *prompt,
                  int n_prompt, uint64_t split_chunk, size_t *n_before, DataSet *ds) {
@@ -40,11 +48,6 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *
         return DFM_FAIL(DFM_ENOMEM, "reading set: %zu sequences of %d tokens, K %d x d %d", n, T, K, d);
     }
     uint8_t *mask = tab;
-    float *row = malloc((size_t)d * sizeof(float));
-    if (!row) {
-        free(tab);
-        return DFM_FAIL(DFM_ENOMEM, "reading set");
-    }
     size_t i = 0;
     int rc = DFM_OK;
     for (uint64_t c = 0; c < cs->n_chunks && !rc; c++) {
@@ -69,18 +72,9 @@ static int build(const dfm_chunk_set *cs, const dfm_emb_set *es, const DataSet *
          * (the table is [2n][K] masks, then [2n][K][d]) */
         size_t chunk = 2 * i + 1;
         float *dst = (float *)(void *)(tab + nchunks * K + chunk * (size_t)K * d * sizeof(float));
-        if (own) {
-            rc = data_target_row(own, c, dst, mask + chunk * K);
-        } else {
-            rc = dfm_emb_set_rows_f32(es, c, 1, row);
-            if (!rc) {
-                mask[chunk * K] = 1;
-                memcpy(dst, row, (size_t)d * sizeof(float));
-            }
-        }
+        rc = own_slots_of(own, es, c, dst, mask + chunk * K);
         i++;
     }
-    free(row);
     for (int s = 0; s < n_prompt; s++)
         if ((uint32_t)prompt[s] > ds->max_token) ds->max_token = (uint32_t)prompt[s];
     ds->tokens[nt - 1] = prompt[0];
@@ -128,7 +122,6 @@ int data_open_reading_context(const char *run, int T, int L, int K, const char *
     dfm_emb_set *es = NULL;
     DataSet own = {.T = L};
     uint8_t *tab = NULL;
-    float *row = NULL;
     uint64_t n = ds->chunk_len == L ? ds->n_tokens / (size_t)L : 0;
     int rc = n ? DFM_OK
                : DFM_FAIL(DFM_EARG, "its chunks are %d tokens long, the model's %d. HINT: --chunk-len %d", ds->chunk_len, L,
@@ -143,18 +136,12 @@ int data_open_reading_context(const char *run, int T, int L, int K, const char *
                       (unsigned long long)es->n_rows, (unsigned long long)n);
     int d = own_slots ? own.d : es ? (int)es->dim : 0;
     size_t bytes = n * K + n * (size_t)K * d * sizeof(float);
-    if (!rc && (!(tab = calloc(bytes, 1)) || !(row = malloc((size_t)d * sizeof(float)))))
+    if (!rc && !(tab = calloc(bytes, 1)))
         rc = DFM_FAIL(DFM_ENOMEM, "in-context reading set: %llu chunks, K %d x d %d", (unsigned long long)n, K, d);
     for (uint64_t c = 0; c < n && !rc; c++) { /* the table is [n][K] masks, then [n][K][d] */
         float *dst = (float *)(void *)(tab + n * K + c * (size_t)K * d * sizeof(float));
-        if (own_slots) {
-            rc = data_target_row(&own, c, dst, tab + c * K);
-        } else if (!(rc = dfm_emb_set_rows_f32(es, c, 1, row))) {
-            tab[c * K] = 1;
-            memcpy(dst, row, (size_t)d * sizeof(float));
-        }
+        rc = own_slots_of(own_slots ? &own : NULL, es, c, dst, tab + c * K);
     }
-    free(row);
     data_close(&own);
     dfm_emb_set_close(es);
     if (!rc) rc = data_attach_targets(ds, K, d, n, tab);
