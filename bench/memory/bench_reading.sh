@@ -42,7 +42,9 @@
 #             from their own slot (with lm: their own LM-state slots); read+recon: after the reading stage, against
 #             read+dfm; each line adds the held-out chunks' reconstruction at every evaluation ("reconstruct");
 #             ctx (with recon): the reading pass is the corpus' own sequences, each chunk's memory its own slot, so the
-#             chunk is regenerated after its real context (--reconstruct-context), as a question's value would be
+#             chunk is regenerated after its real context (--reconstruct-context), as a question's value would be;
+#             rshuf (with recon): each reading chunk reads another's slot (--reconstruct-memory shuffled): the same extra
+#             passes over the corpus' text with nothing to read, the control that tells reading from more training
 #   An arm is levers joined by "+", each adding its flags: e.g. content+centre, read+margin, read+content+centre+margin.
 # Each DFM arm is scored on the probes (bench/memory/knowledge/score.py: answer log-prob summed over the answer and
 # greedy exact match, fusion off / predicted / target / their shuffled controls / the fact pasted in context) and
@@ -223,7 +225,8 @@ PY
         gain) [[ " ${extra[*]} " == *--teacher* ]] || extra+=(--teacher "$d/teacher.bin"); extra+=(--gain-weighting "$GAIN_F") ;;
         recon) extra+=(--reconstruct-weight "$RECON_W"); [ -n "$sp" ] && extra+=(--reading-slots "$d/$sp-own.bin") ;;
         ctx) extra+=(--reconstruct-context) ;;
-        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, recon, ctx, lm, lmM, predN, mseW, lastN, skip)" >&2; exit 2 ;;
+        rshuf) extra+=(--reconstruct-memory shuffled) ;;
+        *) echo "bench_reading: unknown lever '$lv' in arm '$arm' (scratch, read+dfm, or levers joined by +: read, margin, content, centre, zero, random, distill, kd, gain, recon, ctx, rshuf, lm, lmM, predN, mseW, lastN, skip)" >&2; exit 2 ;;
       esac
     done
     if [ "$REUSE" = 1 ] && [ -f "$out/dfm_modules.safetensors" ] && [ -f "$out.cost" ]; then

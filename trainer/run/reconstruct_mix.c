@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "trainer/data/reading.h"
 #include "trainer/data/vocab_map.h"
+#include "trainer/run/margin.h"
 
 /* the reading stream's seed: another stream than the DFM loader's of the same --seed */
 #define RECON_SEED_SALT 0x52454144494e4721ull /* "READING!" */
@@ -25,6 +26,15 @@ int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t df
                         "which sizes the activations. HINT: --reconstruct-batch %ld or less", R, R, Tr,
                         (long long)o->batch, T, Rmax);
     r->B = (int)R, r->T = Tr, r->weight = (float)o->reconstruct_weight;
+    r->shuffled = o->reconstruct_memory && !strcmp(o->reconstruct_memory, "shuffled");
+    r->zero = o->memory_ablation && !strcmp(o->memory_ablation, "zero");
+    if (r->shuffled && R < 2)
+        return DFM_FAIL(DFM_EARG, "--reconstruct-memory shuffled: each reading sequence reads another's memory of its "
+                        "micro-batch, which holds %ld. HINT: --reconstruct-batch 2 or more", R);
+    if (o->memory_ablation && !strcmp(o->memory_ablation, "random"))
+        return DFM_FAIL(DFM_EARG, "--memory-ablation random gives each DFM chunk a fixed random code; the reading pass of "
+                        "--reconstruct-weight has none. HINT: --memory-ablation zero (every slot 0, the reading pass's "
+                        "too), or --reconstruct-memory shuffled");
     int rc;
     if (ctx) {
         rc = data_open_reading_context(o->data, T, L, K, o->reading_slots, &r->ds);
@@ -58,6 +68,8 @@ int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t df
     r->tmask = malloc(S);
     r->idx = malloc((size_t)r->B * sizeof(size_t));
     if (!r->inp || !r->tgt || !r->tmem || !r->tmask || !r->idx) return DFM_FAIL(DFM_ENOMEM, "the reading batch");
+    if (r->shuffled && (!(r->smem = malloc(S * (size_t)m->dc.d_mem * sizeof(float))) || !(r->smask = malloc(S))))
+        return DFM_FAIL(DFM_ENOMEM, "the reading batch's partner memory");
     if (use_cache) {
         DFM_TRY(frozen_cache_create(&r->fc, m, r->ntrain, r->B, r->T));
         r->use_fc = 1;
@@ -70,13 +82,16 @@ int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t df
         DFM_LOG_I("--reconstruct-weight %g: each micro-batch also regenerates %d chunks from their own slot (%zu chunks "
                   "of the training sequences; %zu of the held-out ones evaluated)%s", o->reconstruct_weight, r->B,
                   r->ntrain, r->nval, use_cache ? "; their frozen layers cached too" : "");
+    if (r->shuffled)
+        DFM_LOG_I("--reconstruct-memory shuffled: each reading sequence reads another's slots (the control of reading)");
+    if (r->zero) DFM_LOG_I("--memory-ablation zero: the reading pass's slots are 0 too");
     return DFM_OK;
 }
 
 void recon_mix_close(ReconMix *r) {
     data_close(&r->ds);
     loader_free(&r->ld);
-    free(r->inp), free(r->tgt), free(r->tmem), free(r->tmask), free(r->idx);
+    free(r->inp), free(r->tgt), free(r->tmem), free(r->tmask), free(r->idx), free(r->smem), free(r->smask);
     if (r->use_fc) {
         DFM_LOG_I("--reconstruct-weight with --cache-frozen: %zu reading batches took the cache, %zu computed it",
                   r->fc.hits, r->fc.misses);
@@ -92,9 +107,17 @@ int recon_mix_micro(ReconMix *r, Engine *en, DfmModel *m, long step, int a, int 
     loader_seek(&r->ld, g / r->ntrain, (size_t)(g % r->ntrain));
     loader_next(&r->ld, r->B, r->idx);
     DFM_TRY(data_batch(&r->ds, r->idx, r->B, m->dc.chunk_len, r->inp, r->tgt, r->tmem, r->tmask));
+    size_t per_seq = (size_t)(r->T / m->dc.chunk_len) * (size_t)m->dc.n_slots;
+    if (r->zero) memset(r->tmem, 0, (size_t)r->B * per_seq * (size_t)m->dc.d_mem * sizeof(float));
+    float *mem = r->tmem;
+    uint8_t *mask = r->tmask;
+    if (r->shuffled) {
+        margin_partner_memory(r->tmem, r->tmask, r->B, per_seq, m->dc.d_mem, r->smem, r->smask);
+        mem = r->smem, mask = r->smask;
+    }
     int cached = r->use_fc && frozen_cache_use(&r->fc, m, r->idx, r->B);
     engine_set_mse_weight(en, 0.0f);
-    int rc = engine_forward(en, r->inp, r->tgt, r->tmem, r->tmask, r->B, r->T, MEM_TARGET, 1, r->weight / (float)accum);
+    int rc = engine_forward(en, r->inp, r->tgt, mem, mask, r->B, r->T, MEM_TARGET, 1, r->weight / (float)accum);
     if (!rc && r->use_fc && !cached) frozen_cache_store(&r->fc, m, r->idx, r->B);
     if (!rc) rc = engine_backward(en);
     engine_set_mse_weight(en, mse_weight);

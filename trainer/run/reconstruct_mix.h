@@ -23,6 +23,12 @@
  * each chunk's memory its own slot (data_open_reading_context): the chunk is regenerated after its real preceding
  * context, as a question's answer would be, rather than after a constant prompt; the held-out sequences evaluate it.
  *
+ * --reconstruct-memory shuffled: each reading sequence reads the memory of another of its micro-batch (the partner
+ * rule of the evaluation's shuffled control, margin_partner_memory): the same extra passes over the corpus' text, with
+ * nothing in the slot to read; what an arm gains with own slots beyond this control is reading, not more training on
+ * the text. --memory-ablation zero zeroes the reading pass's slots too (the matched-capacity control trains on no
+ * memory content anywhere); --memory-ablation random is refused beside it (no fixed code per reading chunk).
+ *
  * Engine contract: the reading pass forwards a batch of its own, so nothing may be staged on the engine when it runs
  * (train_loop.c stages the next DFM batch after it). Cost: one more forward and backward of as many tokens per
  * micro-batch. With --cache-frozen the reading sequences get a frozen cache of their own (CPU).
@@ -47,9 +53,10 @@ typedef struct {
     size_t ntrain, nval;  /* reading sequences of the DFM training chunks; of the held-out ones (after them) */
     int B, T;             /* R, 2 L */
     float weight;         /* W */
+    int shuffled, zero;   /* --reconstruct-memory shuffled; --memory-ablation zero */
     int *inp, *tgt;       /* one batch */
-    float *tmem;
-    uint8_t *tmask;
+    float *tmem, *smem;   /* its own slots; the partners' (shuffled) */
+    uint8_t *tmask, *smask;
     size_t *idx;
     FrozenCache fc;       /* --cache-frozen */
     int use_fc;
@@ -57,8 +64,9 @@ typedef struct {
 
 /* For a DFM run of model m on o (--data a run with chunk and encode stages, or --reading-slots), whose first
  * dfm_ntrain sequences of o->seq_len tokens train: the reading set, its split and buffers. use_cache: --cache-frozen
- * on the CPU engine. DFM_EARG for a batch that does not fit m or a run that leaves no training chunk; the reading
- * set's errors, prefixed with the flag. */
+ * on the CPU engine. DFM_EARG for a batch that does not fit m, a run that leaves no training chunk, shuffled
+ * memory with fewer than 2 sequences a micro-batch, or --memory-ablation random; the reading set's errors, prefixed
+ * with the flag. */
 int recon_mix_open(ReconMix *r, const TrainOpts *o, const DfmModel *m, size_t dfm_ntrain, int use_cache);
 void recon_mix_close(ReconMix *r);
 

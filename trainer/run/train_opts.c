@@ -37,6 +37,8 @@ json_t *train_opts_json(const TrainOpts *o) {
         json_object_set_new(j, "reconstruct_batch", json_integer((json_int_t)o->reconstruct_batch));
         json_object_set_new(j, "reading_prompt", json_string(o->reading_prompt ? o->reading_prompt : ""));
         json_object_set_new(j, "reconstruct_context", json_boolean(o->reconstruct_context));
+        if (o->reconstruct_memory && strcmp(o->reconstruct_memory, "own")) /* only when on: earlier runs resume */
+            json_object_set_new(j, "reconstruct_memory", json_string(o->reconstruct_memory));
     }
     if (j && o->memory_ablation && strcmp(o->memory_ablation, "none"))
         json_object_set_new(j, "memory_ablation", json_string(o->memory_ablation));

@@ -35,6 +35,7 @@ typedef struct {
     double reconstruct_weight;     /* train only: the reading objective beside DFM's (trainer/run/reconstruct_mix.h) */
     int64_t reconstruct_batch;     /* its sequences per micro-batch (0: as many tokens as a DFM micro-batch) */
     int64_t reconstruct_context;   /* its chunks after their real context (reading.h, data_open_reading_context) */
+    char *reconstruct_memory;      /* own (default) or shuffled: the slot its chunks read (the control of reading) */
 } TrainOpts;
 
 /* Option-table rows of the data, optimisation, run and device flags (pretrain, train, eval). */

@@ -13,7 +13,12 @@ trainer/run/reconstruct_mix.h), on a tiny real run with targets and the real fro
   chunk c's memory exactly chunk c's embedding in slot 0 (read here from the encode stage's shards; chunk 0 and the
   other slots masked), a planted off-by-one caught; a run with it keeps loss = DFM + W x reading CE and evaluates the
   held-out sequences;
-- refusals: with --objective reconstruct; a reading batch larger than the DFM micro-batch.
+- --reconstruct-memory shuffled: the first step's reading CE differs from the own-slot run's while its DFM part
+  (loss - W x reading CE) is the same to 1e-5 (only the reading pass's memory moved); with --memory-ablation zero the
+  reading CE of own and shuffled is identical and differs from the unablated own run's (the ablation reaches the reading
+  pass: zeros shuffled are zeros);
+- refusals: with --objective reconstruct; a reading batch larger than the DFM micro-batch; shuffled reading memory
+  with one sequence a micro-batch; --memory-ablation random beside it.
 Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM, DFM_MODEL (tests/run.sh sets them).
 """
 import json
@@ -147,6 +152,22 @@ def main():
           finite(rec[0].get("ce_none")), "--reconstruct-context evaluates the 2 held-out sequences with their own slots: %s"
           % {k: rec[0].get(k) for k in ("batches", "ce_target", "ce_none")} if rec else "no reconstruct line")
 
+    # --reconstruct-memory shuffled, and --memory-ablation zero reaching the reading pass
+    def step1(name, *extra):
+        out, _ = train(w, name, "--reconstruct-weight", 1, "--reconstruct-batch", 4, "--no-ckpt", "--memory-control",
+                       "none", *extra)
+        return [e for e in log(out) if "loss" in e][0]
+    own, shuf = step1("own"), step1("shuf", "--reconstruct-memory", "shuffled")
+    dfm_own, dfm_shuf = own["loss"] - own["rec_ce"], shuf["loss"] - shuf["rec_ce"]
+    check(abs(own["rec_ce"] - shuf["rec_ce"]) > 1e-4 and abs(dfm_own - dfm_shuf) <= 1e-5,
+          "shuffled reading memory: reading CE %.6f against own %.6f; the DFM part %.6f against %.6f"
+          % (shuf["rec_ce"], own["rec_ce"], dfm_shuf, dfm_own))
+    own_z = step1("own0", "--memory-ablation", "zero")
+    shuf_z = step1("shuf0", "--memory-ablation", "zero", "--reconstruct-memory", "shuffled")
+    check(own_z["rec_ce"] == shuf_z["rec_ce"] and abs(own_z["rec_ce"] - own["rec_ce"]) > 1e-4,
+          "--memory-ablation zero empties the reading pass's slots: reading CE own %.6f = shuffled %.6f, against "
+          "%.6f with real slots" % (own_z["rec_ce"], shuf_z["rec_ce"], own["rec_ce"]))
+
     # refusals
     _, p = train(w, "bad1", "--reconstruct-weight", 1, "--objective", "reconstruct", ok=False)
     check(p.returncode != 0 and "--reconstruct-weight adds" in p.stderr, "refused beside --objective reconstruct: %s"
@@ -155,6 +176,15 @@ def main():
     check(p.returncode != 0 and "--reconstruct-batch 4 or less" in p.stderr,
           "a reading batch beyond the DFM micro-batch's 2 x %d tokens is refused: %s"
           % (T, (p.stderr.strip().splitlines() or ["(nothing)"])[-1]))
+    _, p = train(w, "bad3", "--reconstruct-weight", 1, "--reconstruct-batch", 1, "--reconstruct-memory", "shuffled",
+                 ok=False)
+    check(p.returncode != 0 and "--reconstruct-batch 2 or more" in p.stderr,
+          "shuffled reading memory with one sequence a micro-batch is refused: %s"
+          % (p.stderr.strip().splitlines() or ["(nothing)"])[-1])
+    _, p = train(w, "bad4", "--reconstruct-weight", 1, "--memory-ablation", "random", ok=False)
+    check(p.returncode != 0 and "--memory-ablation random" in p.stderr and "HINT" in p.stderr,
+          "--memory-ablation random beside the reading pass is refused: %s"
+          % (p.stderr.strip().splitlines() or ["(nothing)"])[-1])
     finish("reading interleaved with DFM training")
 
 
