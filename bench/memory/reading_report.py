@@ -60,6 +60,30 @@ def scratch_of(arm):
     return "scratch" + (arm[i:] if i >= 0 else "")
 
 
+def without(arm, lever):
+    """the arm's name with one lever taken out, as the bench names arms: read alone is read+dfm, nothing is scratch"""
+    rest = [t for t in arm.split(" (")[0].split("+") if t != lever]
+    base = "read+dfm" if rest == ["read"] else "+".join(rest) or "scratch"
+    return base + (arm[arm.find(" ("):] if " (" in arm else "")
+
+
+def control_pairs(arms):
+    """(arm, its control, what the pair measures) for the reading pass kept during DFM (recon): against the same arm
+    without it, against the same arm whose reading pass reads shuffled slots (rshuf: the same text passes, nothing to
+    read), and against the arm without it at twice the DFM steps (about the same CPU-seconds: a reading micro-batch
+    costs a DFM one)"""
+    pairs = []
+    for a in arms:
+        lv = a.split(" (")[0].split("+")
+        if "recon" not in lv or "rshuf" in lv or " (" in a:
+            continue
+        pairs.append((a, without(a, "recon"), "the reading pass kept, against the same DFM steps without it"))
+        pairs.append((a, "%s (%d DFM steps)" % (without(a, "recon"), 2 * DFM_STEPS),
+                      "the same, against twice the DFM steps without it (about the same CPU-seconds)"))
+        pairs.append((a, a + "+rshuf", "own slots in the reading pass, against shuffled slots (the same text passes)"))
+    return [p for p in pairs if p[1] in arms]
+
+
 def lm_pool(lever):
     """slots per neighbour of an LM-state lever: lmM pools to M; lm is the bench's default, one per token (32)"""
     return int(lever[2:]) if lever[2:].isdigit() else 32
@@ -193,6 +217,30 @@ def main():
             out += ["- %s, seed %d: %s" % (a, r["seed"], ", ".join("%d: %.3f / %.3f / %.3f" % (
                 c["step"], c["ce_target"], c["ce_target_shuffled"], c["ce_none"]) for c in r["reconstruct"])) for a, r in recs]
         out += against_scratch("probes", "")
+        pairs = control_pairs(arms)
+        if pairs:
+            out += ["", "## The reading pass against its controls: knowledge probes", "",
+                    "Per seed, the arm minus its control (answer log-prob; positive: the arm answers better); the memory "
+                    "gap is target − shuffled; held-out text is the corpus' held-out sequences, shuffled − target CE "
+                    "(nats per token).", "",
+                    "| arm | control | what it measures | seeds | target: arm − control | predicted: arm − control | "
+                    "target − shuffled: arm / control | target EM: arm / control | held-out text: arm / control | "
+                    "CPU-s: arm / control |", "|---|---|---|---|---:|---:|---|---|---|---|"]
+            for a, c, what_ in pairs:
+                ar, cr = {r["seed"]: r for r in by(a)}, {r["seed"]: r for r in by(c)}
+                sd = sorted(set(ar) & set(cr))
+                if not sd:
+                    continue
+                P = lambda rs, m, k="logprob": [rs[x]["probes"][m][k] for x in sd]
+                gap = lambda rs: [x - y for x, y in zip(P(rs, "target"), P(rs, "target_shuffled"))]
+                txt = lambda rs: [rs[x]["curve"][-1]["ce_target_shuffled"] - rs[x]["curve"][-1]["ce_target"]
+                                  for x in sd if rs[x].get("curve")]
+                out.append("| %s | %s | %s | %s | %s | %s | %s / %s | %s / %s | %s / %s | %s / %s |" % (
+                    a, c, what_, ", ".join(map(str, sd)),
+                    ", ".join("%+.2f" % (x - y) for x, y in zip(P(ar, "target"), P(cr, "target"))),
+                    ", ".join("%+.2f" % (x - y) for x, y in zip(P(ar, "predicted"), P(cr, "predicted"))),
+                    stat(gap(ar)), stat(gap(cr)), pct(P(ar, "target", "exact")), pct(P(cr, "target", "exact")),
+                    stat(txt(ar)), stat(txt(cr)), secs([ar[x].get("cpu_s") for x in sd]), secs([cr[x].get("cpu_s") for x in sd])))
         # UNSEEN > 0 (bench_reading.sh): the probes of the entities no training read, beside the seen ones
         un = [a for a in arms if any("probes_unseen" in r for r in by(a))]
         if un:

@@ -107,6 +107,21 @@ def main():
               "The reading objective kept during DFM training against the same DFM steps" in rr.stdout,
               "reading_report.py lists an arm's held-out reconstruction by step (own / shuffled / off) and names the lever: %s"
               % [l for l in rr.stdout.splitlines() if l.startswith("- recon")][:1])
+        # the reading pass against its controls: without it (scratch), at twice the steps, with shuffled reading slots
+        with open(os.path.join(d, "pairs.jsonl"), "w") as f:
+            for arm, steps, t in (("scratch", 150, -16.0), ("recon", 150, -10.0), ("recon+rshuf", 150, -12.5),
+                                  ("scratch", 300, -11.0)):
+                pr = {m: {"logprob": v, "exact": 0.0, "n": 10} for m, v in
+                      (("none", -20.0), ("target", t), ("target_shuffled", t - 1), ("predicted", t), ("predicted_shuffled", t),
+                       ("in_context", -7.0))}
+                f.write(json.dumps({"seed": 1, "arm": arm, "train_steps": steps, "curve": [], "probes": pr}) + "\n")
+        rp = subprocess.run([sys.executable, os.path.join(BENCH, "reading_report.py"), os.path.join(d, "pairs.jsonl")],
+                            capture_output=True, text=True)
+        got = {tuple(c.strip() for c in r.strip("|").split("|")[:2]): [c.strip() for c in r.strip("|").split("|")][4]
+               for r in rp.stdout.split("against its controls")[-1].splitlines() if r.startswith("| recon")}
+        want = {("recon", "scratch"): "+6.00", ("recon", "scratch (300 DFM steps)"): "+1.00", ("recon", "recon+rshuf"): "+2.50"}
+        check(rp.returncode == 0 and got == want, "reading_report.py puts the reading pass against its three controls "
+              "(target, arm − control): %s = %s" % (got, want))
     finish("memory reports")
 
 
