@@ -277,6 +277,9 @@ static int parse(const char *prog, const char *usage, const char *summary, dfm_o
     }
     free(lo);
     if (rc) return rc;
+    if (!(pos && npos) && optind < argc) /* a flags-only command: a stray word is a mistake, not ignored */
+        return DFM_FAIL(DFM_EARG, "%s %s: unexpected argument '%s': this command takes flags only. HINT: a value "
+                        "with spaces needs quotes; see '%s %s --help'", g_program, prog, argv[optind], g_program, prog);
     if (pos && npos) {
         int k = argc - optind;
         *pos = calloc((size_t)k + 1, sizeof(char *));

@@ -43,7 +43,8 @@ typedef struct {
 
 /* Parse. prog is the subcommand name ("chunk"), usage the text after "dfm chunk" in the usage line,
  * summary one paragraph. Positional arguments are returned in *pos (pointers into argv; *npos of
- * them; free *pos with free()). *effective (may be NULL) receives a new JSON object of every option
+ * them; free *pos with free()); pos and npos NULL declare a flags-only command, which refuses any
+ * positional argument (DFM_EARG naming it) rather than ignoring it. *effective (may be NULL) receives a new JSON object of every option
  * that is set. Returns DFM_OK, DFM_OPTS_HELP or DFM_EARG (message names the flag, the value, where it
  * came from and what is allowed); DFM_EINTERNAL for a table whose limits do not fit an option's type
  * or do not parse. On any return but DFM_OK nothing is left allocated. */

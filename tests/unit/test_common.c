@@ -114,6 +114,10 @@ static void test_opts_defaults_config_cmdline(void **state) {
     assert_non_null(strstr(dfm_last_error(), "cuont"));
     char *unknown[] = {"chunk", "--nope", NULL};
     assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 2, unknown, NULL, NULL, NULL), DFM_EARG);
+    /* a flags-only command (no pos/npos) refuses a stray word instead of ignoring it */
+    char *stray[] = {"chunk", "--count", "3", "leftover", NULL};
+    assert_int_equal(dfm_opts_parse("chunk", NULL, NULL, opts, 4, stray, NULL, NULL, NULL), DFM_EARG);
+    assert_non_null(strstr(dfm_last_error(), "'leftover'"));
     dfm_opts_free(opts);
     free(cfg);
 }

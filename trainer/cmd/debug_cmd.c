@@ -16,13 +16,10 @@ int cmd_debug_state(int argc, char **argv) {
         {"seed", DFM_OPT_INT, &seed, "1", "N", "random seed of the tiny model and its inputs", 0},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("debug-state", "--out FILE [--variant NAME]",
                             "Builds a tiny random model, runs one training step's forward and backward and writes "
                             "parameters, inputs, loss, gradients and activations for tests/py/train/test_train_torch_parity.py.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
+                            opts, argc, argv, NULL, NULL, NULL);
     if (rc == DFM_OPTS_HELP) { dfm_opts_free(opts); return 0; }
     if (!rc && !out) rc = DFM_FAIL(DFM_EARG, "--out is required");
     if (!rc) rc = debug_state_write(out, variant, (uint64_t)seed);

@@ -150,18 +150,12 @@ int cmd_dump_batches(int argc, char **argv) {
         {"loader-threads", DFM_OPT_INT, &o.loader_threads, "1", "N", "threads reading batches", 1, .min = "1", .max = "64"},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("dump-batches", "--data TOKENS [--targets PATH] --out FILE",
                             "Write the micro-batches dfm-train's loader gives one rank (sequence indices, inputs, "
                             "next-token targets, target memory and masks, the loader position) to FILE, for checking "
                             "other loaders against it. The layout is in schemas/batch_dump.md.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     DataSet ds;
     memset(&ds, 0, sizeof ds);
     Bytes pay = {0};

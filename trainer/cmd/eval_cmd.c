@@ -52,20 +52,14 @@ int cmd_eval(int argc, char **argv) {
         {"reading-slots", DFM_OPT_STR, &o.reading_slots, NULL, "FILE", "reconstruct: each chunk's own slots from this targets file (as in training)", 0},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("eval", "--backbone DIR --modules FILE --data TOKENS [--targets PATH]",
                             "Held-out CE with fusion off (the frozen backbone alone), with predicted memory (DFM at "
                             "inference, no retrieval) and with the target memory fused instead (a retrieval bound when "
                             "the modules were trained with target memory), each also by position inside the chunk; MSE "
                             "and mean cosine of predicted vs target slots. The held-out split is the last --val-seqs "
                             "sequences, as in training.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     DataSet ds;
     memset(&ds, 0, sizeof ds);
     DfmModel *m = NULL;

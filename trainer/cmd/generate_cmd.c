@@ -77,18 +77,12 @@ int cmd_generate(int argc, char **argv) {
         {"threads", DFM_OPT_INT, &o.threads, "0", "N", "threads", 1},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("generate", "--backbone DIR --modules FILE (--prompt-ids LIST | --prompt TEXT --tokenizer FILE)",
                             "Greedy decoding as at DFM inference: the memory is predicted once from the prompt's "
                             "chunks and held fixed while the answer is generated (chunks after the prompt reuse the "
                             "last prediction). No retrieval.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     int *ids = NULL, n = 0, compact = 0;
     dfm_tokenizer *tok = NULL;
     DfmModel *m = NULL;

@@ -148,18 +148,12 @@ int cmd_hidden(int argc, char **argv) {
         {"threads", DFM_OPT_INT, &o.threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("hidden", "--backbone DIR --data TOKENS --out FILE",
                             "Run a frozen decoder over a token stream and write its final-normed hidden state at every "
                             "real token, with the next token as its value: the keys of a token-level datastore (kNN-LM, "
                             "Memory Decoder), read by `dfm audit --token-keys`.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     if (!rc && (!o.backbone || !o.data || !o.out)) rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --out are required");
     if (!rc) {
         train_set_threads(o.threads);

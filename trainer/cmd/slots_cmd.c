@@ -82,20 +82,14 @@ int cmd_slots(int argc, char **argv) {
         {"threads", DFM_OPT_INT, &o.threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("slots", "--backbone DIR --data RUN --out FILE [--own]",
                             "Memory slots in the frozen LM's own space: every datastore chunk a target record names is run "
                             "alone through the frozen decoder after a constant prefix, its states after --layer blocks "
                             "averaged in --pool groups of tokens and scaled to unit norm, and each chunk of --data gets its "
                             "first --neighbours neighbours' slots (or, with --own, its own) in a targets file that "
                             "`dfm-train train --targets`, `eval` and dfm.Batches read (trainer/data/lm_slots.h).",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     if (!rc && (!o.backbone || !o.data || !o.out)) rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --out are required");
     if (!rc && o.own && (o.targets || o.datastore || o.neighbours))
         rc = DFM_FAIL(DFM_EARG, "--own reads no target records: leave out --targets, --datastore and --neighbours");

@@ -35,18 +35,12 @@ int cmd_synth(int argc, char **argv) {
         {"seed", DFM_OPT_INT, &seed, "1", "N", "seed", 0},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("synth", "--out DIR [--mode topic|keyed|keyed-random] [options]",
                             "Writes a synthetic token shard and targets file whose target memory is informative: "
                             "every chunk carries a hidden key (topic) that decides its tokens and that its target "
                             "memory encodes (trainer/data/synth.h).",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     SynthConfig c;
     if (!rc && !out) rc = DFM_FAIL(DFM_EARG, "--out is required");
     if (!rc) {

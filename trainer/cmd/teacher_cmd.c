@@ -87,19 +87,13 @@ int cmd_teacher(int argc, char **argv) {
         {"threads", DFM_OPT_INT, &o.threads, "0", "N", "OpenMP/BLAS threads (0 = default)", 1},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("teacher", "--backbone DIR --data RUN --out FILE",
                             "Run the frozen decoder as the in-context teacher: for every chunk of every training sequence, "
                             "the text of its retrieved neighbours pasted before the context, and keep the top log-probs "
                             "of each row (and the LM alone's log-prob of its target) for `dfm-train train --teacher "
                             "FILE --distill-weight W` and `--gain-weighting F` (trainer/README.md).",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     if (!rc && (!o.backbone || !o.data || !o.out)) rc = DFM_FAIL(DFM_EARG, "--backbone, --data and --out are required");
     if (!rc) {
         train_set_threads(o.threads);

@@ -32,17 +32,11 @@ int cmd_pretrain(int argc, char **argv) {
         {"untied", DFM_OPT_FLAG, &o.untied, NULL, NULL, "separate LM head (default: tied to the embedding)", 0},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("pretrain", "--data TOKENS --out DIR [options]",
                             "Trains a small Llama/Qwen3-family decoder from scratch and saves it as a Hugging Face "
                             "folder OUT/model (config.json + model.safetensors) to serve as DFM's frozen backbone.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     DataSet ds;
     memset(&ds, 0, sizeof ds);
     DfmModel *m = NULL;
@@ -110,19 +104,13 @@ int cmd_train(int argc, char **argv) {
         {"cache-frozen", DFM_OPT_FLAG, &o.cache_frozen, NULL, NULL, "keep each training sequence's frozen layers (up to the first fusion layer) and the predictor's input after its first forward: later epochs start at the first fusion layer (same bytes; CPU; (T+T/L) x C floats per sequence)", 1},
         {0},
     };
-    char **pos = NULL;
-    int npos = 0;
     int rc = dfm_opts_parse("train", "--backbone DIR --data TOKENS --targets PATH --out DIR [options]",
                             "Trains DFM's memory predictor, memory projector and gated cross-attention fusion on top "
                             "of a frozen decoder with next-token CE + mse-weight * MSE(predicted, target slots), or, "
                             "with --objective reconstruct, teaches the fusion to read its memory first. "
                             "Writes OUT/ckpt_final.bin, OUT/dfm_modules.safetensors and OUT/log.jsonl.",
-                            opts, argc, argv, &pos, &npos, NULL);
-    free(pos);
-    if (rc == DFM_OPTS_HELP) {
-        dfm_opts_free(opts);
-        return 0;
-    }
+                            opts, argc, argv, NULL, NULL, NULL);
+    if (rc == DFM_OPTS_HELP) return 0; /* the parser freed the options */
     DataSet ds;
     memset(&ds, 0, sizeof ds);
     DfmModel *m = NULL;
