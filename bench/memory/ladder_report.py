@@ -10,6 +10,8 @@ Rungs (columns):
                     probe answer's first token first: own memory against shuffled, percentage points
     3 reading       reading*.jsonl "reading" lines: held-out chunks regenerated from their own slot(s), nats per
                     token, shuffled slot minus own
+    answer          the probe answer's log-prob (nats, mean over seeds) with target and with predicted memory; fusion
+                    off (the frozen LM alone) is about −19.4 to −20.8 on these probes
     4 target        reading*.jsonl DFM arms: the probe answer's log-prob with target memory minus its shuffled
                     control, nats per answer; beside it the arm against scratch (the same DFM budget without the
                     lever) with target memory
@@ -17,6 +19,7 @@ Rungs (columns):
     EM              target / predicted exact match
     held-out text   the arm's held-out corpus CE, shuffled minus target (nats per token)
     unseen          reading-unseen.jsonl: target minus shuffled on the probes of entities no training read
+    CPU-s           everything the arm needed a seed (mean): DFM training, its reading stage, its teacher
 A cell is "mean [min, max] (n seeds)"; "—" where the rung does not apply or was not run.
 """
 import glob
@@ -45,6 +48,24 @@ def pct(xs):
 
 def lines(path):
     return [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+
+
+def all_stages_cpu(r, reading):
+    """CPU-seconds of everything an arm's line needed on its seed: its DFM training, plus the reading stage it
+    started from (read: "reading", or "reading+lmM" with an LM-state lever) and the in-context teacher its loss used
+    (distill, kd, gain); None where a stage's line is missing. The LM-state slot files (about 90 CPU-s a seed) are
+    not in any line and not counted."""
+    levers = r["arm"].split(" (")[0].split("+")
+    need = []
+    if "read" in levers:
+        need.append("+".join(["reading"] + [lv for lv in levers if lv[:2] == "lm" and lv[2:].isdigit() or lv == "lm"]))
+    if any(lv in ("distill", "kd", "gain") or lv.startswith("distill(") for lv in levers):
+        need.append("teacher")
+    total = r.get("cpu_s")
+    for stage in need:
+        found = [x.get("cpu_s") for x in reading if x["arm"] == stage and x["seed"] == r["seed"]]
+        total = None if total is None or not found or found[0] is None else total + found[0]
+    return total
 
 
 ENTITIES = 240  # the facts corpus of every rung-4 line pooled here (bench_reading.sh's default)
@@ -95,9 +116,9 @@ def main():
             pct([c.get("acc_target_shuffled") for c in last])))
 
     out += ["", "## Rung 4: the DFM arms on the knowledge probes (nats per answer)", "",
-            "| arm | target − shuffled | target − scratch's target | target EM | predicted − shuffled | predicted − "
+            "| arm | answer log-prob, target / predicted | target − shuffled | target − scratch's target | target EM | predicted − shuffled | predicted − "
             "scratch's predicted | predicted EM | held-out text, shuffled − target (nats/token) | unseen entities: "
-            "target − shuffled |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "target − shuffled | CPU-s, all stages |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     arms = [a for a in dict.fromkeys(r["arm"] for r in reading if "probes" in r)]
     for a in arms:
         sc = {r["seed"]: r for r in reading if r["arm"] == scratch_of(a) and "probes" in r}
@@ -108,9 +129,12 @@ def main():
         held = [r["curve"][-1]["ce_target_shuffled"] - r["curve"][-1]["ce_target"] for r in rs if r.get("curve")]
         un = [r["probes_unseen"]["target"]["logprob"] - r["probes_unseen"]["target_shuffled"]["logprob"]
               for r in unseen if r["arm"] == a and "probes_unseen" in r]
-        out.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            a, cell(gap("target")), cell(vs("target")), pct([P(r, "target", "exact") for r in rs]), cell(gap("predicted")),
-            cell(vs("predicted")), pct([P(r, "predicted", "exact") for r in rs]), cell(held, "%+.3f"), cell(un)))
+        cost = [all_stages_cpu(r, reading) for r in rs]
+        mean = lambda xs: sum(xs) / len(xs)
+        out.append("| %s | %.2f / %.2f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            a, mean([P(r, "target") for r in rs]), mean([P(r, "predicted") for r in rs]), cell(gap("target")), cell(vs("target")), pct([P(r, "target", "exact") for r in rs]), cell(gap("predicted")),
+            cell(vs("predicted")), pct([P(r, "predicted", "exact") for r in rs]), cell(held, "%+.3f"), cell(un),
+            "—" if None in cost else "%.0f" % (sum(cost) / len(cost))))
 
     if text:
         out += ["", "## Rung 5: held-out real text (nats per token, shuffled − own)", "",

@@ -71,14 +71,20 @@ def main():
         probe_lines = [("scratch", 150, 1, -16.0, -16.5, -17.0), ("scratch", 150, 2, -18.0, -18.5, -19.0),
                        ("scratch", 600, 1, -12.0, -13.0, -14.0), ("pred16", 600, 1, -10.0, -12.0, -11.0)]
         with open(os.path.join(d, "reading.jsonl"), "w") as f:
+            def probe(t, ts, p):
+                return {m: {"logprob": v, "exact": 0.0, "n": 10} for m, v in
+                        (("none", -20.0), ("target", t), ("target_shuffled", ts), ("predicted", p), ("predicted_shuffled", p),
+                         ("in_context", -7.0))}
             for arm, steps, seed, t, ts, p in probe_lines:
-                pr = {m: {"logprob": v, "exact": 0.0, "n": 10} for m, v in
-                      (("none", -20.0), ("target", t), ("target_shuffled", ts), ("predicted", p), ("predicted_shuffled", p),
-                       ("in_context", -7.0))}
+                pr = probe(t, ts, p)
                 f.write(json.dumps({"seed": seed, "arm": arm, "train_steps": steps, "curve": [], "probes": pr}) + "\n")
             # a line of another corpus (bench_reading.sh ENTITIES=2400): its own table, never pooled into the ladder's rows
             f.write(json.dumps({"seed": 3, "arm": "scratch", "entities": 2400, "train_steps": 150, "curve": [],
                                 "probes": pr}) + "\n")
+            # an arm started from the reading stage: its CPU-seconds, all stages, are the stage's plus its own
+            f.write(json.dumps({"seed": 1, "arm": "reading", "train_steps": 200, "curve": [], "cpu_s": 1000.0}) + "\n")
+            f.write(json.dumps({"seed": 1, "arm": "read+dfm", "train_steps": 150, "curve": [], "probes": probe(-16.0, -16.5, -17.0),
+                                "cpu_s": 600.0}) + "\n")
             # an arm with --reconstruct-weight: its held-out reconstruction by step
             f.write(json.dumps({"seed": 1, "arm": "recon", "train_steps": 150, "curve": [], "probes": pr, "reconstruct": [
                 {"step": 75, "ce_none": 5.0, "ce_target": 3.25, "ce_target_shuffled": 4.5},
@@ -88,14 +94,19 @@ def main():
                 for r in ladder.stdout.split("## Rung 4")[-1].split("## Rung 5")[0].splitlines() if r.startswith("| ")
                 and not r.startswith("| arm") and not r.startswith("|---")}
         want4 = {"scratch": ("+0.50 [+0.50, +0.50] (2)", "—"), "scratch (600 DFM steps)": ("+1.00 (1)", "—"),
-                 "recon": ("+2.00 (1)", "+6.00 (1)"),
+                 "recon": ("+2.00 (1)", "+6.00 (1)"), "read+dfm": ("+0.50 (1)", "+0.00 (1)"),
                  "pred16 (600 DFM steps)": ("+2.00 (1)", "+2.00 (1)")}
         check(sorted(rows) == sorted(want4), "rung 4 has one row per arm and budget (the 2400-entity line apart): %s"
               % sorted(rows))
         for arm, (gap, vs) in want4.items():
-            got = rows.get(arm, [None] * 3)[1:3]
+            got = rows.get(arm, [None] * 4)[2:4]
             check(got == [gap, vs], "rung 4 %s: target − shuffled and target − its budget's scratch %s = %s" %
                   (arm, got, [gap, vs]))
+        got = [rows.get("read+dfm", [None] * 11)[i] for i in (1, 10)]
+        check(got == ["-16.00 / -17.00", "1600"], "rung 4 read+dfm: answer log-prob target / predicted, and CPU-s of all "
+              "stages (its reading stage's 1000 + its own 600) %s = %s" % (got, ["-16.00 / -17.00", "1600"]))
+        check(rows.get("scratch", [None] * 11)[10] == "—", "rung 4: CPU-s '—' where the lines carry none (%s)"
+              % rows.get("scratch"))
         rr = subprocess.run([sys.executable, os.path.join(BENCH, "reading_report.py"), os.path.join(d, "reading.jsonl")],
                             capture_output=True, text=True)
         check(rr.returncode == 0 and "pred16 (600 DFM steps) against the same DFM steps without it" not in rr.stdout and
