@@ -83,7 +83,7 @@ static int dump_train(DataSet *ds, const TrainOpts *o, int L, int rank, int worl
     return rc;
 }
 
-/* The held-out split in order, as evaluate() (train_loop.c) reads it. */
+/* The held-out split in order, as evaluate() (evaluate.c) reads it. */
 static int dump_heldout(DataSet *ds, const TrainOpts *o, int L, size_t first, size_t nval, Bytes *out) {
     int B = (int)o->batch, T = ds->T, with_t = ds->tgt != NULL;
     size_t S = (size_t)B * (T / L) * ds->K;

@@ -1,5 +1,5 @@
 /* eval_cmd.c — `dfm-train eval`: held-out CE of trained DFM modules with predicted, no and target
- * memory (also by position inside the chunk), MSE and cosine of the slots (evaluate() of train_loop.h),
+ * memory (also by position inside the chunk), MSE and cosine of the slots (evaluate() of evaluate.h),
  * printed as one JSON line (eval_json). */
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 #include "common/opts.h"
 #include "trainer/cmd/commands.h"
 #include "trainer/run/model_setup.h"
-#include "trainer/run/train_loop.h"
+#include "trainer/run/evaluate.h"
 #include "trainer/data/vocab_map.h"
 
 /* The held-out split of ds on the engine --device selects; the result logged and printed. */

@@ -4,7 +4,7 @@
  *
  * CE(shuffled) is the same micro-batch through the same modules with every sequence b fusing the target
  * slots (and mask) of its partner (b + B/2) mod B, the rule of the evaluation's shuffled control
- * (train_loop.h). Where the own memory helps by at least M nats per token the term is 0; below that, the
+ * (evaluate.h). Where the own memory helps by at least M nats per token the term is 0; below that, the
  * only way down is through the memory's content: lowering CE(own) alone is rewarded (1 + W) times, and
  * raising CE(shuffled) W times, so a capacity that serves both (the fusion's learned values and biases)
  * gains nothing from the term. The hinge is taken on the micro-batch's mean CE.

@@ -44,7 +44,7 @@
 #include "trainer/data/frozen_cache.h"
 #include "trainer/model/model.h"
 #include "trainer/run/engine.h"
-#include "trainer/run/train_loop.h"
+#include "trainer/run/evaluate.h"
 #include "trainer/run/train_opts.h"
 
 typedef struct {
