@@ -1,15 +1,20 @@
 """What the dfm-train Python tests share: run a dfm-train command (its output shown and the test stopped
 when it fails, unless ok=False), record checks, and finish with the exit status (non-zero on any failed
-check). DFM_TRAIN is the path of dfm-train (default build/dfm-train)."""
+check). DFM_TRAIN is the path of dfm-train (default build/dfm-train). workdir() gives a test its scratch folder,
+removed when the test passes and kept (its path printed) when it fails or DFM_KEEP_TEST_DIRS is set."""
+import atexit
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DFM_TRAIN = os.environ.get("DFM_TRAIN", os.path.join(ROOT, "build", "dfm-train"))
 FAILS = []
+PASSED = []  # set by finish() when every check passed: only then is a workdir() removed
 
 
 def run(*args, ok=True):
@@ -57,11 +62,27 @@ def ce_modes(ev, what):
     return out
 
 
+def workdir(prefix):
+    """A new scratch folder under the system's temporary folder, removed at exit when the test passed (finish() with
+    no failed check); kept, with its path printed, when a check failed, a command stopped the test, or
+    DFM_KEEP_TEST_DIRS is set, so that what went wrong can be looked at."""
+    w = tempfile.mkdtemp(prefix=prefix)
+
+    def clean():
+        if PASSED and not os.environ.get("DFM_KEEP_TEST_DIRS"):
+            shutil.rmtree(w, ignore_errors=True)
+        else:
+            print("scratch folder kept: %s" % w)
+    atexit.register(clean)
+    return w
+
+
 def finish(what):
     """Print the verdict on `what` and exit 1 if any check failed."""
     if FAILS:
         print("%d check(s) failed: %s" % (len(FAILS), what))
         sys.exit(1)
+    PASSED.append(what)
     print("all checks passed: %s" % what)
 
 

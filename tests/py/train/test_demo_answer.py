@@ -23,7 +23,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -31,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.targets import open_run  # noqa: E402
 from test_train_reading import chunks, targets_run  # noqa: E402  (the chunk shards' tokens; a tiny run with targets)
-from train_cli import DFM_TRAIN, check, finish, run  # noqa: E402
+from train_cli import DFM_TRAIN, check, finish, run, workdir  # noqa: E402
 
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
 L, T, K, VAL = 16, 64, 4, 3
@@ -59,7 +58,7 @@ def choose(run_dir, val):
 
 
 def main():
-    w = tempfile.mkdtemp(prefix="dfm-demo-answer-")
+    w = workdir("dfm-demo-answer-")
     r = targets_run(w, 6, L, T, K)
     tok = os.path.join(LM, "tokenizer.json")
     common = ["--seq-len", T, "--batch", 2, "--val-seqs", 2, "--eval-batches", 1, "--threads", 1]

@@ -17,7 +17,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -25,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dfm.data import read_dump  # noqa: E402
-from train_cli import check, finish, run, worst_diff  # noqa: E402
+from train_cli import check, finish, run, worst_diff, workdir  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 CORPUS = os.environ.get("DFM_CORPUS", "/var/cache/dfm/corpus/gcide-1mb.jsonl")
@@ -131,7 +130,7 @@ def compare(batches, exp, what):
 
 
 def main():
-    w = tempfile.mkdtemp(prefix="dfm-reading-")
+    w = workdir("dfm-reading-")
     docs = [l for l in open(CORPUS)][:3]
     open(os.path.join(w, "c.jsonl"), "w").writelines(docs)
     run_dir = os.path.join(w, "run")

@@ -24,12 +24,11 @@ Exits non-zero on failure. Env: DFM, DFM_TRAIN, DFM_CORPUS, DFM_LM, DFM_MODEL (t
 import json
 import os
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_cli import check, finish, finite, run  # noqa: E402
+from train_cli import check, finish, finite, run, workdir  # noqa: E402
 from test_train_reading import LM, chunks, embeddings, targets_run  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from dfm.data import read_dump  # noqa: E402
@@ -52,7 +51,7 @@ def train(w, name, *extra, steps=1, val=2, ok=True):
 
 
 def main():
-    w = tempfile.mkdtemp(prefix="dfm-recon-mix-")
+    w = workdir("dfm-recon-mix-")
     targets_run(w, DOCS, L, T, K)
     ch = chunks(os.path.join(w, "run"))
     n_seq = (len(ch) * L - 1) // T

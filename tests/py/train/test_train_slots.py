@@ -18,7 +18,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -32,7 +31,7 @@ from dfm.data import read_dump  # noqa: E402
 from dfm.targets import open_run  # noqa: E402
 from dfm.torch import Backbone, rope_tables  # noqa: E402
 from test_train_reading import chunks, sh, targets_run  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import check, finish, run, workdir  # noqa: E402
 
 DFM = os.environ.get("DFM", os.path.join(ROOT, "build", "dfm"))
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
@@ -113,7 +112,7 @@ def differences(got, exp):
 
 
 def main():
-    w = tempfile.mkdtemp(prefix="dfm-slots-")
+    w = workdir("dfm-slots-")
     r = targets_run(w, 4, L, T, K)
     prompt = [int(x) for x in sh(DFM, "tokenize", "--tokenizer", os.path.join(LM, "tokenizer.json"), "Text:").split()]
     bb = Backbone.from_pretrained(LM, torch.float32, max_seq=L + len(prompt)).eval()

@@ -16,7 +16,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dfm.targets import open_run  # noqa: E402
 from dfm.torch import Backbone  # noqa: E402
 from test_train_reading import chunks, targets_run  # noqa: E402  (the chunk shards' tokens; dfm with MPI as root)
-from train_cli import check, finish, run  # noqa: E402
+from train_cli import check, finish, run, workdir  # noqa: E402
 
 LM = os.environ.get("DFM_LM", "/var/cache/dfm/models/smollm2-135m")
 L, T, K, P, S = 16, 64, 4, 2, 8
@@ -116,7 +115,7 @@ def compare(got, exp, what):
 
 
 def main():
-    w = tempfile.mkdtemp(prefix="dfm-teacher-")
+    w = workdir("dfm-teacher-")
     r = targets_run(w, 6, L, T, K)
     common = ["--seq-len", T, "--batch", 2, "--val-seqs", 2, "--eval-batches", 1, "--threads", 1]
     run("pretrain", "--data", r, "--out", os.path.join(w, "pre"), "--layers", 1, "--hidden", 32, "--heads", 2,
