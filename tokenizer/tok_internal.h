@@ -14,42 +14,20 @@
 #ifndef DFM_TOK_INTERNAL_H
 #define DFM_TOK_INTERNAL_H
 
+#include "tokenizer/tok_ids.h"
 #include "tokenizer/tok_regex.h"
-#include "tokenizer/tokenizer.h"
+#include "tokenizer/tok_sbuf.h"
+#include "tokenizer/tok_utf8.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- growable byte buffer; zero-initialise, free(b.p) ---- */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf;
-
-/* Room for need bytes in all (tokenizer.c). */
-int dfm_sbuf_reserve(sbuf *b, size_t need);
-/* Append n bytes and keep the content NUL-terminated (the NUL is not counted in n). */
-int dfm_sbuf_add(sbuf *b, const void *s, size_t n);
-/* Append code point cp as UTF-8. */
-int dfm_sbuf_cp(sbuf *b, uint32_t cp);
-
-/* ---- UTF-8 (tok_utf8.c) ---- */
-
-/* Length of the valid UTF-8 prefix of s[0..n) (== n when valid). */
-size_t dfm_utf8_valid_prefix(const uint8_t *s, size_t n);
-/* Replace each maximal invalid subpart by U+FFFD (Python's decode("utf-8", "replace")). *out is
- * malloc'd; *n_rep receives the number of replacements. */
-int dfm_utf8_replace(const uint8_t *s, size_t n, char **out, size_t *out_len, size_t *n_rep);
-/* Decode one code point of valid UTF-8 at s (n > 0 bytes left); returns its byte length. */
-int dfm_utf8_next(const uint8_t *s, size_t n, uint32_t *cp);
-/* Encode cp into out (4 bytes room); returns the byte count. */
-int dfm_utf8_put(uint32_t cp, uint8_t *out);
-/* GPT-2 byte alphabet: byte -> code point, and code point -> byte (-1 when not in the alphabet). */
-uint32_t dfm_bytelevel_cp(uint8_t b);
-int dfm_bytelevel_byte(uint32_t cp);
+/* The tokenizer (struct below); the same typedef as tokenizer.h's, repeated (C11) so that the private floor
+ * does not include the interface built on it. */
+typedef struct dfm_tokenizer dfm_tokenizer;
 
 /* ---- string -> id map (open addressing, keys are byte strings owned by the caller) ---- */
 
@@ -268,7 +246,7 @@ struct dfm_tokenizer {
     size_t map_bytes;
 };
 
-/* ---- loading helpers shared by the tok_*.c parsers (tokenizer.c) ---- */
+/* ---- loading helpers shared by the tok_*.c parsers (tok_internal.c) ---- */
 
 typedef struct {
     const char *file;
@@ -282,8 +260,6 @@ int dfm_tok_fail_in(const dfm_load_ctx *lc, const char *src, int line, int code,
 const char *dfm_jstr(const void *obj, const char *key, size_t *len);
 /* A boolean member, def when absent or null; DFM_EFORMAT naming where when it is another type. */
 int dfm_jbool(const dfm_load_ctx *lc, const void *obj, const char *key, int def, const char *where, int *out);
-/* A malloc'd NUL-terminated copy of n bytes (NULL: no memory). */
-char *dfm_tok_dupn(const char *s, size_t n);
 /* A Replace component's pattern and content (normalizer or decoder): content into *b / *blen; a non-empty
  * String pattern into *a / *alen (matched literally), else the Regex (or empty String) compiled into *re.
  * DFM_EFORMAT naming where when a part is missing; what was set before a failure is the caller's to free. */

@@ -1,10 +1,12 @@
 /* tok_regex.c — Oniguruma patterns on PCRE2 (see tok_regex.h). */
 #include "tokenizer/tok_regex.h"
-#include "tokenizer/tok_internal.h"
+#include "tokenizer/tok_sbuf.h"
 #include "tokenizer/tok_unicode.h"
+#include "tokenizer/tok_utf8.h"
 
 #include "common/error.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 

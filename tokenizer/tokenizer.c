@@ -10,6 +10,7 @@
  *   4. each remaining piece goes through the pre-tokenizer stages;
  *   5. each pre-token is encoded by the model (BPE, Unigram, WordPiece, WordLevel), through the piece cache.
  */
+#include "tokenizer/tokenizer.h"
 #include "tokenizer/tok_internal.h"
 #include "tokenizer/tok_unicode.h"
 
@@ -24,100 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-/* ================================================================ ids and buffers */
-
-void dfm_ids_free(dfm_ids *v) {
-    if (!v) return;
-    free(v->ids);
-    v->ids = NULL;
-    v->n = v->cap = 0;
-}
-
-int dfm_ids_push(dfm_ids *v, uint32_t id) {
-    if (v->n == v->cap) {
-        size_t c = v->cap ? v->cap * 2 : 64;
-        uint32_t *p = realloc(v->ids, c * sizeof *p);
-        if (!p) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu token ids", c);
-        v->ids = p;
-        v->cap = c;
-    }
-    v->ids[v->n++] = id;
-    return DFM_OK;
-}
-
-int dfm_sbuf_reserve(sbuf *b, size_t need) {
-    if (b->cap >= need) return DFM_OK;
-    size_t c = b->cap ? b->cap : 256;
-    while (c < need) c *= 2;
-    char *q = realloc(b->p, c);
-    if (!q) return DFM_FAIL(DFM_ENOMEM, "no memory for %zu bytes of text", c);
-    b->p = q;
-    b->cap = c;
-    return DFM_OK;
-}
-
-int dfm_sbuf_add(sbuf *b, const void *s, size_t n) {
-    DFM_TRY(dfm_sbuf_reserve(b, b->n + n + 1));
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-    return DFM_OK;
-}
-
-int dfm_sbuf_cp(sbuf *b, uint32_t cp) {
-    uint8_t u[4];
-    return dfm_sbuf_add(b, u, (size_t)dfm_utf8_put(cp, u));
-}
-
-/* ================================================================ loading helpers */
-
-int dfm_tok_fail_in(const dfm_load_ctx *lc, const char *src, int line, int code, const char *fmt, ...) {
-    char msg[768];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dfm_fail_at(src, line, code, "%s: %s", lc->file, msg);
-}
-
-const char *dfm_jstr(const void *obj, const char *key, size_t *len) {
-    json_t *v = json_object_get((const json_t *)obj, key);
-    if (!json_is_string(v)) return NULL;
-    if (len) *len = json_string_length(v);
-    return json_string_value(v);
-}
-
-int dfm_jbool(const dfm_load_ctx *lc, const void *obj, const char *key, int def, const char *where, int *out) {
-    json_t *v = json_object_get((const json_t *)obj, key);
-    if (!v || json_is_null(v)) *out = def;
-    else if (json_is_boolean(v)) *out = json_is_true(v);
-    else return DFM_LFAIL(lc, DFM_EFORMAT, "%s.%s: not true/false", where, key);
-    return DFM_OK;
-}
-
-int dfm_jsequence(const dfm_load_ctx *lc, dfm_tokenizer *tok, json_t *seq, const char *key, const char *where, dfm_component_parser parse) {
-    json_t *arr = json_object_get(seq, key);
-    if (!json_is_array(arr)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s.%s is not an array", where, key);
-    for (size_t i = 0; i < json_array_size(arr); i++) {
-        char sub[256];
-        snprintf(sub, sizeof sub, "%s.%s[%zu]", where, key, i);
-        json_t *x = json_array_get(arr, i);
-        if (!json_is_object(x)) return DFM_LFAIL(lc, DFM_EFORMAT, "%s is not an object", sub);
-        DFM_TRY(parse(lc, tok, x, sub));
-    }
-    return DFM_OK;
-}
-
-int dfm_jchar(const dfm_load_ctx *lc, const void *obj, const char *key, const char *where, uint32_t *out) {
-    size_t n;
-    const char *s = dfm_jstr(obj, key, &n);
-    uint32_t cp = 0;
-    if (!s || !n || (size_t)dfm_utf8_next((const uint8_t *)s, n, &cp) != n)
-        return DFM_LFAIL(lc, DFM_EFORMAT, "%s.%s: missing or not a single character", where, key);
-    *out = cp;
-    return DFM_OK;
-}
 
 int dfm_token_raw(const dfm_tokenizer *tok, const char *s, size_t n, sbuf *b, size_t *len) {
     size_t start = b->n;
@@ -167,34 +74,6 @@ static int grow_ids(dfm_tokenizer *tok, uint32_t need) {
     }
     tok->n_ids = n;
     return DFM_OK;
-}
-
-char *dfm_tok_dupn(const char *s, size_t n) {
-    char *p = malloc(n + 1);
-    if (p) memcpy(p, s, n), p[n] = 0;
-    return p;
-}
-
-int dfm_jreplace(const dfm_load_ctx *lc, const void *obj, const char *where, char **a, size_t *alen, char **b, size_t *blen,
-                 dfm_regex **re) {
-    json_t *pat = json_object_get((const json_t *)obj, "pattern");
-    size_t sl = 0, rl = 0, cl = 0;
-    const char *s = dfm_jstr(pat, "String", &sl), *rx = dfm_jstr(pat, "Regex", &rl), *to = dfm_jstr(obj, "content", &cl);
-    if ((!s && !rx) || !to)
-        return DFM_LFAIL(lc, DFM_EFORMAT, "%s: Replace needs a pattern {\"String\": ...} or {\"Regex\": ...} and a "
-                         "string \"content\"", where);
-    if (!(*b = dfm_tok_dupn(to, cl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
-    *blen = cl;
-    if (s && sl) { /* a literal: matched with memmem (what the escaped regex would match) */
-        if (!(*a = dfm_tok_dupn(s, sl))) return DFM_FAIL(DFM_ENOMEM, "no memory");
-        *alen = sl;
-        return DFM_OK;
-    }
-    char w[300];
-    snprintf(w, sizeof w, "%s.pattern", where);
-    int rc = dfm_regex_compile(s ? s : rx, s ? sl : rl, s != NULL, w, re);
-    if (rc) dfm_error_prefix("%s", lc->file);
-    return rc;
 }
 
 /* The raw key of id (only ever set once: callers check). */
@@ -813,13 +692,6 @@ void dfm_tokenizer_free(dfm_tokenizer *tok) {
 }
 
 /* ================================================================ encode */
-
-void dfm_enc_ctx_free(dfm_enc_ctx *c) {
-    dfm_regex_scratch_free(&c->rx);
-    free(c->norm.p), free(c->tmp.p), free(c->tmp2.p), free(c->word.p), free(c->word2.p);
-    for (int i = 0; i < DFM_TOK_PRE_MAX; i++) free(c->stage_in[i].p), free(c->stage_out[i].p);
-    free(c->sym), free(c->heap), free(c->vscore), free(c->vstart), free(c->vid), free(c->tmp_ids);
-}
 
 /* Code point ending just before position i of valid UTF-8 s. */
 static uint32_t cp_before(const uint8_t *s, size_t i, size_t *start) {

@@ -18,16 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tokenizer/tok_ids.h" /* dfm_ids: what encode appends to */
+
 typedef struct dfm_tokenizer dfm_tokenizer;
 
-/* Growable id buffer; zero-initialise, free with dfm_ids_free. */
-typedef struct {
-    uint32_t *ids;
-    size_t n, cap;
-} dfm_ids;
-
-void dfm_ids_free(dfm_ids *v);
-int dfm_ids_push(dfm_ids *v, uint32_t id);
 
 /* Load tokenizer.json (path to the file, or to a folder holding it). Errors name the file and the
  * JSON path of the problem.
