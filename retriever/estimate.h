@@ -1,51 +1,38 @@
-/* estimate.h — `dfm estimate`: memory per rank, disk and time per stage before the jobs run, and which
- * target store (`--store embeddings` or `ids`) to use for the corpus. */
+/* estimate.h — the cost model of index and retrieve: the CPU seconds of a rank outside MPI as rates fitted on
+ * this machine class times its work, counted in units that do not depend on the machine (retriever/work.h
+ * records them in a run's manifest). dfm index places IVF lists on ranks by it; `dfm estimate`
+ * (pipeline/driver/job_estimate.h) plans a job's index and retrieve stages with it. */
 #ifndef DFM_RETRIEVER_ESTIMATE_H
 #define DFM_RETRIEVER_ESTIMATE_H
 
-#include <stdint.h>
+#include <jansson.h>
 
+/* one rank's work, as the manifest's "work" records it */
 typedef struct {
-    int64_t ranks;       /* ranks the stages will run on */
-    int64_t tokens;      /* corpus size in LM tokens (0: from the manifest or the inputs) */
-    int64_t chunk_len;   /* tokens per chunk (used with tokens) */
-    const char *factory; /* index factory string or "auto" */
-    int64_t mem;         /* index memory budget per rank, bytes */
-    int64_t train;       /* index training points (0: default) */
-    int64_t k;           /* neighbours per chunk */
-    int64_t qblock;      /* queries per rank per round */
-    int64_t dim;         /* embedding dimension (0: from the manifest, else 384) */
-    const char *tdtype;  /* dtype of target embeddings: fp32, fp16 or bf16 */
-    int64_t window;      /* dfm chunk --window-tokens (0: its default) */
-    int64_t node_memory; /* memory of a training node, bytes, for the store advice (0: this machine's) */
-    int64_t nprobe;      /* IVF lists searched per query (0: 16, an assumption: dfm retrieve tunes it) */
-    int64_t margin;      /* dfm retrieve --margin */
-    double visits;       /* ranks a query's IVF search visits, the slowest rank's share (its shard searches x P / queries),
-                            as a run measured it; 0: the upper bound P (1 - (1 - 1/P)^nprobe) of lists placed at random */
-    int64_t encode_gpus; /* > 0: encode on this many GPUs */
-    double gpu_rate;     /* chunks per second per GPU (assumed until measured) */
-    int json;            /* print one JSON object instead of the text */
-} dfm_estimate_config;
-
-/* Print the estimate for arg: a run folder (sizes from its manifest) or a dfm build config (.json;
- * sizes from its inputs' bytes or cfg->tokens).
- *
- * Per stage: memory per rank (the stage's bounded buffers and data structures plus the process's
- * measured base), disk, and time. Times are CPU-seconds of the slowest rank on one core of the
- * machine class the benchmarks measured. chunk and write-targets: t = a * n^b / P, n the stage's items
- * (tokens, chunks), P the ranks, scaled by (d / 64)^e (bench/retrieval/growth.sh, bench/results/report-retrieval.md "Cost growth");
- * encode: the CPU encoder's rate, or on GPUs an assumed rate; where the run's manifest has timed one of
- * these, its own time is scaled instead. index and retrieve: the slowest rank's work (k-means, coarse
- * distances, codes scanned, shard searches, rescorings: the counts retriever/work.h records) for the
- * job, times rates fitted on bench/retrieval/scaling.sh's measured ranks; where the run has a work record, the
- * model is calibrated by its slowest rank. The target-store advice compares the ids tables with
- * node_memory.
- * DFM_ESTATE without a size to start from. */
-int dfm_estimate_run(const dfm_estimate_config *cfg, const char *arg);
+    double kmeans_flops, train_points, coarse_distances, vectors_added, codes_scanned, shard_searches, exact_scores, queries;
+} dfm_work_counts;
 
 /* What one shard search (a query visiting a rank: FAISS's per-query tables and the visit's fixed cost) costs,
  * in codes scanned, by the fitted retrieve rates: d dimensions, code_size bytes per code (4 d: a flat index,
  * else a PQ of code_size bytes), nprobe lists per query. dfm index places lists on ranks by it. */
 double dfm_estimate_visit_in_codes(double d, double code_size, double nprobe);
+
+/* CPU seconds of the work w: the index's training and adding, or the retrieve rounds; d dimensions, M PQ bytes
+ * (0: a flat index), nprobe lists per query. */
+double dfm_estimate_index_seconds(const dfm_work_counts *w, double d, double M);
+double dfm_estimate_retrieve_seconds(const dfm_work_counts *w, double d, double M, double nprobe);
+
+/* The work of one rank of a job: N chunks on P ranks, dimension d, nlist lists (0: not IVF), M PQ bytes (0: flat),
+ * nprobe, cand = K + margin candidates rescored, train_n training points; visits > 0: ranks a query visits, as a
+ * run measured it (else the bound for lists placed at random). */
+void dfm_estimate_job_counts(double N, double P, double d, double nlist, double M, double nprobe, double cand, double train_n,
+                             double visits, dfm_work_counts *idx, dfm_work_counts *ret);
+
+/* PQ bytes of a factory string ("IVF..,PQ32np" -> 32), 0 without a PQ */
+double dfm_estimate_factory_pq(const char *factory);
+
+/* The slowest rank's work (into *w) and its CPU seconds outside MPI in what the model covers (index: training
+ * and adding; retrieve: the rounds), from a stage's "work" record in a manifest (0: none) */
+double dfm_estimate_slowest_rank(json_t *stage, int index, dfm_work_counts *w);
 
 #endif

@@ -67,7 +67,7 @@ def fit_affine(xs, ys):
     return t0, c, rms
 
 
-# the part of a stage's per-rank time that does not shrink with more ranks, by design (retriever/estimate.c)
+# the part of a stage's per-rank time that does not shrink with more ranks, by design (pipeline/driver/job_estimate.c, retriever/estimate.c)
 DESIGN_S = {"chunk": 0.0, "index": 0.5, "retrieve": 2 / 3, "targets-embeddings": 0.0, "targets-ids": 0.0}
 
 
@@ -227,7 +227,7 @@ def main():
     if args.dfm:
         w("## `dfm estimate` against the measured points\n")
         w("`dfm estimate --json --tokens 4n --chunk-len 4 --dim d --ranks np --index <the run's> --k 16` at each point.")
-        w("Its time model's constants come from the np = 1 fits above (retriever/estimate.c says which points and its")
+        w("Its time model's constants come from the np = 1 fits above (pipeline/driver/job_estimate.c says which points and its")
         w("held-out error); memory and disk are its formulas, with a per-stage base RSS taken from the smallest point.")
         w("Error = estimate / measured - 1. Time is against the slowest rank's CPU seconds; np = 2 times use s by")
         w("design, while the measured np = 2 CPU includes busy polling.\n")

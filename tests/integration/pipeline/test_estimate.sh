@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dfm estimate: per stage memory per rank, disk and time (--json), by the model of retriever/estimate.c:
+# dfm estimate: per stage memory per rank, disk and time (--json), by the model of pipeline/driver/job_estimate.c (index and retrieve: retriever/estimate.c):
 # chunk memory is bounded (the same at 1e6 and 1e11 tokens); index and retrieve memory shrink with more
 # ranks; disk of the stages is what their formats hold (chunk shards, neighbour rows); index time from a
 # run's own work record; the work model's times shrink with ranks; encode on GPUs at the assumed rate;

@@ -1,5 +1,5 @@
-/* estimate_cmd.c — `dfm estimate`: its flags, then dfm_estimate_run (estimate.h). */
-#include "retriever/estimate.h"
+/* estimate_cmd.c — `dfm estimate`: its flags, then dfm_estimate_run (job_estimate.h). */
+#include "pipeline/driver/job_estimate.h"
 
 #include "common/error.h"
 #include "common/opts.h"
